@@ -1,0 +1,1 @@
+"""Offline datastore builder (see issue 3)."""

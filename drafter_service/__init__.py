@@ -1,0 +1,1 @@
+"""SSSD drafting core and (later) the gRPC drafting service."""

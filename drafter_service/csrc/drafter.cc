@@ -1,0 +1,283 @@
+#include "drafter.h"
+
+#include <atomic>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+namespace drafter {
+
+ThreadPool::ThreadPool(int32_t num_threads) {
+  if (num_threads < 1 || num_threads > 1024) {
+    throw std::invalid_argument("num_threads " + std::to_string(num_threads) +
+                                " must be in [1, 1024]");
+  }
+  for (int32_t i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+namespace {
+
+// Shared by the caller and helpers of one parallel_for; helpers may pick up
+// their task after the loop is over, so it lives in a shared_ptr.
+struct LoopState {
+  int64_t n = 0;
+  const std::function<void(int64_t)>* fn = nullptr;  // valid while done < n
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::exception_ptr error;  // first failure, guarded by mu
+
+  void run() {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        (*fn)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+      if (done.fetch_add(1) + 1 == n) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto state = std::make_shared<LoopState>();
+  state->n = n;
+  state->fn = &fn;
+  const int64_t helpers = std::min<int64_t>(static_cast<int64_t>(workers_.size()), n - 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t h = 0; h < helpers; ++h) tasks_.emplace_back([state] { state->run(); });
+  }
+  if (helpers == 1) {
+    cv_.notify_one();
+  } else {
+    cv_.notify_all();
+  }
+  state->run();
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->cv.wait(lock, [&] { return state->done.load() == n; });
+  if (state->error) std::rethrow_exception(state->error);
+}
+
+Drafter::Drafter(const DraftConfig& config, int32_t vocab_size, int32_t num_threads)
+    : config_(config),
+      vocab_size_(vocab_size),
+      datastore_(std::make_shared<const Datastore>()),
+      pool_(num_threads) {
+  validate(config_);
+  if (vocab_size <= 0 || vocab_size > (1 << 30)) {
+    throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) +
+                                " must be in [1, 2^30]");
+  }
+}
+
+void Drafter::set_datastore(std::shared_ptr<const Datastore> datastore) {
+  if (!datastore) throw std::invalid_argument("datastore must not be null");
+  for (const auto& s : datastore->sub_indices) {
+    if (s->vocab_size() != vocab_size_) {
+      throw std::invalid_argument("datastore vocab_size " + std::to_string(s->vocab_size()) +
+                                  " does not match the drafter's " +
+                                  std::to_string(vocab_size_));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  datastore_ = std::move(datastore);
+}
+
+std::shared_ptr<const Datastore> Drafter::datastore() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return datastore_;
+}
+
+void Drafter::check_tokens(const int32_t* tokens, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size_) {
+      throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " at index " +
+                                  std::to_string(i) + " is outside [0, " +
+                                  std::to_string(vocab_size_) + ")");
+    }
+  }
+}
+
+std::shared_ptr<RequestState> Drafter::find(int64_t handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = requests_.find(handle);
+  if (it == requests_.end()) {
+    throw std::out_of_range("unknown request handle " + std::to_string(handle));
+  }
+  return it->second;
+}
+
+void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n) {
+  check_tokens(tokens, n);
+  auto state = std::make_shared<RequestState>(config_.input_max_depth);
+  state->tokens.assign(tokens, tokens + n);
+  for (int64_t i = 0; i < n; ++i) state->trie.append(tokens[i]);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!requests_.emplace(handle, std::move(state)).second) {
+    throw std::invalid_argument("request handle " + std::to_string(handle) +
+                                " is already started");
+  }
+}
+
+void Drafter::add(int64_t handle, const int32_t* tokens, int64_t n) {
+  check_tokens(tokens, n);
+  auto state = find(handle);
+  std::lock_guard<std::mutex> lock(state->mu);
+  state->tokens.insert(state->tokens.end(), tokens, tokens + n);
+  for (int64_t i = 0; i < n; ++i) state->trie.append(tokens[i]);
+}
+
+bool Drafter::stop(int64_t handle) {
+  std::shared_ptr<RequestState> state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(handle);
+    if (it == requests_.end()) return false;
+    state = std::move(it->second);
+    requests_.erase(it);
+  }
+  return true;  // freed here, or by the last call still drafting for it
+}
+
+int64_t Drafter::num_tokens(int64_t handle) const {
+  auto state = find(handle);
+  std::lock_guard<std::mutex> lock(state->mu);
+  return static_cast<int64_t>(state->tokens.size());
+}
+
+int64_t Drafter::request_bytes(int64_t handle) const {
+  auto state = find(handle);
+  std::lock_guard<std::mutex> lock(state->mu);
+  return state->trie.resident_bytes() +
+         static_cast<int64_t>(state->tokens.capacity() * sizeof(int32_t));
+}
+
+int64_t Drafter::num_requests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(requests_.size());
+}
+
+void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
+               const Datastore* datastore, const DraftConfig& config, int32_t budget,
+               DraftScratch& scratch, Draft& out) {
+  const CandidateTree* tree = nullptr;
+  if (datastore != nullptr && !datastore->sub_indices.empty()) {
+    retrieve_datastore(*datastore, context, context_len, config, budget, scratch.datastore_tree);
+    tree = &scratch.datastore_tree;
+  }
+  fuse(trie, tree, config, budget, scratch, out);
+}
+
+BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
+                                 int64_t num_new_tokens, const int64_t* offsets,
+                                 const int32_t* budgets) {
+  if (batch < 0) throw std::invalid_argument("batch size " + std::to_string(batch) + " < 0");
+  if (offsets[0] != 0 || offsets[batch] != num_new_tokens) {
+    throw std::invalid_argument("offsets must start at 0 and end at the number of tokens (" +
+                                std::to_string(num_new_tokens) + "), got " +
+                                std::to_string(offsets[0]) + " and " +
+                                std::to_string(offsets[batch]));
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    if (offsets[i + 1] < offsets[i]) {
+      throw std::invalid_argument("offsets must be non-decreasing: offsets[" +
+                                  std::to_string(i + 1) + "] = " + std::to_string(offsets[i + 1]) +
+                                  " < " + std::to_string(offsets[i]));
+    }
+    if (budgets[i] < 0 || budgets[i] > config_.max_budget) {
+      throw std::invalid_argument("budget " + std::to_string(budgets[i]) + " of request " +
+                                  std::to_string(i) + " is outside [0, " +
+                                  std::to_string(config_.max_budget) + "]");
+    }
+  }
+  check_tokens(new_tokens, num_new_tokens);
+  std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
+  std::shared_ptr<const Datastore> datastore;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unordered_set<int64_t> seen;
+    for (int64_t i = 0; i < batch; ++i) {
+      if (!seen.insert(handles[i]).second) {
+        throw std::invalid_argument("request handle " + std::to_string(handles[i]) +
+                                    " appears twice in one batch");
+      }
+      auto it = requests_.find(handles[i]);
+      if (it == requests_.end()) {
+        throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
+      }
+      states[static_cast<size_t>(i)] = it->second;
+    }
+    datastore = datastore_;
+  }
+
+  std::vector<Draft> drafts(static_cast<size_t>(batch));
+  pool_.parallel_for(batch, [&](int64_t i) {
+    thread_local DraftScratch scratch;
+    RequestState& state = *states[static_cast<size_t>(i)];
+    std::lock_guard<std::mutex> lock(state.mu);
+    for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+      state.tokens.push_back(new_tokens[k]);
+      state.trie.append(new_tokens[k]);
+    }
+    draft_one(&state.trie, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
+              datastore.get(), config_, budgets[i], scratch, drafts[static_cast<size_t>(i)]);
+  });
+
+  BatchDrafts out;
+  out.offsets.resize(static_cast<size_t>(batch) + 1);
+  out.offsets[0] = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    out.offsets[static_cast<size_t>(i) + 1] =
+        out.offsets[static_cast<size_t>(i)] +
+        static_cast<int64_t>(drafts[static_cast<size_t>(i)].tokens.size());
+  }
+  const auto total = static_cast<size_t>(out.offsets.back());
+  out.tokens.reserve(total);
+  out.parents.reserve(total);
+  out.scores.reserve(total);
+  for (const Draft& d : drafts) {
+    out.tokens.insert(out.tokens.end(), d.tokens.begin(), d.tokens.end());
+    out.parents.insert(out.parents.end(), d.parents.begin(), d.parents.end());
+    out.scores.insert(out.scores.end(), d.scores.begin(), d.scores.end());
+  }
+  return out;
+}
+
+}  // namespace drafter

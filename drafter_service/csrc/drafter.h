@@ -1,0 +1,103 @@
+// Batched drafting over many requests: request states, the datastore in use,
+// and a worker pool. Every public method is safe to call from several threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "draft.h"
+#include "input_trie.h"
+
+namespace drafter {
+
+// Fixed pool of worker threads that help callers finish a parallel loop.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int32_t num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int32_t num_threads() const { return static_cast<int32_t>(workers_.size()) + 1; }
+  // Runs fn(i) for i in [0, n) on the caller and up to num_threads() - 1
+  // workers; returns when all are done. The first exception is rethrown.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // helper tasks not yet picked up
+  bool stopping_ = false;                    // set once, in the destructor
+};
+
+// Everything the drafter holds for one request.
+struct RequestState {
+  explicit RequestState(int32_t max_depth) : trie(max_depth) {}
+  std::mutex mu;                // serialises appends and drafts of this request
+  InputTrie trie;               // prompt + committed tokens
+  std::vector<int32_t> tokens;  // the same tokens in order (datastore lookups need the tail)
+};
+
+// Output of one batch call: drafts for request i are rows offsets[i]..offsets[i+1].
+struct BatchDrafts {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> parents;
+  std::vector<float> scores;
+  std::vector<int64_t> offsets;
+};
+
+class Drafter {
+ public:
+  Drafter(const DraftConfig& config, int32_t vocab_size, int32_t num_threads);
+
+  const DraftConfig& config() const { return config_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  int32_t num_threads() const { return pool_.num_threads(); }
+
+  // Atomically replaces the datastore; calls in flight keep the old one.
+  void set_datastore(std::shared_ptr<const Datastore> datastore);
+  std::shared_ptr<const Datastore> datastore() const;
+
+  // Creates a request's state from its prompt. Throws if the handle exists.
+  void start(int64_t handle, const int32_t* tokens, int64_t n);
+  // Appends committed tokens. Throws std::out_of_range for an unknown handle.
+  void add(int64_t handle, const int32_t* tokens, int64_t n);
+  // Frees a request's state; returns false if the handle was unknown.
+  bool stop(int64_t handle);
+  int64_t num_tokens(int64_t handle) const;
+  int64_t num_requests() const;
+  int64_t request_bytes(int64_t handle) const;
+
+  // One decode step for a batch: appends new_tokens[offsets[i], offsets[i+1])
+  // to request handles[i], then drafts up to budgets[i] nodes for it.
+  // Validates everything before touching any state.
+  BatchDrafts draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
+                          int64_t num_new_tokens, const int64_t* offsets, const int32_t* budgets);
+
+ private:
+  std::shared_ptr<RequestState> find(int64_t handle) const;
+  void check_tokens(const int32_t* tokens, int64_t n) const;
+
+  const DraftConfig config_;
+  const int32_t vocab_size_;
+  mutable std::mutex mu_;  // guards requests_ and datastore_
+  std::unordered_map<int64_t, std::shared_ptr<RequestState>> requests_;
+  std::shared_ptr<const Datastore> datastore_;  // never null
+  ThreadPool pool_;
+};
+
+// Drafts for one request without a Drafter (tests and tools): same algorithm.
+void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
+               const Datastore* datastore, const DraftConfig& config, int32_t budget,
+               DraftScratch& scratch, Draft& out);
+
+}  // namespace drafter

@@ -1,0 +1,111 @@
+#include "input_trie.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace drafter {
+namespace {
+
+constexpr uint64_t kEmptyKey = ~uint64_t{0};
+
+uint64_t edge_key(int32_t parent, int32_t token) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) |
+         static_cast<uint32_t>(token);
+}
+
+// Fibonacci hashing: multiply by 2^64 / phi and keep the high bits.
+size_t slot_of(uint64_t key, size_t mask, int shift) {
+  return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift) & mask;
+}
+
+}  // namespace
+
+InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
+  if (max_depth < 1) {
+    throw std::invalid_argument("input trie: max_depth " + std::to_string(max_depth) +
+                                " must be >= 1");
+  }
+  nodes_.push_back({-1, 0, -1, -1});
+  keys_.assign(64, kEmptyKey);
+  values_.assign(64, -1);
+  active_.reserve(static_cast<size_t>(max_depth));
+  scratch_.reserve(static_cast<size_t>(max_depth));
+}
+
+int64_t InputTrie::resident_bytes() const {
+  return static_cast<int64_t>(nodes_.capacity() * sizeof(Node) +
+                              keys_.capacity() * sizeof(uint64_t) +
+                              values_.capacity() * sizeof(int32_t));
+}
+
+int32_t InputTrie::suffix_node(int32_t len) const {
+  if (len < 1 || len > static_cast<int32_t>(active_.size())) return -1;
+  return active_[static_cast<size_t>(len) - 1];
+}
+
+int32_t InputTrie::child(int32_t parent, int32_t token) const {
+  const uint64_t key = edge_key(parent, token);
+  const size_t mask = keys_.size() - 1;
+  const int shift = 64 - __builtin_ctzll(keys_.size());
+  for (size_t s = slot_of(key, mask, shift);; s = (s + 1) & mask) {
+    if (keys_[s] == key) return values_[s];
+    if (keys_[s] == kEmptyKey) return -1;
+  }
+}
+
+void InputTrie::grow_table() {
+  std::vector<uint64_t> old_keys(keys_.size() * 2, kEmptyKey);
+  std::vector<int32_t> old_values(values_.size() * 2, -1);
+  old_keys.swap(keys_);
+  old_values.swap(values_);
+  const size_t mask = keys_.size() - 1;
+  const int shift = 64 - __builtin_ctzll(keys_.size());
+  for (size_t i = 0; i < old_keys.size(); ++i) {
+    if (old_keys[i] == kEmptyKey) continue;
+    size_t s = slot_of(old_keys[i], mask, shift);
+    while (keys_[s] != kEmptyKey) s = (s + 1) & mask;
+    keys_[s] = old_keys[i];
+    values_[s] = old_values[i];
+  }
+}
+
+int32_t InputTrie::get_or_add_child(int32_t parent, int32_t token) {
+  if (2 * (used_ + 1) > static_cast<int64_t>(keys_.size())) grow_table();
+  const uint64_t key = edge_key(parent, token);
+  const size_t mask = keys_.size() - 1;
+  const int shift = 64 - __builtin_ctzll(keys_.size());
+  size_t s = slot_of(key, mask, shift);
+  for (; keys_[s] != kEmptyKey; s = (s + 1) & mask) {
+    if (keys_[s] == key) return values_[s];
+  }
+  if (nodes_.size() >= static_cast<size_t>(INT32_MAX)) {
+    throw std::length_error("input trie: more than 2^31 - 1 nodes");
+  }
+  const auto id = static_cast<int32_t>(nodes_.size());
+  nodes_.push_back({token, 0, -1, nodes_[static_cast<size_t>(parent)].first_child});
+  nodes_[static_cast<size_t>(parent)].first_child = id;
+  keys_[s] = key;
+  values_[s] = id;
+  ++used_;
+  return id;
+}
+
+void InputTrie::append(int32_t token) {
+  // The suffixes ending at the new token are the old suffixes (up to length
+  // max_depth - 1) extended by `token`, plus the one-token suffix.
+  scratch_.clear();
+  const int32_t first = get_or_add_child(kRoot, token);
+  ++nodes_[static_cast<size_t>(first)].count;
+  scratch_.push_back(first);
+  const size_t keep = std::min(active_.size(), static_cast<size_t>(max_depth_) - 1);
+  for (size_t k = 0; k < keep; ++k) {
+    const int32_t node = get_or_add_child(active_[k], token);
+    ++nodes_[static_cast<size_t>(node)].count;
+    scratch_.push_back(node);
+  }
+  active_.swap(scratch_);
+  ++num_tokens_;
+}
+
+}  // namespace drafter

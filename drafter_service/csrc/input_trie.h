@@ -1,0 +1,61 @@
+// Per-request trie over prompt + committed tokens (SSSD §3.1.1, Algorithm 1).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace drafter {
+
+// A trie of every substring of the input up to `max_depth` tokens long, with
+// occurrence counts. Appending a token costs O(max_depth): the nodes of the
+// suffixes ending at the previous token are each extended by one child.
+// Memory is O(input length * max_depth) in the worst case (no repeats).
+class InputTrie {
+ public:
+  static constexpr int32_t kRoot = 0;
+
+  explicit InputTrie(int32_t max_depth);
+
+  void append(int32_t token);
+  int64_t num_tokens() const { return num_tokens_; }
+  int32_t max_depth() const { return max_depth_; }
+
+  // Node of the suffix of the input of length `len` (1 <= len), or -1 when the
+  // input is shorter than `len` or `len` exceeds max_depth. O(1).
+  int32_t suffix_node(int32_t len) const;
+
+  int32_t token(int32_t node) const { return nodes_[node].token; }
+  uint32_t count(int32_t node) const { return nodes_[node].count; }
+  int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
+  int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  int64_t resident_bytes() const;
+
+ private:
+  struct Node {
+    int32_t token;         // token on the edge from the parent; -1 for the root
+    uint32_t count;        // occurrences of the path root..node in the input
+    int32_t first_child;   // newest child, or -1; children form a singly linked list
+    int32_t next_sibling;  // next older sibling, or -1
+  };
+
+  int32_t child(int32_t parent, int32_t token) const;
+  int32_t get_or_add_child(int32_t parent, int32_t token);
+  void grow_table();
+
+  int32_t max_depth_;   // longest path stored, >= 1
+  int64_t num_tokens_ = 0;
+  std::vector<Node> nodes_;  // nodes_[0] is the root
+  // Open-addressing hash table (linear probing) from (parent, token) to child.
+  // Keys are parent << 32 | token; an empty slot holds kEmptyKey. Capacity is a
+  // power of two kept at most half full.
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> values_;
+  int64_t used_ = 0;
+  // active_[k] is the node of the input suffix of length k + 1, for
+  // k < min(num_tokens_, max_depth_).
+  std::vector<int32_t> active_;
+  std::vector<int32_t> scratch_;
+};
+
+}  // namespace drafter

@@ -1,0 +1,120 @@
+#include "sub_index.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "suffix_array.h"
+
+namespace drafter {
+
+std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int32_t vocab_size) {
+  std::shared_ptr<SubIndex> index(new SubIndex());
+  index->owned_sa_ = build_suffix_array(tokens.data(), static_cast<int64_t>(tokens.size()),
+                                        vocab_size);
+  index->owned_tokens_ = std::move(tokens);
+  index->tokens_ = index->owned_tokens_.data();
+  index->sa_ = index->owned_sa_.data();
+  index->n_ = static_cast<int64_t>(index->owned_tokens_.size());
+  index->vocab_size_ = vocab_size;
+  index->build_buckets();
+  return index;
+}
+
+std::shared_ptr<const SubIndex> SubIndex::wrap(const int32_t* tokens, const int32_t* suffix_array,
+                                               int64_t n, int32_t vocab_size,
+                                               std::shared_ptr<const void> owner) {
+  if (n < 0 || n >= (int64_t{1} << 31) - 2) {
+    throw std::invalid_argument("sub-index: length " + std::to_string(n) +
+                                " is outside [0, 2^31 - 2)");
+  }
+  if (vocab_size <= 0) {
+    throw std::invalid_argument("sub-index: vocab_size " + std::to_string(vocab_size) +
+                                " must be positive");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < kSeparator || tokens[i] >= vocab_size) {
+      throw std::invalid_argument("sub-index: token " + std::to_string(tokens[i]) +
+                                  " at position " + std::to_string(i) + " is outside [-1, " +
+                                  std::to_string(vocab_size) + ")");
+    }
+    if (suffix_array[i] < 0 || suffix_array[i] >= n) {
+      throw std::invalid_argument("sub-index: suffix array entry " +
+                                  std::to_string(suffix_array[i]) + " at row " +
+                                  std::to_string(i) + " is outside [0, " + std::to_string(n) +
+                                  ")");
+    }
+  }
+  std::shared_ptr<SubIndex> index(new SubIndex());
+  index->tokens_ = tokens;
+  index->sa_ = suffix_array;
+  index->n_ = n;
+  index->vocab_size_ = vocab_size;
+  index->owner_ = std::move(owner);
+  index->build_buckets();
+  return index;
+}
+
+void SubIndex::build_buckets() {
+  // Counting the first token of every suffix = counting every token.
+  bucket_.assign(static_cast<size_t>(vocab_size_) + 1, 0);
+  int32_t separators = 0;
+  for (int64_t i = 0; i < n_; ++i) {
+    const int32_t v = tokens_[i];
+    if (v == kSeparator) {
+      ++separators;
+    } else {
+      ++bucket_[static_cast<size_t>(v) + 1];
+    }
+  }
+  bucket_[0] = separators;
+  for (size_t t = 1; t < bucket_.size(); ++t) bucket_[t] += bucket_[t - 1];
+}
+
+int64_t SubIndex::resident_bytes() const {
+  return 8 * n_ + static_cast<int64_t>(bucket_.size() * sizeof(int32_t));
+}
+
+int SubIndex::compare_suffix(int64_t pos, const int32_t* prefix, int32_t len) const {
+  for (int32_t k = 0; k < len; ++k) {
+    if (pos + k >= n_) return -1;
+    const int32_t a = tokens_[pos + k];
+    if (a != prefix[k]) return a < prefix[k] ? -1 : 1;
+  }
+  return 0;
+}
+
+SaRange SubIndex::find_range(const int32_t* prefix, int32_t len) const {
+  if (len <= 0 || n_ == 0) return {0, 0};
+  const int32_t first = prefix[0];
+  if (first < 0 || first >= vocab_size_) return {0, 0};
+  int64_t lo = bucket_[static_cast<size_t>(first)];
+  int64_t hi = bucket_[static_cast<size_t>(first) + 1];
+  if (lo == hi || len == 1) return {lo, hi};
+  // Every suffix in the bucket already matches prefix[0]; compare the rest.
+  const int32_t* rest = prefix + 1;
+  const int32_t rest_len = len - 1;
+  // Lower bound: first row whose suffix is >= prefix.
+  int64_t a = lo, b = hi;
+  while (a < b) {
+    const int64_t mid = a + (b - a) / 2;
+    if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) < 0) {
+      a = mid + 1;
+    } else {
+      b = mid;
+    }
+  }
+  const int64_t begin = a;
+  // Upper bound: first row whose suffix is > prefix.
+  b = hi;
+  while (a < b) {
+    const int64_t mid = a + (b - a) / 2;
+    if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) <= 0) {
+      a = mid + 1;
+    } else {
+      b = mid;
+    }
+  }
+  return {begin, a};
+}
+
+}  // namespace drafter

@@ -1,0 +1,66 @@
+// One immutable suffix-array sub-index of the datastore (SSSD §3.1.2).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace drafter {
+
+inline constexpr int32_t kSeparator = -1;
+
+// Half-open range [begin, end) of suffix-array rows whose suffixes start with a
+// given prefix.
+struct SaRange {
+  int64_t begin = 0;  // first matching row
+  int64_t end = 0;    // one past the last matching row; end >= begin
+  int64_t size() const { return end - begin; }
+};
+
+class SubIndex {
+ public:
+  // Builds the suffix array over `tokens` (copied). Documents are separated by
+  // kSeparator; every other value must lie in [0, vocab_size).
+  static std::shared_ptr<const SubIndex> build(std::vector<int32_t> tokens, int32_t vocab_size);
+
+  // Wraps arrays that already hold a text and its suffix array (a snapshot).
+  // `owner` keeps the memory alive. Checks sizes and value ranges in O(n);
+  // the suffix order itself is trusted (snapshots carry checksums).
+  static std::shared_ptr<const SubIndex> wrap(const int32_t* tokens, const int32_t* suffix_array,
+                                              int64_t n, int32_t vocab_size,
+                                              std::shared_ptr<const void> owner);
+
+  int64_t num_tokens() const { return n_; }
+  int32_t vocab_size() const { return vocab_size_; }
+  const int32_t* tokens() const { return tokens_; }
+  const int32_t* suffix_array() const { return sa_; }
+  // Bytes this sub-index keeps resident: text + suffix array + first-token table.
+  int64_t resident_bytes() const;
+
+  // Rows whose suffix starts with prefix[0, len). Two binary searches inside
+  // the bucket of prefix[0]: O(len * log(bucket size)).
+  SaRange find_range(const int32_t* prefix, int32_t len) const;
+
+  // Text position where the suffix in row `row` starts.
+  int64_t position(int64_t row) const { return sa_[row]; }
+
+ private:
+  SubIndex() = default;
+  void build_buckets();
+  // -1 / 0 / +1: how the first `len` tokens of the suffix at `pos` compare to
+  // `prefix`. A suffix that ends (text end) before `len` tokens sorts lower.
+  int compare_suffix(int64_t pos, const int32_t* prefix, int32_t len) const;
+
+  const int32_t* tokens_ = nullptr;  // n_ values in [-1, vocab_size_); -1 separates documents
+  const int32_t* sa_ = nullptr;      // permutation of [0, n_) in suffix order
+  int64_t n_ = 0;                    // number of text positions (tokens + separators)
+  int32_t vocab_size_ = 0;           // exclusive upper bound of token ids
+  // bucket_[t] .. bucket_[t + 1]: rows whose suffix starts with token t.
+  // Size vocab_size_ + 1; rows before bucket_[0] start with a separator.
+  std::vector<int32_t> bucket_;
+  std::vector<int32_t> owned_tokens_;  // backing store when built here; empty when wrapped
+  std::vector<int32_t> owned_sa_;      // backing store when built here; empty when wrapped
+  std::shared_ptr<const void> owner_;  // keeps wrapped memory alive; null when built here
+};
+
+}  // namespace drafter

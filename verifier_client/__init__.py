@@ -1,0 +1,1 @@
+"""Decode-side client: tree packing and lossless verification (see issue 5)."""
