@@ -16,4 +16,4 @@ from drafter_service.config import DraftConfig
 from drafter_service.datastore import Datastore, SubIndex
 from drafter_service.drafter import DraftBatch, Drafter, DraftTree
 
-__all__ = ["DraftBatch", "DraftConfig", "DraftTree", "Datastore", "Drafter", "SubIndex"]
+__all__ = ["Datastore", "DraftBatch", "DraftConfig", "DraftTree", "Drafter", "SubIndex"]

@@ -44,6 +44,10 @@ class DraftConfig:
     """Per-level discount of datastore paths."""
     max_budget: int = 256
     """Largest draft budget a call may ask for."""
+    input_smoothing: float = 0.0
+    """Shrinks input-trie probabilities to count(child) / (count(node) + k)."""
+    datastore_smoothing: float = 0.0
+    """Shrinks datastore probabilities to count(child) / (count(node) + k)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,6 +57,8 @@ class DraftConfig:
                 raise TypeError(f"DraftConfig.{f.name} must be a number, got {value!r}")
             if expected is int and not isinstance(value, int):
                 raise TypeError(f"DraftConfig.{f.name} must be an int, got {value!r}")
+            if expected is int and not -(2**31) <= value < 2**31:
+                raise ValueError(f"DraftConfig.{f.name} = {value} is outside the int32 range")
         self.to_native().validate()
 
     def to_native(self) -> _core.DraftConfig:

@@ -10,6 +10,7 @@ import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -120,6 +121,10 @@ class Drafter:
             with self._lock:
                 self._handles.pop(request_id, None)
             raise
+        with self._lock:
+            stopped = self._handles.get(request_id) != handle
+        if stopped:  # stop() ran before the native state existed: free it here
+            self._native.stop(handle)
 
     def add(self, request_id: str, token_ids: TokenIds) -> None:
         """Appends committed tokens without drafting."""
@@ -172,7 +177,7 @@ class Drafter:
                 f"got {len(new_tokens)} token lists for {len(request_ids)} requests"
             )
         arrays = [
-            as_token_array(t, self.vocab_size, what=f"new_tokens[{i}]")
+            as_token_array(t, self.vocab_size, what=f"new_tokens[{i}]", check_range=False)
             for i, t in enumerate(new_tokens)
         ]
         offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
@@ -189,7 +194,9 @@ class Drafter:
     ) -> DraftBatch:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
-        flat = as_token_array(tokens, self.vocab_size, what="tokens")
+        # Token ids, offsets and budgets are range-checked by the native call,
+        # before any state changes, with the bad value and its index named.
+        flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
         offs = _int_array(offsets, np.int64, "offsets")
         if len(offs) != len(request_ids) + 1:
             raise ValueError(
@@ -197,16 +204,25 @@ class Drafter:
                 f"for {len(request_ids)} requests"
             )
         if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
+            if not 0 <= budgets <= self.config.max_budget:
+                raise ValueError(f"budget {budgets} is outside [0, {self.config.max_budget}]")
             budget_arr = np.full(len(request_ids), int(budgets), dtype=np.int32)
         else:
-            budget_arr = _int_array(budgets, np.int32, "budgets")  # type: ignore[arg-type]
+            budget_arr = _int_array(budgets, np.int32, "budgets")
             if len(budget_arr) != len(request_ids):
                 raise ValueError(
                     f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
                 )
-        handles = np.fromiter(
-            (self._handle(r) for r in request_ids), dtype=np.int64, count=len(request_ids)
-        )
+        seen: set[str] = set()
+        for r in request_ids:
+            if r in seen:
+                raise ValueError(f"request {r!r} appears twice in one batch")
+            seen.add(r)
+        with self._lock:
+            try:
+                handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
+            except KeyError as exc:
+                raise KeyError(f"unknown request {exc.args[0]!r}") from None
         try:
             out_tokens, parents, scores, out_offsets = self._native.draft_batch(
                 handles, flat, offs, budget_arr
@@ -228,12 +244,15 @@ def _check_request_id(request_id: object) -> None:
         raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
 
 
-def _int_array(values: object, dtype: type[np.integer], what: str) -> npt.NDArray[np.integer]:
+def _int_array(values: object, dtype: type[np.integer[Any]], what: str) -> npt.NDArray[Any]:
+    if type(values) is np.ndarray and values.dtype == dtype and values.ndim == 1:
+        return np.ascontiguousarray(values)
     arr = np.asarray(values)
     if arr.dtype.kind not in "iu" and arr.size:
         raise ValueError(f"{what} must be integers, got {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
     if arr.size and (arr.min() < np.iinfo(dtype).min or arr.max() > np.iinfo(dtype).max):
-        raise ValueError(f"{what} has values outside the {np.dtype(dtype).name} range")
+        bad = arr.min() if arr.min() < np.iinfo(dtype).min else arr.max()
+        raise ValueError(f"{what} has value {bad} outside the {np.dtype(dtype).name} range")
     return np.ascontiguousarray(arr, dtype=dtype)

@@ -9,14 +9,24 @@ import numpy.typing as npt
 
 
 def as_token_array(
-    tokens: Sequence[int] | npt.NDArray[np.integer], vocab_size: int, *, what: str = "tokens"
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    vocab_size: int,
+    *,
+    what: str = "tokens",
+    check_range: bool = True,
 ) -> npt.NDArray[np.int32]:
     """Returns ``tokens`` as a contiguous 1-D int32 array of ids in ``[0, vocab_size)``.
 
     Accepts any integer NumPy array or a sequence of ints. Raises ``ValueError``
     naming the bad dtype, shape or value (and its index), so callers can pass
-    the message straight to their own users.
+    the message straight to their own users. With ``check_range=False`` only
+    values that do not fit in int32 are rejected here: the caller hands the
+    array to native code that checks ``[0, vocab_size)`` itself.
     """
+    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1:
+        if check_range:
+            _check_range(tokens, vocab_size, what)
+        return np.ascontiguousarray(tokens)
     if isinstance(tokens, np.ndarray):
         arr = tokens
         if arr.dtype.kind not in "iu":
@@ -32,6 +42,12 @@ def as_token_array(
             raise ValueError(f"{what} must contain only ints, got {arr.dtype} values")
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+    if check_range or arr.dtype != np.int32:
+        _check_range(arr, vocab_size if check_range else 2**31, what)
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def _check_range(arr: npt.NDArray[np.integer], vocab_size: int, what: str) -> None:
     if arr.size:
         lo = int(arr.min())
         hi = int(arr.max())
@@ -41,4 +57,3 @@ def as_token_array(
                 f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
                 f"[0, {vocab_size})"
             )
-    return np.ascontiguousarray(arr, dtype=np.int32)

@@ -142,6 +142,8 @@ NB_MODULE(_core, m) {
       .def_rw("datastore_weight", &DraftConfig::datastore_weight)
       .def_rw("datastore_child_discount", &DraftConfig::datastore_child_discount)
       .def_rw("max_budget", &DraftConfig::max_budget)
+      .def_rw("input_smoothing", &DraftConfig::input_smoothing)
+      .def_rw("datastore_smoothing", &DraftConfig::datastore_smoothing)
       .def("validate", [](const DraftConfig& c) { validate(c); });
 
   nb::class_<PySubIndex>(m, "SubIndex")
@@ -214,12 +216,13 @@ NB_MODULE(_core, m) {
       "retrieve_datastore",
       [](const PyDatastore& ds, In<int32_t> context, const DraftConfig& config, int32_t max_len) {
         validate(config);
-        CandidateTree tree;
+        DraftScratch scratch;
         retrieve_datastore(*ds.datastore, context.data(), static_cast<int64_t>(context.shape(0)),
-                           config, max_len, tree);
+                           config, max_len, scratch);
+        const CandidateTree& tree = scratch.datastore_tree;
         // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
         std::vector<int32_t> tokens, parents;
-        std::vector<int64_t> counts;
+        std::vector<double> counts;
         std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
         for (int32_t n = 0; n < tree.num_nodes(); ++n) {
           for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {

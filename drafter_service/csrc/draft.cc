@@ -1,7 +1,6 @@
 #include "draft.h"
 
 #include <algorithm>
-#include <queue>
 #include <stdexcept>
 #include <string>
 
@@ -47,6 +46,10 @@ void validate(const DraftConfig& c) {
           "datastore_child_discount", c.datastore_child_discount, "must be in [0, 1e6]");
   require(c.max_budget >= 0 && c.max_budget <= 4096, "max_budget", c.max_budget,
           "must be in [0, 4096]");
+  require(c.input_smoothing >= 0.0 && c.input_smoothing <= 1e6, "input_smoothing",
+          c.input_smoothing, "must be in [0, 1e6]");
+  require(c.datastore_smoothing >= 0.0 && c.datastore_smoothing <= 1e6, "datastore_smoothing",
+          c.datastore_smoothing, "must be in [0, 1e6]");
 }
 
 int64_t Datastore::num_tokens() const {
@@ -63,12 +66,12 @@ int64_t Datastore::resident_bytes() const {
 
 void CandidateTree::clear() {
   nodes_.clear();
-  nodes_.push_back({-1, 0, -1, -1});
+  nodes_.push_back({-1, 0.0, -1, -1});
 }
 
 void CandidateTree::insert(const int32_t* tokens, int32_t len) {
   int32_t node = kRoot;
-  ++nodes_[kRoot].count;
+  nodes_[kRoot].count += 1.0;
   for (int32_t i = 0; i < len; ++i) {
     // Samples of one range arrive in suffix order, so the wanted child is
     // usually the newest one: the list is scanned newest first.
@@ -78,23 +81,26 @@ void CandidateTree::insert(const int32_t* tokens, int32_t len) {
     }
     if (c == -1) {
       c = static_cast<int32_t>(nodes_.size());
-      nodes_.push_back({tokens[i], 0, -1, nodes_[static_cast<size_t>(node)].first_child});
+      nodes_.push_back({tokens[i], 0.0, -1, nodes_[static_cast<size_t>(node)].first_child});
       nodes_[static_cast<size_t>(node)].first_child = c;
     }
-    ++nodes_[static_cast<size_t>(c)].count;
+    nodes_[static_cast<size_t>(c)].count += 1.0;
     node = c;
   }
 }
 
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
-                        const DraftConfig& config, int32_t max_len, CandidateTree& tree) {
+                        const DraftConfig& config, int32_t max_len, DraftScratch& scratch) {
+  CandidateTree& tree = scratch.datastore_tree;
   tree.clear();
   if (datastore.sub_indices.empty() || context_len <= 0 || max_len <= 0) return;
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
   const size_t num_sub = datastore.sub_indices.size();
-  std::vector<SaRange> ranges(num_sub);
+  std::vector<SaRange>& ranges = scratch.ranges;
+  ranges.resize(num_sub);
+  std::vector<Sample>& samples = scratch.samples;
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
     const int32_t* prefix = context + context_len - m;
@@ -104,6 +110,7 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
       total += ranges[s].size();
     }
     if (total == 0) continue;
+    samples.clear();
     for (size_t s = 0; s < num_sub; ++s) {
       const int64_t found = ranges[s].size();
       if (found == 0) continue;
@@ -111,43 +118,31 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
       // Interval sampling: the rows of a range are sorted by continuation, so
       // evenly spaced rows approximate the continuation distribution. The
       // sample budget is split over sub-indices in proportion to their matches.
-      const int64_t samples =
+      const int64_t count =
           total <= config.datastore_samples
               ? found
               : std::max<int64_t>(1, config.datastore_samples * found / total);
       const int32_t* text = index.tokens();
       const int64_t n = index.num_tokens();
-      for (int64_t k = 0; k < samples; ++k) {
-        const int64_t row = ranges[s].begin + (k * found) / samples;
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t row = ranges[s].begin + (k * found) / count;
         const int64_t start = index.position(row) + m;
         int32_t len = 0;
         while (len < cont_cap && start + len < n && text[start + len] != kSeparator) ++len;
-        tree.insert(text + start, len);
+        samples.push_back({text + start, len});
       }
     }
+    for (const Sample& smp : samples) tree.insert(smp.tokens, smp.len);
   }
 }
 
 namespace {
 
-enum class Source : uint8_t { kDatastore, kInput };
-
-// One candidate in the priority queue: a node of a source tree, to be placed
-// under `draft_parent` in the draft (-1 = under the root).
-struct Candidate {
-  double score;        // product of discounted probabilities along the path
-  uint64_t seq;        // push order; breaks score ties (earlier first)
-  double child_discount;
-  int32_t node;
-  int32_t draft_parent;
-  Source source;
-};
-
-struct WorseFirst {
-  bool operator()(const Candidate& a, const Candidate& b) const {
-    return a.score < b.score || (a.score == b.score && a.seq > b.seq);
-  }
-};
+using fusion::Candidate;
+using fusion::DraftNode;
+using fusion::Member;
+using fusion::Offer;
+using fusion::Source;
 
 // Uniform read access to the two kinds of source tree.
 struct SourceView {
@@ -163,17 +158,14 @@ struct SourceView {
     return s == Source::kInput ? trie->token(n) : tree->token(n);
   }
   double count(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->count(n) : tree->count(n);
+    return s == Source::kInput ? static_cast<double>(trie->count(n)) : tree->count(n);
   }
 };
 
-struct DraftNode {
-  int32_t token;
-  int32_t parent;        // internal index; 0 is the root
-  int32_t depth;         // 1 for children of the root
-  int32_t first_child;   // internal index or -1
-  int32_t next_sibling;  // internal index or -1
-  double score;          // score when first inserted (the highest, as pops are ordered)
+struct WorseFirst {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    return a.score < b.score || (a.score == b.score && a.seq > b.seq);
+  }
 };
 
 }  // namespace
@@ -185,46 +177,69 @@ void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const Draf
   out.scores.clear();
   if (budget <= 0) return;
   const SourceView view{trie, datastore_tree};
-  std::priority_queue<Candidate, std::vector<Candidate>, WorseFirst> queue;
+  std::vector<Member>& pool = scratch.members;
+  std::vector<Offer>& offers = scratch.offers;
+  std::vector<DraftNode>& nodes = scratch.nodes;
+  std::vector<Candidate>& heap = scratch.heap;  // max-heap under WorseFirst
+  pool.clear();
+  offers.clear();
+  nodes.clear();
+  heap.clear();
   uint64_t seq = 0;
   std::vector<int32_t>& kids = scratch.children;
 
-  // Pushes the children of `node` with score = weight * count(child) / denominator.
-  // Children are taken in ascending token order. Only the best `budget` can
-  // ever be popped (each pop of a distinct child adds a draft node under the
-  // same parent), so the rest are skipped; this keeps wide trie nodes cheap.
-  auto push_children = [&](Source source, int32_t node, double denominator, double weight,
-                           double child_discount, int32_t draft_parent) {
-    if (denominator <= 0.0) return;
+  // Offers the children of one member, at most `budget` of them (a member's
+  // lower-ranked children can only matter if `budget` better ones were taken).
+  auto offer_children = [&](const Member& m) {
+    const double smoothing =
+        m.source == Source::kInput ? config.input_smoothing : config.datastore_smoothing;
+    const double denominator = m.denominator + smoothing;
+    if (m.denominator <= 0.0) return;
     kids.clear();
-    for (int32_t c = view.first_child(source, node); c != -1; c = view.next_sibling(source, c)) {
+    for (int32_t c = view.first_child(m.source, m.node); c != -1;
+         c = view.next_sibling(m.source, c)) {
       kids.push_back(c);
     }
-    if (kids.empty()) return;
-    auto score_of = [&](int32_t c) { return view.count(source, c) / denominator * weight; };
+    auto score_of = [&](int32_t c) { return view.count(m.source, c) / denominator * m.multiplier; };
     if (kids.size() > static_cast<size_t>(budget)) {
-      std::nth_element(kids.begin(), kids.begin() + budget, kids.end(),
-                       [&](int32_t a, int32_t b) {
-                         const double sa = score_of(a), sb = score_of(b);
-                         return sa > sb || (sa == sb && view.token(source, a) <
-                                                            view.token(source, b));
-                       });
+      std::nth_element(kids.begin(), kids.begin() + budget, kids.end(), [&](int32_t a, int32_t b) {
+        const double sa = score_of(a), sb = score_of(b);
+        return sa > sb || (sa == sb && view.token(m.source, a) < view.token(m.source, b));
+      });
       kids.resize(static_cast<size_t>(budget));
     }
-    std::sort(kids.begin(), kids.end(), [&](int32_t a, int32_t b) {
-      return view.token(source, a) < view.token(source, b);
-    });
     for (int32_t c : kids) {
-      queue.push({score_of(c), seq++, child_discount, c, draft_parent, source});
+      offers.push_back({view.token(m.source, c), c, score_of(c), m.source, m.discount});
     }
   };
 
-  // Sources in a fixed order: the datastore tree, then input matches from the
-  // longest suffix (P) to the shortest (1).
+  // Groups the offers by token into candidates under `draft_parent`, pushed in
+  // ascending token order; members keep the order in which sources offered.
+  auto push_offers = [&](int32_t draft_parent) {
+    std::stable_sort(offers.begin(), offers.end(),
+                     [](const Offer& a, const Offer& b) { return a.token < b.token; });
+    for (size_t i = 0; i < offers.size();) {
+      const auto begin = static_cast<int32_t>(pool.size());
+      double score = 0.0;
+      const int32_t token = offers[i].token;
+      for (; i < offers.size() && offers[i].token == token; ++i) {
+        const Offer& o = offers[i];
+        score = std::max(score, o.score);  // the most confident source decides
+        pool.push_back({o.node, o.source, o.score, view.count(o.source, o.node),
+                        o.score * o.discount, o.discount});
+      }
+      heap.push_back({score, seq++, token, draft_parent, begin, static_cast<int32_t>(pool.size())});
+      std::push_heap(heap.begin(), heap.end(), WorseFirst{});
+    }
+    offers.clear();
+  };
+
+  // Roots of the sources, in a fixed order: the datastore tree, then input
+  // matches from the longest suffix (P) to the shortest (1).
   if (datastore_tree != nullptr) {
-    push_children(Source::kDatastore, CandidateTree::kRoot,
-                  datastore_tree->count(CandidateTree::kRoot), config.datastore_weight,
-                  config.datastore_child_discount, -1);
+    offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
+                    datastore_tree->count(CandidateTree::kRoot), config.datastore_weight,
+                    config.datastore_child_discount});
   }
   if (trie != nullptr) {
     for (int32_t m = config.input_max_prefix; m >= 1; --m) {
@@ -232,33 +247,27 @@ void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const Draf
       if (u < 0) continue;
       // count(u) includes the occurrence at the very end of the input, which
       // has no continuation yet; leave it out of the denominator.
-      const double denominator = static_cast<double>(trie->count(u)) - 1.0;
-      push_children(Source::kInput, u, denominator, config.input_weight,
-                    config.input_child_discount_base + config.input_child_discount_per_match * m,
-                    -1);
+      offer_children({u, Source::kInput, 1.0, static_cast<double>(trie->count(u)) - 1.0,
+                      config.input_weight,
+                      config.input_child_discount_base + config.input_child_discount_per_match * m});
     }
   }
+  nodes.push_back({-1, -1, 0, 0.0});
+  push_offers(0);
 
-  std::vector<DraftNode> nodes;
-  nodes.reserve(static_cast<size_t>(budget) + 1);
-  nodes.push_back({-1, -1, 0, -1, -1, 0.0});
-  while (!queue.empty() && static_cast<int32_t>(nodes.size()) - 1 < budget) {
-    const Candidate cand = queue.top();
-    queue.pop();
-    const int32_t parent = cand.draft_parent + 1;  // internal index
-    const int32_t token = view.token(cand.source, cand.node);
-    int32_t slot = nodes[static_cast<size_t>(parent)].first_child;
-    while (slot != -1 && nodes[static_cast<size_t>(slot)].token != token) {
-      slot = nodes[static_cast<size_t>(slot)].next_sibling;
-    }
-    if (slot == -1) {
-      slot = static_cast<int32_t>(nodes.size());
-      nodes.push_back({token, parent, nodes[static_cast<size_t>(parent)].depth + 1, -1,
-                       nodes[static_cast<size_t>(parent)].first_child, cand.score});
-      nodes[static_cast<size_t>(parent)].first_child = slot;
-    }
-    push_children(cand.source, cand.node, view.count(cand.source, cand.node),
-                  cand.score * cand.child_discount, cand.child_discount, slot - 1);
+  // Best-first: every candidate is a distinct (parent, token), so each pop adds
+  // one draft node. With scores non-increasing along paths this selects the
+  // `budget` nodes of highest score that form a tree.
+  while (!heap.empty() && static_cast<int32_t>(nodes.size()) - 1 < budget) {
+    std::pop_heap(heap.begin(), heap.end(), WorseFirst{});
+    const Candidate cand = heap.back();
+    heap.pop_back();
+    const auto slot = static_cast<int32_t>(nodes.size());
+    nodes.push_back(
+        {cand.token, cand.draft_parent, nodes[static_cast<size_t>(cand.draft_parent)].depth + 1,
+         cand.score});
+    for (int32_t k = cand.begin; k < cand.end; ++k) offer_children(pool[static_cast<size_t>(k)]);
+    push_offers(slot);
   }
 
   // Breadth-first order: by depth, then by insertion (a parent is always

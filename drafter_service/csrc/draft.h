@@ -27,6 +27,10 @@ struct DraftConfig {
   double datastore_weight = 1.0;           // scale of datastore probabilities
   double datastore_child_discount = 1.0;   // per-level discount of datastore paths
   int32_t max_budget = 256;                // largest accepted draft budget
+  // Shrinkage of conditional probabilities: count(child) / (count(node) + k).
+  // Small counts (deep nodes, rare prefixes) are over-confident; 0 = the paper.
+  double input_smoothing = 0.0;
+  double datastore_smoothing = 0.0;
 };
 
 // Throws std::invalid_argument naming the first field out of range.
@@ -45,29 +49,29 @@ class CandidateTree {
   static constexpr int32_t kRoot = 0;
   CandidateTree() { clear(); }
   void clear();
-  // Adds one sampled continuation: counts +1 along its path (root included).
+  // Adds one sampled continuation: count +1 along its path (root included).
   void insert(const int32_t* tokens, int32_t len);
   int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()); }
   int32_t token(int32_t node) const { return nodes_[node].token; }
-  uint32_t count(int32_t node) const { return nodes_[node].count; }
+  double count(int32_t node) const { return nodes_[node].count; }
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
   int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
 
  private:
   struct Node {
     int32_t token;         // edge token from the parent; -1 for the root
-    uint32_t count;        // sampled continuations passing through this node
+    double count;          // sampled continuations through this node (a double: see fuse)
     int32_t first_child;   // newest child or -1
     int32_t next_sibling;  // next older sibling or -1
   };
   std::vector<Node> nodes_;
 };
 
-// Fills `tree` with continuations of the context's suffixes, longest first,
-// until it holds datastore_min_tree_nodes non-root nodes (SSSD Algorithm 2).
-// Continuations are capped at min(datastore_max_continuation, max_len) tokens.
-void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
-                        const DraftConfig& config, int32_t max_len, CandidateTree& tree);
+// One sampled continuation: tokens[0, len) of a sub-index text.
+struct Sample {
+  const int32_t* tokens;
+  int32_t len;
+};
 
 // A draft tree in breadth-first order: parents[i] < i, -1 = child of the root.
 struct Draft {
@@ -76,13 +80,69 @@ struct Draft {
   std::vector<float> scores;
 };
 
-// Reusable per-thread buffers so that drafting allocates nothing in steady state.
+// Records used inside fuse(); declared here so DraftScratch can own them.
+namespace fusion {
+
+enum class Source : uint8_t { kDatastore, kInput };
+
+// One source's node standing behind a draft node (or candidate): the same
+// path, as seen by that source.
+struct Member {
+  int32_t node;          // node in the source tree
+  Source source;
+  double score;          // this source's score of the path
+  double denominator;    // count(node) (count(u) - 1 for an input match root), before smoothing
+  double multiplier;     // a child's score = count(child) / (denominator + smoothing) * multiplier
+  double discount;       // per-level discount of this source
+};
+
+// A child waiting in the queue: draft parent + token, backed by members[begin, end).
+struct Candidate {
+  double score;   // combined score of its members
+  uint64_t seq;   // push order; breaks score ties (earlier first)
+  int32_t token;
+  int32_t draft_parent;  // internal index, 0 = root
+  int32_t begin, end;    // range in the member pool
+};
+
+struct DraftNode {
+  int32_t token;
+  int32_t parent;  // internal index; 0 is the root
+  int32_t depth;   // 1 for children of the root
+  double score;
+};
+
+// Child of a member, gathered before grouping by token.
+struct Offer {
+  int32_t token;
+  int32_t node;
+  double score;
+  Source source;
+  double discount;
+};
+
+}  // namespace fusion
+
+// Reusable per-thread buffers so that drafting allocates nothing in steady
+// state. Contents are meaningless between calls.
 struct DraftScratch {
   CandidateTree datastore_tree;
+  std::vector<SaRange> ranges;          // one per sub-index
+  std::vector<Sample> samples;          // continuations sampled for one prefix length
   std::vector<int32_t> children;
   std::vector<int32_t> order;
   std::vector<int32_t> remap;
+  std::vector<fusion::Member> members;  // members of every candidate pushed
+  std::vector<fusion::Offer> offers;    // children of one expansion
+  std::vector<fusion::DraftNode> nodes; // the draft being built; [0] is the root
+  std::vector<fusion::Candidate> heap;  // the priority queue
 };
+
+// Fills scratch.datastore_tree with continuations of the context's suffixes, longest first,
+// until it holds datastore_min_tree_nodes non-root nodes (SSSD Algorithm 2).
+// Continuations are capped at min(datastore_max_continuation, max_len) tokens.
+void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
+                        const DraftConfig& config, int32_t max_len, DraftScratch& scratch);
 
 // Merges the input-trie matches and the datastore tree into at most `budget`
 // draft nodes with a priority queue (SSSD Algorithm 3). Deterministic.

@@ -199,7 +199,7 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
                DraftScratch& scratch, Draft& out) {
   const CandidateTree* tree = nullptr;
   if (datastore != nullptr && !datastore->sub_indices.empty()) {
-    retrieve_datastore(*datastore, context, context_len, config, budget, scratch.datastore_tree);
+    retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
     tree = &scratch.datastore_tree;
   }
   fuse(trie, tree, config, budget, scratch, out);

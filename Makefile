@@ -1,0 +1,39 @@
+# One-command entry points. `make run` sets up and runs the main job;
+# `make test` sets up and runs the whole test suite (what CI runs).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DATA   ?= ../shared/data
+DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
+CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
+
+.PHONY: setup run test lint typecheck stubs bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# Build dependencies first, then the package (compiles the C++ core once).
+setup: $(BIN)/python
+	$(BIN)/pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "ninja>=1.11" "cmake>=3.18"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+
+# Main job: greedy-replay benchmark of the drafter on real model outputs,
+# datastore prebuilt from the shared corpus, PLD baseline alongside.
+run: setup
+	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32
+
+test: setup
+	$(BIN)/ruff check drafter_service verifier_client datastore_builder tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+stubs: setup
+	$(BIN)/python -m nanobind.stubgen -m drafter_service._core -o drafter_service/_core.pyi
+
+# Full benchmark report (minutes): see docs/benchmarks.md.
+bench: setup
+	$(BIN)/python benchmarks/run_all.py --data-dir $(DATA) --out benchmarks/results
+
+clean:
+	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

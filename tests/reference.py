@@ -1,0 +1,301 @@
+"""Brute-force reference of the drafting algorithm (docs/algorithm.md).
+
+Written for obviousness, not speed, and independently of the native core:
+suffixes are sorted as Python lists, ranges are found by scanning every row,
+the input trie is a dict of every substring, and fusion pushes every child.
+Trees are dicts ``path tuple -> count`` (the empty tuple is the root).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cmp_to_key
+
+import numpy as np
+
+from drafter_service import DraftConfig
+
+SEPARATOR = -1
+
+Path = tuple[int, ...]
+Tree = dict[Path, int]
+
+
+# Fields that docs/algorithm.md defines; any other DraftConfig field must keep its default.
+SPEC_FIELDS = frozenset({
+    "input_max_prefix", "input_max_depth", "datastore_max_prefix", "datastore_min_prefix",
+    "datastore_samples", "datastore_max_continuation", "datastore_min_tree_nodes",
+    "input_weight", "input_child_discount_base", "input_child_discount_per_match",
+    "datastore_weight", "datastore_child_discount", "max_budget",
+    "input_smoothing", "datastore_smoothing",
+})
+
+
+def check_spec_fields(config: DraftConfig) -> None:
+    for f in dataclasses.fields(config):
+        if f.name not in SPEC_FIELDS and getattr(config, f.name) != f.default:
+            raise NotImplementedError(f"DraftConfig.{f.name} is not in docs/algorithm.md")
+
+
+# --- suffix array -------------------------------------------------------------------------
+
+
+def compare_suffixes(text: Sequence[int], a: int, b: int, chunk: int = 64) -> int:
+    """-1/0/+1 ordering of the suffixes at ``a`` and ``b``.
+
+    Python list comparison is exactly the contract: element-wise signed ints
+    (so -1 is below every token), and a proper prefix sorts first.
+    """
+    while True:
+        x = list(text[a : a + chunk])
+        y = list(text[b : b + chunk])
+        if x != y:
+            return -1 if x < y else 1
+        if len(x) < chunk:  # both ended: same suffix
+            return 0
+        a += chunk
+        b += chunk
+
+
+def naive_suffix_array(text: Sequence[int]) -> list[int]:
+    """All start positions sorted by their suffix (as a list of ints)."""
+    tokens = [int(t) for t in text]
+    if len(tokens) <= 2000:
+        return sorted(range(len(tokens)), key=lambda i: tokens[i:])
+    # Same order without materialising every suffix at once.
+    return sorted(
+        range(len(tokens)), key=cmp_to_key(lambda a, b: compare_suffixes(tokens, a, b))
+    )
+
+
+def naive_find_range(
+    text: Sequence[int], sa: Sequence[int], prefix: Sequence[int]
+) -> tuple[int, int]:
+    """Rows of ``sa`` whose suffix starts with ``prefix``, by scanning every row."""
+    want = [int(t) for t in prefix]
+    if not want:
+        return (0, 0)
+    first, m = want[0], len(want)
+    rows = [r for r, pos in enumerate(sa)
+            if text[pos] == first and list(text[pos : pos + m]) == want]
+    if not rows:
+        return (0, 0)
+    # The rows are contiguous in a correct suffix array; insist on it.
+    assert rows == list(range(rows[0], rows[-1] + 1)), "matching rows are not contiguous"
+    return (rows[0], rows[-1] + 1)
+
+
+@dataclass
+class RefSubIndex:
+    """A text (documents joined by -1) and its naively sorted suffix array."""
+
+    text: list[int]
+    sa: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_documents(cls, documents: Sequence[Sequence[int]]) -> RefSubIndex:
+        text: list[int] = []
+        for i, doc in enumerate(documents):
+            if i:
+                text.append(SEPARATOR)
+            text.extend(int(t) for t in doc)
+        return cls(text, naive_suffix_array(text))
+
+    def find_range(self, prefix: Sequence[int]) -> tuple[int, int]:
+        return naive_find_range(self.text, self.sa, prefix)
+
+    def documents(self) -> list[list[int]]:
+        docs: list[list[int]] = [[]]
+        for t in self.text:
+            if t == SEPARATOR:
+                docs.append([])
+            else:
+                docs[-1].append(t)
+        return docs
+
+
+# --- input trie ---------------------------------------------------------------------------
+
+
+def input_trie_counts(tokens: Sequence[int], depth: int) -> Tree:
+    """count(path) for every substring of length 1..depth, plus the root (count 0)."""
+    toks = [int(t) for t in tokens]
+    counts: Tree = {(): 0}
+    for i in range(len(toks)):
+        for length in range(1, depth + 1):
+            if i + length > len(toks):
+                break
+            path = tuple(toks[i : i + length])
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
+# --- datastore tree -----------------------------------------------------------------------
+
+
+def retrieve_datastore(
+    sub_indices: Sequence[RefSubIndex], context: Sequence[int], config: DraftConfig, max_len: int
+) -> Tree:
+    """Algorithm 2. Dict insertion order is the node creation order."""
+    check_spec_fields(config)
+    ctx = [int(t) for t in context]
+    tree: Tree = {(): 0}
+    if not sub_indices or not ctx or max_len <= 0:
+        return tree
+    cap = min(config.datastore_max_continuation, max_len)
+    longest = min(config.datastore_max_prefix, len(ctx))
+    for m in range(longest, config.datastore_min_prefix - 1, -1):
+        if len(tree) - 1 >= config.datastore_min_tree_nodes:
+            break
+        prefix = ctx[-m:]
+        ranges = [s.find_range(prefix) for s in sub_indices]
+        total = sum(end - begin for begin, end in ranges)
+        if total == 0:
+            continue
+        for s, (begin, end) in zip(sub_indices, ranges, strict=True):
+            f = end - begin
+            if f == 0:
+                continue
+            if total <= config.datastore_samples:
+                samples = f
+            else:
+                samples = max(1, (config.datastore_samples * f) // total)
+            for k in range(samples):
+                row = begin + (k * f) // samples
+                start = s.sa[row] + m
+                cont: list[int] = []
+                for t in s.text[start : start + cap]:
+                    if t == SEPARATOR:
+                        break
+                    cont.append(t)
+                tree[()] += 1
+                for j in range(1, len(cont) + 1):
+                    path = tuple(cont[:j])
+                    tree[path] = tree.get(path, 0) + 1
+    return tree
+
+
+def tree_from_rows(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray) -> Tree:
+    """Converts (token, parent, count) rows in creation order (row 0 = root) to a path dict."""
+    paths: list[Path] = []
+    tree: Tree = {}
+    for i in range(len(tokens)):
+        if i == 0:
+            assert parents[0] == -1, "row 0 must be the root"
+            path: Path = ()
+        else:
+            p = int(parents[i])
+            assert 0 <= p < i, f"row {i} has parent {p}"
+            path = (*paths[p], int(tokens[i]))
+        assert path not in tree, f"duplicate node {path}"
+        paths.append(path)
+        count = int(counts[i])
+        assert count == counts[i], f"row {i}: count {counts[i]} is not a whole number"
+        tree[path] = count
+    return tree
+
+
+# --- fusion -------------------------------------------------------------------------------
+
+
+def _children(tree: Tree) -> dict[Path, list[int]]:
+    kids: dict[Path, list[int]] = {}
+    for path in tree:
+        if path:
+            kids.setdefault(path[:-1], []).append(path[-1])
+    for toks in kids.values():
+        toks.sort()
+    return kids
+
+
+@dataclass
+class RefDraft:
+    tokens: np.ndarray  # int32
+    parents: np.ndarray  # int32
+    scores: np.ndarray  # float32
+
+
+def fuse(
+    trie: Tree | None,
+    context: Sequence[int],
+    datastore_tree: Tree | None,
+    config: DraftConfig,
+    budget: int,
+) -> RefDraft:
+    """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order."""
+    check_spec_fields(config)
+    ctx = [int(t) for t in context]
+    # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
+    # discount). Its child c scores (tree[c] / (denominator + smoothing)) * multiplier.
+    Member = tuple[Tree, dict[Path, list[int]], Path, float, float, float, float]
+    queue: list[tuple[float, int, int, int, list[Member]]] = []  # -score, seq, token, parent, m
+    seq = 0
+
+    def expand(members: list[Member], parent: int) -> None:
+        nonlocal seq
+        groups: dict[int, tuple[float, list[Member]]] = {}
+        for tree, kids, node, denominator, smoothing, multiplier, discount in members:
+            if denominator <= 0:
+                continue
+            for tok in kids.get(node, []):
+                child = (*node, tok)
+                s = (tree[child] / (denominator + smoothing)) * multiplier
+                best, grouped = groups.get(tok, (0.0, []))
+                grouped.append((tree, kids, child, tree[child], smoothing, s * discount, discount))
+                groups[tok] = (max(best, s), grouped)
+        for tok in sorted(groups):
+            score, grouped = groups[tok]
+            heapq.heappush(queue, (-score, seq, tok, parent, grouped))
+            seq += 1
+
+    roots: list[Member] = []
+    if datastore_tree is not None:
+        roots.append((datastore_tree, _children(datastore_tree), (), datastore_tree[()],
+                      config.datastore_smoothing, config.datastore_weight,
+                      config.datastore_child_discount))
+    if trie is not None:
+        kids = _children(trie)
+        for m in range(config.input_max_prefix, 0, -1):
+            if m > len(ctx) or m > config.input_max_depth:
+                continue
+            u = tuple(ctx[-m:])
+            discount = config.input_child_discount_base + config.input_child_discount_per_match * m
+            roots.append((trie, kids, u, trie[u] - 1, config.input_smoothing, config.input_weight,
+                          discount))
+    expand(roots, -1)
+
+    # Draft nodes in creation order: (token, parent index or -1, depth, score).
+    nodes: list[tuple[int, int, int, float]] = []
+    while queue and len(nodes) < budget:
+        neg_score, _, tok, parent, members = heapq.heappop(queue)
+        depth = 1 if parent < 0 else nodes[parent][2] + 1
+        nodes.append((tok, parent, depth, -neg_score))
+        expand(members, len(nodes) - 1)
+
+    order = sorted(range(len(nodes)), key=lambda i: (nodes[i][2], i))
+    new_index = {old: new for new, old in enumerate(order)}
+    return RefDraft(
+        tokens=np.array([nodes[i][0] for i in order], dtype=np.int32),
+        parents=np.array(
+            [new_index[nodes[i][1]] if nodes[i][1] >= 0 else -1 for i in order], dtype=np.int32
+        ),
+        scores=np.array([nodes[i][3] for i in order], dtype=np.float64).astype(np.float32),
+    )
+
+
+def draft(
+    context: Sequence[int],
+    sub_indices: Sequence[RefSubIndex] | None,
+    config: DraftConfig,
+    budget: int,
+    use_input: bool,
+) -> RefDraft:
+    """One full drafting call: datastore tree (if any sub-index), input trie (if used), fusion."""
+    ds_tree = None
+    if sub_indices:
+        ds_tree = retrieve_datastore(sub_indices, context, config, budget)
+    trie = input_trie_counts(context, config.input_max_depth) if use_input else None
+    return fuse(trie, context, ds_tree, config, budget)

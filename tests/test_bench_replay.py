@@ -1,0 +1,321 @@
+"""Tests of ``drafter-bench replay``: step counting, PLD, the data reader and the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drafter_service.bench.cli import REPORT_KEYS, main
+from drafter_service.bench.data import DataError, Record, iter_records, read_records
+from drafter_service.bench.pld import PldIndex, propose
+from drafter_service.bench.replay import ReplaySettings, accepted_length, replay
+from drafter_service.datastore import SubIndex
+
+VOCAB = 128256
+
+
+def rec(prompt: list[int], output: list[int], rid: str = "r") -> Record:
+    return Record(rid, np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32))
+
+
+# --- step counting on hand-checked cases -------------------------------------------------
+
+
+def test_accepted_length_follows_the_deepest_matching_path() -> None:
+    # root -> 5, root -> 6 -> 8 -> 9, 6 -> 7
+    tokens, parents = [5, 6, 7, 8, 9], [-1, -1, 1, 1, 3]
+    assert accepted_length(tokens, parents, [6, 8, 9, 1], 0) == 3
+    assert accepted_length(tokens, parents, [6, 8, 4], 0) == 2
+    assert accepted_length(tokens, parents, [0, 6, 8], 1) == 2  # capped by the output end
+    assert accepted_length(tokens, parents, [7], 0) == 0  # 7 is not a child of the root
+    assert accepted_length([], [], [1], 0) == 0
+
+
+# Prompt 10..14; output 20, then the prompt again, then 21.
+#  step 1: last token 14 seen once (no continuation) -> no draft, commit 20
+#  step 2: 20 is new -> commit 10
+#  step 3: 10 was followed by 11 12 13 14 -> 4 accepted + bonus 21 -> done
+ECHO = rec([10, 11, 12, 13, 14], [20, 10, 11, 12, 13, 14, 21])
+
+
+@pytest.mark.parametrize("method", ["input", "both", "pld"])
+def test_echo_of_the_prompt_is_accepted(method: str) -> None:
+    result = replay([ECHO], ReplaySettings(method=method, budget=16))
+    assert (result.steps, result.output_tokens, result.accepted_tokens) == (3, 7, 4)
+    assert result.tau == pytest.approx(7 / 3)
+    assert result.records == 1 and len(result.draft_ns) == 3
+
+
+def test_datastore_only_drafts_from_the_corpus_and_not_the_input() -> None:
+    base = [SubIndex.build([[6, 7, 8, 9, 1, 2], [3, 3, 3]], VOCAB)]
+    record = rec([6, 7, 8, 9, 5, 6], [7, 8, 9, 1, 2])
+    # Context ends in 6: the corpus continues 7 8 9 1 2 = the whole output in one step.
+    for via in ("drafter", "context"):
+        result = replay([record], ReplaySettings("datastore", 16, datastore_via=via), base)
+        assert (result.steps, result.accepted_tokens) == (1, 5)
+    # The input alone has seen 6 followed by 7 8 9 (then 5): 3 accepted + bonus 1, then 2.
+    result = replay([record], ReplaySettings("input", 16), base)
+    assert (result.steps, result.accepted_tokens) == (2, 3)
+    # The datastore alone without a corpus: one token per step.
+    assert replay([record], ReplaySettings("datastore", 16)).tau == 1.0
+
+
+def test_budget_caps_the_accepted_length() -> None:
+    record = rec(list(range(100, 120)), list(range(100, 120)))
+    # Step 1 commits 100 (the last prompt token 119 has no continuation), then
+    # each step accepts 2 + 1 bonus: 19 tokens in ceil(19 / 3) = 7 steps.
+    result = replay([record], ReplaySettings("input", 2))
+    assert (result.steps, result.output_tokens) == (8, 20)
+
+
+def test_live_mode_ingests_finished_records() -> None:
+    a = rec([1, 2, 3], [40, 41, 42, 43], "a")
+    b = rec([9, 2, 3], [40, 41, 42, 43], "b")
+    # a sees an empty datastore: 4 steps; b finds "2 3 -> 40 41 42 43": 1 step.
+    result = replay([a, b], ReplaySettings("datastore", 16, live=True))
+    assert (result.steps, result.live_rebuilds) == (5, 2)
+    assert result.datastore_tokens == 2 * 7 + 1  # two documents and a separator
+    # In lockstep, b runs beside a and cannot see it.
+    assert replay([a, b], ReplaySettings("datastore", 16, live=True, batch=2)).steps == 8
+    # Without --live nothing is learned.
+    assert replay([a, b], ReplaySettings("datastore", 16)).steps == 8
+
+
+def random_records(seed: int, count: int) -> list[Record]:
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(0, 50, size=int(rng.integers(3, 9))) for _ in range(12)]
+    out = []
+    for i in range(count):
+        parts = [phrases[j] for j in rng.integers(0, len(phrases), size=int(rng.integers(2, 30)))]
+        text = np.concatenate(parts).astype(np.int32)
+        cut = int(rng.integers(1, len(text)))
+        out.append(Record(str(i), text[:cut], text[cut:]))
+    return out
+
+
+def test_tau_does_not_depend_on_batch_or_threads() -> None:
+    records = random_records(0, 30)
+    base = [SubIndex.build([r.output_ids for r in random_records(1, 40)], VOCAB)]
+    for method in ("pld", "input", "datastore", "both"):
+        runs = [
+            replay(records, ReplaySettings(method, 8, batch=batch, threads=threads), base)
+            for batch, threads in ((1, 1), (4, 1), (7, 3))
+        ]
+        assert len({(r.steps, r.accepted_tokens, r.output_tokens) for r in runs}) == 1, method
+        assert runs[0].draft_ns and not runs[0].batch_ns and runs[1].batch_ns
+    via = [replay(records, ReplaySettings("datastore", 8, datastore_via=v), base) for v in
+           ("drafter", "context")]  # fmt: skip
+    assert via[0].steps == via[1].steps
+
+
+# --- PLD ---------------------------------------------------------------------------------
+
+
+def brute_force(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Longest n in [min_n, max_n] whose suffix occurs earlier; first occurrence wins."""
+    total = len(tokens)
+    for n in range(max_n, min_n - 1, -1):
+        for j in range(total - n):  # starts before the suffix's own start
+            if tokens[j : j + n] == tokens[total - n :]:
+                return tokens[j + n : j + n + k]
+    return []
+
+
+def reversed_kmp(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The shape of vLLM's proposer: KMP over the reversed sequence, capped at max_n."""
+    total = len(tokens)
+    if total < min_n or k <= 0:
+        return []
+    rev = tokens[::-1]
+    lps = [0] * max_n
+    longest = position = state = 0
+    i = 1
+    while i < total:
+        if rev[state] == rev[i]:
+            state += 1
+            if state >= longest:
+                longest, position = state, i
+            if i < max_n:
+                lps[i] = state
+            if state == max_n:
+                state = lps[max_n - 1]
+            i += 1
+        elif state:
+            state = lps[state - 1]
+        else:
+            i += 1
+    if longest < min_n:
+        return []
+    start = total - 1 - position + longest
+    return tokens[start : start + k]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "expected"),
+    [
+        ([1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3], 3, [9, 1, 2]),  # first occurrence, not the latest
+        ([1, 2, 3, 4, 2, 3, 5, 3], 2, [4, 2]),  # only n = 1 matches: first 3 -> 4 2
+        ([5, 5, 5], 4, [5]),  # overlapping occurrence; draft cut at the end
+        ([1, 2, 3], 4, []),
+        ([7], 4, []),
+        ([], 4, []),
+        ([1, 2, 1, 2], 0, []),
+    ],
+)
+def test_pld_hand_cases(tokens: list[int], k: int, expected: list[int]) -> None:
+    assert propose(tokens, k, 1, 4) == expected
+    assert PldIndex(1, 4, tokens).propose(k) == expected
+
+
+def test_pld_respects_min_n() -> None:
+    tokens = [1, 2, 3, 4, 2, 3, 5, 3]
+    assert propose(tokens, 2, 2, 4) == []
+    assert propose([*tokens, 5], 2, 2, 4) == [3, 5]  # "3 5" occurred before
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=40),
+    k=st.integers(0, 6),
+    min_n=st.integers(1, 3),
+    extra=st.integers(0, 3),
+    chunks=st.lists(st.integers(1, 5), max_size=10),
+)
+def test_pld_matches_brute_force(
+    tokens: list[int], k: int, min_n: int, extra: int, chunks: list[int]
+) -> None:
+    max_n = min_n + extra
+    expected = brute_force(tokens, k, min_n, max_n)
+    assert propose(tokens, k, min_n, max_n) == expected
+    assert propose(np.array(tokens, dtype=np.int32), k, min_n, max_n) == expected
+    assert reversed_kmp(tokens, k, min_n, max_n) == expected
+    index, pos = PldIndex(min_n, max_n), 0
+    for size in [*chunks, len(tokens)]:  # grown in pieces, queried on the way
+        index.extend(tokens[pos : pos + size])
+        pos = min(len(tokens), pos + size)
+        assert index.propose(k) == brute_force(tokens[:pos], k, min_n, max_n)
+
+
+# --- data reader -------------------------------------------------------------------------
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    data = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    return path
+
+
+def test_reader_reads_plain_and_gzip(tmp_path: Path) -> None:
+    line = json.dumps({"id": "x", "prompt_ids": [1, 2], "output_ids": [3]})
+    for name in ("a.jsonl", "a.jsonl.gz"):
+        path = write_jsonl(tmp_path / name, [line, "", line])
+        records = read_records(path)
+        assert [r.id for r in records] == ["x", "x"]
+        assert records[0].prompt_ids.tolist() == [1, 2] and records[0].output_ids.dtype == np.int32
+        assert len(read_records(path, limit=1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"prompt_ids": [1]}'], "a.jsonl:1: missing field 'output_ids'"),
+        (['{"prompt_ids": [1], "output_ids": [2]}', "{oops"], "a.jsonl:2: bad JSON on line 2"),
+        (['{"prompt_ids": [1], "output_ids": "2"}'], "field 'output_ids' must be a list"),
+        (['{"prompt_ids": [1.5], "output_ids": [2]}'], "non-integer value 1.5"),
+        (['{"prompt_ids": [1], "output_ids": [128256]}'], "token id 128256 at index 0"),
+        (["[1, 2]"], "line 1 is not a JSON object"),
+    ],
+)
+def test_reader_names_the_problem(tmp_path: Path, lines: list[str], message: str) -> None:
+    path = write_jsonl(tmp_path / "a.jsonl", lines)
+    with pytest.raises(DataError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        read_records(path)
+
+
+def test_reader_reports_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="cannot open"):
+        list(iter_records(tmp_path / "missing.jsonl"))
+    broken = tmp_path / "b.jsonl.gz"
+    broken.write_bytes(b"\x1f\x8b" + bytes(range(256)) * 4)  # gzip magic, then junk
+    with pytest.raises(DataError, match="cannot read"):
+        read_records(broken)
+
+
+# --- CLI end to end ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    def lines(records: list[Record]) -> list[str]:
+        return [
+            json.dumps(
+                {
+                    "id": r.id,
+                    "prompt_ids": r.prompt_ids.tolist(),
+                    "output_ids": r.output_ids.tolist(),
+                }
+            )
+            for r in records
+        ]
+
+    data = write_jsonl(tmp_path / "dev_set.jsonl.gz", lines(random_records(2, 12)))
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", lines(random_records(3, 20)))
+    return data, corpus
+
+
+def test_cli_prints_one_json_report_per_configuration(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, corpus = files
+    argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--budget", "4",
+            "--budget", "16", "--sources", "input", "--sources", "datastore",
+            "--sources", "both", "--json", "--config", "datastore_samples=20"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["budget"], r["method"]) for r in rows] == [
+        (b, m) for b in (4, 16) for m in ("pld", "input", "datastore", "both")
+    ]
+    for row in rows:
+        assert set(REPORT_KEYS) <= set(row)
+        assert row["data"] == "dev_set" and row["mode"] == "corpus" and row["records"] == 12
+        assert row["tau"] == pytest.approx(row["output_tokens"] / row["steps"], abs=1e-4)
+        assert row["draft_us_p50"] > 0 and row["batch_ms_p50"] is None
+        assert (row["build_s"] is not None) == (row["method"] in ("datastore", "both"))
+
+    assert main([*argv, "--batch", "3", "--threads", "2"]) == 0
+    batched = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["tau"] for r in batched] == [r["tau"] for r in rows]
+    assert all(r["batch_ms_p99"] > 0 and r["draft_us_p50"] is None for r in batched)
+
+
+def test_cli_live_table_and_errors(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, _ = files
+    assert main(["replay", "--data", str(data), "--live", "--no-pld", "--limit", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "tau" in out.splitlines()[0] and "both" in out and "pld" not in out
+    assert main(["replay", "--data", str(data), "--live", "--json"]) == 0
+    both = [json.loads(line) for line in capsys.readouterr().out.splitlines()][-1]
+    assert both["mode"] == "live" and both["live_rebuilds"] == 12
+    assert main(["replay", "--data", str(data.parent / "nope.jsonl")]) == 2
+    assert "cannot open" in capsys.readouterr().err
+    assert main(["replay", "--data", str(data), "--budget", "300"]) == 2
+    assert "max_budget" in capsys.readouterr().err
+
+
+def test_module_runs_as_a_script(files: tuple[Path, Path]) -> None:
+    data, _ = files
+    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "replay", "--data", str(data),
+           "--sources", "input", "--no-pld", "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
+    (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert row["method"] == "input" and row["mode"] == "none" and row["steps"] > 0

@@ -1,0 +1,274 @@
+"""Datastore retrieval and fusion: native core vs. the brute-force reference, plus invariants."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+import reference as ref
+from conftest import LLAMA3_VOCAB
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
+
+from drafter_service import Datastore, DraftConfig, SubIndex, _core
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def native_tree(datastore: Datastore, context: np.ndarray, config: DraftConfig,
+                max_len: int) -> ref.Tree:
+    tokens, parents, counts = _core.retrieve_datastore(
+        datastore.native, context, config.to_native(), max_len
+    )
+    assert tokens.dtype == np.int32 and parents.dtype == np.int32
+    assert len(tokens) == len(parents) == len(counts) >= 1
+    assert tokens[0] == -1 and parents[0] == -1
+    assert (tokens[1:] >= 0).all(), "a separator became a tree node"
+    return ref.tree_from_rows(tokens, parents, counts)
+
+
+def native_draft(corpus: Corpus, datastore: Datastore | None, config: DraftConfig, budget: int,
+                 use_input: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    native = datastore.native if datastore is not None else None
+    return _core.draft_context(corpus.context_array(), native, config.to_native(), budget,
+                               use_input, corpus.vocab_size)
+
+
+def assert_same_draft(got: tuple[np.ndarray, ...], want: ref.RefDraft) -> None:
+    tokens, parents, scores = got
+    assert tokens.tolist() == want.tokens.tolist()
+    assert parents.tolist() == want.parents.tolist()
+    assert scores.dtype == np.float32
+    assert scores.view(np.uint32).tolist() == want.scores.view(np.uint32).tolist()
+
+
+def draft_paths(tokens: np.ndarray, parents: np.ndarray) -> list[ref.Path]:
+    paths: list[ref.Path] = []
+    for t, p in zip(tokens.tolist(), parents.tolist(), strict=True):
+        paths.append((*(paths[p] if p >= 0 else ()), t))
+    return paths
+
+
+def assert_draft_invariants(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray,
+                            budget: int, vocab_size: int) -> None:
+    n = len(tokens)
+    assert len(parents) == len(scores) == n <= budget
+    assert ((tokens >= 0) & (tokens < vocab_size)).all()
+    depth: list[int] = []
+    siblings: set[tuple[int, int]] = set()
+    for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist(), strict=True)):
+        assert -1 <= p < i, f"node {i} has parent {p}"
+        depth.append(1 if p < 0 else depth[p] + 1)
+        assert (p, t) not in siblings, f"token {t} twice under parent {p}"
+        siblings.add((p, t))
+    assert depth == sorted(depth), "nodes are not in breadth-first order"
+    assert np.isfinite(scores).all() and (scores >= 0).all()
+
+
+def occurs_after_prefix(documents: list[list[int]], context: list[int], path: ref.Path,
+                        config: DraftConfig) -> bool:
+    """Whether ctx[-m:] + path lies inside one document for some allowed m."""
+    longest = min(config.datastore_max_prefix, len(context))
+    for m in range(config.datastore_min_prefix, longest + 1):
+        needle = [*context[-m:], *path]
+        for doc in documents:
+            for i in range(len(doc) - len(needle) + 1):
+                if doc[i : i + len(needle)] == needle:
+                    return True
+    return False
+
+
+# --- datastore tree (Algorithm 2) -----------------------------------------------------------
+
+
+@given(corpora(), draft_configs(), st.integers(-2, MAX_BUDGET))
+def test_retrieve_datastore_equals_reference(corpus: Corpus, config: DraftConfig,
+                                             max_len: int) -> None:
+    got = native_tree(corpus.datastore(), corpus.context_array(), config, max_len)
+    want = ref.retrieve_datastore(corpus.reference(), corpus.context, config, max_len)
+    # Same nodes, same counts and the same creation order.
+    assert list(got.items()) == list(want.items())
+
+
+@given(corpora(max_doc_len=60, max_vocab=4), draft_configs(), st.integers(1, 4),
+       st.integers(1, MAX_BUDGET))
+def test_interval_sampling_equals_reference(corpus: Corpus, config: DraftConfig, samples: int,
+                                            max_len: int) -> None:
+    """Many matches, few samples: rows begin + (k * f) // S of every sub-index."""
+    config = dataclasses.replace(config, datastore_samples=samples)
+    got = native_tree(corpus.datastore(), corpus.context_array(), config, max_len)
+    want = ref.retrieve_datastore(corpus.reference(), corpus.context, config, max_len)
+    assert list(got.items()) == list(want.items())
+
+
+@given(corpora(), draft_configs(), st.integers(1, MAX_BUDGET))
+def test_retrieved_paths_follow_the_prefix_inside_one_document(
+    corpus: Corpus, config: DraftConfig, max_len: int
+) -> None:
+    tree = native_tree(corpus.datastore(), corpus.context_array(), config, max_len)
+    documents = [d for sub in corpus.sub_documents for d in sub]
+    cap = min(config.datastore_max_continuation, max_len)
+    for path, count in tree.items():
+        assert len(path) <= cap
+        if path:
+            assert count >= 1
+            assert count <= tree[path[:-1]], f"{path} counted more often than its parent"
+            assert occurs_after_prefix(documents, corpus.context, path, config), path
+    if len(tree) > 1:
+        assert tree[()] >= 1
+
+
+def test_retrieve_datastore_by_hand() -> None:
+    """Documents [0 1 2] and [0 1 3 | 0]: after context [0], continuations are
+    '1 2', '1 3' and '' (the match at the end of a document), so the root counts 3."""
+    ds = Datastore.from_documents([[0, 1, 2], [0, 1, 3], [0]], 4)
+    config = DraftConfig(datastore_max_prefix=1, datastore_min_tree_nodes=100)
+    tree = native_tree(ds, np.array([0], dtype=np.int32), config, 16)
+    assert tree == {(): 3, (1,): 2, (1, 2): 1, (1, 3): 1}
+    tree = native_tree(ds, np.array([0], dtype=np.int32), config, 1)  # cap = max_len
+    assert tree == {(): 3, (1,): 2}
+    assert native_tree(ds, np.array([], dtype=np.int32), config, 16) == {(): 0}
+    assert native_tree(ds, np.array([0], dtype=np.int32), config, 0) == {(): 0}
+    assert native_tree(ds, np.array([0], dtype=np.int32), config, -1) == {(): 0}
+    assert native_tree(Datastore.empty(4), np.array([0], dtype=np.int32), config, 8) == {(): 0}
+
+
+def test_sampling_splits_over_sub_indices() -> None:
+    """3 matches in the first sub-index, 1 in the second, 2 samples: S = max(1, 2*f // 4)."""
+    subs = [SubIndex.build([[5, 0], [5, 1], [5, 2]], 6), SubIndex.build([[5, 3]], 6)]
+    ds = Datastore(subs, 6)
+    config = DraftConfig(datastore_max_prefix=1, datastore_samples=2)
+    tree = native_tree(ds, np.array([5], dtype=np.int32), config, 4)
+    # First sub-index: S = 1 sample at row begin + 0; second: S = max(1, 0) = 1.
+    assert tree == {(): 2, (0,): 1, (3,): 1}
+    want = ref.retrieve_datastore(
+        [ref.RefSubIndex.from_documents([[5, 0], [5, 1], [5, 2]]),
+         ref.RefSubIndex.from_documents([[5, 3]])],
+        [5], config, 4,
+    )
+    assert tree == want
+
+
+# --- fusion (Algorithm 3) ------------------------------------------------------------------
+
+
+@given(corpora(), draft_configs(), st.integers(0, MAX_BUDGET), st.booleans())
+def test_draft_equals_reference(corpus: Corpus, config: DraftConfig, budget: int,
+                                use_input: bool) -> None:
+    """Datastore only (use_input False) and datastore + input."""
+    got = native_draft(corpus, corpus.datastore(), config, budget, use_input)
+    assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, budget,
+                                     use_input))
+    assert_draft_invariants(*got, budget, corpus.vocab_size)
+
+
+@given(corpora(), draft_configs(), st.integers(0, MAX_BUDGET))
+def test_draft_without_datastore_equals_reference(corpus: Corpus, config: DraftConfig,
+                                                  budget: int) -> None:
+    got = native_draft(corpus, None, config, budget, True)
+    assert_same_draft(got, ref.draft(corpus.context, None, config, budget, True))
+    assert_draft_invariants(*got, budget, corpus.vocab_size)
+    # A datastore with no sub-index is the same as none.
+    empty = native_draft(corpus, Datastore.empty(corpus.vocab_size), config, budget, True)
+    for a, b in zip(got, empty, strict=True):
+        assert a.tobytes() == b.tobytes()
+    # Neither source: nothing to draft.
+    assert len(native_draft(corpus, None, config, budget, False)[0]) == 0
+
+
+@given(corpora(), draft_configs(max_discount=1.0), st.integers(0, MAX_BUDGET), st.booleans())
+def test_scores_never_grow_along_a_path_when_discounts_are_at_most_one(
+    corpus: Corpus, config: DraftConfig, budget: int, use_input: bool
+) -> None:
+    """Probabilities are <= 1, so with discounts <= 1 candidates pop in non-increasing
+    score order: a child never outscores its parent, and each level is sorted."""
+    tokens, parents, scores = native_draft(corpus, corpus.datastore(), config, budget, use_input)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            assert scores[i] <= scores[p]
+    paths = draft_paths(tokens, parents)
+    for i in range(1, len(paths)):
+        if len(paths[i]) == len(paths[i - 1]):
+            assert scores[i] <= scores[i - 1]
+
+
+@given(corpora(), draft_configs(), st.integers(0, MAX_BUDGET), st.booleans())
+def test_every_draft_path_comes_from_a_source(corpus: Corpus, config: DraftConfig, budget: int,
+                                              use_input: bool) -> None:
+    """A draft path is a path of the datastore tree or follows an input match."""
+    datastore = corpus.datastore()
+    tokens, parents, _ = native_draft(corpus, datastore, config, budget, use_input)
+    tree = native_tree(datastore, corpus.context_array(), config, budget)
+    trie = ref.input_trie_counts(corpus.context, config.input_max_depth) if use_input else {}
+    ctx = tuple(corpus.context)
+    matches = [ctx[len(ctx) - m :] for m in range(1, min(config.input_max_prefix, len(ctx)) + 1)]
+    matches = [u for u in matches if len(u) <= config.input_max_depth and trie.get(u, 0) >= 2]
+    for path in draft_paths(tokens, parents):
+        assert path in tree or any((*u, *path) in trie for u in matches), path
+
+
+@pytest.mark.parametrize("budget", [0, 1, 2, 5])
+def test_small_budgets(budget: int) -> None:
+    corpus = Corpus(3, [[[0, 1, 2, 0, 1, 2, 0, 1, 0, 2]]], [2, 0, 1, 2, 0])
+    config = DraftConfig(max_budget=8)
+    got = native_draft(corpus, corpus.datastore(), config, budget, True)
+    assert len(got[0]) == budget
+    assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, budget, True))
+
+
+def test_merge_of_sources_keeps_first_score() -> None:
+    """The same token from the datastore and the input becomes one node, scored by the
+    first (best) pop; its children come from both sources."""
+    corpus = Corpus(4, [[[0, 1, 2]]], [0, 1, 3, 0])
+    config = DraftConfig(input_weight=0.5, datastore_weight=1.0, max_budget=8)
+    tokens, parents, scores = native_draft(corpus, corpus.datastore(), config, 8, True)
+    # Datastore after [0]: '1 2' (prob 1); input after [0]: '1 3 0' (prob 1 * 0.5).
+    assert tokens.tolist() == [1, 2, 3, 0]
+    assert parents.tolist() == [-1, 0, 0, 2]
+    assert scores[0] == np.float32(1.0)
+    want = ref.draft(corpus.context, corpus.reference(), config, 8, True)
+    assert_same_draft((tokens, parents, scores), want)
+
+
+def test_zero_weights_tie_break_by_push_order() -> None:
+    """All scores 0: ties go to the earliest push; one expansion pushes its candidates
+    (the union of every source's children) in ascending token order."""
+    corpus = Corpus(5, [[[3, 4], [3, 1], [3, 2]]], [3, 0, 3, 2, 3])
+    config = DraftConfig(input_weight=0.0, datastore_weight=0.0, max_budget=16)
+    got = native_draft(corpus, corpus.datastore(), config, 16, True)
+    assert (got[2] == 0).all()
+    # Root candidates: 0 and 2 (input: "3" was followed by 0 and 2), 1, 2, 4 (datastore).
+    assert got[0][:4].tolist() == [0, 1, 2, 4]
+    assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, 16, True))
+
+
+# --- real token data --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_sub_indices", [1, 2])
+def test_draft_on_real_outputs_equals_reference(
+    humaneval_records: list[dict[str, Any]], num_sub_indices: int
+) -> None:
+    if len(humaneval_records) < 60:
+        pytest.skip("needs at least 60 records")
+    held_out = humaneval_records[-12:]
+    train = [r["output_ids"] for r in humaneval_records[:-12]]
+    parts = [train[i::num_sub_indices] for i in range(num_sub_indices)]
+    datastore = Datastore([SubIndex.build(p, LLAMA3_VOCAB) for p in parts], LLAMA3_VOCAB)
+    reference = [ref.RefSubIndex.from_documents(p) for p in parts]
+    config = DraftConfig(max_budget=64)
+    nonempty = 0
+    for i, record in enumerate(held_out):
+        output = record["output_ids"]
+        k = (len(output) * (i + 1)) // (len(held_out) + 1)
+        context = record["prompt_ids"][-200:] + output[:k]
+        corpus = Corpus(LLAMA3_VOCAB, parts, context)
+        for use_input in (False, True):
+            got = native_draft(corpus, datastore, config, 32, use_input)
+            assert_same_draft(got, ref.draft(context, reference, config, 32, use_input))
+            assert_draft_invariants(*got, 32, LLAMA3_VOCAB)
+            nonempty += len(got[0]) > 0
+    assert nonempty >= len(held_out)  # real code repeats itself: drafts are not all empty
