@@ -223,7 +223,9 @@ def test_merge_of_sources_keeps_first_score() -> None:
     """The same token from the datastore and the input becomes one node, scored by the
     first (best) pop; its children come from both sources."""
     corpus = Corpus(4, [[[0, 1, 2]]], [0, 1, 3, 0])
-    config = DraftConfig(input_weight=0.5, datastore_weight=1.0, max_budget=8)
+    config = DraftConfig(
+        input_weight=0.5, datastore_weight=1.0, max_budget=8, datastore_smoothing=0.0
+    )
     tokens, parents, scores = native_draft(corpus, corpus.datastore(), config, 8, True)
     # Datastore after [0]: '1 2' (prob 1); input after [0]: '1 3 0' (prob 1 * 0.5).
     assert tokens.tolist() == [1, 2, 3, 0]

@@ -30,7 +30,7 @@ struct DraftConfig {
   // Shrinkage of conditional probabilities: count(child) / (count(node) + k).
   // Small counts (deep nodes, rare prefixes) are over-confident; 0 = the paper.
   double input_smoothing = 0.0;
-  double datastore_smoothing = 0.0;
+  double datastore_smoothing = 2.0;
 };
 
 // Throws std::invalid_argument naming the first field out of range.
