@@ -222,7 +222,7 @@ NB_MODULE(_core, m) {
         const CandidateTree& tree = scratch.datastore_tree;
         // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
         std::vector<int32_t> tokens, parents;
-        std::vector<double> counts;
+        std::vector<int64_t> counts;
         std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
         for (int32_t n = 0; n < tree.num_nodes(); ++n) {
           for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {

@@ -66,27 +66,39 @@ int64_t Datastore::resident_bytes() const {
 
 void CandidateTree::clear() {
   nodes_.clear();
-  nodes_.push_back({-1, 0.0, -1, -1});
+  nodes_.emplace_back(-1, -1);
+  last_tokens_ = nullptr;
+  last_path_.clear();
 }
 
 void CandidateTree::insert(const int32_t* tokens, int32_t len) {
-  int32_t node = kRoot;
-  nodes_[kRoot].count += 1.0;
-  for (int32_t i = 0; i < len; ++i) {
-    // Samples of one range arrive in suffix order, so the wanted child is
-    // usually the newest one: the list is scanned newest first.
+  ++nodes_[kRoot].count;
+  // Samples of one range arrive in suffix order, so consecutive continuations
+  // usually share a prefix: walk that part along the previous path.
+  int32_t shared = 0;
+  const auto last_len = static_cast<int32_t>(last_path_.size());
+  if (last_tokens_ != nullptr) {
+    const int32_t limit = std::min(len, last_len);
+    while (shared < limit && tokens[shared] == last_tokens_[shared]) ++shared;
+  }
+  for (int32_t i = 0; i < shared; ++i) ++nodes_[static_cast<size_t>(last_path_[i])].count;
+  last_path_.resize(static_cast<size_t>(shared));
+  int32_t node = shared == 0 ? kRoot : last_path_[static_cast<size_t>(shared) - 1];
+  for (int32_t i = shared; i < len; ++i) {
     int32_t c = nodes_[static_cast<size_t>(node)].first_child;
     while (c != -1 && nodes_[static_cast<size_t>(c)].token != tokens[i]) {
       c = nodes_[static_cast<size_t>(c)].next_sibling;
     }
     if (c == -1) {
       c = static_cast<int32_t>(nodes_.size());
-      nodes_.push_back({tokens[i], 0.0, -1, nodes_[static_cast<size_t>(node)].first_child});
+      nodes_.emplace_back(tokens[i], nodes_[static_cast<size_t>(node)].first_child);
       nodes_[static_cast<size_t>(node)].first_child = c;
     }
-    nodes_[static_cast<size_t>(c)].count += 1.0;
+    ++nodes_[static_cast<size_t>(c)].count;
+    last_path_.push_back(c);
     node = c;
   }
+  last_tokens_ = tokens;
 }
 
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
@@ -122,8 +134,21 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
           total <= config.datastore_samples
               ? found
               : std::max<int64_t>(1, config.datastore_samples * found / total);
+      // Each sample is two dependent random reads (suffix array, then text),
+      // cache misses on a large index. Issue them all as prefetches first so
+      // the misses overlap instead of queueing one after another.
       const int32_t* text = index.tokens();
+      const int32_t* sa = index.suffix_array();
       const int64_t n = index.num_tokens();
+      for (int64_t k = 0; k < count; ++k) {
+        __builtin_prefetch(sa + ranges[s].begin + (k * found) / count);
+      }
+      for (int64_t k = 0; k < count; ++k) {
+        // A continuation of up to cont_cap tokens may straddle two cache lines.
+        const int32_t* start = text + sa[ranges[s].begin + (k * found) / count] + m;
+        __builtin_prefetch(start);
+        __builtin_prefetch(start + cont_cap - 1);
+      }
       for (int64_t k = 0; k < count; ++k) {
         const int64_t row = ranges[s].begin + (k * found) / count;
         const int64_t start = index.position(row) + m;
@@ -158,7 +183,7 @@ struct SourceView {
     return s == Source::kInput ? trie->token(n) : tree->token(n);
   }
   double count(Source s, int32_t n) const {
-    return s == Source::kInput ? static_cast<double>(trie->count(n)) : tree->count(n);
+    return static_cast<double>(s == Source::kInput ? trie->count(n) : tree->count(n));
   }
 };
 
@@ -238,7 +263,8 @@ void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const Draf
   // matches from the longest suffix (P) to the shortest (1).
   if (datastore_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
-                    datastore_tree->count(CandidateTree::kRoot), config.datastore_weight,
+                    static_cast<double>(datastore_tree->count(CandidateTree::kRoot)),
+                    config.datastore_weight,
                     config.datastore_child_discount});
   }
   if (trie != nullptr) {

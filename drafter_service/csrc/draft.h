@@ -53,18 +53,24 @@ class CandidateTree {
   void insert(const int32_t* tokens, int32_t len);
   int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()); }
   int32_t token(int32_t node) const { return nodes_[node].token; }
-  double count(int32_t node) const { return nodes_[node].count; }
+  uint32_t count(int32_t node) const { return nodes_[node].count; }
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
   int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
 
  private:
   struct Node {
+    Node(int32_t t, int32_t sibling) : token(t), count(0), first_child(-1), next_sibling(sibling) {}
     int32_t token;         // edge token from the parent; -1 for the root
-    double count;          // sampled continuations through this node (a double: see fuse)
+    uint32_t count;        // sampled continuations through this node
     int32_t first_child;   // newest child or -1
     int32_t next_sibling;  // next older sibling or -1
   };
   std::vector<Node> nodes_;
+  // The previous insertion: its tokens and the nodes on its path
+  // (last_path_[d] = node at depth d + 1). A new continuation that shares a
+  // prefix with it reuses those nodes without searching sibling lists.
+  const int32_t* last_tokens_ = nullptr;
+  std::vector<int32_t> last_path_;
 };
 
 // One sampled continuation: tokens[0, len) of a sub-index text.

@@ -405,7 +405,7 @@ Draft reference_fuse(const InputTrie* trie, const CandidateTree* tree, const Dra
   std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse);
   uint64_t seq = 0;
   auto count = [&](bool from_trie, int32_t node) -> double {
-    return from_trie ? static_cast<double>(trie->count(node)) : tree->count(node);
+    return static_cast<double>(from_trie ? trie->count(node) : tree->count(node));
   };
   auto expand = [&](const std::vector<Member>& members, int32_t draft_parent) {
     std::map<int32_t, std::pair<double, std::vector<Member>>> groups;  // token -> (max, members)
