@@ -24,7 +24,7 @@ run: setup
 	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32
 
 test: setup
-	$(BIN)/ruff check drafter_service verifier_client datastore_builder tests
+	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
