@@ -299,3 +299,13 @@ def draft(
         ds_tree = retrieve_datastore(sub_indices, context, config, budget)
     trie = input_trie_counts(context, config.input_max_depth) if use_input else None
     return fuse(trie, context, ds_tree, config, budget)
+
+
+def assert_same_draft(got: tuple[np.ndarray, ...], want: RefDraft) -> None:
+    """Native (tokens, parents, scores) equals the reference, scores bit for bit (so -0.0 /
+    0.0 or one-ulp differences are caught too)."""
+    tokens, parents, scores = got
+    assert tokens.tolist() == want.tokens.tolist()
+    assert parents.tolist() == want.parents.tolist()
+    assert scores.dtype == np.float32
+    assert scores.view(np.uint32).tolist() == want.scores.view(np.uint32).tolist()

@@ -37,12 +37,7 @@ def native_draft(corpus: Corpus, datastore: Datastore | None, config: DraftConfi
                                use_input, corpus.vocab_size)
 
 
-def assert_same_draft(got: tuple[np.ndarray, ...], want: ref.RefDraft) -> None:
-    tokens, parents, scores = got
-    assert tokens.tolist() == want.tokens.tolist()
-    assert parents.tolist() == want.parents.tolist()
-    assert scores.dtype == np.float32
-    assert scores.view(np.uint32).tolist() == want.scores.view(np.uint32).tolist()
+from reference import assert_same_draft  # noqa: E402
 
 
 def draft_paths(tokens: np.ndarray, parents: np.ndarray) -> list[ref.Path]:

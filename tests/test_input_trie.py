@@ -23,13 +23,7 @@ def input_draft(
     )
 
 
-def assert_same_draft(got: tuple[np.ndarray, ...], want: ref.RefDraft) -> None:
-    tokens, parents, scores = got
-    assert tokens.tolist() == want.tokens.tolist()
-    assert parents.tolist() == want.parents.tolist()
-    assert scores.dtype == np.float32
-    # Bit-for-bit, so that -0.0 / 0.0 or one-ulp differences are caught too.
-    assert scores.view(np.uint32).tolist() == want.scores.view(np.uint32).tolist()
+from reference import assert_same_draft  # noqa: E402
 
 
 @given(st.data(), draft_configs(), st.integers(0, MAX_BUDGET))

@@ -1,6 +1,8 @@
 #include "draft.h"
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -8,48 +10,46 @@ namespace drafter {
 
 namespace {
 
+std::string num(double v) {
+  std::ostringstream out;
+  out << std::setprecision(12) << v;
+  return out.str();
+}
+
 void require(bool ok, const char* field, double value, const char* rule) {
   if (!ok) {
-    throw std::invalid_argument(std::string("draft config: ") + field + " = " +
-                                std::to_string(value) + " " + rule);
+    throw std::invalid_argument(std::string("draft config: ") + field + " = " + num(value) +
+                                " " + rule);
   }
+}
+
+// value in [lo, hi]; NaN fails.
+void require_in(const char* field, double value, double lo, double hi) {
+  require(value >= lo && value <= hi, field, value,
+          ("must be in [" + num(lo) + ", " + num(hi) + "]").c_str());
 }
 
 }  // namespace
 
 void validate(const DraftConfig& c) {
-  require(c.input_max_prefix >= 1 && c.input_max_prefix <= 64, "input_max_prefix",
-          c.input_max_prefix, "must be in [1, 64]");
+  require_in("input_max_prefix", c.input_max_prefix, 1, 64);
   require(c.input_max_depth >= c.input_max_prefix && c.input_max_depth <= 256,
           "input_max_depth", c.input_max_depth, "must be in [input_max_prefix, 256]");
-  require(c.datastore_min_prefix >= 1, "datastore_min_prefix", c.datastore_min_prefix,
-          "must be >= 1");
+  require_in("datastore_min_prefix", c.datastore_min_prefix, 1, 256);
   require(c.datastore_max_prefix >= c.datastore_min_prefix && c.datastore_max_prefix <= 256,
           "datastore_max_prefix", c.datastore_max_prefix,
           "must be in [datastore_min_prefix, 256]");
-  require(c.datastore_samples >= 1 && c.datastore_samples <= 100000, "datastore_samples",
-          c.datastore_samples, "must be in [1, 100000]");
-  require(c.datastore_max_continuation >= 1 && c.datastore_max_continuation <= 1024,
-          "datastore_max_continuation", c.datastore_max_continuation, "must be in [1, 1024]");
-  require(c.datastore_min_tree_nodes >= 0, "datastore_min_tree_nodes",
-          c.datastore_min_tree_nodes, "must be >= 0");
-  require(c.input_weight >= 0.0 && c.input_weight <= 1e6, "input_weight", c.input_weight,
-          "must be in [0, 1e6]");
-  require(c.input_child_discount_base >= 0.0 && c.input_child_discount_base <= 1e6,
-          "input_child_discount_base", c.input_child_discount_base, "must be in [0, 1e6]");
-  require(c.input_child_discount_per_match >= 0.0 && c.input_child_discount_per_match <= 1e6,
-          "input_child_discount_per_match", c.input_child_discount_per_match,
-          "must be in [0, 1e6]");
-  require(c.datastore_weight >= 0.0 && c.datastore_weight <= 1e6, "datastore_weight",
-          c.datastore_weight, "must be in [0, 1e6]");
-  require(c.datastore_child_discount >= 0.0 && c.datastore_child_discount <= 1e6,
-          "datastore_child_discount", c.datastore_child_discount, "must be in [0, 1e6]");
-  require(c.max_budget >= 0 && c.max_budget <= 4096, "max_budget", c.max_budget,
-          "must be in [0, 4096]");
-  require(c.input_smoothing >= 0.0 && c.input_smoothing <= 1e6, "input_smoothing",
-          c.input_smoothing, "must be in [0, 1e6]");
-  require(c.datastore_smoothing >= 0.0 && c.datastore_smoothing <= 1e6, "datastore_smoothing",
-          c.datastore_smoothing, "must be in [0, 1e6]");
+  require_in("datastore_samples", c.datastore_samples, 1, 100000);
+  require_in("datastore_max_continuation", c.datastore_max_continuation, 1, 1024);
+  require_in("datastore_min_tree_nodes", c.datastore_min_tree_nodes, 0, 1e9);
+  require_in("max_budget", c.max_budget, 0, 4096);
+  require_in("input_weight", c.input_weight, 0.0, 1e6);
+  require_in("input_child_discount_base", c.input_child_discount_base, 0.0, 1e6);
+  require_in("input_child_discount_per_match", c.input_child_discount_per_match, 0.0, 1e6);
+  require_in("datastore_weight", c.datastore_weight, 0.0, 1e6);
+  require_in("datastore_child_discount", c.datastore_child_discount, 0.0, 1e6);
+  require_in("input_smoothing", c.input_smoothing, 0.0, 1e6);
+  require_in("datastore_smoothing", c.datastore_smoothing, 0.0, 1e6);
 }
 
 int64_t Datastore::num_tokens() const {
