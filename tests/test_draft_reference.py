@@ -11,6 +11,7 @@ import reference as ref
 from conftest import LLAMA3_VOCAB
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import assert_same_draft
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import Datastore, DraftConfig, SubIndex, _core
@@ -37,7 +38,6 @@ def native_draft(corpus: Corpus, datastore: Datastore | None, config: DraftConfi
                                use_input, corpus.vocab_size)
 
 
-from reference import assert_same_draft  # noqa: E402
 
 
 def draft_paths(tokens: np.ndarray, parents: np.ndarray) -> list[ref.Path]:

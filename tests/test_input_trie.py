@@ -10,6 +10,7 @@ import reference as ref
 from conftest import LLAMA3_VOCAB
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import assert_same_draft
 from strategies import MAX_BUDGET, draft_configs, token_lists, vocab_sizes
 
 from drafter_service import DraftConfig, _core
@@ -23,7 +24,6 @@ def input_draft(
     )
 
 
-from reference import assert_same_draft  # noqa: E402
 
 
 @given(st.data(), draft_configs(), st.integers(0, MAX_BUDGET))
