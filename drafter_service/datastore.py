@@ -44,10 +44,18 @@ class SubIndex:
     ) -> SubIndex:
         """Builds the suffix array (SA-IS, linear time) over ``documents``."""
         _check_vocab_size(vocab_size)
-        text = concat_documents(documents, vocab_size)
+        return cls.from_text(concat_documents(documents, vocab_size), vocab_size)
+
+    @classmethod
+    def from_text(cls, text: npt.NDArray[np.int32], vocab_size: int) -> SubIndex:
+        """Builds the suffix array over an already joined text: token ids in
+        ``[0, vocab_size)`` with ``SEPARATOR`` between documents. The text is copied."""
+        _check_vocab_size(vocab_size)
+        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
+            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
         if len(text) >= 2**31 - 2:
             raise ValueError(f"sub-index of {len(text)} tokens exceeds the 2^31 - 2 limit")
-        return cls(_core.SubIndex.build(text, vocab_size))
+        return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
 
     @classmethod
     def from_arrays(

@@ -232,3 +232,18 @@ def test_long_repetitive_prompt() -> None:
     assert (np.diff(tree.scores[sure - 1 :]) < 0).all()
     assert_same_tree(tree, expected_tree(prompt.tolist(), None, config, 64, LLAMA3_VOCAB))
     assert drafter.stop("rep")
+
+
+def test_sub_index_from_text_keeps_separators_and_checks_values() -> None:
+    from drafter_service import SubIndex
+
+    text = np.array([1, 2, -1, 1, 3], dtype=np.int32)
+    index = SubIndex.from_text(text, vocab_size=4)
+    assert index.tokens().tolist() == text.tolist()
+    assert index.find_range([1]) == (1, 3)  # rows of "1 2 ..." and "1 3"
+    begin, end = index.find_range([2, 1])
+    assert begin == end  # "2 -1 1": no match across the separator
+    with pytest.raises(ValueError, match="token 4 at position 1"):
+        SubIndex.from_text(np.array([0, 4], dtype=np.int32), vocab_size=4)
+    with pytest.raises(ValueError, match="1-D int32"):
+        SubIndex.from_text(np.array([0, 1], dtype=np.int64), vocab_size=4)  # type: ignore[arg-type]

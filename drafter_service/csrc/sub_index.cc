@@ -1,5 +1,9 @@
 #include "sub_index.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +21,12 @@ std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int
   index->n_ = static_cast<int64_t>(index->owned_tokens_.size());
   index->vocab_size_ = vocab_size;
   index->build_buckets();
+#if defined(__GLIBC__)
+  // SA-IS frees about 5 bytes per token of temporaries; glibc keeps freed
+  // blocks this size in the heap, so a long-running process would stay that
+  // much larger after every (re)build. Hand them back to the OS.
+  malloc_trim(0);
+#endif
   return index;
 }
 
