@@ -111,6 +111,9 @@ class SubIndex:
     def build(tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], vocab_size: int) -> SubIndex: ...
 
     @staticmethod
+    def build_extended(base: SubIndex, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> SubIndex: ...
+
+    @staticmethod
     def wrap(tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], suffix_array: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], vocab_size: int, keep_alive: object) -> SubIndex: ...
 
     @property

@@ -57,6 +57,18 @@ class SubIndex:
             raise ValueError(f"sub-index of {len(text)} tokens exceeds the 2^31 - 2 limit")
         return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
 
+    def extended(self, text: npt.NDArray[np.int32]) -> SubIndex:
+        """A new sub-index over this one's text, a separator and ``text`` (joined
+        documents, as for :meth:`from_text`). Copies and builds without holding the
+        GIL, so drafting threads keep running during a live rebuild."""
+        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
+            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
+        if self.num_tokens + 1 + len(text) >= 2**31 - 2:
+            raise ValueError(
+                f"sub-index of {self.num_tokens + 1 + len(text)} tokens exceeds the 2^31 - 2 limit"
+            )
+        return SubIndex(_core.SubIndex.build_extended(self._native, np.ascontiguousarray(text)))
+
     @classmethod
     def from_arrays(
         cls,

@@ -28,6 +28,8 @@ from drafter_service.bench.data import (
 from drafter_service.bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
 from drafter_service.config import DraftConfig
 from drafter_service.datastore import SubIndex
+from drafter_service.live_datastore import LivePolicy
+from drafter_service.snapshot import SnapshotError, load_snapshot
 
 REPORT_KEYS = (
     "data", "method", "budget", "mode", "tau", "steps", "output_tokens", "records",
@@ -93,11 +95,37 @@ def add_replay_parser(subparsers: Any) -> None:
     p.add_argument("--pld-min", type=_positive, default=1, help="shortest n-gram (default 1)")
     p.add_argument("--pld-max", type=_positive, default=4, help="longest n-gram (default 4)")
     p.add_argument(
+        "--snapshot",
+        metavar="DIR",
+        help="load the datastore from a snapshot (e.g. written by datastore-builder)",
+    )
+    p.add_argument(
         "--live",
         action="store_true",
-        help="finished records (last 3 prompt tokens + output) join the datastore",
+        help="finished records (last 3 prompt tokens + output) join the live datastore",
+    )
+    p.add_argument(
+        "--live-rebuild-tokens",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="live policy: rebuild once N tokens wait (default 1: every finished record "
+        "joins before the next starts)",
+    )
+    p.add_argument(
+        "--live-sub-index-tokens",
+        type=_positive,
+        default=512_000_000,
+        metavar="N",
+        help="live policy: text positions per sub-index (default 512M)",
     )
     p.add_argument("--batch", type=_positive, default=1, help="records in lockstep (default 1)")
+    p.add_argument(
+        "--curve",
+        type=_positive,
+        metavar="N",
+        help="also report tau over each window of N finished records (tau_curve)",
+    )
     p.add_argument("--limit", type=_positive, help="replay only the first N records")
     p.add_argument("--threads", type=_positive, default=1, help="drafter threads (default 1)")
     p.add_argument(
@@ -143,6 +171,24 @@ def run_replay(args: argparse.Namespace) -> int:
     records = read_records(args.data, vocab_size=args.vocab_size, limit=args.limit)
     base: list[SubIndex] = []
     build_s = load_s = None
+    if args.corpus and args.snapshot:
+        raise DataError("give --corpus or --snapshot, not both")
+    if args.snapshot:
+        start = time.perf_counter()
+        try:
+            loaded, info = load_snapshot(args.snapshot)
+        except SnapshotError as exc:
+            raise DataError(str(exc)) from None
+        if info.tokenizer.vocab_size != args.vocab_size:
+            raise DataError(
+                f"snapshot {args.snapshot} has vocab_size {info.tokenizer.vocab_size}, "
+                f"--vocab-size is {args.vocab_size}"
+            )
+        base.extend(loaded.sub_indices)
+        load_s = build_s = time.perf_counter() - start
+        if not args.json:
+            print(f"snapshot: {loaded.num_tokens:,} positions, loaded in {load_s:.2f} s",
+                  file=sys.stderr)
     if args.corpus:
         start = time.perf_counter()
         documents = list(iter_documents(args.corpus, vocab_size=args.vocab_size))
@@ -157,7 +203,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 f"built in {build_s:.2f} s",
                 file=sys.stderr,
             )
-    mode = "+".join(m for m, on in (("corpus", args.corpus), ("live", args.live)) if on) or "none"
+    sources = (("corpus", args.corpus), ("snapshot", args.snapshot), ("live", args.live))
+    mode = "+".join(m for m, on in sources if on) or "none"
     settings = ReplaySettings(
         method="",
         budget=0,
@@ -167,6 +214,11 @@ def run_replay(args: argparse.Namespace) -> int:
         pld_min=args.pld_min,
         pld_max=args.pld_max,
         live=args.live,
+        live_policy=LivePolicy(
+            rebuild_min_tokens=args.live_rebuild_tokens,
+            max_sub_index_tokens=args.live_sub_index_tokens,
+            snapshot_interval_s=0,
+        ),
         vocab_size=args.vocab_size,
         datastore_via=args.datastore_via,
     )
@@ -195,6 +247,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 row["pld_n"] = [args.pld_min, args.pld_max]
             if load_s is not None and uses_store:
                 row["corpus_load_s"] = round(load_s, 3)
+            if args.curve:
+                row["tau_curve"] = [[n, round(t, 4)] for n, t in result.tau_curve(args.curve)]
             if args.json:
                 print(json.dumps(row), flush=True)
             rows.append(row)

@@ -1,20 +1,23 @@
-"""A datastore that grows with finished generations (``--live``).
+"""The live datastore as ``--live`` replays use it.
 
-Stand-in for the real live datastore: every ingest rebuilds one sub-index over
-all live documents so far (on top of the fixed corpus sub-indices, if any).
-Replay only talks to :class:`LiveDatastore`, so swapping in an incremental
-implementation changes this module alone.
+Finished records are ingested into the product's :class:`LiveDatastore`
+(write-ahead log, real rebuild policy) in a temporary directory; a prebuilt
+corpus, if any, is its initial snapshot. The policy rebuilds synchronously
+(``background=False``) so that replays stay deterministic.
 """
 
 from __future__ import annotations
 
-import time
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore import Datastore, SubIndex
+from drafter_service.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.snapshot import TokenizerIdentity, write_snapshot
 
 PROMPT_TAIL = 3
 """Prompt tokens kept in front of a finished output (context for its first tokens)."""
@@ -29,33 +32,29 @@ def live_document(
     ).astype(np.int32, copy=False)
 
 
-class LiveDatastore:
-    """Fixed ``base`` sub-indices plus one rebuilt-on-ingest sub-index of live documents."""
+class ReplayLiveStore:
+    """A :class:`LiveDatastore` in a temporary directory, starting from ``base``."""
 
-    def __init__(self, base: Sequence[SubIndex], vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        self._base = tuple(base)
-        self._documents: list[npt.NDArray[np.int32]] = []
-        self.rebuilds = 0
-        """How many times the live sub-index was rebuilt."""
-        self.rebuild_s = 0.0
-        """Seconds spent rebuilding, in total."""
-        self.datastore = Datastore(self._base, vocab_size)
-        """The current datastore (replaced, never mutated, by :meth:`ingest`)."""
+    def __init__(self, base: Sequence[SubIndex], vocab_size: int, policy: LivePolicy) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="drafter-bench-live-")
+        tokenizer = TokenizerIdentity(name="replay", vocab_size=vocab_size, fingerprint="")
+        if base:
+            initial = Path(self._dir.name) / "snapshots" / "initial"
+            initial.parent.mkdir(parents=True)
+            write_snapshot(initial, Datastore(base, vocab_size), tokenizer)
+        self.store = LiveDatastore(self._dir.name, tokenizer, policy, background=False)
 
     @property
-    def num_documents(self) -> int:
-        return len(self._documents)
+    def datastore(self) -> Datastore:
+        return self.store.datastore
 
     def ingest(self, documents: Sequence[npt.NDArray[np.int32]]) -> Datastore:
-        """Adds finished documents; returns the new datastore to install."""
-        docs = [d for d in documents if len(d)]
-        if not docs:
-            return self.datastore
-        self._documents.extend(docs)
-        start = time.perf_counter()
-        live = SubIndex.build(self._documents, self.vocab_size)
-        self.datastore = Datastore([*self._base, live], self.vocab_size)
-        self.rebuild_s += time.perf_counter() - start
-        self.rebuilds += 1
-        return self.datastore
+        """Ingests finished documents (durably); returns the datastore to draft from."""
+        for doc in documents:
+            if len(doc):
+                self.store.ingest(doc)
+        return self.store.datastore
+
+    def close(self) -> None:
+        self.store.close()
+        self._dir.cleanup()

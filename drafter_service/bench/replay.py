@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.bench.data import Record
-from drafter_service.bench.live import LiveDatastore, live_document
+from drafter_service.bench.live import ReplayLiveStore, live_document
 from drafter_service.bench.proposers import (
     ContextProposer,
     DrafterProposer,
@@ -28,6 +28,7 @@ from drafter_service.bench.proposers import (
 from drafter_service.config import DraftConfig
 from drafter_service.datastore import Datastore, SubIndex
 from drafter_service.drafter import Drafter
+from drafter_service.live_datastore import LivePolicy
 
 METHODS = ("pld", "input", "datastore", "both")
 """pld: prompt lookup (vLLM ngram); input: input trie only; datastore: datastore
@@ -50,6 +51,9 @@ class ReplaySettings:
     pld_min: int = 1
     pld_max: int = 4
     live: bool = False
+    live_policy: LivePolicy = field(default_factory=lambda: LivePolicy(rebuild_min_tokens=1))
+    """Rebuild policy of the live datastore; the default folds every finished record in
+    before the next one starts."""
     vocab_size: int = 128256
     datastore_via: str = "drafter"
     """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
@@ -71,8 +75,18 @@ class ReplayResult:
     """Per drafter call for the whole batch (batch > 1 only)."""
     live_rebuilds: int = 0
     live_rebuild_s: float = 0.0
+    finished: list[tuple[int, int]] = field(default_factory=list)
+    """(output tokens, steps) of each record, in the order records finished."""
     datastore_tokens: int = 0
     wall_s: float = 0.0
+
+    def tau_curve(self, window: int) -> list[tuple[int, float]]:
+        """(records finished so far, tau over the last ``window`` of them) per window."""
+        curve = []
+        for end in range(window, len(self.finished) + 1, window):
+            chunk = self.finished[end - window : end]
+            curve.append((end, sum(t for t, _ in chunk) / max(1, sum(s for _, s in chunk))))
+        return curve
 
     @property
     def tau(self) -> float:
@@ -118,6 +132,7 @@ class _Lane:
     record: Record
     output: list[int]
     p: int = 0
+    steps: int = 0
     delta: npt.NDArray[np.int32] = field(default_factory=lambda: _EMPTY)
 
 
@@ -133,7 +148,11 @@ def replay(
     if settings.batch < 1:
         raise ValueError(f"batch must be >= 1, got {settings.batch}")
     uses_store = settings.method in USES_DATASTORE
-    live = LiveDatastore(base, settings.vocab_size) if settings.live and uses_store else None
+    live = (
+        ReplayLiveStore(base, settings.vocab_size, settings.live_policy)
+        if settings.live and uses_store
+        else None
+    )
     store = Datastore(base if uses_store else (), settings.vocab_size)
     proposer = make_proposer(settings, store)
     result = ReplayResult()
@@ -164,12 +183,14 @@ def replay(
             commit = min(accepted + 1, len(lane.output) - lane.p)
             lane.delta = lane.record.output_ids[lane.p : lane.p + commit]
             lane.p += commit
+            lane.steps += 1
             result.steps += 1
             result.accepted_tokens += accepted
             result.output_tokens += commit
             if lane.p == len(lane.output):
                 proposer.end(slot)
                 lanes[slot] = None
+                result.finished.append((len(lane.output), lane.steps))
                 finished.append(live_document(lane.record.prompt_ids, lane.record.output_ids))
         if live is not None and finished:
             proposer.set_datastore(live.ingest(finished))
@@ -178,5 +199,7 @@ def replay(
     final = live.datastore if live is not None else store
     result.datastore_tokens = final.num_tokens
     if live is not None:
-        result.live_rebuilds, result.live_rebuild_s = live.rebuilds, live.rebuild_s
+        stats = live.store.stats()
+        result.live_rebuilds, result.live_rebuild_s = stats.rebuilds, stats.rebuild_seconds_total
+        live.close()
     return result

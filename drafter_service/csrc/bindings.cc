@@ -150,11 +150,26 @@ NB_MODULE(_core, m) {
       .def_static(
           "build",
           [](In<int32_t> tokens, int32_t vocab_size) {
-            std::vector<int32_t> copy(tokens.data(), tokens.data() + tokens.shape(0));
+            // Copy and build without the GIL: drafting threads keep running.
             nb::gil_scoped_release release;
+            std::vector<int32_t> copy(tokens.data(), tokens.data() + tokens.shape(0));
             return PySubIndex{SubIndex::build(std::move(copy), vocab_size)};
           },
           "tokens"_a, "vocab_size"_a)
+      .def_static(
+          "build_extended",
+          [](const PySubIndex& base, In<int32_t> tokens) {
+            // base's text + separator + tokens, copied and built without the GIL.
+            const SubIndex& old = *base.index;
+            nb::gil_scoped_release release;
+            std::vector<int32_t> text;
+            text.reserve(static_cast<size_t>(old.num_tokens()) + 1 + tokens.shape(0));
+            text.insert(text.end(), old.tokens(), old.tokens() + old.num_tokens());
+            if (old.num_tokens() > 0 && tokens.shape(0) > 0) text.push_back(kSeparator);
+            text.insert(text.end(), tokens.data(), tokens.data() + tokens.shape(0));
+            return PySubIndex{SubIndex::build(std::move(text), old.vocab_size())};
+          },
+          "base"_a, "tokens"_a)
       .def_static(
           "wrap",
           [](In<int32_t> tokens, In<int32_t> suffix_array, int32_t vocab_size, nb::object keep) {
