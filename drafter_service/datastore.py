@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -33,10 +34,14 @@ def concat_documents(
 class SubIndex:
     """One suffix array over a text of documents. Immutable once built."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("_native", "origin")
 
     def __init__(self, native: _core.SubIndex) -> None:
         self._native = native
+        self.origin: tuple[Path, object] | None = None
+        """A snapshot directory and manifest entry whose files hold exactly this
+        sub-index (set when loaded or written), so a later snapshot can hardlink
+        them instead of writing them again."""
 
     @classmethod
     def build(

@@ -66,9 +66,11 @@ def write_snapshot(
     """Writes ``datastore`` to the new directory ``directory``, atomically.
 
     Everything goes into a temporary sibling (``.{name}.tmp-{pid}-{random}``), each
-    file fsynced, manifest.json last; then the temporary directory is fsynced,
-    renamed to ``directory`` and the parent fsynced. A crash leaves either no
-    ``directory`` or a complete one (plus a temporary for ``remove_stale_temporaries``).
+    file fsynced, manifest.json last (a sub-index loaded from or written to an
+    earlier snapshot is hardlinked from there instead of written again); then the
+    temporary directory is fsynced, renamed to ``directory`` and the parent fsynced.
+    A crash leaves either no ``directory`` or a complete one (plus a temporary for
+    ``remove_stale_temporaries``).
     """
     directory = Path(directory)
     if not isinstance(datastore, Datastore):
@@ -112,6 +114,8 @@ def write_snapshot(
             raise SnapshotError(f"cannot write {directory}: it was created meanwhile")
         os.rename(temp, directory)  # refuses a non-empty target
         fsync_dir(parent)
+        for sub, entry in zip(datastore.sub_indices, entries, strict=True):
+            sub.origin = (directory, entry)
     except BaseException as exc:
         shutil.rmtree(temp, ignore_errors=True)
         if isinstance(exc, OSError):
@@ -167,11 +171,13 @@ def load_snapshot(
         tokens = map_array(tokens_path, entry.num_tokens, sha[0])
         sa = map_array(sa_path, entry.num_tokens, sha[1])
         try:
-            subs.append(SubIndex.from_arrays(tokens, sa, vocab_size))
+            sub = SubIndex.from_arrays(tokens, sa, vocab_size)
         except ValueError as exc:
             # The native check names the array: "token ..." or "suffix array entry ...".
             bad = sa_path if "suffix array" in str(exc) else tokens_path
             raise SnapshotError(f"{bad} is corrupt: {exc}") from None
+        sub.origin = (info.path, entry)
+        subs.append(sub)
     return Datastore(subs, vocab_size), info
 
 
@@ -249,7 +255,32 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp" in name
 
 
+def _link_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry | None:
+    """Hardlinks the files of a sub-index that an earlier snapshot already holds
+    (sub-index files are immutable), or returns None when that is not possible."""
+    if sub.origin is None:
+        return None
+    source, entry = sub.origin
+    if not isinstance(entry, SubIndexEntry) or entry.num_tokens != sub.num_tokens:
+        return None
+    linked: list[Path] = []
+    try:
+        pairs = ((entry.tokens_file, f"{name}.tokens.i32"), (entry.sa_file, f"{name}.sa.i32"))
+        for old, new in pairs:
+            os.link(source / old, directory / new)
+            linked.append(directory / new)
+    except OSError:  # gone, another filesystem, no hardlinks: write instead
+        for path in linked:
+            path.unlink(missing_ok=True)
+        return None
+    return SubIndexEntry(name, entry.num_tokens, entry.num_documents, entry.tokens_sha256,
+                         entry.sa_sha256)
+
+
 def _write_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry:
+    reused = _link_sub_index(directory, name, sub)
+    if reused is not None:
+        return reused
     tokens, sa = sub.tokens(), sub.suffix_array()
     separators = 0
     for lo in range(0, len(tokens), CHUNK_TOKENS):

@@ -381,3 +381,22 @@ def test_delete_snapshot_leaves_nothing_that_lists(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     with pytest.raises(SnapshotError, match="cannot delete"):
         delete_snapshot(tmp_path / "a")
+
+
+def test_unchanged_sub_indices_are_hardlinked_not_rewritten(tmp_path: Path) -> None:
+    first = small_datastore()
+    write_snapshot(tmp_path / "a", first, TOKENIZER)
+    loaded, _ = load_snapshot(tmp_path / "a")
+    newest = SubIndex.build([[1, 2, 3]], VOCAB)
+    grown = Datastore([*loaded.sub_indices, newest], VOCAB)
+    info = write_snapshot(tmp_path / "b", grown, TOKENIZER)
+    old_files = sorted(p for p in (tmp_path / "a").iterdir() if p.suffix == ".i32")
+    for i, old in enumerate(old_files[: 2 * len(first.sub_indices)]):
+        assert (tmp_path / "b" / old.name).stat().st_ino == old.stat().st_ino, i
+    new_file = tmp_path / "b" / info.sub_indices[-1].tokens_file
+    assert new_file.stat().st_nlink == 1  # written, not linked
+    delete_snapshot(tmp_path / "a")  # the links keep the data alive
+    again, _ = load_snapshot(tmp_path / "b")
+    assert [s.tokens().tolist() for s in again.sub_indices] == [
+        s.tokens().tolist() for s in grown.sub_indices
+    ]
