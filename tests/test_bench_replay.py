@@ -319,3 +319,26 @@ def test_module_runs_as_a_script(files: tuple[Path, Path]) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
     (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert row["method"] == "input" and row["mode"] == "none" and row["steps"] > 0
+
+
+def test_snapshot_replays_like_the_corpus_it_holds(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from drafter_service import Datastore
+    from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+
+    data, corpus = files
+    docs = [r.output_ids for r in read_records(corpus)]
+    vocab = 128256
+    write_snapshot(tmp_path / "snap", Datastore([SubIndex.build(docs, vocab)], vocab),
+                   TokenizerIdentity("test", vocab, ""))
+    common = ["replay", "--data", str(data), "--budget", "8", "--no-pld", "--json"]
+    assert main([*common, "--corpus", str(corpus)]) == 0
+    from_corpus = json.loads(capsys.readouterr().out)
+    assert main([*common, "--snapshot", str(tmp_path / "snap"), "--curve", "4"]) == 0
+    from_snapshot = json.loads(capsys.readouterr().out)
+    assert from_snapshot["mode"] == "snapshot"
+    assert from_snapshot["tau"] == from_corpus["tau"]
+    assert [n for n, _ in from_snapshot["tau_curve"]] == [4, 8, 12]
+    assert main([*common, "--snapshot", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
