@@ -1,1 +1,12 @@
-"""Offline datastore builder (see issue 3)."""
+"""Offline datastore builder: text or token records in, a datastore snapshot out.
+
+Reads JSONL(.gz), Parquet and plain-text corpora as a stream, tokenizes them with a
+Hugging Face ``tokenizers`` tokenizer (or takes token ids as they are), packs the
+documents into suffix-array sub-indices and writes one snapshot directory with
+:func:`drafter_service.snapshot.write_snapshot`. Command line: ``datastore-builder build``
+(:mod:`datastore_builder.cli`); from Python: :func:`datastore_builder.pipeline.build`.
+"""
+
+from datastore_builder.errors import BuildError
+
+__all__ = ["BuildError"]

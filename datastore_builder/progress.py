@@ -1,0 +1,57 @@
+"""Progress bar on stderr: input bytes against the total (so tqdm gives an ETA) and
+tokens per second."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+class Progress:
+    """A tqdm bar over input bytes with a tokens and tokens/s postfix; silent when
+    ``quiet``."""
+
+    def __init__(self, total_bytes: int | None, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tokens = 0
+        self._start = time.perf_counter()
+        self._bar = tqdm(
+            total=total_bytes or None,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="tokenizing",
+            file=sys.stderr,
+            disable=quiet,
+            mininterval=0.5,
+            dynamic_ncols=True,
+        )
+
+    def update(self, consumed_bytes: int, tokens: int) -> None:
+        """Records input consumed and tokens produced since the last call."""
+        self.tokens += tokens
+        if self.quiet:
+            return
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(
+            f"{_si(self.tokens)} tok, {_si(self.tokens / elapsed)} tok/s", refresh=False
+        )
+        self._bar.update(consumed_bytes)
+
+    def stage(self, description: str) -> None:
+        """Names the current stage (after tokenization: suffix arrays, writing)."""
+        if not self.quiet:
+            self._bar.set_description_str(description)
+            self._bar.refresh()
+
+    def close(self) -> None:
+        self._bar.close()
