@@ -36,7 +36,7 @@ stubs: setup
 
 # Full benchmark report (minutes): see docs/benchmarks.md.
 bench: setup
-	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[bench]"
 	$(BIN)/python benchmarks/run_all.py --data-dir $(DATA) --out benchmarks/results
 	cd benchmarks && ../$(BIN)/python live_curve.py --data-dir ../$(DATA) --out results --plot ../docs/live_curve.png
 
