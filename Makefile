@@ -7,7 +7,7 @@ DATA   ?= ../shared/data
 DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
 CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
 
-.PHONY: setup run test lint typecheck stubs bench clean
+.PHONY: setup run test lint typecheck stubs proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: setup
 	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+# Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
+proto: setup
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/sssd/drafter/v1/drafter.proto
 
 stubs: setup
 	$(BIN)/python -m nanobind.stubgen -m drafter_service._core -o drafter_service/_core.pyi

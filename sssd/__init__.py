@@ -1,0 +1,1 @@
+"""Generated protocol code (from proto/). Do not edit: run `make proto`."""
