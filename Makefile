@@ -33,7 +33,9 @@ test: setup
 
 # Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
 proto: setup
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/sssd/drafter/v1/drafter.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
+		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=. \
+		proto/sssd/drafter/v1/drafter.proto
 
 stubs: setup
 	$(BIN)/python -m nanobind.stubgen -m drafter_service._core -o drafter_service/_core.pyi

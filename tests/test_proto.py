@@ -8,13 +8,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 PROTO = "sssd/drafter/v1/drafter.proto"
-GENERATED = ("drafter_pb2.py", "drafter_pb2.pyi", "drafter_pb2_grpc.py")
+GENERATED = ("drafter_pb2.py", "drafter_pb2.pyi", "drafter_pb2_grpc.py", "drafter_pb2_grpc.pyi")
+PLUGIN = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
 
 
 def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}",
          f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+         f"--plugin=protoc-gen-mypy_grpc={PLUGIN}", f"--mypy_grpc_out={tmp_path}",
          str(ROOT / "proto" / PROTO)],
         check=True,
     )  # fmt: skip

@@ -25,6 +25,7 @@ from drafter_service.bench.data import (
     iter_documents,
     read_records,
 )
+from drafter_service.bench.load import add_load_parser
 from drafter_service.bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
 from drafter_service.config import DraftConfig
 from drafter_service.datastore import SubIndex
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="drafter-bench", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_replay_parser(subparsers)
+    add_load_parser(subparsers)
     return parser
 
 
