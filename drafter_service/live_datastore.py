@@ -195,7 +195,7 @@ class LiveDatastore:
         output = as_token_array(output_ids, self.tokenizer.vocab_size, what="output_ids")
         if self.policy.store == "output":
             k = self.policy.prompt_context_tokens
-            prompt = prompt[len(prompt) - k :] if k else prompt[:0]
+            prompt = prompt[max(0, len(prompt) - k) :] if k else prompt[:0]
         return self.ingest(np.concatenate([prompt, output]))
 
     def _check_room(self, n_tokens: int) -> None:

@@ -38,3 +38,13 @@ def humaneval_records() -> list[dict[str, Any]]:
             if len(records) == 200:
                 break
     return records
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Any:
+    """One asyncio loop in a thread for every in-process gRPC server of the session."""
+    from service_support import LoopThread
+
+    loop = LoopThread()
+    yield loop
+    loop.close()

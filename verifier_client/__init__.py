@@ -1,1 +1,32 @@
-"""Decode-side client: tree packing and lossless verification (see issue 5)."""
+"""Decode-side client of the drafting service (tree packing and verification: issue 5).
+
+Imports nothing of this repository but the generated protocol stubs (``sssd``),
+so GPU worker images need no compiled drafter::
+
+    client = DrafterClient("drafter:50051", deadline_ms=3.0)
+    client.wait_ready()
+    client.add_request("r1", prompt_ids)
+    result = client.step({"r1": [first_token]})   # once per decode step
+    tree = result["r1"]                           # Tree(tokens, parents, scores) or None
+    client.finish("r1")                           # stored in the background
+"""
+
+from .aio import AioDrafterClient
+from .breaker import BreakerConfig, BreakerState
+from .budget import PROFILES, BudgetRule, GpuProfile
+from .client import DrafterClient
+from .results import ClientStats, Outcome, StepResult, Tree
+
+__all__ = [
+    "PROFILES",
+    "AioDrafterClient",
+    "BreakerConfig",
+    "BreakerState",
+    "BudgetRule",
+    "ClientStats",
+    "DrafterClient",
+    "GpuProfile",
+    "Outcome",
+    "StepResult",
+    "Tree",
+]

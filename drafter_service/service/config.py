@@ -1,0 +1,251 @@
+"""Settings of ``drafter serve``: one frozen value, every field a flag and an environment variable.
+
+A field ``max_budget`` is ``--max-budget`` and ``DRAFTER_MAX_BUDGET``; a flag wins over
+the variable, the variable over the default. Nothing is read at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from drafter_service.live_datastore import LivePolicy
+
+ENV_PREFIX = "DRAFTER_"
+DATASTORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+DEFAULT_DATASTORE = "default"
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false)")
+
+
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    return lambda text: None if text.strip().lower() in ("", "none") else parse(text)
+
+
+def _datastores(text: str) -> tuple[tuple[str, Path], ...]:
+    """``NAME=DIR[,NAME=DIR...]`` (the environment form; the flag repeats instead)."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, directory = item.partition("=")
+        if not sep or not directory:
+            raise ValueError(f"{item!r} is not NAME=DIR")
+        pairs.append((name, Path(directory)))
+    return tuple(pairs)
+
+
+def _meta(help: str, parse: Callable[[str], Any]) -> dict[str, Any]:
+    """Field metadata: the flag's help text and how to parse a flag or variable value."""
+    return {"help": help, "parse": parse}
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Everything ``drafter serve`` needs; the defaults run an empty live datastore in
+    ./drafter-data (only the vocabulary size must come from somewhere)."""
+
+    host: str = field(default="127.0.0.1", metadata=_meta("address to listen on", str))
+    port: int = field(
+        default=50051, metadata=_meta("port to listen on (0 = pick a free port)", int)
+    )
+    data_dir: Path = field(
+        default=Path("drafter-data"), metadata=_meta("live datastore directory", Path)
+    )
+    snapshot: Path | None = field(
+        default=None,
+        metadata=_meta("snapshot that seeds the live datastore when data_dir has none yet", Path),
+    )
+    tokenizer: Path | None = field(
+        default=None, metadata=_meta("tokenizer.json giving the tokenizer identity", Path)
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata=_meta("tokenizer label (default: from the file)", str)
+    )
+    vocab_size: int | None = field(
+        default=None,
+        metadata=_meta("vocabulary size (required unless a tokenizer or snapshot gives it)", int),
+    )
+    datastores: tuple[tuple[str, Path], ...] = field(
+        default=(),
+        metadata=_meta("extra read-only datastore NAME=DIR (a snapshot); repeatable", _datastores),
+    )
+    draft_threads: int = field(
+        default_factory=_cpu_count,
+        metadata=_meta("native drafting threads per datastore (default: CPUs)", int),
+    )
+    max_requests_per_call: int = field(
+        default=1024, metadata=_meta("requests per Draft/Finish/Ingest call", int)
+    )
+    max_tokens_per_request: int = field(
+        default=1_048_576, metadata=_meta("tokens one request may hold", int)
+    )
+    max_budget: int = field(default=256, metadata=_meta("largest draft budget (tree nodes)", int))
+    max_message_bytes: int = field(
+        default=64 << 20, metadata=_meta("largest gRPC message, in bytes", int)
+    )
+    max_inflight_calls: int = field(
+        default=64,
+        metadata=_meta("calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED", int),
+    )
+    request_ttl_s: float = field(
+        default=600.0, metadata=_meta("request state idle this long is dropped", float)
+    )
+    max_request_states: int = field(
+        default=100_000, metadata=_meta("request states kept (least recent dropped)", int)
+    )
+    grace_period_s: float = field(
+        default=5.0, metadata=_meta("shutdown grace for in-flight calls", float)
+    )
+    ingest_queue_size: int = field(
+        default=1024, metadata=_meta("finished generations waiting to be stored", int)
+    )
+    keepalive_time_s: float = field(
+        default=30.0, metadata=_meta("interval of server keepalive pings", float)
+    )
+    keepalive_timeout_s: float = field(
+        default=10.0, metadata=_meta("wait for a keepalive ack", float)
+    )
+    keepalive_min_ping_interval_s: float = field(
+        default=5.0, metadata=_meta("shortest client ping interval", float)
+    )
+    keepalive_permit_without_calls: bool = field(
+        default=True, metadata=_meta("pings allowed with no call", _bool)
+    )
+    rebuild_min_tokens: int = field(
+        default=1_000_000, metadata=_meta("live: rebuild once this many wait", int)
+    )
+    rebuild_interval_s: float = field(
+        default=60.0, metadata=_meta("live: or this often with any waiting", float)
+    )
+    snapshot_interval_s: float = field(
+        default=900.0, metadata=_meta("live: snapshot period (0 = never)", float)
+    )
+    keep_snapshots: int = field(default=2, metadata=_meta("live: complete snapshots kept", int))
+    max_sub_indices: int = field(
+        default=8, metadata=_meta("live: sub-indices kept (oldest dropped)", int)
+    )
+    max_sub_index_tokens: int = field(
+        default=512_000_000, metadata=_meta("live: positions per sub-index", int)
+    )
+    max_resident_bytes: int | None = field(
+        default=None, metadata=_meta("live: datastore memory bound in bytes", _optional(int))
+    )
+    store: Literal["output", "prompt+output"] = field(
+        default="output",
+        metadata=_meta("live: what a finished generation stores (output|prompt+output)", str),
+    )
+    prompt_context_tokens: int = field(
+        default=3, metadata=_meta("live: prompt tokens kept before an output", int)
+    )
+    log_level: str = field(default="INFO", metadata=_meta("logging level", str))
+
+    def __post_init__(self) -> None:
+        checks = {
+            "port": 0 <= self.port <= 65535,
+            "vocab_size": self.vocab_size is None or 1 <= self.vocab_size <= 2**30,
+            "draft_threads": 1 <= self.draft_threads <= 1024,
+            "max_requests_per_call": 1 <= self.max_requests_per_call < 2**32,
+            "max_tokens_per_request": 1 <= self.max_tokens_per_request < 2**32,
+            "max_budget": 1 <= self.max_budget < 2**31,
+            "max_message_bytes": 1024 <= self.max_message_bytes < 2**31,
+            "max_inflight_calls": self.max_inflight_calls >= 1,
+            "request_ttl_s": self.request_ttl_s > 0,
+            "max_request_states": self.max_request_states >= 1,
+            "grace_period_s": self.grace_period_s >= 0,
+            "ingest_queue_size": self.ingest_queue_size >= 1,
+            "keepalive_time_s": self.keepalive_time_s > 0,
+            "keepalive_timeout_s": self.keepalive_timeout_s > 0,
+            "keepalive_min_ping_interval_s": self.keepalive_min_ping_interval_s >= 0,
+            "host": bool(self.host),
+            "log_level": self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ServeConfig.{name} = {getattr(self, name)!r} is out of range")
+        seen = {DEFAULT_DATASTORE}
+        for name, _ in self.datastores:
+            if not DATASTORE_NAME.fullmatch(name) or name in seen:
+                raise ValueError(
+                    f"ServeConfig.datastores: name {name!r} is invalid, reserved or repeated "
+                    f"(expected {DATASTORE_NAME.pattern}, not {DEFAULT_DATASTORE!r})"
+                )
+            seen.add(name)
+        self.live_policy()  # raises ValueError naming a bad live knob
+
+    def live_policy(self) -> LivePolicy:
+        return LivePolicy(
+            max_sub_indices=self.max_sub_indices,
+            max_sub_index_tokens=self.max_sub_index_tokens,
+            rebuild_min_tokens=self.rebuild_min_tokens,
+            rebuild_interval_s=self.rebuild_interval_s,
+            snapshot_interval_s=self.snapshot_interval_s,
+            keep_snapshots=self.keep_snapshots,
+            max_resident_bytes=self.max_resident_bytes,
+            store=self.store,
+            prompt_context_tokens=self.prompt_context_tokens,
+        )
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """One flag per field (``--max-budget``); unset flags stay None."""
+        for f in fields(ServeConfig):
+            flag = "--" + ("datastore" if f.name == "datastores" else f.name.replace("_", "-"))
+            env = ENV_PREFIX + f.name.upper()
+            help_text = f"{f.metadata['help']} [env {env}]"
+            if f.name == "datastores":
+                parser.add_argument(
+                    flag, dest=f.name, action="append", metavar="NAME=DIR", help=help_text
+                )
+            else:
+                parser.add_argument(flag, dest=f.name, help=help_text)
+
+    @classmethod
+    def from_namespace(
+        cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
+    ) -> ServeConfig:
+        """Flags from ``add_arguments`` over ``DRAFTER_*`` variables over defaults.
+        Raises ValueError naming the flag or variable and its bad value."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            flag_value = getattr(namespace, f.name, None)
+            env = ENV_PREFIX + f.name.upper()
+            parse = f.metadata["parse"]
+            if f.name == "datastores" and flag_value is not None:
+                text, source = ",".join(flag_value), "--datastore"
+            elif flag_value is not None:
+                text, source = flag_value, "--" + f.name.replace("_", "-")
+            elif environ.get(env, "") != "":
+                text, source = environ[env], env
+            else:
+                continue
+            try:
+                values[f.name] = parse(text)
+            except ValueError as exc:
+                raise ValueError(f"{source}: bad value {text!r}: {exc}") from None
+        return cls(**values)
+
+    @classmethod
+    def from_env_and_args(
+        cls, args: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+    ) -> ServeConfig:
+        """Parses ``drafter serve`` flags (``args``; default ``sys.argv[1:]``) and the
+        environment (default ``os.environ``); a flag wins over its variable."""
+        parser = argparse.ArgumentParser(prog="drafter serve")
+        cls.add_arguments(parser)
+        return cls.from_namespace(parser.parse_args(args), environ)

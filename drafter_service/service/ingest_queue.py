@@ -1,0 +1,85 @@
+"""Stores finished generations in the background, through a bounded queue.
+
+A Finish call only enqueues (O(1), never waits on the disk); a full queue drops the
+generation and counts it. One thread drains the queue into the live datastore.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.live_datastore import DatastoreFull, LiveDatastore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Generation:
+    live: LiveDatastore
+    chunks: list[npt.NDArray[np.int32]]  # the request's tokens, in order
+    prompt_length: int  # leading tokens that are the prompt
+
+
+class GenerationIngester:
+    """Bounded queue + one worker thread. Counters are for logs and metrics."""
+
+    def __init__(self, max_queued: int) -> None:
+        if max_queued < 1:
+            raise ValueError(f"max_queued {max_queued} must be at least 1")
+        self._queue: queue.Queue[_Generation | None] = queue.Queue(maxsize=max_queued)
+        self.queued = 0
+        self.dropped = 0  # queue full
+        self.stored = 0
+        self.failed = 0  # refused by the datastore (full, closed)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="generation-ingest", daemon=True)
+        self._thread.start()
+
+    def offer(
+        self, live: LiveDatastore, chunks: list[npt.NDArray[np.int32]], prompt_length: int
+    ) -> bool:
+        """Queues a generation (prompt then output, as ``chunks``); False if the queue is
+        full or closed. Never blocks."""
+        if self._closed:
+            return False
+        try:
+            self._queue.put_nowait(_Generation(live, chunks, prompt_length))
+        except queue.Full:
+            self.dropped += 1
+            log.warning(
+                "ingest queue full: dropped a finished generation (%d so far)", self.dropped
+            )
+            return False
+        self.queued += 1
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stores what is queued, then stops the worker (waits at most ``timeout_s``)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("ingest queue still draining after %s s", timeout_s)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            tokens = np.concatenate(item.chunks) if item.chunks else np.zeros(0, np.int32)
+            p = item.prompt_length
+            try:
+                item.live.ingest_generation(tokens[:p], tokens[p:])
+            except (ValueError, DatastoreFull) as exc:
+                self.failed += 1
+                log.warning("finished generation not stored: %s", exc)
+            except Exception:  # disk or closed datastore: keep draining
+                self.failed += 1
+                log.exception("finished generation not stored")
+            else:
+                self.stored += 1

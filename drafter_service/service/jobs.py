@@ -1,0 +1,137 @@
+"""Native work off the event loop: one job per call and datastore, run on that
+datastore's single worker thread in the order calls were planned.
+
+A job is never cancelled once submitted: the request table already describes its
+effect, so a caller that stops waiting (a client deadline) only loses the answer; the
+client resyncs later. The runner resolves one loop future per call, set from the
+worker threads with ``call_soon_threadsafe`` (no executor future chained to the loop
+future, so cancelling the latter cannot cancel the work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.drafter import DraftBatch, Drafter
+from drafter_service.service.datastores import Catalog
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
+JobResults = dict[str, DraftBatch | None]
+JobOutcome = DraftBatch | BaseException | None  # what a job returned or raised
+
+
+@dataclass(slots=True)
+class DrafterJob:
+    """What one call does to one datastore's drafter, in this order."""
+
+    stops: list[str] = field(default_factory=list)  # restarted, mismatched, evicted, finished
+    starts: list[tuple[str, npt.NDArray[np.int32]]] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
+    tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)
+
+    def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
+        """Adds a request to the batch call; returns its row in the batch."""
+        self.request_ids.append(request_id)
+        self.tokens.append(tokens)
+        self.budgets.append(budget)
+        return len(self.request_ids) - 1
+
+    def run(self, drafter: Drafter) -> DraftBatch | None:
+        """On the datastore's worker thread: stops, starts, then one native batch call."""
+        try:
+            for request_id in self.stops:
+                drafter.stop(request_id)
+            for request_id, context in self.starts:
+                drafter.start(request_id, context)
+            if not self.request_ids:
+                return None
+            offsets = np.zeros(len(self.tokens) + 1, dtype=np.int64)
+            np.cumsum([len(t) for t in self.tokens], out=offsets[1:])
+            flat = np.concatenate(self.tokens) if self.tokens else _NO_TOKENS
+            budgets = np.array(self.budgets, dtype=np.int32)
+            return drafter.draft_batch(self.request_ids, flat, offsets, budgets)
+        except BaseException:
+            for request_id in self.request_ids:  # the service forgets them too (RESYNC)
+                drafter.stop(request_id)
+            raise
+
+
+def jobs_for(jobs: dict[str, DrafterJob], datastore: str) -> DrafterJob:
+    job = jobs.get(datastore)
+    if job is None:
+        job = jobs[datastore] = DrafterJob()
+    return job
+
+
+class JobRunner:
+    """Submits a call's jobs and resolves when all of them have run. Event loop only."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._pending = 0  # calls whose jobs have not all run
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def run(
+        self,
+        jobs: dict[str, DrafterJob],
+        on_settled: Callable[[dict[str, JobOutcome]], None],
+    ) -> asyncio.Future[JobResults]:
+        """Starts ``jobs``; ``on_settled`` runs on the loop once all have run (even if
+        nobody awaits the returned future any more). The future fails with
+        RuntimeError if a job raised."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[JobResults] = loop.create_future()
+        results: dict[str, JobOutcome] = {}
+
+        def settle(name: str | None, result: JobOutcome) -> None:
+            if name is not None:
+                results[name] = result
+            if len(results) < len(jobs):
+                return
+            self._pending -= 1
+            if not self._pending:
+                self._idle.set()
+            on_settled(results)
+            if future.done():  # the caller stopped waiting
+                return
+            failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
+            if failed:
+                error = RuntimeError(f"drafting failed in datastore {failed[0][0]!r}")
+                error.__cause__ = failed[0][1]
+                future.set_exception(error)
+            else:
+                future.set_result(results)  # type: ignore[arg-type]  # no exceptions left
+
+        self._pending += 1
+        self._idle.clear()
+        if not jobs:
+            settle(None, None)
+        for name, job in jobs.items():
+            slot = self._catalog.slots[name]
+            slot.executor.submit(_run, loop, job, slot.drafter, functools.partial(settle, name))
+        return future
+
+    async def wait_idle(self) -> None:
+        """Returns once every submitted job has run."""
+        await self._idle.wait()
+
+
+def _run(
+    loop: asyncio.AbstractEventLoop,
+    job: DrafterJob,
+    drafter: Drafter,
+    done: Callable[[JobOutcome], None],
+) -> None:
+    try:
+        result: JobOutcome = job.run(drafter)
+    except BaseException as exc:  # reported on the loop, where the table is
+        result = exc
+    loop.call_soon_threadsafe(done, result)

@@ -1,0 +1,185 @@
+"""The grpc.aio server: DrafterService, health checking, reflection, graceful shutdown.
+
+Lifecycle: :meth:`DrafterServer.listen` binds and serves health (NOT_SERVING; drafting
+calls answer UNAVAILABLE), :meth:`DrafterServer.load` opens the datastores and turns
+SERVING, :meth:`DrafterServer.stop` turns NOT_SERVING, lets calls in flight finish
+within the grace period (streams are cancelled after it), waits for queued work,
+stores queued generations and closes the live datastore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
+from drafter_service.service.datastores import Catalog, open_catalog
+from drafter_service.service.drafting import DraftEngine
+from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.request_table import RequestTable
+from drafter_service.service.servicer import DrafterServicer
+from drafter_service.service.validation import CallLimits
+from sssd.drafter.v1 import drafter_pb2, drafter_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("sssd-drafter")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
+    """Channel arguments: message sizes, keepalive, and no silent port sharing."""
+    return [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.keepalive_time_ms", round(config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", round(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", int(config.keepalive_permit_without_calls)),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            round(config.keepalive_min_ping_interval_s * 1000),
+        ),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+    ]
+
+
+class DrafterServer:
+    """One drafter service on one port. Use :func:`start_server`, or ``listen`` then ``load``."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.health = health.aio.HealthServicer()
+        self._servicer = DrafterServicer(package_version(), config.max_message_bytes)
+        self._server: grpc.aio.Server | None = None
+        self._catalog: Catalog | None = None
+        self._engine: DraftEngine | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
+
+    @property
+    def engine(self) -> DraftEngine | None:
+        """The drafting engine once loaded (introspection: request table, datastores)."""
+        return self._engine
+
+    @property
+    def address(self) -> str:
+        host = self.config.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{host}:{self.port}"
+
+    async def listen(self) -> None:
+        """Binds the port and starts serving health (NOT_SERVING) and reflection."""
+        server = grpc.aio.server(options=grpc_options(self.config))
+        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self._servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, _NOT_SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        self._server = server
+        target = f"{self.config.host}:{self.config.port}"  # port 0: the kernel picks one
+        try:
+            self.port = server.add_insecure_port(target)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {target}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {target}")
+        await server.start()
+
+    async def load(self) -> None:
+        """Opens the datastores (in a thread: snapshot loads, log replay) and turns SERVING."""
+        config = self.config
+        catalog = await asyncio.to_thread(open_catalog, config)
+        self._catalog = catalog
+        limits = CallLimits(
+            vocab_size=catalog.tokenizer.vocab_size,
+            fingerprint=catalog.tokenizer.fingerprint,
+            max_requests_per_call=config.max_requests_per_call,
+            max_tokens_per_request=config.max_tokens_per_request,
+            max_budget=config.max_budget,
+            datastores=frozenset(catalog.slots),
+            live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
+            default_datastore=DEFAULT_DATASTORE,
+        )
+        table = RequestTable(config.request_ttl_s, config.max_request_states)
+        self._engine = DraftEngine(
+            catalog,
+            limits,
+            table,
+            GenerationIngester(config.ingest_queue_size),
+            config.max_inflight_calls,
+        )
+        self._servicer.attach(self._engine)
+        self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, _SERVING)
+        log.info(
+            "serving on %s: datastores %s, vocab_size %d",
+            self.address,
+            sorted(catalog.slots),
+            catalog.tokenizer.vocab_size,
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (``grace`` defaults to the configured period). Idempotent."""
+        if self._stopping is not None:
+            return await asyncio.shield(self._stopping)
+        self._stopping = asyncio.get_running_loop().create_future()
+        try:
+            await self.health.enter_graceful_shutdown()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sweeper
+            if self._server is not None:
+                await self._server.stop(self.config.grace_period_s if grace is None else grace)
+            if self._engine is not None:
+                await self._engine.close()
+            if self._catalog is not None:
+                await asyncio.to_thread(self._catalog.close)
+        finally:
+            self._stopping.set_result(None)
+        log.info("stopped")
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def _sweep(self) -> None:
+        # Idle requests are also dropped at every call; this frees memory when calls stop.
+        interval_s = min(max(self.config.request_ttl_s / 4, 0.05), 10.0)
+        while True:
+            await asyncio.sleep(interval_s)
+            if self._engine is not None:
+                self._engine.expire_idle()
+
+
+async def start_server(config: ServeConfig) -> DrafterServer:
+    """Starts a drafter service and returns once it is SERVING (see ``DrafterServer.port``,
+    ``.address``, ``await .stop(grace)``). Raises ValueError for a bad setting or snapshot
+    (nothing is left running)."""
+    server = DrafterServer(config)
+    try:
+        await server.listen()
+        await server.load()
+    except BaseException:
+        await server.stop(0)
+        raise
+    return server

@@ -1,0 +1,143 @@
+"""Servers for the verifier_client tests: the real `drafter serve` as a subprocess, and a
+tiny in-process gRPC DrafterService whose answers can be made slow."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+
+VOCAB_SIZE = 1000
+_START_TIMEOUT_S = 30.0
+
+
+def drafter_command() -> list[str]:
+    """`drafter serve`, or skip when the service is not installed."""
+    exe = shutil.which("drafter", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the `drafter` command is not installed (pip install -e .)")
+    return [exe, "serve"]
+
+
+class DrafterProcess:
+    """`drafter serve` on loopback with its own data directory; restartable on its port."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.extra = extra
+        self.port = 0
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.proc is None, "already running"
+        cmd = [*drafter_command(), "--host", "127.0.0.1", "--port", str(self.port),
+               "--data-dir", str(self.data_dir), "--vocab-size", str(VOCAB_SIZE),
+               "--grace-period-s", "0.5", *self.extra]  # fmt: skip
+        log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("a")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()),  # type: ignore[union-attr]
+                         daemon=True).start()  # fmt: skip
+        try:
+            line = lines.get(timeout=_START_TIMEOUT_S)
+        except queue.Empty:
+            self.stop()
+            raise RuntimeError(f"drafter did not start in {_START_TIMEOUT_S} s") from None
+        prefix = "drafter listening on "
+        if not line.startswith(prefix):
+            self.stop()
+            raise RuntimeError(f"unexpected first line from drafter: {line!r}")
+        self.port = int(line.removeprefix(prefix).strip().rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        """SIGTERM, as in production; the port is kept for a restart."""
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        for _ in range(50):  # the old listener may need a moment to let go of the port
+            try:
+                self.start()
+                return
+            except RuntimeError:
+                time.sleep(0.1)
+        raise RuntimeError(f"drafter did not restart on port {self.port}")
+
+    def info(self) -> pb.GetServiceInfoResponse:
+        with grpc.insecure_channel(self.target) as channel:
+            stub = pb_grpc.DrafterServiceStub(channel)
+            info: pb.GetServiceInfoResponse = stub.GetServiceInfo(
+                pb.GetServiceInfoRequest(), timeout=5, wait_for_ready=True
+            )
+            return info
+
+
+class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
+    """Answers every request OK with a one-node tree after ``delay_s``; records what it got."""
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.received: list[pb.DraftRequest] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_DrafterServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def answer(self, request: pb.DraftRequest) -> pb.DraftResponse:
+        self.received.append(request)
+        time.sleep(self.delay_s)
+        response = pb.DraftResponse(step=request.step)
+        for delta in request.requests:
+            response.drafts.add(request_id=delta.request_id, status=pb.DRAFT_STATUS_OK,
+                                length=delta.known_length + len(delta.new_tokens),
+                                tokens=[1], parents=[-1], scores=[0.5])  # fmt: skip
+        return response
+
+    def Draft(self, request: pb.DraftRequest, context: Any) -> pb.DraftResponse:
+        return self.answer(request)
+
+    def DraftStream(self, requests: Iterator[pb.DraftRequest], context: Any
+                    ) -> Iterator[pb.DraftResponse]:  # fmt: skip
+        for request in requests:
+            yield self.answer(request)
+
+    def GetServiceInfo(self, request: Any, context: Any) -> pb.GetServiceInfoResponse:
+        return pb.GetServiceInfoResponse(version="slow")
+
+    def Ingest(self, request: pb.IngestRequest, context: Any) -> pb.IngestResponse:
+        time.sleep(self.delay_s)
+        return pb.IngestResponse(accepted=len(request.sequences))
+
+    def stop(self) -> None:
+        self.server.stop(grace=0)

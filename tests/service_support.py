@@ -1,0 +1,126 @@
+"""Helpers for the service tests: an event loop in a thread that runs real servers,
+sync gRPC clients over loopback, and `drafter serve` as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from drafter_service.service import DrafterServer, ServeConfig, start_server
+from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+VOCAB = 1000
+
+
+class LoopThread:
+    """An asyncio loop running forever in a daemon thread (the server side of a test)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return self.submit(coro).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class Running:
+    """A started in-process server and a client connected to it."""
+
+    server: DrafterServer
+    channel: grpc.Channel
+    stub: pb_grpc.DrafterServiceStub
+
+    def draft(
+        self, *deltas: pb.RequestDelta, step: int = 0, fingerprint: str = ""
+    ) -> pb.DraftResponse:
+        request = pb.DraftRequest(requests=deltas, step=step, tokenizer_fingerprint=fingerprint)
+        response: pb.DraftResponse = self.stub.Draft(request, timeout=10)
+        return response
+
+
+def config(data_dir: Path, **overrides: Any) -> ServeConfig:
+    settings: dict[str, Any] = dict(
+        port=0, data_dir=data_dir, vocab_size=VOCAB, draft_threads=1, grace_period_s=0.5
+    )
+    settings.update(overrides)
+    return ServeConfig(**settings)
+
+
+@contextmanager
+def serving(loop: LoopThread, cfg: ServeConfig) -> Iterator[Running]:
+    server = loop.run(start_server(cfg))
+    channel = grpc.insecure_channel(server.address)
+    try:
+        yield Running(server, channel, pb_grpc.DrafterServiceStub(channel))
+    finally:
+        channel.close()
+        loop.run(server.stop(0))
+
+
+def delta(
+    request_id: str, tokens: Sequence[int] = (), known_length: int = 0, budget: int = 8, **kw: Any
+) -> pb.RequestDelta:
+    return pb.RequestDelta(
+        request_id=request_id,
+        known_length=known_length,
+        new_tokens=list(tokens),
+        budget=budget,
+        **kw,
+    )
+
+
+def rpc_error(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
+    """The RpcError ``call(*args)`` raises (fails the test if it returns)."""
+    try:
+        call(*args, **kw)
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError(f"{call} succeeded; expected an error")
+
+
+class Subprocess:
+    """``drafter serve`` as a child process; ``address`` from its one stdout line."""
+
+    def __init__(self, *args: str, timeout_s: float = 30) -> None:
+        exe = Path(sys.executable).with_name("drafter")
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout_s)
+        if not line or not line[0].startswith("drafter listening on "):
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"no listening line ({line!r}); stderr:\n{err}")
+        self.line = line[0]
+        self.address = line[0].removeprefix("drafter listening on ").strip()
+
+    def stop(self, sig: int, timeout_s: float = 20) -> tuple[int, str, str]:
+        """Sends ``sig``; returns (exit code, rest of stdout, stderr)."""
+        self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=timeout_s)
+        return self.proc.returncode, out, err

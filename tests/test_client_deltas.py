@@ -1,0 +1,187 @@
+"""Per-request delta tracking of verifier_client: whole contexts first, then only new tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sssd.drafter.v1 import drafter_pb2 as pb
+from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
+
+
+def answer(step: int, *drafts: tuple[str, int, int]) -> pb.DraftResponse:
+    """(request_id, status, length) per request; OK drafts get a one-node tree."""
+    response = pb.DraftResponse(step=step)
+    for request_id, status, length in drafts:
+        draft = response.drafts.add(request_id=request_id, status=status, length=length)
+        if status == pb.DRAFT_STATUS_OK:
+            draft.tokens.append(7)
+            draft.parents.append(-1)
+            draft.scores.append(0.5)
+    return response
+
+
+def build(tracker: DeltaTracker, *ids: str) -> tuple[pb.DraftRequest, list[RequestState]]:
+    message, sent, refused = tracker.build(ids, None, 4, step=1)
+    assert refused == []
+    return message, sent
+
+
+OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
+
+
+def test_whole_context_first_then_only_new_tokens() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1, 2, 3, 4], datastore="code", prompt_length=3)
+    tracker.commit("a", [5])
+    message, sent = build(tracker, "a")
+    (delta,) = message.requests
+    assert (delta.known_length, list(delta.new_tokens), delta.prompt_length) == (
+        0,
+        [1, 2, 3, 4, 5],
+        3,
+    )
+    assert (delta.budget, delta.datastore) == (4, "code")
+    trees, resynced = tracker.apply(answer(1, ("a", OK, 5)), sent)
+    assert list(trees["a"].tokens) == [7] and resynced == []
+    assert tracker.get("a").known_length == 5
+
+    tracker.commit("a", [6, 7])
+    message, sent = build(tracker, "a")
+    (delta,) = message.requests
+    assert (delta.known_length, list(delta.new_tokens), delta.prompt_length) == (5, [6, 7], 0)
+    tracker.apply(answer(2, ("a", OK, 7)), sent)
+    assert tracker.tokens_sent == 7 and tracker.full_resends == 0
+
+
+def test_requests_join_and_leave_at_different_steps() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1, 2])
+    message, sent = build(tracker, "a")
+    tracker.apply(answer(1, ("a", OK, 2)), sent)
+    tracker.add("b", [9, 9, 9])
+    tracker.commit_many({"a": [3], "b": []})
+    message, sent = build(tracker, "b", "a")  # any order; "a" is a delta, "b" whole
+    assert [(d.request_id, d.known_length, list(d.new_tokens)) for d in message.requests] == [
+        ("b", 0, [9, 9, 9]), ("a", 2, [3])]  # fmt: skip
+    tracker.apply(answer(2, ("b", OK, 3), ("a", OK, 3)), sent)
+    # "a" sits out two steps (not finished: lifecycle is explicit), its commits accumulate.
+    for _ in range(2):
+        tracker.commit_many({"a": [4], "b": [8]})
+        message, sent = build(tracker, "b")
+        tracker.apply(answer(3, ("b", OK, tracker.get("b").pending_length)), sent)
+    message, sent = build(tracker, "a")
+    assert (message.requests[0].known_length, list(message.requests[0].new_tokens)) == (3, [4, 4])
+    state = tracker.finish("b")
+    assert state.tokens == [9, 9, 9, 8, 8] and "b" not in tracker and len(tracker) == 1
+
+
+def test_resync_sends_the_whole_context_next_time() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1, 2, 3])
+    _, sent = build(tracker, "a")
+    tracker.apply(answer(1, ("a", OK, 3)), sent)
+    tracker.commit("a", [4])
+    _, sent = build(tracker, "a")
+    trees, resynced = tracker.apply(answer(2, ("a", RESYNC, 0)), sent)
+    assert trees == {} and resynced == ["a"]
+    message, _ = build(tracker, "a")
+    assert (message.requests[0].known_length, list(message.requests[0].new_tokens)) == (
+        0,
+        [1, 2, 3, 4],
+    )
+    assert tracker.full_resends == 1
+
+
+def test_a_lost_answer_means_a_whole_resend() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1, 2, 3])
+    _, sent = build(tracker, "a")
+    tracker.apply(answer(1, ("a", OK, 3)), sent)
+    tracker.commit("a", [4])
+    _, sent = build(tracker, "a")
+    assert sent[0].in_flight
+    tracker.mark_unsynced(sent)  # deadline: the drafter may or may not have applied it
+    message, _ = build(tracker, "a")
+    assert message.requests[0].known_length == 0 and len(message.requests[0].new_tokens) == 4
+
+
+@pytest.mark.parametrize("length", [0, 4])  # nothing held, or more than was ever sent
+def test_an_impossible_ok_length_is_a_resync(length: int) -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1, 2, 3])
+    _, sent = build(tracker, "a")
+    trees, resynced = tracker.apply(answer(1, ("a", OK, length)), sent)
+    assert trees == {} and resynced == ["a"] and tracker.get("a").known_length == 0
+
+
+def test_an_answer_for_other_requests_is_a_protocol_error() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1])
+    tracker.add("b", [2])
+    _, sent = build(tracker, "a", "b")
+    with pytest.raises(ProtocolError, match="lists 2 requests"):
+        tracker.apply(answer(1, ("b", OK, 1), ("a", OK, 1)), sent)
+    assert all(s.known_length == 0 and not s.in_flight for s in sent)
+
+
+def test_empty_contexts_are_not_sent() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [])
+    tracker.add("b", [5])
+    message, sent = build(tracker, "a", "b")
+    assert [d.request_id for d in message.requests] == ["b"] and len(sent) == 1
+
+
+def test_numpy_and_any_int_sequence() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", np.arange(4, dtype=np.int32))
+    tracker.commit("a", np.array([9], dtype=np.int64))
+    tracker.commit("a", range(10, 12))
+    tracker.commit("a", (12,))
+    assert tracker.get("a").tokens == [0, 1, 2, 3, 9, 10, 11, 12]
+    assert all(type(t) is int for t in tracker.get("a").tokens)
+
+
+def test_validation_names_the_bad_value() -> None:
+    tracker = DeltaTracker()
+    tracker.add("a", [1])
+    with pytest.raises(ValueError, match="'a' is already live"):
+        tracker.add("a", [1])
+    with pytest.raises(ValueError, match="non-empty str"):
+        tracker.add("", [1])
+    with pytest.raises(ValueError, match="prompt_length 3 of 'b'"):
+        tracker.add("b", [1, 2], prompt_length=3)
+    with pytest.raises(ValueError, match=r"commit of 'a': token id -1"):
+        tracker.commit("a", [4, -1])
+    with pytest.raises(ValueError, match="token id 2147483648"):
+        as_token_list([2**31])
+    with pytest.raises(KeyError, match=r"unknown request_id\(s\) \['zz'\]"):
+        tracker.commit("zz", [1])
+    with pytest.raises(KeyError, match="zz"):
+        tracker.commit_many({"a": [2], "zz": [1]})
+    assert tracker.get("a").tokens == [1]  # a refused batch commits nothing
+
+
+def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
+    tracker = DeltaTracker()
+    tracker.max_token_id, tracker.max_context_tokens = 99, 5  # vocab_size 100
+    tracker.add("ok", [1, 2])
+    tracker.add("vocab", [1, 100])  # past the vocabulary from the start
+    tracker.add("long", [1, 2, 3])
+    tracker.add("later", [1])
+    tracker.commit_many({"long": [4, 5, 6], "later": [150], "ok": [3]})
+    message, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4, step=1)
+    assert [d.request_id for d in message.requests] == ["ok"] and len(sent) == 1
+    assert refused == ["vocab", "long", "later"] and tracker.refused == 3
+    assert tracker.get("later").tokens == [1, 150]  # still tracked: finish/abort stay explicit
+
+
+def test_a_refused_commit_batch_changes_nothing() -> None:
+    tracker = DeltaTracker()
+    tracker.max_token_id = 99
+    tracker.add("a", [1])
+    tracker.add("b", [1])
+    with pytest.raises(ValueError, match="commit of 'b': token id -5"):
+        tracker.commit_many({"a": [500], "b": [-5]})
+    assert tracker.get("a").tokens == [1] and not tracker.get("a").refused

@@ -1,0 +1,161 @@
+"""verifier_client against the real service (`drafter serve` as a subprocess): drafts and
+minimal deltas, RESYNC after a restart, the circuit breaker, background finish/ingest."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from client_servers import DrafterProcess
+
+from verifier_client import BreakerConfig, BreakerState, BudgetRule, DrafterClient, Outcome
+from verifier_client.results import StepResult
+
+PATTERN = [10, 11, 12, 13, 14, 15]
+DEADLINE_MS = 1000.0  # functional tests: the deadline must not decide the outcome here
+FAST_BREAKER = BreakerConfig(failure_threshold=3, cooldown_s=0.05, max_cooldown_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrafterProcess]:
+    """One live service for the module; generations are indexed as soon as they arrive."""
+    root = tmp_path_factory.mktemp("drafter")
+    server = DrafterProcess(root / "data", "--rebuild-min-tokens", "1",
+                            "--rebuild-interval-s", "0.05")  # fmt: skip
+    yield server
+    server.stop()
+
+
+def client_for(target: str, **kwargs: object) -> DrafterClient:
+    kwargs.setdefault("deadline_ms", DEADLINE_MS)
+    kwargs.setdefault("budget", BudgetRule.fixed(8))
+    client = DrafterClient(target, **kwargs)  # type: ignore[arg-type]
+    client.wait_ready()
+    return client
+
+
+def step_until(
+    client: DrafterClient,
+    commits: Callable[[], dict[str, list[int]]],
+    done: Callable[[StepResult], bool],
+    timeout_s: float = 10.0,
+) -> StepResult:
+    end_s = time.monotonic() + timeout_s
+    while True:
+        result = client.step(commits())
+        if done(result):
+            return result
+        assert time.monotonic() < end_s, f"gave up; last step {result.outcome}: {client.stats}"
+        time.sleep(0.01)
+
+
+def drafted(result: StepResult, request_id: str, n: int) -> list[int]:
+    """The first ``n`` draft tokens of a request (none without a tree)."""
+    tree = result[request_id]
+    return [] if tree is None else list(tree.tokens[:n])
+
+
+@pytest.mark.parametrize("mode", ["stream", "unary"])
+def test_drafts_come_back_and_later_steps_send_only_new_tokens(
+    drafter: DrafterProcess, mode: str
+) -> None:
+    rid, prompt = f"minimal-{mode}", PATTERN * 4
+    with client_for(drafter.target, mode=mode) as client:
+        client.add_request(rid, prompt)
+        result = client.step({rid: [PATTERN[0]]})
+        assert result.ok, client.stats
+        tree = result[rid]
+        assert tree is not None and 0 < len(tree) <= 8
+        assert tree.tokens[0] == PATTERN[1]  # the prompt repeats: its continuation is drafted
+        assert client.stats.tokens_sent == len(prompt) + 1  # the whole context, once
+        for i in range(2, 8):
+            sent_before = client.stats.tokens_sent
+            result = client.step({rid: [PATTERN[i % 6]]})
+            tree = result[rid]
+            assert result.ok and tree is not None and tree.tokens[0] == PATTERN[(i + 1) % 6]
+            assert client.stats.tokens_sent == sent_before + 1  # only the committed token
+        assert (client.stats.full_resends, client.stats.resyncs) == (0, 0)
+        assert client.stats.fallback_steps == 0
+        client.abort(rid)
+
+
+def test_resync_after_a_restart_is_transparent(tmp_path: Path) -> None:
+    server = DrafterProcess(tmp_path / "data")
+    try:
+        with client_for(server.target, breaker=FAST_BREAKER) as client:
+            ids = ["r0", "r1"]
+            for rid in ids:
+                client.add_request(rid, PATTERN * 3)
+            assert all(client.step({key: [10] for key in ids}).values())
+            server.restart()  # same port and data dir; every request state is gone
+            first_ok = step_until(client, lambda: {key: [11] for key in ids}, lambda r: r.ok)
+            # The first step the new server answers drafts for everyone: either the lost
+            # steps sent whole contexts, or the RESYNCs were resent within that step.
+            assert all(first_ok[rid] is not None for rid in ids), first_ok
+            assert client.stats.resyncs + client.stats.full_resends >= len(ids)
+            sent_before = client.stats.tokens_sent
+            assert all(client.step({key: [12] for key in ids}).values())
+            assert client.stats.tokens_sent == sent_before + len(ids)  # deltas again
+    finally:
+        server.stop()
+
+
+def test_breaker_opens_costs_nothing_per_step_and_recovers(tmp_path: Path) -> None:
+    server = DrafterProcess(tmp_path / "data")
+    ids = [f"b{i}" for i in range(8)]
+    try:
+        with client_for(server.target, breaker=FAST_BREAKER) as client:
+            for rid in ids:
+                client.add_request(rid, PATTERN * 3)
+            assert client.step({key: [10] for key in ids}).ok
+            server.stop()
+            step_until(client, lambda: {key: [11] for key in ids},
+                       lambda r: client.breaker_state is not BreakerState.CLOSED)  # fmt: skip
+            assert client.stats.fallbacks[Outcome.BREAKER_OPEN] == 0
+            failures = client.stats.fallback_steps
+            assert 1 <= failures <= FAST_BREAKER.failure_threshold
+            durations_s = []
+            for _ in range(500):
+                commits = {key: [12] for key in ids}
+                start_s = time.perf_counter()
+                result = client.step(commits)
+                durations_s.append(time.perf_counter() - start_s)
+                assert result.outcome is Outcome.BREAKER_OPEN and not any(result.values())
+            median_us = statistics.median(durations_s) * 1e6
+            assert median_us < 50, f"median step while open: {median_us:.1f} us"
+            assert client.stats.fallback_steps == failures + 500
+            server.restart()
+            result = step_until(client, lambda: {key: [13] for key in ids}, lambda r: r.ok)
+            assert all(result[rid] is not None for rid in ids)
+            assert client.breaker_state is BreakerState.CLOSED and client.stats.probes >= 1
+    finally:
+        server.stop()
+
+
+def test_finished_generations_and_ingests_reach_the_datastore(drafter: DrafterProcess) -> None:
+    generation = list(range(500, 560))  # tokens no other test uses
+    with client_for(drafter.target) as client:
+        tokens_before = drafter.info().datastores[0].num_tokens
+        client.add_request("writer", generation[:10])
+        for i in range(10, 40, 5):
+            client.step({"writer": generation[i : i + 5]})
+        assert client.finish("writer", final_tokens=generation[40:])
+        assert client.flush(timeout_s=10)
+        # A new request ending inside that text gets its continuation from the datastore
+        # (its own context has none) once the live datastore has indexed it.
+        client.add_request("reader", [1, 2, 3, *generation[20:25]])
+        step_until(client, lambda: {"reader": []},
+                   lambda r: drafted(r, "reader", 3) == generation[25:28])  # fmt: skip
+        stored = drafter.info().datastores[0].num_tokens - tokens_before
+        assert stored >= len(generation) - 10  # at least the output (prompt: service policy)
+
+        external = list(range(600, 650))
+        assert client.ingest([external])
+        assert client.flush(timeout_s=10)
+        client.add_request("reader2", [1, *external[:6]])
+        step_until(client, lambda: {"reader2": []},
+                   lambda r: drafted(r, "reader2", 1) == external[6:7])  # fmt: skip
+        assert client.stats.background_failures == 0 and client.stats.ingest_drops == 0

@@ -1,0 +1,110 @@
+"""`drafter serve` settings (flags over DRAFTER_* variables over defaults) and the
+request table's TTL and LRU bounds, without a network."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drafter_service.service.config import ServeConfig
+from drafter_service.service.request_table import RequestState, RequestTable
+
+
+def test_defaults_need_no_configuration() -> None:
+    config = ServeConfig.from_env_and_args([], environ={})
+    assert config.host == "127.0.0.1" and config.port == 50051
+    assert config.data_dir == Path("drafter-data") and config.snapshot is None
+    assert config.draft_threads == (os.cpu_count() or 1) and config.max_budget == 256
+    assert config.max_message_bytes == 64 << 20 and config.max_inflight_calls == 64
+    assert config.live_policy().store == "output"
+
+
+def test_flag_wins_over_environment_over_default() -> None:
+    environ = {
+        "DRAFTER_PORT": "7000",
+        "DRAFTER_MAX_BUDGET": "64",
+        "DRAFTER_STORE": "prompt+output",
+        "DRAFTER_DATASTORES": "code=/srv/code, chat=/srv/chat",
+        "DRAFTER_KEEPALIVE_PERMIT_WITHOUT_CALLS": "false",
+        "DRAFTER_MAX_RESIDENT_BYTES": "",
+        "DRAFTER_REQUEST_TTL_S": "2.5",
+    }
+    config = ServeConfig.from_env_and_args(["--port", "0", "--datastore", "x=/x"], environ)
+    assert config.port == 0 and config.max_budget == 64 and config.store == "prompt+output"
+    assert config.datastores == (("x", Path("/x")),)
+    assert config.keepalive_permit_without_calls is False and config.request_ttl_s == 2.5
+    assert config.max_resident_bytes is None
+    config = ServeConfig.from_env_and_args([], environ)
+    assert config.port == 7000
+    assert config.datastores == (("code", Path("/srv/code")), ("chat", Path("/srv/chat")))
+
+
+def test_every_setting_has_a_flag_and_a_variable() -> None:
+    parser = argparse.ArgumentParser()
+    ServeConfig.add_arguments(parser)
+    help_text = parser.format_help()
+    for f in fields(ServeConfig):
+        flag = "--datastore" if f.name == "datastores" else "--" + f.name.replace("_", "-")
+        assert flag in parser._option_string_actions, flag
+        assert f"DRAFTER_{f.name.upper()}" in help_text.replace("\n", " ").replace("  ", " ")
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "message"),
+    [
+        (["--port", "http"], {}, "--port: bad value 'http'"),
+        ([], {"DRAFTER_VOCAB_SIZE": "big"}, "DRAFTER_VOCAB_SIZE: bad value 'big'"),
+        (["--datastore", "nodir"], {}, "'nodir' is not NAME=DIR"),
+        (["--datastore", "default=/x"], {}, "'default' is invalid, reserved"),
+        (["--datastore", "a=/x", "--datastore", "a=/y"], {}, "'a' is invalid"),
+        (["--port", "70000"], {}, "ServeConfig.port = 70000"),
+        (["--max-budget", "0"], {}, "ServeConfig.max_budget = 0"),
+        (["--store", "everything"], {}, "LivePolicy.store = 'everything'"),
+        (["--keepalive-permit-without-calls", "maybe"], {}, "'maybe' is not a boolean"),
+    ],
+)
+def test_bad_settings_name_the_flag_or_variable(
+    args: list[str], environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        ServeConfig.from_env_and_args(args, environ)
+    assert message in str(info.value)
+
+
+def state(now: float) -> RequestState:
+    return RequestState("default", 1, 1, None, now)
+
+
+def test_table_expires_idle_states_in_use_order() -> None:
+    table = RequestTable(ttl_s=10, max_states=100)
+    for i, rid in enumerate("abc"):
+        table.put(rid, state(float(i)))
+    table.touch("a", 5.0)  # a is now the most recent
+    assert [rid for rid, _ in table.expire(11.5)] == ["b"]  # idle 10.5 s > 10
+    assert [rid for rid, _ in table.expire(100.0)] == ["c", "a"]
+    assert len(table) == 0
+
+
+def test_table_trims_the_least_recent_but_never_the_current_call() -> None:
+    table = RequestTable(ttl_s=10, max_states=2)
+    for rid in "abcd":
+        table.put(rid, state(0.0))
+    assert [rid for rid, _ in table.trim(keep=["a"])] == ["b", "c"]
+    assert [rid for rid, _ in table.items()] == ["a", "d"]
+    table.put("e", state(0.0))
+    assert [rid for rid, _ in table.trim(keep=["a", "d", "e"])] == []  # the call may overflow
+    assert len(table) == 3
+
+
+def test_state_keeps_history_only_when_asked() -> None:
+    kept = RequestState("default", 2, 2, [np.array([1, 2], np.int32)], 0.0)
+    kept.append(np.array([3], np.int32))
+    assert kept.length == 3 and np.concatenate(kept.history or []).tolist() == [1, 2, 3]
+    dropped = RequestState("named", 2, 2, None, 0.0)
+    dropped.append(np.array([3], np.int32))
+    assert dropped.length == 3 and dropped.history is None

@@ -1,0 +1,301 @@
+"""Every refusal of the service has its own status code, names the bad value, changes no
+state and leaves the server answering; a fuzzed stream of odd requests proves it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
+
+from drafter_service import Datastore
+from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from sssd.drafter.v1 import drafter_pb2 as pb
+
+Code = grpc.StatusCode
+MAX_REQUESTS, MAX_TOKENS, MAX_BUDGET = 6, 64, 32
+
+
+@pytest.fixture(scope="module")
+def strict(loop_thread: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A server with a known tokenizer fingerprint, a named datastore and small limits."""
+    root = tmp_path_factory.mktemp("strict")
+    (root / "tokenizer.json").write_text('{"model": "test"}')
+    identity = TokenizerIdentity.from_file(root / "tokenizer.json", "test", VOCAB)
+    write_snapshot(root / "named", Datastore.from_documents([[1, 2, 3]], VOCAB), identity)
+    cfg = config(
+        root / "data",
+        tokenizer=root / "tokenizer.json",
+        vocab_size=VOCAB,
+        datastores=(("named", root / "named"),),
+        max_requests_per_call=MAX_REQUESTS,
+        max_tokens_per_request=MAX_TOKENS,
+        max_budget=MAX_BUDGET,
+        max_resident_bytes=8 * 100 + 4 * (VOCAB + 1),
+    )
+    with serving(loop_thread, cfg) as s:
+        yield s, identity.fingerprint
+
+
+def draft_error(s: Running, *deltas: pb.RequestDelta, fingerprint: str = "") -> grpc.RpcError:
+    return rpc_error(s.draft, *deltas, fingerprint=fingerprint)
+
+
+@pytest.mark.parametrize(
+    ("deltas", "code", "needle"),
+    [
+        ([delta("a", [1, VOCAB])], Code.INVALID_ARGUMENT, f"'a': token id {VOCAB} at index 1"),
+        ([delta("ok", [1]), delta("b", [5, -3])], Code.INVALID_ARGUMENT, "'b': token id -3"),
+        ([delta("", [1])], Code.INVALID_ARGUMENT, "requests[0]: request_id is empty"),
+        ([delta("x" * 1025)], Code.INVALID_ARGUMENT, "1025 characters"),
+        ([delta("d", [1]), delta("d", [2])], Code.INVALID_ARGUMENT, "'d' appears twice"),
+        ([delta("e", budget=MAX_BUDGET + 1)], Code.INVALID_ARGUMENT, "budget 33"),
+        ([delta(f"r{i}") for i in range(MAX_REQUESTS + 1)], Code.INVALID_ARGUMENT, "7 requests"),
+        ([delta("f", [1] * (MAX_TOKENS + 1))], Code.INVALID_ARGUMENT, "65 new tokens"),
+        ([delta("g", [1], known_length=MAX_TOKENS)], Code.INVALID_ARGUMENT, "known_length 64"),
+        ([delta("h", [1, 2], prompt_length=3)], Code.INVALID_ARGUMENT, "prompt_length 3"),
+        ([delta("i", [1], datastore="nope")], Code.NOT_FOUND, "'i': unknown datastore 'nope'"),
+    ],
+)
+def test_draft_refusals(
+    strict: Any, deltas: list[pb.RequestDelta], code: Code, needle: str
+) -> None:
+    s, _ = strict
+    err = draft_error(s, *deltas)
+    assert err.code() == code and needle in err.details(), err.details()
+
+
+def test_tokenizer_mismatch_is_failed_precondition(strict: Any) -> None:
+    s, fingerprint = strict
+    err = draft_error(s, delta("a", [1]), fingerprint="0" * 64)
+    assert err.code() == Code.FAILED_PRECONDITION and "0" * 64 in err.details()
+    assert s.draft(delta("fp", [1]), fingerprint=fingerprint).drafts[0].status == 1
+
+
+def test_a_refused_call_changes_no_state(strict: Any) -> None:
+    s, _ = strict
+    s.draft(delta("keep", [1, 2, 3]))
+    err = draft_error(s, delta("keep", [4], known_length=3), delta("new", [VOCAB]))
+    assert err.code() == Code.INVALID_ARGUMENT
+    r = s.draft(delta("keep", [4], known_length=3), delta("new", [1], known_length=1))
+    assert [(d.status, d.length) for d in r.drafts] == [(1, 4), (2, 0)]  # neither was touched
+
+
+@pytest.mark.parametrize(
+    ("items", "code", "needle"),
+    [
+        ([pb.FinishedRequest(request_id="a")], Code.INVALID_ARGUMENT, "reason 0"),
+        ([pb.FinishedRequest(request_id="", reason=2)], Code.INVALID_ARGUMENT, "empty"),
+        (
+            [pb.FinishedRequest(request_id="a", reason=1, final_tokens=[VOCAB + 5])],
+            Code.INVALID_ARGUMENT,
+            f"'a': token id {VOCAB + 5}",
+        ),
+        ([pb.FinishedRequest(request_id="a", reason=2)] * 2, Code.INVALID_ARGUMENT, "twice"),
+        (
+            [pb.FinishedRequest(request_id=f"r{i}", reason=2) for i in range(MAX_REQUESTS + 1)],
+            Code.INVALID_ARGUMENT,
+            "max_requests_per_call",
+        ),
+    ],
+)
+def test_finish_refusals(
+    strict: Any, items: list[pb.FinishedRequest], code: Code, needle: str
+) -> None:
+    s, _ = strict
+    err = rpc_error(s.stub.Finish, pb.FinishRequest(requests=items))
+    assert err.code() == code and needle in err.details(), err.details()
+
+
+def seqs(*token_lists: list[int]) -> list[pb.TokenSequence]:
+    return [pb.TokenSequence(tokens=t) for t in token_lists]
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "needle"),
+    [
+        (pb.IngestRequest(datastore="nope", sequences=seqs([1])), Code.NOT_FOUND, "'nope'"),
+        (
+            pb.IngestRequest(datastore="named", sequences=seqs([1])),
+            Code.FAILED_PRECONDITION,
+            "'named' is read-only",
+        ),
+        (pb.IngestRequest(sequences=seqs([1], [])), Code.INVALID_ARGUMENT, "sequences[1] has 0"),
+        (
+            pb.IngestRequest(sequences=seqs([1], [2, -1])),
+            Code.INVALID_ARGUMENT,
+            "sequences[1]: token id -1 at index 1",
+        ),
+        (pb.IngestRequest(sequences=seqs([1] * (MAX_TOKENS + 1))), Code.INVALID_ARGUMENT, "65"),
+        (
+            pb.IngestRequest(sequences=seqs([1] * 60, [2] * 60)),
+            Code.RESOURCE_EXHAUSTED,
+            "after 1 of 2 sequences",
+        ),
+    ],
+)
+def test_ingest_refusals(strict: Any, request_: pb.IngestRequest, code: Code, needle: str) -> None:
+    s, _ = strict
+    err = rpc_error(s.stub.Ingest, request_)
+    assert err.code() == code and needle in err.details(), err.details()
+
+
+def test_bad_message_ends_a_stream_with_its_code(strict: Any) -> None:
+    s, _ = strict
+    requests = [
+        pb.DraftRequest(step=1, requests=[delta("st", [1, 2])]),
+        pb.DraftRequest(step=2, requests=[delta("st", [3], known_length=2, datastore="x")]),
+        pb.DraftRequest(step=3, requests=[delta("st", [3], known_length=2)]),
+    ]
+    responses = s.stub.DraftStream(iter(requests), timeout=10)
+    assert next(responses).step == 1
+    with pytest.raises(grpc.RpcError) as info:
+        next(responses)
+    assert info.value.code() == Code.NOT_FOUND and "'x'" in info.value.details()
+    # the step-2 refusal changed nothing: the request still holds 2 tokens
+    assert s.draft(delta("st", [3], known_length=2)).drafts[0].length == 3
+
+
+def test_overload_is_resource_exhausted(loop_thread: LoopThread, tmp_path: Path) -> None:
+    big = list(range(VOCAB)) * 300  # a 300k-token start keeps the one call slot busy
+    with serving(loop_thread, config(tmp_path, max_inflight_calls=1)) as s:
+        done = threading.Event()
+        slow_result: list[Any] = []
+
+        def slow() -> None:
+            try:
+                while not slow_result:  # the small calls may hold the slot first: retry
+                    try:
+                        slow_result.append(s.draft(delta("big", big, budget=4)))
+                    except grpc.RpcError as exc:
+                        assert exc.code() == Code.RESOURCE_EXHAUSTED, exc
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        codes: list[Code] = []
+        deadline = time.monotonic() + 20
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                s.draft(delta("small", [1, 2]))
+                codes.append(Code.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+                assert "max_inflight_calls (1)" in exc.details()
+            time.sleep(0.002)
+        thread.join()
+        assert Code.RESOURCE_EXHAUSTED in codes and set(codes) <= {Code.OK, Code.RESOURCE_EXHAUSTED}
+        assert slow_result[0].drafts[0].length == len(big)
+        assert s.draft(delta("after", [1])).drafts[0].status == 1
+
+
+# -- fuzzing ------------------------------------------------------------------------------
+
+REQUEST_IDS = st.sampled_from(["r1", "r2", "r3", "", "x" * 1025]) | st.text(max_size=5)
+TOKENS = st.lists(st.integers(-3, VOCAB + 2) | st.sampled_from([-(2**31), 2**31 - 1]), max_size=6)
+DELTAS = st.builds(
+    pb.RequestDelta,
+    request_id=REQUEST_IDS,
+    known_length=st.sampled_from([0, 0, 1, 2, 3, 5, MAX_TOKENS, 2**63]) | st.integers(0, 8),
+    new_tokens=TOKENS,
+    budget=st.integers(0, MAX_BUDGET + 2) | st.just(2**32 - 1),
+    datastore=st.sampled_from(["", "", "default", "named", "nope"]),
+    prompt_length=st.integers(0, 7),
+)
+
+
+def expected_codes(request: pb.DraftRequest, fingerprint: str) -> set[Code]:
+    """Every code that describes something wrong with ``request`` (empty: it is valid)."""
+    codes = set()
+    if len(request.requests) > MAX_REQUESTS:
+        codes.add(Code.INVALID_ARGUMENT)
+    if request.tokenizer_fingerprint not in ("", fingerprint):
+        codes.add(Code.FAILED_PRECONDITION)
+    ids = [d.request_id for d in request.requests]
+    for d in request.requests:
+        n = len(d.new_tokens)
+        if (
+            not d.request_id
+            or len(d.request_id) > 1024
+            or ids.count(d.request_id) > 1
+            or d.budget > MAX_BUDGET
+            or d.known_length + n > MAX_TOKENS
+            or (d.known_length == 0 and d.prompt_length > n)
+            or any(not 0 <= t < VOCAB for t in d.new_tokens)
+        ):
+            codes.add(Code.INVALID_ARGUMENT)
+        if d.datastore not in ("", "default", "named"):
+            codes.add(Code.NOT_FOUND)
+    return codes
+
+
+def check_answer(request: pb.DraftRequest, response: pb.DraftResponse) -> None:
+    assert response.step == request.step
+    assert [d.request_id for d in response.drafts] == [d.request_id for d in request.requests]
+    for asked, draft in zip(request.requests, response.drafts, strict=True):
+        n = len(draft.tokens)
+        assert draft.status in (pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC)
+        if asked.known_length == 0:
+            assert draft.status == pb.DRAFT_STATUS_OK and draft.length == len(asked.new_tokens)
+        if draft.status == pb.DRAFT_STATUS_RESYNC:
+            assert n == 0 and draft.length == 0
+        else:
+            assert (
+                draft.length == asked.known_length + len(asked.new_tokens)
+                or asked.known_length == 0
+            )
+        assert n <= asked.budget and len(draft.parents) == n == len(draft.scores)
+        assert all(-1 <= p < i for i, p in enumerate(draft.parents))
+        assert all(0 <= t < VOCAB for t in draft.tokens)
+
+
+@given(
+    st.lists(
+        st.builds(
+            pb.DraftRequest,
+            requests=st.lists(DELTAS, max_size=MAX_REQUESTS + 1),
+            step=st.integers(0, 2**64 - 1),
+            tokenizer_fingerprint=st.sampled_from(["", "", "FP", "bad"]),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_fuzzed_stream_gets_answers_or_the_right_code(
+    strict: Any, requests: list[pb.DraftRequest]
+) -> None:
+    s, fingerprint = strict
+    for r in requests:
+        if r.tokenizer_fingerprint == "FP":
+            r.tokenizer_fingerprint = fingerprint
+    responses = s.stub.DraftStream(iter(requests), timeout=10)
+    for request in requests:
+        codes = expected_codes(request, fingerprint)
+        try:
+            response = next(responses)
+        except grpc.RpcError as exc:
+            assert codes and exc.code() in codes, (exc.code(), exc.details(), codes)
+            break
+        assert not codes, f"accepted a request that deserves {codes}"
+        check_answer(request, response)
+    # the server still answers a good request
+    assert s.draft(delta("alive", [1, 2, 3])).drafts[0].status == pb.DRAFT_STATUS_OK
+
+
+def test_message_size_limit_is_enforced_and_reported(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    with serving(loop_thread, config(tmp_path, max_message_bytes=4096)) as s:
+        info = s.stub.GetServiceInfo(pb.GetServiceInfoRequest())
+        assert info.limits.max_message_bytes == 4096
+        err = draft_error(s, delta("big", [5] * 5000))
+        assert err.code() == Code.RESOURCE_EXHAUSTED
+        assert s.draft(delta("small", [5] * 100)).drafts[0].length == 100

@@ -1,0 +1,165 @@
+"""Service lifecycle: health transitions, reflection, graceful shutdown mid-stream, and
+`drafter serve` as a real subprocess (listening line, restart → RESYNC, durable
+ingest across kill -9, clean exit on SIGTERM)."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from service_support import VOCAB, LoopThread, Subprocess, config, delta, rpc_error, serving
+
+from drafter_service.service import DrafterServer
+from drafter_service.service.cli import main
+from drafter_service.service.server import SERVICE_NAME
+from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+
+Status = health_pb2.HealthCheckResponse
+
+
+def health_status(channel: grpc.Channel, service: str = "") -> int:
+    check = health_pb2_grpc.HealthStub(channel).Check
+    status: int = check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+    return status
+
+
+def test_health_goes_not_serving_serving_not_serving(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    server = DrafterServer(config(tmp_path))
+    loop_thread.run(server.listen())
+    channel = grpc.insecure_channel(server.address)
+    try:
+        assert health_status(channel) == health_status(channel, SERVICE_NAME) == Status.NOT_SERVING
+        stub = pb_grpc.DrafterServiceStub(channel)
+        err = rpc_error(stub.Draft, pb.DraftRequest(requests=[delta("a", [1])]), timeout=5)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE and "loading" in err.details()
+        loop_thread.run(server.load())
+        assert health_status(channel) == health_status(channel, SERVICE_NAME) == Status.SERVING
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(), timeout=10
+        )
+        assert next(watch).status == Status.SERVING
+        stopping = loop_thread.submit(server.stop(grace=0.3))
+        assert next(watch).status == Status.NOT_SERVING  # before the listener goes away
+        stopping.result(10)
+        err = rpc_error(health_status, channel)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        channel.close()
+        loop_thread.run(server.stop(0))
+
+
+def test_reflection_lists_the_services(loop_thread: LoopThread, tmp_path: Path) -> None:
+    with serving(loop_thread, config(tmp_path)) as s:
+        services = ProtoReflectionDescriptorDatabase(s.channel).get_services()
+        assert SERVICE_NAME == "drafter.v1.DrafterService"
+        assert {SERVICE_NAME, "grpc.health.v1.Health"} <= set(services)
+
+
+def _stream(requests: queue.Queue[pb.DraftRequest | None]) -> Iterator[pb.DraftRequest]:
+    while (item := requests.get()) is not None:
+        yield item
+
+
+def test_graceful_shutdown_finishes_calls_then_cancels_streams(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, rebuild_min_tokens=10**6)
+    with serving(loop_thread, cfg) as s:
+        outbox: queue.Queue[pb.DraftRequest | None] = queue.Queue()
+        responses = s.stub.DraftStream(_stream(outbox), timeout=30)
+        outbox.put(pb.DraftRequest(step=1, requests=[delta("s", [1, 2, 3], prompt_length=2)]))
+        assert next(responses).drafts[0].length == 3
+        s.stub.Finish(
+            pb.FinishRequest(
+                requests=[pb.FinishedRequest(request_id="s", reason=pb.FINISH_REASON_FINISHED)]
+            )
+        )
+        outbox.put(pb.DraftRequest(step=2, requests=[delta("s2", [4, 5])]))
+        assert next(responses).step == 2
+        start = time.monotonic()
+        stopping = loop_thread.submit(s.server.stop(grace=1.5))
+        time.sleep(0.1)
+        outbox.put(pb.DraftRequest(step=3, requests=[delta("s2", [6], known_length=2)]))
+        assert next(responses).drafts[0].length == 3  # an open stream is served in the grace
+        with pytest.raises(grpc.RpcError) as info:
+            next(responses)  # then cancelled
+        assert info.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        stopping.result(10)
+        assert 1.4 < time.monotonic() - start < 10
+        outbox.put(None)
+        err = rpc_error(s.stub.GetServiceInfo, pb.GetServiceInfoRequest(), timeout=5)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+    # stopping stored the queued generation and closed the log: a reopen finds it
+    with serving(loop_thread, config(tmp_path, rebuild_min_tokens=1)) as again:
+        info = again.stub.GetServiceInfo(pb.GetServiceInfoRequest())
+        assert info.datastores[0].num_tokens == 3  # the prompt [1, 2] and the output [3]
+
+
+def test_subprocess_restart_resyncs_and_keeps_acknowledged_ingests(tmp_path: Path) -> None:
+    args = (
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path),
+        "--vocab-size",
+        str(VOCAB),
+    )
+    first = Subprocess(*args)
+    with grpc.insecure_channel(first.address) as channel:
+        stub = pb_grpc.DrafterServiceStub(channel)
+        r = stub.Draft(pb.DraftRequest(requests=[delta("r", [1, 2, 3, 4])]), timeout=10)
+        assert r.drafts[0].length == 4
+        ack = stub.Ingest(pb.IngestRequest(sequences=[pb.TokenSequence(tokens=[7, 8, 9])]))
+        assert ack.wal_position == 1
+    code, _, _ = first.stop(signal.SIGKILL)  # no shutdown at all
+    assert code == -signal.SIGKILL
+
+    second = Subprocess(*args)
+    try:
+        assert second.line == f"drafter listening on {second.address}\n"
+        with grpc.insecure_channel(second.address) as channel:
+            stub = pb_grpc.DrafterServiceStub(channel)
+            r = stub.Draft(pb.DraftRequest(requests=[delta("r", [5], known_length=4)]), timeout=10)
+            assert r.drafts[0].status == pb.DRAFT_STATUS_RESYNC
+            r = stub.Draft(pb.DraftRequest(requests=[delta("r", [1, 2, 3, 4, 5])]), timeout=10)
+            assert r.drafts[0].status == pb.DRAFT_STATUS_OK and r.drafts[0].length == 5
+            info = stub.GetServiceInfo(pb.GetServiceInfoRequest(), timeout=10)
+            assert info.datastores[0].num_tokens == 3  # the acknowledged ingest survived
+    finally:
+        code, rest, err = second.stop(signal.SIGTERM)
+    assert code == 0, err
+    assert rest == ""  # exactly one line on stdout
+
+
+def test_serve_reports_bad_settings_with_status_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    assert "--vocab-size" in capsys.readouterr().err
+    assert main(["serve", "--max-budget", "lots"]) == 2
+    assert "--max-budget: bad value 'lots'" in capsys.readouterr().err
+    bad_snapshot = [
+        "serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--snapshot",
+        str(tmp_path / "missing"),
+    ]
+    assert main(bad_snapshot) == 2
+    assert "manifest.json is missing" in capsys.readouterr().err

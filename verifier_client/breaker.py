@@ -1,0 +1,131 @@
+"""Circuit breaker: an unreachable drafter must cost nothing per decode step.
+
+States::
+
+    CLOSED ──N consecutive failures──▶ OPEN ──cooldown elapsed──▶ HALF_OPEN
+       ▲                                 ▲                            │
+       └────────── probe succeeds ───────┼────── probe fails ─────────┘
+
+While OPEN, :meth:`CircuitBreaker.admit` answers REJECT after one comparison,
+so a step builds no message and touches no socket. Once the cooldown has
+elapsed the next ``admit`` answers PROBE exactly once and the breaker waits,
+HALF_OPEN, for that probe's result. Each consecutive reopening doubles the
+cooldown up to a cap; the jitter spreads the probes of many workers so that a
+restarted drafter is not hit by all of them at the same instant.
+
+Pure: time comes in as an argument (any monotonic clock, in seconds) and the
+jitter from an injectable random source, so tests need no sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+
+__all__ = ["Admission", "BreakerConfig", "BreakerState", "CircuitBreaker"]
+
+
+class BreakerState(StrEnum):
+    """Where the breaker stands."""
+
+    CLOSED = "closed"  # calls go through
+    OPEN = "open"  # calls are refused until the cooldown ends
+    HALF_OPEN = "half_open"  # one probe is out; everything else is refused
+
+
+class Admission(Enum):
+    """What the caller may do now."""
+
+    ALLOW = "allow"  # make the call
+    REJECT = "reject"  # do not call: fall back
+    PROBE = "probe"  # do not call on the hot path; send one probe and report its result
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Thresholds and timings of a :class:`CircuitBreaker`."""
+
+    failure_threshold: int = 3  # consecutive failed calls that open the circuit
+    cooldown_s: float = 0.1  # first open period
+    max_cooldown_s: float = 5.0  # cap of the doubling
+    jitter: float = 0.2  # each period is drawn from [(1 - jitter) * c, c]
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if not 0 < self.cooldown_s <= self.max_cooldown_s:
+            raise ValueError(
+                f"need 0 < cooldown_s <= max_cooldown_s, got {self.cooldown_s} and "
+                f"{self.max_cooldown_s}"
+            )
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+
+
+class CircuitBreaker:
+    """Counts consecutive failures and decides whether a call may go out."""
+
+    __slots__ = ("_failures", "_open_until_s", "_opens", "_rng", "_state", "config")
+
+    def __init__(
+        self, config: BreakerConfig | None = None, *, rng: Callable[[], float] = random.random
+    ) -> None:
+        self.config = config or BreakerConfig()
+        self._rng = rng
+        self._state = BreakerState.CLOSED
+        self._failures = 0  # consecutive failed calls while CLOSED
+        self._opens = 0  # consecutive openings without a success: the backoff exponent
+        self._open_until_s = 0.0  # end of the current OPEN period (clock of the caller)
+
+    @property
+    def state(self) -> BreakerState:
+        """The current state."""
+        return self._state
+
+    @property
+    def consecutive_failures(self) -> int:
+        """Failed calls in a row since the last success (while closed)."""
+        return self._failures
+
+    @property
+    def open_until_s(self) -> float:
+        """When the current OPEN period ends (meaningful while OPEN)."""
+        return self._open_until_s
+
+    def admit(self, now_s: float) -> Admission:
+        """Whether a call may go out now; PROBE moves the breaker to HALF_OPEN."""
+        state = self._state
+        if state is BreakerState.CLOSED:
+            return Admission.ALLOW
+        if state is BreakerState.OPEN and now_s >= self._open_until_s:
+            self._state = BreakerState.HALF_OPEN
+            return Admission.PROBE
+        return Admission.REJECT
+
+    def record_success(self) -> None:
+        """A call (or the probe) succeeded: close and forget the backoff."""
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._opens = 0
+
+    def record_failure(self, now_s: float) -> None:
+        """A call failed (timeout, unavailable, error), or the probe did."""
+        if self._state is BreakerState.OPEN:
+            return  # a late report from before the circuit opened: already counted
+        if self._state is BreakerState.CLOSED:
+            self._failures += 1
+            if self._failures < self.config.failure_threshold:
+                return
+        self._open(now_s)
+
+    def _open(self, now_s: float) -> None:
+        cfg = self.config
+        # Exponential backoff: cooldown * 2^(openings in a row), capped, then jittered down.
+        period_s = min(cfg.max_cooldown_s, cfg.cooldown_s * 2.0 ** min(self._opens, 62))
+        period_s *= 1.0 - cfg.jitter * self._rng()
+        self._state = BreakerState.OPEN
+        self._open_until_s = now_s + period_s
+        self._opens += 1
+        self._failures = 0

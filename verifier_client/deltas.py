@@ -1,0 +1,263 @@
+"""Per-request delta state: the client's view of what the drafter holds.
+
+Each live request keeps its whole committed context (prompt + accepted output):
+a RESYNC answer, a lost answer or a restarted drafter means resending all of
+it. ``known_length`` is how much of that context the drafter holds according
+to its last OK answer. A step sends ``tokens[known_length:]`` with
+``known_length``, or the whole context with ``known_length = 0`` for a new or
+resynced request.
+
+Rules:
+
+* OK answer: ``known_length = answer.length`` (it must lie in
+  ``1..tokens sent``; anything else is treated as a RESYNC).
+* RESYNC answer, or a step whose answer never came (deadline, broken stream,
+  error): ``known_length = 0``, the whole context goes next time. After a lost
+  answer the drafter may or may not have applied the step; a whole resend is
+  right in both cases, where a delta would be wrong in one of them.
+* Lifecycle is explicit: ``add`` / ``commit`` / ``finish``. A request missing
+  from a step is still alive; its commits accumulate until it is next sent.
+* A request holding something the drafter would refuse (a token id past its
+  vocabulary, a context past its per-request limit) is never sent again: the
+  drafter rejects a whole call for one bad request, and one request must not
+  cost the batch its drafts. Ids no vocabulary has (negative, >= 2^31) are the
+  caller's bug and raise ValueError instead.
+
+Pure: builds and reads protocol messages, no I/O. Not thread-safe: one decode
+loop owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+from sssd.drafter.v1 import drafter_pb2 as pb
+
+from .results import Tree
+
+__all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list"]
+
+_INT32_MAX = 2**31 - 1
+_STATUS_OK = pb.DRAFT_STATUS_OK
+
+
+class ProtocolError(Exception):
+    """The drafter's answer does not match the request it answers."""
+
+
+def as_token_list(tokens: Iterable[int], what: str = "tokens") -> list[int]:
+    """Token ids as a list of Python ints; numpy arrays and tensors convert in C (``tolist``)."""
+    tolist = getattr(tokens, "tolist", None)
+    out: list[int] = tolist() if callable(tolist) else list(tokens)
+    if out and (min(out) < 0 or max(out) > _INT32_MAX):
+        bad = next(t for t in out if not 0 <= t <= _INT32_MAX)
+        raise ValueError(f"{what}: token id {bad!r} is outside [0, 2^31)")
+    return out
+
+
+@dataclass(slots=True)
+class RequestState:
+    """One live request as the client sees it."""
+
+    request_id: str
+    datastore: str  # datastore to draft from ("" = the drafter's default)
+    prompt_length: int  # leading tokens that are the prompt (sent with whole contexts)
+    tokens: list[int]  # committed context the drafter should hold: prompt + accepted output
+    known_length: int = 0  # drafter holds tokens[:known_length]; 0 = send whole. <= len(tokens)
+    pending_length: int = 0  # len(tokens) when last sent; meaningful while in_flight
+    sent: bool = False  # was in a sent DraftRequest: the drafter may hold state for it
+    in_flight: bool = False  # in a DraftRequest whose answer is not applied yet
+    refused: bool = False  # holds what the drafter would refuse: never sent again
+
+
+class DeltaTracker:
+    """Live requests by id: builds each step's deltas and applies the answers."""
+
+    __slots__ = (
+        "_states", "full_resends", "max_context_tokens", "max_token_id", "refused", "tokens_sent",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self._states: dict[str, RequestState] = {}
+        self.max_token_id = _INT32_MAX  # the drafter's vocab_size - 1, once known
+        self.max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
+        self.full_resends = 0  # whole contexts sent for requests that had been sent before
+        self.tokens_sent = 0  # token ids put in DraftRequests (the wire volume of deltas)
+        self.refused = 0  # requests never sent again (see the module docstring)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._states
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, request_id: str) -> RequestState:
+        """The state of a live request; KeyError names unknown ids."""
+        try:
+            return self._states[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
+
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: Iterable[int],
+        datastore: str = "",
+        prompt_length: int | None = None,
+    ) -> None:
+        """Starts tracking a request whose context so far is ``prompt_ids``.
+
+        ``prompt_length`` says how many of them are the prompt when the context
+        already holds generated tokens (default: all of them).
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._states:
+            raise ValueError(f"request_id {request_id!r} is already live")
+        tokens = as_token_list(prompt_ids, f"prompt of {request_id!r}")
+        length = len(tokens) if prompt_length is None else prompt_length
+        if not 0 <= length <= len(tokens):
+            raise ValueError(
+                f"prompt_length {prompt_length} of {request_id!r} is outside [0, {len(tokens)}]"
+            )
+        state = RequestState(request_id, datastore, length, tokens)
+        if tokens and max(tokens) > self.max_token_id:
+            self._refuse(state)
+        self._states[request_id] = state
+
+    def commit(self, request_id: str, tokens: Iterable[int]) -> None:
+        """Appends tokens the verifier accepted (including the bonus token)."""
+        self.commit_many({request_id: tokens})
+
+    def commit_many(self, commits: Mapping[str, Iterable[int]]) -> None:
+        """``commit`` for a whole batch; a ValueError or KeyError changes nothing."""
+        states = self._states
+        if not states.keys() >= commits.keys():
+            missing = [rid for rid in commits if rid not in states]
+            raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+        max_id = self.max_token_id
+        checked: list[tuple[RequestState, list[int]]] = []
+        past_vocabulary: list[RequestState] = []
+        for rid, tokens in commits.items():
+            # The hot path (also while the circuit is open): lists are checked, not copied.
+            if type(tokens) is not list:
+                tokens = as_token_list(tokens, f"commit of {rid!r}")
+            if tokens and (min(tokens) < 0 or max(tokens) > max_id):
+                as_token_list(tokens, f"commit of {rid!r}")  # raises for ids no vocabulary has
+                past_vocabulary.append(states[rid])
+            checked.append((states[rid], tokens))
+        for state, tokens in checked:
+            state.tokens.extend(tokens)
+        for state in past_vocabulary:
+            self._refuse(state)
+
+    def _refuse(self, state: RequestState) -> None:
+        if not state.refused:
+            state.refused = True
+            self.refused += 1
+
+    def finish(self, request_id: str) -> RequestState:
+        """Stops tracking a request and returns its last state."""
+        self.get(request_id)
+        return self._states.pop(request_id)
+
+    def build(
+        self,
+        request_ids: Iterable[str],
+        budget_of: Mapping[str, int] | None,
+        default_budget: int,
+        *,
+        step: int,
+        tokenizer_fingerprint: str = "",
+    ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
+        """One DraftRequest for ``request_ids``; marks them in flight.
+
+        Returns the message, the states sent and the ids refused (never sent).
+        Requests with an empty context are left out too (nothing to match yet).
+        ``budget_of`` overrides ``default_budget`` per request.
+        """
+        message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint)
+        add = message.requests.add
+        sent: list[RequestState] = []
+        refused: list[str] = []
+        states = self._states
+        tokens_sent = 0
+        max_context = self.max_context_tokens or _INT32_MAX
+        for rid in request_ids:
+            state = states[rid]
+            tokens = state.tokens
+            if state.refused or len(tokens) > max_context:
+                self._refuse(state)
+                refused.append(rid)
+                continue
+            if not tokens:
+                continue
+            delta = add()  # field-by-field assignment is the fastest way to fill upb messages
+            delta.request_id = rid
+            known = state.known_length
+            if known:
+                delta.known_length = known
+                delta.new_tokens.extend(tokens[known:])
+            else:
+                delta.new_tokens.extend(tokens)
+                delta.prompt_length = state.prompt_length
+                if state.sent:
+                    self.full_resends += 1
+            delta.budget = (
+                default_budget if budget_of is None else budget_of.get(rid, default_budget)
+            )
+            if state.datastore:
+                delta.datastore = state.datastore
+            tokens_sent += len(tokens) - known
+            state.pending_length = len(tokens)
+            state.sent = state.in_flight = True
+            sent.append(state)
+        self.tokens_sent += tokens_sent
+        return message, sent, refused
+
+    @staticmethod
+    def apply(
+        response: pb.DraftResponse, sent: Sequence[RequestState]
+    ) -> tuple[dict[str, Tree], list[str]]:
+        """Applies an answer to the requests it answers; returns (trees, resynced ids).
+
+        Raises ProtocolError (after marking every request for a whole resend)
+        when the answer does not list the sent requests in order.
+        """
+        drafts = response.drafts
+        if len(drafts) != len(sent):
+            DeltaTracker._mismatch(response, sent)
+        trees: dict[str, Tree] = {}
+        resynced: list[str] = []
+        for state, draft in zip(sent, drafts, strict=True):
+            rid = state.request_id
+            if draft.request_id != rid:
+                DeltaTracker._mismatch(response, sent)
+            state.in_flight = False
+            length = draft.length
+            if draft.status == _STATUS_OK and 0 < length <= state.pending_length:
+                state.known_length = length
+                trees[rid] = Tree(draft)
+            else:  # RESYNC, an unknown status, or a length the client never sent
+                state.known_length = 0
+                resynced.append(rid)
+        return trees, resynced
+
+    @staticmethod
+    def _mismatch(response: pb.DraftResponse, sent: Sequence[RequestState]) -> NoReturn:
+        DeltaTracker.mark_unsynced(sent)
+        got = [d.request_id for d in response.drafts[:5]]
+        want = [s.request_id for s in sent[:5]]
+        raise ProtocolError(
+            f"answer to step {response.step} lists {len(response.drafts)} requests {got}..., "
+            f"sent {len(sent)} {want}..."
+        )
+
+    @staticmethod
+    def mark_unsynced(sent: Iterable[RequestState]) -> None:
+        """The answer for these requests is lost: resend them whole next time."""
+        for state in sent:
+            state.in_flight = False
+            state.known_length = 0

@@ -1,0 +1,221 @@
+"""The pure half of a drafter client: everything a step does except the call.
+
+A step is ``begin`` → (the sync or asyncio client makes the call) →
+``complete`` or ``fail``. ``begin`` records the commits, asks the circuit
+breaker, picks the budgets and builds the message; ``complete`` applies the
+answer; ``fail`` marks the step's requests for a whole resend and counts the
+fallback. Both clients share this class, so they behave identically.
+
+RESYNC handling: the requests the drafter answered RESYNC for are resent whole
+at once, inside the same step, when at least a quarter of the step's deadline
+is left (``resync_retry``); they then get drafts this very step, which matters
+after a drafter restart, when every request resyncs at once. Otherwise, or if
+that resend fails, they go whole with the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sssd.drafter.v1 import drafter_pb2 as pb
+
+from .background import IngestWork, Work, plan_abort, plan_finish
+from .breaker import Admission, CircuitBreaker
+from .budget import BudgetRule
+from .deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
+from .results import ClientStats, Outcome, StepResult
+
+__all__ = ["DraftSession", "StepPlan"]
+
+_RETRY_MIN_FRACTION = 0.25  # resend resynced requests at once only with this much deadline left
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One DraftRequest ready to go, and what to do with its answer."""
+
+    step: int  # the decode step (StepResult.step)
+    message: pb.DraftRequest  # its ``step`` field is the message sequence number
+    sent: list[RequestState]
+    request_ids: tuple[str, ...]
+    deadline_s: float  # absolute, on the clock given to begin()
+    budget_of: Mapping[str, int] | None
+    default_budget: int
+    refused: list[str]  # ids left out: they hold what the drafter would refuse
+    base: StepResult | None = None  # set on a resync resend: the step's result so far
+
+
+class DraftSession:
+    """Delta tracking, budgets, breaker and counters of one client."""
+
+    def __init__(
+        self,
+        *,
+        deadline_s: float,
+        budget: BudgetRule,
+        breaker: CircuitBreaker,
+        tokenizer_fingerprint: str = "",
+        resync_retry: bool = True,
+    ) -> None:
+        if not deadline_s > 0:
+            raise ValueError(f"deadline must be > 0, got {deadline_s * 1e3} ms")
+        self.deadline_s = deadline_s
+        self.budget = budget
+        self.breaker = breaker
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+        self.resync_retry = resync_retry
+        self.tracker = DeltaTracker()
+        self.stats = ClientStats()
+        self.max_budget: int | None = None  # the drafter's limit, once known
+        self.max_per_call = 1024  # requests per Finish / sequences per Ingest call
+        self._read_only: frozenset[str] = frozenset()  # datastores that store nothing
+        self._sequence = 0  # DraftRequest.step of the last message built
+        self._probe_due = False
+
+    def adopt_service_info(self, info: pb.GetServiceInfoResponse) -> None:
+        """Checks the tokenizer and takes the drafter's limits and read-only datastores."""
+        theirs, ours = info.tokenizer.fingerprint, self.tokenizer_fingerprint
+        if theirs and ours and theirs != ours:
+            raise ValueError(f"tokenizer mismatch: client {ours}, drafter {theirs}")
+        self.max_budget = info.limits.max_budget or None
+        self.max_per_call = info.limits.max_requests_per_call or self.max_per_call
+        vocab_size = info.tokenizer.vocab_size
+        self.tracker.max_token_id = vocab_size - 1 if vocab_size else self.tracker.max_token_id
+        self.tracker.max_context_tokens = info.limits.max_tokens_per_request or None
+        read_only = {d.name for d in info.datastores if not d.live}
+        read_only |= {"" for d in info.datastores if d.is_default and not d.live}
+        self._read_only = frozenset(read_only)
+
+    # --- lifecycle (planning only; the clients send the work in the background)
+
+    def add(
+        self, request_id: str, prompt_ids: Iterable[int], datastore: str, prompt_length: int | None
+    ) -> None:
+        """Starts tracking a request (see DeltaTracker.add)."""
+        self.tracker.add(request_id, prompt_ids, datastore, prompt_length)
+
+    def finish(self, request_id: str, final_tokens: Iterable[int], store: bool) -> list[Work]:
+        """Stops tracking a finished request; returns the work that ends it."""
+        tail = as_token_list(final_tokens, f"final tokens of {request_id!r}")
+        state = self.tracker.finish(request_id)
+        return plan_finish(state, tail, store and state.datastore not in self._read_only)
+
+    def abort(self, request_id: str) -> list[Work]:
+        """Stops tracking a cancelled request; returns the work that frees it."""
+        return plan_abort(self.tracker.finish(request_id))
+
+    @staticmethod
+    def ingest(sequences: Iterable[Iterable[int]], datastore: str) -> list[Work]:
+        """The work that adds ``sequences`` to ``datastore``."""
+        tokens = [as_token_list(s, "ingested sequence") for s in sequences]
+        return [IngestWork(datastore, [s for s in tokens if s])]
+
+    # --- one step
+
+    def begin(
+        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None, now_s: float
+    ) -> StepPlan | StepResult:
+        """Records the commits; returns the plan to send, or the result if there is none."""
+        budget_of = self._check_budgets(budgets) if budgets is not None else None
+        self.tracker.commit_many(commits)
+        stats = self.stats
+        stats.steps += 1
+        request_ids = tuple(commits)
+        admission = self.breaker.admit(now_s)
+        if admission is not Admission.ALLOW:
+            self._probe_due |= admission is Admission.PROBE
+            stats.fallbacks[Outcome.BREAKER_OPEN] += 1
+            return StepResult.without_drafts(stats.steps, Outcome.BREAKER_OPEN, request_ids)
+        default_budget = self.budget.draft_budget(len(request_ids))
+        if self.max_budget is not None:
+            default_budget = min(default_budget, self.max_budget)
+        deadline_s = now_s + self.deadline_s
+        plan = self._plan(request_ids, request_ids, budget_of, default_budget, deadline_s, None)
+        if plan.sent:
+            return plan
+        # Nothing to send: empty contexts (no draft yet) and refused requests.
+        return StepResult(stats.steps, Outcome.OK, request_ids, {}, _outcomes((), plan.refused))
+
+    def complete(
+        self, plan: StepPlan, response: pb.DraftResponse, now_s: float
+    ) -> tuple[StepResult, StepPlan | None]:
+        """Applies an answer; returns the result and, maybe, a resync resend to make now."""
+        try:
+            trees, resynced = self.tracker.apply(response, plan.sent)
+        except ProtocolError:
+            return self.fail(plan, Outcome.ERROR, now_s), None
+        stats = self.stats
+        stats.resyncs += len(resynced)
+        base = plan.base
+        if base is not None:  # a resync resend: merge into the step's result
+            refused = [r for r, o in base.request_outcomes.items() if o is Outcome.ERROR]
+            outcomes = _outcomes(resynced, [*refused, *plan.refused])
+            drafts = {**base.drafts, **trees}
+            return StepResult(plan.step, Outcome.OK, plan.request_ids, drafts, outcomes), None
+        self.breaker.record_success()
+        stats.drafted_steps += 1
+        outcomes = _outcomes(resynced, plan.refused)
+        result = StepResult(plan.step, Outcome.OK, plan.request_ids, trees, outcomes)
+        left_s = plan.deadline_s - now_s
+        if resynced and self.resync_retry and left_s >= _RETRY_MIN_FRACTION * self.deadline_s:
+            stats.resync_retries += len(resynced)
+            retry = self._plan(
+                resynced, plan.request_ids, plan.budget_of, plan.default_budget,
+                plan.deadline_s, result,
+            )  # fmt: skip
+            return result, retry
+        return result, None
+
+    def fail(self, plan: StepPlan, outcome: Outcome, now_s: float) -> StepResult:
+        """The answer did not come: resend the step's requests whole next time."""
+        self.tracker.mark_unsynced(plan.sent)
+        if plan.base is not None:  # a failed resync resend: the step itself succeeded
+            return plan.base
+        self.breaker.record_failure(now_s)
+        self.stats.fallbacks[outcome] += 1
+        return StepResult.without_drafts(plan.step, outcome, plan.request_ids)
+
+    def pop_probe_due(self) -> bool:
+        """True once after the breaker asked for a probe (the client sends it)."""
+        due, self._probe_due = self._probe_due, False
+        return due
+
+    def _plan(
+        self,
+        send_ids: Iterable[str],
+        step_ids: tuple[str, ...],
+        budget_of: Mapping[str, int] | None,
+        default_budget: int,
+        deadline_s: float,
+        base: StepResult | None,
+    ) -> StepPlan:
+        self._sequence += 1
+        tracker = self.tracker
+        resends, tokens = tracker.full_resends, tracker.tokens_sent
+        message, sent, refused = tracker.build(
+            send_ids, budget_of, default_budget,
+            step=self._sequence, tokenizer_fingerprint=self.tokenizer_fingerprint,
+        )  # fmt: skip
+        stats = self.stats
+        stats.full_resends += tracker.full_resends - resends
+        stats.tokens_sent += tracker.tokens_sent - tokens
+        stats.refused = tracker.refused
+        return StepPlan(stats.steps, message, sent, step_ids, deadline_s, budget_of,
+                        default_budget, refused, base)  # fmt: skip
+
+    def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
+        cap = self.max_budget
+        for rid, budget in budgets.items():
+            if not isinstance(budget, int) or budget < 0:
+                raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
+        if cap is not None and any(b > cap for b in budgets.values()):
+            return {rid: min(b, cap) for rid, b in budgets.items()}
+        return budgets
+
+
+def _outcomes(resynced: Iterable[str], refused: Iterable[str]) -> dict[str, Outcome]:
+    """Per-request outcomes of an answered step (only the requests that are not OK)."""
+    outcomes = dict.fromkeys(refused, Outcome.ERROR)
+    outcomes.update(dict.fromkeys(resynced, Outcome.RESYNC))
+    return outcomes
