@@ -66,6 +66,11 @@ def test_every_setting_has_a_flag_and_a_variable() -> None:
         (["--max-budget", "0"], {}, "ServeConfig.max_budget = 0"),
         (["--store", "everything"], {}, "LivePolicy.store = 'everything'"),
         (["--keepalive-permit-without-calls", "maybe"], {}, "'maybe' is not a boolean"),
+        (["--draft-config", "smoothing=1"], {}, "'smoothing' is not a DraftConfig field"),
+        (["--draft-config", "input_max_prefix=two"], {}, "input_max_prefix = 'two' is not a int"),
+        (["--draft-config", "input_weight=-1"], {}, "input_weight = -1 must be in [0, 1000000]"),
+        (["--draft-config", "max_budget=8"], {}, "set max_budget with --max-budget"),
+        (["--draft-config", "nokey"], {}, "'nokey' is not KEY=VALUE"),
     ],
 )
 def test_bad_settings_name_the_flag_or_variable(
@@ -108,3 +113,16 @@ def test_state_keeps_history_only_when_asked() -> None:
     dropped = RequestState("named", 2, 2, None, 0.0)
     dropped.append(np.array([3], np.int32))
     assert dropped.length == 3 and dropped.history is None
+
+
+def test_draft_config_reaches_the_drafting_parameters() -> None:
+    config = ServeConfig.from_env_and_args(
+        ["--draft-config", "datastore_smoothing=0", "--draft-config", "input_max_prefix=6",
+         "--max-budget", "64"],
+        {"DRAFTER_DRAFT_CONFIG": "input_weight=0.5"},
+    )  # fmt: skip
+    settings = config.draft_settings()
+    assert settings.datastore_smoothing == 0.0 and settings.input_max_prefix == 6
+    assert settings.max_budget == 64 and settings.input_weight == 0.6  # the flag wins
+    from_env = ServeConfig.from_env_and_args([], {"DRAFTER_DRAFT_CONFIG": "input_weight=0.5"})
+    assert from_env.draft_settings().input_weight == 0.5

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from drafter_service.config import DraftConfig
 from drafter_service.live_datastore import LivePolicy
 
 ENV_PREFIX = "DRAFTER_"
@@ -42,6 +43,17 @@ def _datastores(text: str) -> tuple[tuple[str, Path], ...]:
         if not sep or not directory:
             raise ValueError(f"{item!r} is not NAME=DIR")
         pairs.append((name, Path(directory)))
+    return tuple(pairs)
+
+
+def _key_values(text: str) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE[,KEY=VALUE...]`` (the environment form; the flag repeats instead)."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
 
 
@@ -83,6 +95,14 @@ class ServeConfig:
     datastores: tuple[tuple[str, Path], ...] = field(
         default=(),
         metadata=_meta("extra read-only datastore NAME=DIR (a snapshot); repeatable", _datastores),
+    )
+    draft_config: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=_meta(
+            "drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
+            "datastore_smoothing=1; repeatable",
+            _key_values,
+        ),
     )
     draft_threads: int = field(
         default_factory=_cpu_count,
@@ -186,6 +206,28 @@ class ServeConfig:
                 )
             seen.add(name)
         self.live_policy()  # raises ValueError naming a bad live knob
+        self.draft_settings()  # raises ValueError naming a bad drafting knob
+
+    def draft_settings(self) -> DraftConfig:
+        """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config."""
+        kinds = {f.name: f.type for f in fields(DraftConfig)}
+        values: dict[str, Any] = {"max_budget": self.max_budget}
+        for key, text in self.draft_config:
+            if key == "max_budget":
+                raise ValueError("ServeConfig.draft_config: set max_budget with --max-budget")
+            if key not in kinds:
+                raise ValueError(
+                    f"ServeConfig.draft_config: {key!r} is not a DraftConfig field "
+                    f"({', '.join(sorted(kinds))})"
+                )
+            kind = int if kinds[key] in ("int", int) else float
+            try:
+                values[key] = kind(text)
+            except ValueError:
+                raise ValueError(
+                    f"ServeConfig.draft_config: {key} = {text!r} is not a {kind.__name__}"
+                ) from None
+        return DraftConfig(**values)
 
     def live_policy(self) -> LivePolicy:
         return LivePolicy(
@@ -205,11 +247,13 @@ class ServeConfig:
         """One flag per field (``--max-budget``); unset flags stay None."""
         for f in fields(ServeConfig):
             flag = "--" + ("datastore" if f.name == "datastores" else f.name.replace("_", "-"))
+            repeats = f.name in ("datastores", "draft_config")
             env = ENV_PREFIX + f.name.upper()
             help_text = f"{f.metadata['help']} [env {env}]"
-            if f.name == "datastores":
+            if repeats:
+                metavar = "NAME=DIR" if f.name == "datastores" else "KEY=VALUE"
                 parser.add_argument(
-                    flag, dest=f.name, action="append", metavar="NAME=DIR", help=help_text
+                    flag, dest=f.name, action="append", metavar=metavar, help=help_text
                 )
             else:
                 parser.add_argument(flag, dest=f.name, help=help_text)
@@ -226,8 +270,9 @@ class ServeConfig:
             flag_value = getattr(namespace, f.name, None)
             env = ENV_PREFIX + f.name.upper()
             parse = f.metadata["parse"]
-            if f.name == "datastores" and flag_value is not None:
-                text, source = ",".join(flag_value), "--datastore"
+            if f.name in ("datastores", "draft_config") and flag_value is not None:
+                text = ",".join(flag_value)
+                source = "--datastore" if f.name == "datastores" else "--draft-config"
             elif flag_value is not None:
                 text, source = flag_value, "--" + f.name.replace("_", "-")
             elif environ.get(env, "") != "":

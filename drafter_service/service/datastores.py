@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafter_service.config import DraftConfig
 from drafter_service.drafter import Drafter
 from drafter_service.live_datastore import LiveDatastore
 from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
@@ -117,7 +116,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
     """Opens every datastore (blocking: snapshot loads, log replay). Raises ValueError
     (SnapshotError included) for a bad setting or snapshot."""
     tokenizer = resolve_tokenizer(config)
-    draft_config = DraftConfig(max_budget=config.max_budget)
+    draft_config = config.draft_settings()
     slots: dict[str, DatastoreSlot] = {}
 
     def new_slot(name: str) -> tuple[Drafter, ThreadPoolExecutor]:
