@@ -6,6 +6,7 @@ BIN    := $(VENV)/bin
 DATA   ?= ../shared/data
 DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
 CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
+DEV_CHAT ?= $(DATA)/dev/chat_alpacaeval_llama3_8b.jsonl.gz
 
 .PHONY: setup run replay test lint typecheck stubs proto bench clean
 
@@ -50,6 +51,10 @@ bench: setup
 	$(BIN)/pip install -q --no-build-isolation -e ".[bench]"
 	$(BIN)/python benchmarks/run_all.py --data-dir $(DATA) --out benchmarks/results
 	cd benchmarks && ../$(BIN)/python live_curve.py --data-dir ../$(DATA) --out results --plot ../docs/live_curve.png
+	$(BIN)/python benchmarks/live_rebuild_latency.py --data-dir $(DATA) > benchmarks/results/live_rebuild_latency.jsonl
+	( $(BIN)/python benchmarks/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
+	  for b in 1 16 64; do $(BIN)/drafter-bench load --data $(DEV_CHAT) --corpus $(CORPUS) --batch $$b --json \
+	    | sed 's/^{/{"server": "drafter", /'; done ) > benchmarks/results/load.jsonl
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
