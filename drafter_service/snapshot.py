@@ -241,11 +241,7 @@ def delete_snapshot(directory: str | Path) -> None:
     doomed = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         os.rename(directory, doomed)
-        fd = os.open(directory.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(directory.parent)
         shutil.rmtree(doomed)
     except OSError as exc:
         raise SnapshotError(f"cannot delete snapshot {directory}: {exc}") from exc

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.snapshot_files import fsync_dir
+
 _HEADER = struct.Struct("<IQII")
 _MAGIC = 0x314C4157
 _SUFFIX = ".log"
@@ -43,14 +45,6 @@ def _crc(seq: int, payload: bytes) -> int:
 
 def _segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}{_SUFFIX}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class IngestLog:
@@ -142,7 +136,7 @@ class IngestLog:
     def _open_segment(self, first_seq: int) -> None:
         path = self.directory / _segment_name(first_seq)
         self._file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def roll(self) -> None:
         """Starts a new segment at the next record."""
@@ -163,7 +157,7 @@ class IngestLog:
             segments[-1].unlink()  # closed newest segment, fully covered
             deleted += 1
         if deleted:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return deleted
 
     @property
