@@ -12,24 +12,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
+from drafter_service.bench.data import Record
 from drafter_service.datastore import Datastore, SubIndex
 from drafter_service.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.snapshot import TokenizerIdentity, write_snapshot
-
-PROMPT_TAIL = 3
-"""Prompt tokens kept in front of a finished output (context for its first tokens)."""
-
-
-def live_document(
-    prompt_ids: npt.NDArray[np.int32], output_ids: npt.NDArray[np.int32]
-) -> npt.NDArray[np.int32]:
-    """What a finished request contributes: the last prompt tokens, then its output."""
-    return np.concatenate(
-        [prompt_ids[len(prompt_ids) - min(PROMPT_TAIL, len(prompt_ids)) :], output_ids]
-    ).astype(np.int32, copy=False)
 
 
 class ReplayLiveStore:
@@ -48,11 +34,11 @@ class ReplayLiveStore:
     def datastore(self) -> Datastore:
         return self.store.datastore
 
-    def ingest(self, documents: Sequence[npt.NDArray[np.int32]]) -> Datastore:
-        """Ingests finished documents (durably); returns the datastore to draft from."""
-        for doc in documents:
-            if len(doc):
-                self.store.ingest(doc)
+    def ingest(self, records: Sequence[Record]) -> Datastore:
+        """Ingests finished records as the policy says (by default the last 3 prompt
+        tokens, then the output), durably; returns the datastore to draft from."""
+        for record in records:
+            self.store.ingest_generation(record.prompt_ids, record.output_ids)
         return self.store.datastore
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.bench.data import Record
-from drafter_service.bench.live import ReplayLiveStore, live_document
+from drafter_service.bench.live import ReplayLiveStore
 from drafter_service.bench.proposers import (
     ContextProposer,
     DrafterProposer,
@@ -175,7 +175,7 @@ def replay(
     while active := [slot for slot, lane in enumerate(lanes) if lane is not None]:
         trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
-        finished: list[npt.NDArray[np.int32]] = []
+        finished: list[Record] = []
         for slot, (tokens, parents) in zip(active, trees, strict=True):
             lane = lanes[slot]
             assert lane is not None
@@ -191,7 +191,7 @@ def replay(
                 proposer.end(slot)
                 lanes[slot] = None
                 result.finished.append((len(lane.output), lane.steps))
-                finished.append(live_document(lane.record.prompt_ids, lane.record.output_ids))
+                finished.append(lane.record)
         if live is not None and finished:
             proposer.set_datastore(live.ingest(finished))
         fill()
