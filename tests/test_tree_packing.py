@@ -1,0 +1,229 @@
+"""Tree packing, SGLang's layout and the best chain against the plain-Python reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from tree_reference import RefRow, batches, random_tree, ref_best_chain, ref_rows
+
+from verifier_client.results import Tree
+from verifier_client.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
+
+
+@dataclass
+class Raw:
+    """A tree as an engine adapter may hand one over: any sequences, not validated."""
+
+    tokens: object
+    parents: object
+    scores: object
+
+
+def assert_packed(packed: PackedTrees, rows: list[RefRow]) -> None:
+    """Every field of ``packed`` equals the reference, node by node."""
+    width = 1 + max((r.n - 1 for r in rows), default=0)
+    assert packed.tokens.shape == (len(rows), width)
+    assert packed.attention_mask.shape == (len(rows), width, width)
+    for name in ("tokens", "parents", "depth", "positions", "num_nodes"):
+        assert getattr(packed, name).dtype == torch.int64, name
+    for b, row in enumerate(rows):
+        pad = width - row.n
+        assert packed.tokens[b].tolist() == row.tokens + [0] * pad
+        assert packed.parents[b].tolist() == row.parents + [-1] * pad
+        depth = [row.depth(c) for c in range(row.n)]
+        assert packed.depth[b].tolist() == depth + [0] * pad
+        assert packed.positions[b].tolist() == [row.cache_len + d for d in depth + [0] * pad]
+        assert packed.valid[b].tolist() == [True] * row.n + [False] * pad
+        assert int(packed.num_nodes[b]) == row.n
+        dup = [row.duplicate(c) for c in range(row.n)]
+        assert packed.duplicate[b].tolist() == dup + [False] * pad
+        for i in range(width):
+            seen = row.ancestors(i) if i < row.n else {i}
+            assert packed.attention_mask[b, i].tolist() == [j in seen for j in range(width)]
+    assert packed.max_depth == max(
+        (row.depth(c) for row in rows for c in range(row.n)), default=0
+    )
+
+
+@given(batches(), st.one_of(st.none(), st.integers(0, 8)))
+def test_pack_matches_reference(
+    batch: tuple[list[Tree | None], list[int], list[int]], max_nodes: int | None
+) -> None:
+    trees, roots, lens = batch
+    packed = pack_trees(trees, roots, lens, max_nodes=max_nodes, scores=True)
+    rows = ref_rows(trees, roots, lens, max_nodes)
+    assert_packed(packed, rows)
+    assert packed.scores is not None
+    for b, row in enumerate(rows):
+        got = packed.scores[b, : row.n].tolist()
+        assert got == pytest.approx(row.scores)
+
+
+def test_pack_wide_trees_past_64_columns() -> None:
+    """Trees past 64 nodes take the general ancestor loop; same answers."""
+    rng = np.random.default_rng(7)
+    chain = Tree.of(list(range(70)), list(range(-1, 69)), [0.5] * 70)
+    trees = [chain, random_tree(rng, 100, 50), None, random_tree(rng, 80, 3)]
+    roots, lens = [1, 2, 3, 4], [0, 5, 10, 1000]
+    assert_packed(pack_trees(trees, roots, lens), ref_rows(trees, roots, lens))
+
+
+def test_pack_inputs_in_every_form() -> None:
+    """Plain sequences, int64 and int32 arrays and tensors of roots all pack the same."""
+    tree = Tree.of([5, 6, 7], [-1, 0, 0], [0.9, 0.5, 0.4])
+    wide = Raw(np.array([5, 6, 7]), np.array([-1, 0, 0]), np.array([0.9, 0.5, 0.4]))
+    plain = Raw([5, 6, 7], [-1, 0, 0], [0.9, 0.5, 0.4])  # an engine's own tree type
+    want = pack_trees([tree], [3], [10])
+    for trees, roots, lens in (
+        ([wide], [3], [10]),
+        ([plain], np.array([3]), np.array([10], np.int32)),
+        ([tree], torch.tensor([3]), torch.tensor([10])),
+    ):
+        got = pack_trees(trees, roots, lens, device="cpu")  # type: ignore[arg-type]
+        for name in ("tokens", "parents", "depth", "positions", "attention_mask", "valid"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def test_empty_batch_and_rows_without_drafts() -> None:
+    packed = pack_trees([], [], [])
+    assert packed.tokens.shape == (0, 1) and packed.max_depth == 0
+    packed = pack_trees([None, Tree.of([], [], [])], [4, 5], [7, 0])
+    assert packed.tokens.tolist() == [[4], [5]]
+    assert packed.positions.tolist() == [[7], [0]]
+    assert packed.attention_mask.tolist() == [[[True]], [[True]]]
+
+
+def ref_sglang(rows: list[RefRow], d: int) -> dict[str, list[int] | list[bool]]:
+    out: dict[str, list] = {k: [] for k in ("tokens", "positions", "mask", "next", "sibling")}
+    for b, row in enumerate(rows):
+        for i in range(d):
+            real = i < row.n
+            out["tokens"].append(row.tokens[i] if real else 0)
+            out["positions"].append(row.cache_len + (row.depth(i) if real else 0))
+            seen = row.ancestors(i) if real else {i}
+            out["mask"].extend(j in seen for j in range(d))
+            kids = row.children(i) if real else []
+            out["next"].append(kids[0] if kids else -1)
+            later = (
+                [c for c in row.children(row.parents[i]) if c > i] if real and i > 0 else []
+            )
+            out["sibling"].append(later[0] if later else -1)
+        del b
+    return out
+
+
+@given(batches(), st.integers(0, 3))
+def test_to_sglang_matches_reference(
+    batch: tuple[list[Tree | None], list[int], list[int]], extra: int
+) -> None:
+    trees, roots, lens = batch
+    packed = pack_trees(trees, roots, lens)
+    d = packed.width + extra
+    got = to_sglang(packed, num_draft_tokens=d)
+    want = ref_sglang(ref_rows(trees, roots, lens), d)
+    assert got.num_draft_tokens == d
+    assert got.draft_tokens.tolist() == want["tokens"]
+    assert got.positions.tolist() == want["positions"]
+    assert got.tree_mask.tolist() == want["mask"]
+    assert got.retrive_next_token.reshape(-1).tolist() == want["next"]
+    assert got.retrive_next_sibling.reshape(-1).tolist() == want["sibling"]
+    assert got.retrive_index.tolist() == [[b * d + i for i in range(d)] for b in range(len(trees))]
+    assert got.seq_lens.tolist() == lens
+    # FULL_MASK: per request D rows of seq_len + D, the prefix all true.
+    full: list[bool] = []
+    for b, n in enumerate(lens):
+        for i in range(d):
+            full += [True] * n + want["mask"][(b * d + i) * d : (b * d + i + 1) * d]  # type: ignore[operator]
+    assert got.full_tree_mask().tolist() == full
+
+
+@given(batches(), st.integers(0, 10))
+def test_best_chain_matches_reference(
+    batch: tuple[list[Tree | None], list[int], list[int]], max_len: int
+) -> None:
+    trees, roots, lens = batch
+    chain = best_chain(trees, max_len, roots=roots, cache_lens=lens)
+    rows = ref_rows(trees, roots, lens)
+    width = chain.tokens.shape[1]
+    for b, row in enumerate(rows):
+        path = ref_best_chain(row, max_len)
+        n = len(path)
+        assert chain.lengths[b] == n
+        assert chain.nodes[b].tolist() == path + [-1] * (width - n)
+        assert chain.tokens[b].tolist() == [row.tokens[c] for c in path] + [0] * (width - n)
+    # The chains' own packing is a tree packing of chains.
+    chain_trees = [
+        Tree.of([row.tokens[c] for c in ref_best_chain(row, max_len)],
+                list(range(-1, len(ref_best_chain(row, max_len)) - 1)),
+                [row.scores[c] for c in ref_best_chain(row, max_len)])
+        for row in rows
+    ]  # fmt: skip
+    chain_rows = ref_rows(chain_trees, roots, lens)
+    assert_packed(chain.packed, chain_rows)
+    # From a packing with scores: the same chain.
+    again = best_chain(pack_trees(trees, roots, lens, scores=True), max_len)
+    assert torch.equal(again.tokens, chain.tokens) and torch.equal(again.nodes, chain.nodes)
+
+
+def test_best_chain_follows_scores_not_order() -> None:
+    tree = Tree.of([1, 2, 3, 4, 5], [-1, -1, 0, 1, 1], [0.2, 0.7, 0.1, 0.3, 0.6])
+    chain = best_chain([tree], 5, roots=[0], cache_lens=[9])
+    assert chain.tokens.tolist() == [[2, 5]] and chain.nodes.tolist() == [[2, 5]]
+    assert chain.packed.positions.tolist() == [[9, 10, 11]]
+
+
+@pytest.mark.parametrize(
+    ("trees", "roots", "lens", "error", "match"),
+    [
+        ([Tree.of([1, 2], [-1, 0], [0, 0])], [1, 2], [0], ValueError, r"roots has 2 entries"),
+        ([None], [1], [0, 1], ValueError, r"cache_lens has 2 entries"),
+        ([None], [-3], [0], ValueError, r"roots\[0\] = -3"),
+        ([None, None], [1, 1], [0, -5], ValueError, r"cache_lens\[1\] = -5"),
+        ([None], [1.5], [0], TypeError, r"roots must hold integers, got float64"),
+        ([None], [[1]], [0], ValueError, r"roots must be 1-D"),
+        ([Tree.of([1, 2], [-1, 1], [0, 0])], [1], [0], ValueError, r"trees\[0\]\.parents\[1\] = 1"),
+        ([None, Tree.of([1, 2], [-1, -2], [0, 0])], [1, 1], [0, 0], ValueError,
+         r"trees\[1\]\.parents\[1\] = -2"),
+        ([Tree.of([1, -4], [-1, 0], [0, 0])], [1], [0], ValueError,
+         r"trees\[0\]\.tokens\[1\] = -4"),
+        ([Raw(np.array([2**31]), [-1], [0])], [1], [0], ValueError, r"tokens\[0\] = 2147483648"),
+        ([Raw([1, 2], [-1], [0.0, 0.0])], [1], [0], ValueError,
+         r"trees\[0\] has 2 tokens but 1 parents"),
+        ([None, Raw([1.0], [-1], [0.0])], [1, 1], [0, 0], TypeError,
+         r"trees\[1\]\.tokens must hold integers, got float64"),
+        ([Raw(np.array([[1]]), np.array([[-1]]), [0.0])], [1], [0], ValueError,
+         r"trees\[0\]\.tokens must be 1-D"),
+        (["tree"], [1], [0], TypeError, r"trees\[0\] must be a Tree or None, got str"),
+        ([None], torch.tensor([[1]]), [0], ValueError, r"roots must be 1-D, got shape \(1, 1\)"),
+        ([None], torch.tensor([1.0]), [0], TypeError, r"roots must hold integers"),
+    ],
+)
+def test_pack_rejects_bad_input(
+    trees: list[object], roots: object, lens: object, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        pack_trees(trees, roots, lens)  # type: ignore[arg-type]
+
+
+def test_other_bad_arguments_are_named() -> None:
+    tree = Tree.of([1, 2], [-1, 0], [0.5, 0.5])
+    with pytest.raises(ValueError, match="max_nodes must be a non-negative int or None, got -1"):
+        pack_trees([tree], [0], [0], max_nodes=-1)
+    with pytest.raises(ValueError, match=r"trees\[0\] has 2 tokens but 1 scores"):
+        pack_trees([Raw([1, 2], [-1, 0], [0.5])], [0], [0], scores=True)  # type: ignore[list-item]
+    packed = pack_trees([tree], [0], [0])
+    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= the packed width 3"):
+        to_sglang(packed, num_draft_tokens=2)
+    with pytest.raises(TypeError, match="packed must be PackedTrees, got list"):
+        to_sglang([tree])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"needs scores: pack with pack_trees\(\.\.\., scores="):
+        best_chain(packed, 4)
+    with pytest.raises(ValueError, match="needs roots and cache_lens"):
+        best_chain([tree], 4)
+    with pytest.raises(ValueError, match="max_len must be a non-negative int, got -2"):
+        best_chain([tree], -2, roots=[0], cache_lens=[0])
