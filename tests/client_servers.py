@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from packed import pack_drafts, unpack_deltas
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
@@ -51,7 +52,8 @@ class DrafterProcess:
         assert self.proc is None, "already running"
         cmd = [*drafter_command(), "--host", "127.0.0.1", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--vocab-size", str(VOCAB_SIZE),
-               "--grace-period-s", "0.5", *self.extra]  # fmt: skip
+               "--grace-period-s", "0.5", "--metrics-port", "0", "--admin-port", "0",
+               *self.extra]  # fmt: skip
         log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("a")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
         lines: queue.Queue[str] = queue.Queue()
@@ -115,14 +117,20 @@ class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
         return f"127.0.0.1:{self.port}"
 
     def answer(self, request: pb.DraftRequest) -> pb.DraftResponse:
-        self.received.append(request)
+        deltas = unpack_deltas(request)  # recorded per request (the client sends packed)
+        self.received.append(pb.DraftRequest(requests=deltas, step=request.step))
         time.sleep(self.delay_s)
-        response = pb.DraftResponse(step=request.step)
-        for delta in request.requests:
-            response.drafts.add(request_id=delta.request_id, status=pb.DRAFT_STATUS_OK,
-                                length=delta.known_length + len(delta.new_tokens),
-                                tokens=[1], parents=[-1], scores=[0.5])  # fmt: skip
-        return response
+        drafts = [
+            pb.RequestDraft(
+                status=pb.DRAFT_STATUS_OK,
+                length=delta.known_length + len(delta.new_tokens),
+                tokens=[1],
+                parents=[-1],
+                scores=[0.5],
+            )
+            for delta in deltas
+        ]
+        return pack_drafts(drafts, request.step)
 
     def Draft(self, request: pb.DraftRequest, context: Any) -> pb.DraftResponse:
         return self.answer(request)

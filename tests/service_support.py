@@ -62,7 +62,13 @@ class Running:
 
 def config(data_dir: Path, **overrides: Any) -> ServeConfig:
     settings: dict[str, Any] = dict(
-        port=0, data_dir=data_dir, vocab_size=VOCAB, draft_threads=1, grace_period_s=0.5
+        port=0,
+        data_dir=data_dir,
+        vocab_size=VOCAB,
+        draft_threads=1,
+        grace_period_s=0.5,
+        admin_port=0,  # a free port: tests never collide on the default 8400
+        metrics_port=0,  # nor on the default 9400
     )
     settings.update(overrides)
     return ServeConfig(**settings)
@@ -106,7 +112,10 @@ class Subprocess:
     def __init__(self, *args: str, timeout_s: float = 30) -> None:
         exe = Path(sys.executable).with_name("drafter")
         self.proc = subprocess.Popen(
-            [str(exe), "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [str(exe), "serve", "--admin-port", "0", "--metrics-port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))  # type: ignore[union-attr]

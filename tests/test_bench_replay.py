@@ -342,3 +342,20 @@ def test_snapshot_replays_like_the_corpus_it_holds(
     assert [n for n, _ in from_snapshot["tau_curve"]] == [4, 8, 12]
     assert main([*common, "--snapshot", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_load_benchmark_drives_a_real_service_through_the_client(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`drafter-bench load` starts `drafter serve` with the corpus and replays the records
+    through the real client: every step answered, deltas and finishes real, tau >= 1."""
+    data, corpus = files
+    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "load", "--data", str(data),
+           "--corpus", str(corpus), "--batch", "4", "--steps", "60", "--warmup", "5",
+           "--vocab-size", "1000", "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert row["steps"] == 60 and row["batch"] == 4 and row["failed_steps"] == 0
+    assert row["step_ms_p50"] > 0 and row["step_ms_p50"] <= row["step_ms_p99"]
+    assert row["finished"] > 0 and row["tau"] > 1.0 and row["accepted_tokens"] > 0

@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from packed import pack_drafts, unpack_deltas
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
 
 
 def answer(step: int, *drafts: tuple[str, int, int]) -> pb.DraftResponse:
-    """(request_id, status, length) per request; OK drafts get a one-node tree."""
-    response = pb.DraftResponse(step=step)
-    for request_id, status, length in drafts:
-        draft = response.drafts.add(request_id=request_id, status=status, length=length)
-        if status == pb.DRAFT_STATUS_OK:
-            draft.tokens.append(7)
-            draft.parents.append(-1)
-            draft.scores.append(0.5)
-    return response
+    """(request_id, status, length) per request; OK drafts get a one-node tree. The packed
+    answer carries no ids: position i answers request i."""
+    return pack_drafts(
+        [
+            pb.RequestDraft(status=status, length=length, tokens=[7], parents=[-1], scores=[0.5])
+            if status == pb.DRAFT_STATUS_OK
+            else pb.RequestDraft(status=status, length=length)
+            for _, status, length in drafts
+        ],
+        step,
+    )
 
 
-def build(tracker: DeltaTracker, *ids: str) -> tuple[pb.DraftRequest, list[RequestState]]:
+class Built:
+    """A built DraftRequest with its packed deltas readable per request."""
+
+    def __init__(self, message: pb.DraftRequest) -> None:
+        self.message = message
+        self.requests = unpack_deltas(message)
+
+
+def build(tracker: DeltaTracker, *ids: str) -> tuple[Built, list[RequestState]]:
     message, sent, refused = tracker.build(ids, None, 4, step=1)
     assert refused == []
-    return message, sent
+    return Built(message), sent
 
 
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
@@ -115,13 +126,19 @@ def test_an_impossible_ok_length_is_a_resync(length: int) -> None:
     assert trees == {} and resynced == ["a"] and tracker.get("a").known_length == 0
 
 
-def test_an_answer_for_other_requests_is_a_protocol_error() -> None:
+def test_an_answer_of_another_shape_is_a_protocol_error() -> None:
     tracker = DeltaTracker()
     tracker.add("a", [1])
     tracker.add("b", [2])
     _, sent = build(tracker, "a", "b")
-    with pytest.raises(ProtocolError, match="lists 2 requests"):
-        tracker.apply(answer(1, ("b", OK, 1), ("a", OK, 1)), sent)
+    with pytest.raises(ProtocolError, match="does not match the 2 requests sent: 1 statuses"):
+        tracker.apply(answer(1, ("b", OK, 1)), sent)
+    assert all(s.known_length == 0 and not s.in_flight for s in sent)
+    _, sent = build(tracker, "a", "b")
+    torn = answer(2, ("a", OK, 1), ("b", OK, 1))
+    torn.packed.scores = torn.packed.scores[:-2]  # not a whole float32
+    with pytest.raises(ProtocolError, match="6 bytes of tokens/parents/scores"):
+        tracker.apply(torn, sent)
     assert all(s.known_length == 0 and not s.in_flight for s in sent)
 
 
@@ -172,7 +189,7 @@ def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
     tracker.add("later", [1])
     tracker.commit_many({"long": [4, 5, 6], "later": [150], "ok": [3]})
     message, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4, step=1)
-    assert [d.request_id for d in message.requests] == ["ok"] and len(sent) == 1
+    assert [d.request_id for d in unpack_deltas(message)] == ["ok"] and len(sent) == 1
     assert refused == ["vocab", "long", "later"] and tracker.refused == 3
     assert tracker.get("later").tokens == [1, 150]  # still tracked: finish/abort stay explicit
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from packed import pack_drafts, unpack_deltas
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.background import (
@@ -27,16 +28,15 @@ def session(**kwargs: object) -> DraftSession:
 
 
 def ok_answer(plan: StepPlan, *, resync: tuple[str, ...] = ()) -> pb.DraftResponse:
-    response = pb.DraftResponse(step=plan.message.step)
-    for delta in plan.message.requests:
-        rid = delta.request_id
-        if rid in resync:
-            response.drafts.add(request_id=rid, status=pb.DRAFT_STATUS_RESYNC)
+    drafts = []
+    for delta in unpack_deltas(plan.message):
+        if delta.request_id in resync:
+            drafts.append(pb.RequestDraft(status=pb.DRAFT_STATUS_RESYNC))
         else:
             length = delta.known_length + len(delta.new_tokens)
-            response.drafts.add(request_id=rid, status=pb.DRAFT_STATUS_OK, length=length,
-                                tokens=[1], parents=[-1], scores=[1.0])  # fmt: skip
-    return response
+            drafts.append(pb.RequestDraft(status=pb.DRAFT_STATUS_OK, length=length,
+                                          tokens=[1], parents=[-1], scores=[1.0]))  # fmt: skip
+    return pack_drafts(drafts, plan.message.step)
 
 
 def begin(s: DraftSession, commits: dict[str, list[int]], now_s: float = 0.0,
@@ -52,7 +52,7 @@ def test_a_step_builds_drafts_and_results() -> None:
     s.add("b", [4, 5], "", None)
     plan = begin(s, {"a": [9], "b": []})
     assert plan.deadline_s == DEADLINE_S and plan.message.step == 1
-    assert [d.budget for d in plan.message.requests] == [32, 32]  # batch 2: capped
+    assert [d.budget for d in unpack_deltas(plan.message)] == [32, 32]  # batch 2: capped
     result, retry = s.complete(plan, ok_answer(plan), 0.001)
     assert retry is None and result.ok and list(result) == ["a", "b"]
     assert result["a"] is not None and result.why("b") is Outcome.OK
@@ -65,7 +65,7 @@ def test_budget_overrides_and_the_drafters_limit() -> None:
     for rid in "abc":
         s.add(rid, [1], "", None)
     plan = begin(s, {"a": [], "b": [], "c": []}, budgets={"a": 0, "b": 100})
-    assert [d.budget for d in plan.message.requests] == [0, 8, 8]
+    assert [d.budget for d in unpack_deltas(plan.message)] == [0, 8, 8]
     with pytest.raises(ValueError, match="budget of 'a' must be an int >= 0"):
         s.begin({"a": []}, {"a": -1}, 0.0)
 
@@ -80,7 +80,7 @@ def test_failures_mark_for_resend_and_open_the_breaker() -> None:
     assert result.outcome is Outcome.DEADLINE and result["a"] is None
     assert result.why("a") is Outcome.DEADLINE
     plan = begin(s, {"a": [4]})
-    assert plan.message.requests[0].known_length == 0  # the lost step's request goes whole
+    assert unpack_deltas(plan.message)[0].known_length == 0  # the lost step's request goes whole
     s.fail(plan, Outcome.UNAVAILABLE, 0.0)
     assert s.breaker.state is BreakerState.OPEN
     # Open: commits are still recorded, nothing is built, one probe is asked for.
@@ -94,7 +94,7 @@ def test_failures_mark_for_resend_and_open_the_breaker() -> None:
                                  Outcome.BREAKER_OPEN: 3, Outcome.ERROR: 0}  # fmt: skip
     s.breaker.record_success()  # the probe came back
     plan = begin(s, {"a": []}, now_s=2.0)
-    assert list(plan.message.requests[0].new_tokens) == [1, 2, 3, 4, 5, 5, 5]
+    assert list(unpack_deltas(plan.message)[0].new_tokens) == [1, 2, 3, 4, 5, 5, 5]
     assert s.stats.full_resends == 2
 
 
@@ -107,7 +107,8 @@ def test_resynced_requests_are_resent_within_the_step() -> None:
     plan = begin(s, {"a": [3], "b": [3]})
     result, retry = s.complete(plan, ok_answer(plan, resync=("b",)), 0.001)
     assert result.why("b") is Outcome.RESYNC and retry is not None
-    assert [(d.request_id, d.known_length, len(d.new_tokens)) for d in retry.message.requests] == [
+    resent = unpack_deltas(retry.message)
+    assert [(d.request_id, d.known_length, len(d.new_tokens)) for d in resent] == [
         ("b", 0, 3)]  # fmt: skip
     merged, again = s.complete(retry, ok_answer(retry), 0.002)
     assert again is None and merged.ok and set(merged.drafts) == {"a", "b"}
@@ -217,7 +218,7 @@ def test_refused_requests_get_no_draft_and_are_never_stored() -> None:
     plan = begin(s, {"good": [3], "bad": [3]})
     s.complete(plan, ok_answer(plan), 0.0)
     plan = begin(s, {"good": [4], "bad": [120]})  # 120 is past the drafter's vocabulary
-    assert [d.request_id for d in plan.message.requests] == ["good"]
+    assert [d.request_id for d in unpack_deltas(plan.message)] == ["good"]
     result, _ = s.complete(plan, ok_answer(plan), 0.0)
     assert result.why("good") is Outcome.OK and result.why("bad") is Outcome.ERROR
     assert result["bad"] is None and s.stats.refused == 1

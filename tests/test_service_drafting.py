@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore, Drafter
@@ -274,3 +275,52 @@ def test_stream_answers_each_step_in_order(loop_thread: LoopThread, tmp_path: Pa
         assert [len(r.drafts) for r in responses] == [1, 1, 0, 1]
         assert [r.drafts[0].length for r in responses if r.drafts] == [5, 6, 7]
         assert list(responses[3].drafts[0].tokens[:2]) == [2, 3]  # the input trie: 1 → 2 3
+
+
+def test_packed_calls_answer_exactly_like_messages(
+    loop_thread: LoopThread, tmp_path: Path, snapshot_dir: Path
+) -> None:
+    """The same steps (starts, deltas, a stale length, an unknown id, two datastores,
+    budget 0) sent as messages to one server and packed to another: identical answers."""
+    phrases, _ = phrases_corpus(0)
+    rng = np.random.default_rng(7)
+    contexts = {
+        f"r{i}": np.concatenate([phrases[j] for j in rng.integers(0, 12, size=6)]).tolist()
+        for i in range(5)
+    }
+    held = dict.fromkeys(contexts, 0)
+    steps: list[list[pb.RequestDelta]] = []
+    for step in range(6):
+        deltas = []
+        for i, (rid, ctx) in enumerate(contexts.items()):
+            if (step + i) % 4 == 3:
+                continue  # not in this step
+            end = min(len(ctx), held[rid] + 8 if held[rid] else 20)
+            known = held[rid] + (1 if rid == "r3" and step == 4 else 0)  # r3 goes stale once
+            deltas.append(
+                delta(rid, ctx[held[rid] : end], known_length=known, budget=(i * 5) % 17,
+                      datastore="code" if i % 2 else "", prompt_length=10 if not known else 0)
+            )  # fmt: skip
+            held[rid] = end if rid != "r3" or step != 4 else 0
+        deltas.append(delta(f"ghost{step}", [1], known_length=3))  # never started: RESYNC
+        steps.append(deltas)
+    # All OK in one datastore: the answer is the batch's arrays as they are (fast path).
+    starts = enumerate(contexts.values())
+    steps.append([delta(f"n{i}", c[:20], budget=8, datastore="code") for i, c in starts])
+    cfg = dict(datastores=(("code", snapshot_dir),))
+    with (
+        serving(loop_thread, config(tmp_path / "a", **cfg)) as by_message,
+        serving(loop_thread, config(tmp_path / "b", **cfg)) as by_column,
+    ):
+        statuses = set()
+        for step, deltas in enumerate(steps):
+            want = by_message.draft(*deltas, step=step)
+            got = by_column.stub.Draft(pack_deltas(deltas, step), timeout=10)
+            assert got.step == step and not got.drafts
+            drafts = unpack_drafts(got)
+            for asked, draft in zip(deltas, drafts, strict=True):
+                draft.request_id = asked.request_id
+            assert list(want.drafts) == drafts
+            statuses |= {d.status for d in drafts}
+            assert sum(len(d.tokens) for d in drafts) > 0
+        assert statuses == {OK, RESYNC} and {d.status for d in drafts} == {OK}

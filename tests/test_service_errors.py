@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore
@@ -64,12 +66,65 @@ def draft_error(s: Running, *deltas: pb.RequestDelta, fingerprint: str = "") -> 
         ([delta("i", [1], datastore="nope")], Code.NOT_FOUND, "'i': unknown datastore 'nope'"),
     ],
 )
+@pytest.mark.parametrize("packed", [False, True], ids=["messages", "packed"])
 def test_draft_refusals(
-    strict: Any, deltas: list[pb.RequestDelta], code: Code, needle: str
+    strict: Any, deltas: list[pb.RequestDelta], code: Code, needle: str, packed: bool
 ) -> None:
     s, _ = strict
-    err = draft_error(s, *deltas)
+    if packed:
+        err = rpc_error(s.stub.Draft, pack_deltas(deltas), timeout=10)
+    else:
+        err = draft_error(s, *deltas)
     assert err.code() == code and needle in err.details(), err.details()
+
+
+def packed_request(**columns: Any) -> pb.DraftRequest:
+    """Two valid requests as columns, with ``columns`` replaced."""
+    fields: dict[str, Any] = dict(
+        request_ids=["a", "b"],
+        known_lengths=np.array([0, 0], "<u4").tobytes(),
+        new_token_counts=np.array([2, 1], "<u4").tobytes(),
+        new_tokens=np.array([1, 2, 3], "<i4").tobytes(),
+        budgets=np.array([4, 4], "<u4").tobytes(),
+    )
+    fields.update(columns)
+    return pb.DraftRequest(packed=pb.PackedDeltas(**fields))
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (packed_request(known_lengths=b"\0" * 4), "packed.known_lengths has 4 bytes: 2 entries"),
+        (packed_request(budgets=b"\0" * 9), "packed.budgets has 9 bytes"),
+        (packed_request(new_token_counts=b""), "packed.new_token_counts has 0 bytes"),
+        (
+            packed_request(new_tokens=np.array([1, 2], "<i4").tobytes()),
+            "packed.new_tokens has 8 bytes: 3 entries of 4 bytes expected (the sum of "
+            "new_token_counts is 3)",
+        ),
+        (packed_request(new_tokens=b"\0" * 13), "packed.new_tokens has 13 bytes"),
+        (packed_request(prompt_lengths=b"\0" * 4), "packed.prompt_lengths has 4 bytes"),
+        (packed_request(datastores=["named"]), "packed.datastores has 1 names for 2 requests"),
+        (
+            packed_request(new_token_counts=np.array([2**32 - 1, 1], "<u4").tobytes()),
+            "new_tokens has 12 bytes: 4294967296 entries",
+        ),
+    ],
+)
+def test_packed_column_refusals(strict: Any, request_: pb.DraftRequest, needle: str) -> None:
+    s, _ = strict
+    err = rpc_error(s.stub.Draft, request_, timeout=10)
+    assert err.code() == Code.INVALID_ARGUMENT and needle in err.details(), err.details()
+
+
+def test_packed_and_messages_together_are_refused(strict: Any) -> None:
+    s, _ = strict
+    request = packed_request()
+    request.requests.append(delta("c", [1]))
+    err = rpc_error(s.stub.Draft, request, timeout=10)
+    assert err.code() == Code.INVALID_ARGUMENT and "either requests (1) or packed" in err.details()
+    answer = unpack_drafts(s.stub.Draft(packed_request(), timeout=10))
+    assert [(d.status, d.length) for d in answer] == [(1, 2), (1, 1)]
 
 
 def test_tokenizer_mismatch_is_failed_precondition(strict: Any) -> None:
@@ -257,8 +312,9 @@ def check_answer(request: pb.DraftRequest, response: pb.DraftResponse) -> None:
         assert all(0 <= t < VOCAB for t in draft.tokens)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["messages", "packed"])
 @given(
-    st.lists(
+    requests=st.lists(
         st.builds(
             pb.DraftRequest,
             requests=st.lists(DELTAS, max_size=MAX_REQUESTS + 1),
@@ -270,13 +326,20 @@ def check_answer(request: pb.DraftRequest, response: pb.DraftResponse) -> None:
     )
 )
 def test_fuzzed_stream_gets_answers_or_the_right_code(
-    strict: Any, requests: list[pb.DraftRequest]
+    strict: Any, requests: list[pb.DraftRequest], packed: bool
 ) -> None:
     s, fingerprint = strict
     for r in requests:
         if r.tokenizer_fingerprint == "FP":
             r.tokenizer_fingerprint = fingerprint
-    responses = s.stub.DraftStream(iter(requests), timeout=10)
+    sent = requests
+    if packed:
+        sent = []
+        for r in requests:
+            p = pack_deltas(r.requests, r.step)
+            p.tokenizer_fingerprint = r.tokenizer_fingerprint
+            sent.append(p)
+    responses = s.stub.DraftStream(iter(sent), timeout=10)
     for request in requests:
         codes = expected_codes(request, fingerprint)
         try:
@@ -285,9 +348,41 @@ def test_fuzzed_stream_gets_answers_or_the_right_code(
             assert codes and exc.code() in codes, (exc.code(), exc.details(), codes)
             break
         assert not codes, f"accepted a request that deserves {codes}"
+        if packed:
+            drafts = unpack_drafts(response)
+            for asked, draft in zip(request.requests, drafts, strict=True):
+                draft.request_id = asked.request_id  # packed answers are positional
+            response = pb.DraftResponse(step=response.step, drafts=drafts)
         check_answer(request, response)
     # the server still answers a good request
     assert s.draft(delta("alive", [1, 2, 3])).drafts[0].status == pb.DRAFT_STATUS_OK
+
+
+@given(
+    st.lists(st.binary(max_size=24), min_size=6, max_size=6),
+    st.lists(REQUEST_IDS, max_size=3),
+    st.lists(st.sampled_from(["", "named", "nope"]), max_size=3),
+)
+def test_fuzzed_packed_columns_get_answers_or_invalid_argument(
+    strict: Any, columns: list[bytes], ids: list[str], names: list[str]
+) -> None:
+    """Arbitrary bytes in every column: an answer whose shape matches, or a refusal with
+    INVALID_ARGUMENT / NOT_FOUND; never a crash or INTERNAL."""
+    s, _ = strict
+    knowns, counts, tokens, budgets, prompts, _ = columns
+    packed = pb.PackedDeltas(
+        request_ids=ids, known_lengths=knowns, new_token_counts=counts,
+        new_tokens=tokens, budgets=budgets, prompt_lengths=prompts, datastores=names,
+    )  # fmt: skip
+    request = pb.DraftRequest(packed=packed)
+    try:
+        response = s.stub.Draft(request, timeout=10)
+    except grpc.RpcError as exc:
+        assert exc.code() in (Code.INVALID_ARGUMENT, Code.NOT_FOUND), (exc.code(), exc.details())
+        return
+    drafts = unpack_drafts(response)
+    assert len(drafts) == len(ids)
+    assert all(d.status in (pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC) for d in drafts)
 
 
 def test_message_size_limit_is_enforced_and_reported(

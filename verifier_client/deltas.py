@@ -23,15 +23,19 @@ Rules:
   cost the batch its drafts. Ids no vocabulary has (negative, >= 2^31) are the
   caller's bug and raise ValueError instead.
 
-Pure: builds and reads protocol messages, no I/O. Not thread-safe: one decode
+Pure: builds and reads protocol messages (the packed form: columns of
+little-endian arrays, see PackedDeltas in the .proto), no I/O. Not thread-safe: one decode
 loop owns it.
 """
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from itertools import accumulate
+from typing import Any, Literal, NoReturn
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 
@@ -41,6 +45,26 @@ __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list"]
 
 _INT32_MAX = 2**31 - 1
 _STATUS_OK = pb.DRAFT_STATUS_OK
+_LITTLE = sys.byteorder == "little"  # the protocol's arrays are little-endian
+
+
+def _le(typecode: str, values: list[int]) -> bytes:
+    """``values`` as little-endian 32-bit entries (``array`` writes the host's order)."""
+    out = array(typecode, values)
+    if not _LITTLE:
+        out.byteswap()
+    return out.tobytes()
+
+
+def _column(data: bytes, typecode: Literal["i", "I", "f"]) -> memoryview[Any]:
+    """A little-endian column as a read-only view (a copy only on big-endian hosts).
+    Raises TypeError when the bytes are not a whole number of entries."""
+    if _LITTLE:
+        return memoryview(data).cast(typecode)
+    values = array(typecode)
+    values.frombytes(data)  # ValueError when not a whole number of entries
+    values.byteswap()
+    return memoryview(values).toreadonly()
 
 
 class ProtocolError(Exception):
@@ -178,12 +202,17 @@ class DeltaTracker:
         Requests with an empty context are left out too (nothing to match yet).
         ``budget_of`` overrides ``default_budget`` per request.
         """
-        message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint)
-        add = message.requests.add
+        ids: list[str] = []
+        knowns: list[int] = []
+        counts: list[int] = []
+        flat: list[int] = []
+        budgets: list[int] = []
+        prompts: list[int] = []
+        datastores: list[str] = []
+        named = False  # some request names a datastore: send one name per request
         sent: list[RequestState] = []
         refused: list[str] = []
         states = self._states
-        tokens_sent = 0
         max_context = self.max_context_tokens or _INT32_MAX
         for rid in request_ids:
             state = states[rid]
@@ -194,27 +223,39 @@ class DeltaTracker:
                 continue
             if not tokens:
                 continue
-            delta = add()  # field-by-field assignment is the fastest way to fill upb messages
-            delta.request_id = rid
+            ids.append(rid)
             known = state.known_length
+            knowns.append(known)
             if known:
-                delta.known_length = known
-                delta.new_tokens.extend(tokens[known:])
+                flat.extend(tokens[known:])
+                prompts.append(0)
             else:
-                delta.new_tokens.extend(tokens)
-                delta.prompt_length = state.prompt_length
+                flat.extend(tokens)
+                prompts.append(state.prompt_length)
                 if state.sent:
                     self.full_resends += 1
-            delta.budget = (
+            counts.append(len(tokens) - known)
+            budgets.append(
                 default_budget if budget_of is None else budget_of.get(rid, default_budget)
             )
-            if state.datastore:
-                delta.datastore = state.datastore
-            tokens_sent += len(tokens) - known
+            datastores.append(state.datastore)
+            named = named or bool(state.datastore)
             state.pending_length = len(tokens)
             state.sent = state.in_flight = True
             sent.append(state)
-        self.tokens_sent += tokens_sent
+        self.tokens_sent += len(flat)
+        packed = pb.PackedDeltas(
+            request_ids=ids,
+            known_lengths=_le("I", knowns),
+            new_token_counts=_le("I", counts),
+            new_tokens=_le("i", flat),
+            budgets=_le("I", budgets),
+            prompt_lengths=_le("I", prompts),
+            datastores=datastores if named else (),
+        )
+        message = pb.DraftRequest(
+            step=step, tokenizer_fingerprint=tokenizer_fingerprint, packed=packed
+        )
         return message, sent, refused
 
     @staticmethod
@@ -226,20 +267,32 @@ class DeltaTracker:
         Raises ProtocolError (after marking every request for a whole resend)
         when the answer does not list the sent requests in order.
         """
-        drafts = response.drafts
-        if len(drafts) != len(sent):
+        packed = response.packed
+        n = len(sent)
+        try:
+            statuses = packed.statuses
+            lengths: list[int] = _column(packed.lengths, "I").tolist()
+            counts: list[int] = _column(packed.node_counts, "I").tolist()
+            tokens = _column(packed.tokens, "i")
+            parents = _column(packed.parents, "i")
+            scores = _column(packed.scores, "f")
+        except (TypeError, ValueError):  # a byte length that is not a whole number of entries
+            DeltaTracker._mismatch(response, sent)
+        bounds = [0, *accumulate(counts)]
+        if not (len(statuses) == len(lengths) == len(counts) == n) or not (
+            len(tokens) == len(parents) == len(scores) == bounds[-1]
+        ):
             DeltaTracker._mismatch(response, sent)
         trees: dict[str, Tree] = {}
         resynced: list[str] = []
-        for state, draft in zip(sent, drafts, strict=True):
+        for i, state in enumerate(sent):
             rid = state.request_id
-            if draft.request_id != rid:
-                DeltaTracker._mismatch(response, sent)
             state.in_flight = False
-            length = draft.length
-            if draft.status == _STATUS_OK and 0 < length <= state.pending_length:
+            length = lengths[i]
+            if statuses[i] == _STATUS_OK and 0 < length <= state.pending_length:
                 state.known_length = length
-                trees[rid] = Tree(draft)
+                lo, hi = bounds[i], bounds[i + 1]
+                trees[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
             else:  # RESYNC, an unknown status, or a length the client never sent
                 state.known_length = 0
                 resynced.append(rid)
@@ -248,11 +301,13 @@ class DeltaTracker:
     @staticmethod
     def _mismatch(response: pb.DraftResponse, sent: Sequence[RequestState]) -> NoReturn:
         DeltaTracker.mark_unsynced(sent)
-        got = [d.request_id for d in response.drafts[:5]]
-        want = [s.request_id for s in sent[:5]]
+        packed = response.packed
         raise ProtocolError(
-            f"answer to step {response.step} lists {len(response.drafts)} requests {got}..., "
-            f"sent {len(sent)} {want}..."
+            f"answer to step {response.step} does not match the {len(sent)} requests sent: "
+            f"{len(packed.statuses)} statuses, {len(packed.lengths)} + "
+            f"{len(packed.node_counts)} bytes of lengths and node counts, "
+            f"{len(packed.tokens)}/{len(packed.parents)}/{len(packed.scores)} bytes of "
+            f"tokens/parents/scores"
         )
 
     @staticmethod

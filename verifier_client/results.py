@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-
-from sssd.drafter.v1 import drafter_pb2 as pb
 
 __all__ = ["ClientStats", "Outcome", "StepResult", "Tree"]
 
@@ -29,49 +28,50 @@ class Tree:
 
     ``parents[i] < i``; -1 marks a child of the last committed token (the root,
     not counted). ``scores`` estimate acceptance and must not be used by
-    verification. The sequences are views of the decoded answer (no copy: a
-    step's trees cost nothing until read); convert with ``list(...)`` or
-    ``numpy.asarray(...)`` as the engine needs.
+    verification. The columns are read-only ``memoryview`` slices of the decoded
+    answer (int32 tokens and parents, float32 scores; no copy: a step's trees
+    cost nothing until read): ``tolist()``, ``numpy.asarray(...)`` or
+    ``torch.frombuffer(...)`` as the engine needs.
     """
 
-    __slots__ = ("_draft",)
+    __slots__ = ("parents", "scores", "tokens")
 
-    def __init__(self, draft: pb.RequestDraft) -> None:
-        self._draft = draft
+    tokens: memoryview  # draft token ids, breadth-first
+    parents: memoryview  # parent index of each node; -1 = child of the root
+    scores: memoryview  # path score of each node (not a model probability)
+
+    def __init__(self, tokens: memoryview, parents: memoryview, scores: memoryview) -> None:
+        self.tokens = tokens
+        self.parents = parents
+        self.scores = scores
 
     @classmethod
     def of(cls, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float]) -> Tree:
         """A tree from plain sequences (tests, adapters)."""
-        return cls(pb.RequestDraft(tokens=tokens, parents=parents, scores=scores))
-
-    @property
-    def tokens(self) -> Sequence[int]:
-        """Draft token ids, breadth-first."""
-        return self._draft.tokens
-
-    @property
-    def parents(self) -> Sequence[int]:
-        """Parent index of each node; -1 = child of the root."""
-        return self._draft.parents
-
-    @property
-    def scores(self) -> Sequence[float]:
-        """Path score of each node (not a model probability)."""
-        return self._draft.scores
+        if not len(tokens) == len(parents) == len(scores):
+            raise ValueError(
+                f"tokens, parents and scores differ in length: {len(tokens)}, "
+                f"{len(parents)}, {len(scores)}"
+            )
+        return cls(
+            memoryview(array("i", tokens)).toreadonly(),
+            memoryview(array("i", parents)).toreadonly(),
+            memoryview(array("f", scores)).toreadonly(),
+        )
 
     def __len__(self) -> int:
-        return len(self._draft.tokens)
+        return len(self.tokens)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tree):
             return NotImplemented
-        return (list(self.tokens), list(self.parents), list(self.scores)) == (
-            list(other.tokens), list(other.parents), list(other.scores))  # fmt: skip
+        return (self.tokens.tolist(), self.parents.tolist(), self.scores.tolist()) == (
+            other.tokens.tolist(), other.parents.tolist(), other.scores.tolist())  # fmt: skip
 
     __hash__ = None  # type: ignore[assignment]  # compared by value: not hashable
 
     def __repr__(self) -> str:
-        return f"Tree(tokens={list(self.tokens)}, parents={list(self.parents)})"
+        return f"Tree(tokens={self.tokens.tolist()}, parents={self.parents.tolist()})"
 
 
 _NO_DRAFTS: Mapping[str, Tree] = MappingProxyType({})

@@ -1,11 +1,14 @@
 """``drafter-bench load``: step latency of the real drafting service under a decode-like load.
 
-Drives ``--batch`` concurrent requests through one long-lived stream (or unary
-calls), one DraftRequest per decode step, exactly as a decode worker would:
-each request replays a real recorded generation, sends only the tokens
-committed since its last step, and advances by the accepted length of the tree
-it got back (plus the bonus token), so trees and deltas are real. Finished
-requests are finished (ingested) and replaced by the next record.
+Drives ``--batch`` concurrent requests through the real client
+(``verifier_client.DrafterClient``: one long-lived stream, or unary calls; one
+packed DraftRequest per decode step), exactly as a decode worker would: each
+request replays a real recorded generation, sends only the tokens committed
+since its last step, and advances by the accepted length of the tree it got
+back plus the bonus token (one token when a step has no tree), so trees and
+deltas are real. The step time is ``client.step()``: client → service → trees →
+client. Finished requests are finished (ingested in the background) and
+replaced by the next record.
 
 Without ``--target`` a service is started as a subprocess (``drafter serve``) on
 loopback, with a datastore prebuilt from ``--corpus`` if given.
@@ -16,24 +19,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import queue
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
 from drafter_service.bench.data import Record, iter_documents, read_records
 from drafter_service.bench.replay import accepted_length
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from verifier_client import DrafterClient
 
 
 def add_load_parser(subparsers: Any) -> None:
@@ -50,6 +49,9 @@ def add_load_parser(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
     p.add_argument("--deadline-ms", type=float, default=3.0,
                    help="a step slower than this counts as a fallback (default 3)")
+    p.add_argument("--client-deadline-ms", type=float, default=1000.0,
+                   help="the client's own step deadline; large by default so that the "
+                        "measured latency is the real one (default 1000)")
     p.add_argument("--mode", choices=("stream", "unary"), default="stream")
     p.add_argument("--vocab-size", type=int, default=128256)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -61,28 +63,8 @@ class _Lane:
     request_id: str
     record: Record
     output: list[int]
-    p: int = 0
-    known_length: int = 0  # what the service holds; 0 = send the whole context
-    delta: list[int] = field(default_factory=list)
-
-
-class _Stream:
-    """One bidirectional DraftStream: send a request, wait for its answer."""
-
-    def __init__(self, stub: pb_grpc.DrafterServiceStub) -> None:
-        self._requests: queue.Queue[pb.DraftRequest | None] = queue.Queue()
-        self._responses: Iterator[pb.DraftResponse] = stub.DraftStream(self._iterate())
-
-    def _iterate(self) -> Iterator[pb.DraftRequest]:
-        while (request := self._requests.get()) is not None:
-            yield request
-
-    def __call__(self, request: pb.DraftRequest) -> pb.DraftResponse:
-        self._requests.put(request)
-        return next(self._responses)
-
-    def close(self) -> None:
-        self._requests.put(None)
+    p: int = 0  # output tokens committed
+    delta: list[int] = field(default_factory=list)  # committed since the last step
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -110,7 +92,9 @@ def run_load(args: argparse.Namespace) -> int:
 
 def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "drafter_service.service.cli", "serve", "--host", "127.0.0.1",
-           "--port", "0", "--data-dir", str(tmp / "data"), "--vocab-size", str(args.vocab_size)]
+           "--port", "0", "--metrics-port", "0", "--admin-port", "-1",
+           "--data-dir", str(tmp / "data"),
+           "--vocab-size", str(args.vocab_size)]
     if args.corpus:
         from drafter_service.datastore import Datastore, SubIndex
         from drafter_service.snapshot import TokenizerIdentity, write_snapshot
@@ -130,51 +114,63 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
 
 
 def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> dict[str, Any]:
-    channel = grpc.insecure_channel(target, options=[
-        ("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)])
-    stub = pb_grpc.DrafterServiceStub(channel)
-    call = _Stream(stub) if args.mode == "stream" else stub.Draft
-    finisher = _Finisher(stub)
+    """The decode loop of a worker, with the real client (verifier_client.DrafterClient):
+    delta tracking, packed calls, RESYNC handling, background finishes."""
+    client = DrafterClient(
+        target,
+        deadline_ms=args.client_deadline_ms,
+        mode=args.mode,
+        channel_options=[("grpc.max_receive_message_length", 64 << 20),
+                         ("grpc.max_send_message_length", 64 << 20)],
+    )  # fmt: skip
+    client.wait_ready(timeout_s=30)
     serial = itertools.count()
     source = itertools.cycle(records)
 
     def new_lane() -> _Lane:
         record = next(source)
-        return _Lane(f"load-{next(serial)}", record, record.output_ids.tolist())
+        lane = _Lane(f"load-{next(serial)}", record, record.output_ids.tolist())
+        client.add_request(lane.request_id, record.prompt_ids)
+        return lane
 
     lanes = [new_lane() for _ in range(args.batch)]
+    budgets = {lane.request_id: args.budget for lane in lanes}
     latencies_ns: list[int] = []
-    resyncs = accepted = committed = 0
+    accepted = committed = finished = failed = 0
+    resyncs_before = 0
     wall_start = 0.0
     for step in range(args.warmup + args.steps):
+        measured = step >= args.warmup
         if step == args.warmup:
             wall_start = time.perf_counter()
-        request = pb.DraftRequest(step=step, requests=[_delta(lane, args.budget) for lane in lanes])
+            resyncs_before = client.stats.resyncs
+        commits = {lane.request_id: lane.delta for lane in lanes}
         start = time.perf_counter_ns()
-        response = call(request)
+        result = client.step(commits, budgets)
         elapsed = time.perf_counter_ns() - start
-        if step >= args.warmup:
+        if measured:
             latencies_ns.append(elapsed)
-        for i, (lane, draft) in enumerate(zip(lanes, response.drafts, strict=True)):
-            if draft.status == pb.DRAFT_STATUS_RESYNC:
-                resyncs += step >= args.warmup
-                lane.known_length, lane.delta = 0, []
-                continue
-            lane.known_length = draft.length
-            got = accepted_length(list(draft.tokens), list(draft.parents), lane.output, lane.p)
+            failed += not result.ok
+        for i, lane in enumerate(lanes):
+            tree = result[lane.request_id]
+            got = 0  # no tree: the step decodes one token, as without speculation
+            if tree is not None:
+                got = accepted_length(tree.tokens.tolist(), tree.parents.tolist(), lane.output,
+                                      lane.p)  # fmt: skip
             commit = min(got + 1, len(lane.output) - lane.p)
             lane.delta = lane.output[lane.p : lane.p + commit]
             lane.p += commit
-            if step >= args.warmup:
+            if measured:
                 accepted, committed = accepted + got, committed + commit
             if lane.p == len(lane.output):
-                finisher.finish(lane.request_id, lane.delta)
+                client.finish(lane.request_id, lane.delta)
+                finished += 1
+                del budgets[lane.request_id]
                 lanes[i] = new_lane()
+                budgets[lanes[i].request_id] = args.budget
     wall = time.perf_counter() - wall_start
-    if isinstance(call, _Stream):
-        call.close()
-    finisher.close()
-    channel.close()
+    resyncs = client.stats.resyncs - resyncs_before
+    client.close()
     lat_ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
     return {
         "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
@@ -184,40 +180,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         "step_ms_max": round(float(lat_ms.max()), 3),
         "steps_per_s": round(len(lat_ms) / wall, 1),
         "fallbacks": int(np.count_nonzero(lat_ms > args.deadline_ms)),
-        "deadline_ms": args.deadline_ms, "resyncs": resyncs,
-        "tau": round(committed / max(1, len(lat_ms) * args.batch - resyncs), 4),
-        "accepted_tokens": accepted, "finished": finisher.sent,
+        "deadline_ms": args.deadline_ms, "failed_steps": failed, "resyncs": resyncs,
+        "tau": round(committed / max(1, len(lat_ms) * args.batch), 4),
+        "accepted_tokens": accepted, "finished": finished,
     }
-
-
-def _delta(lane: _Lane, budget: int) -> pb.RequestDelta:
-    if lane.known_length == 0:  # first call or resync: the whole context
-        context = lane.record.prompt_ids.tolist() + lane.output[: lane.p]
-        return pb.RequestDelta(request_id=lane.request_id, known_length=0, new_tokens=context,
-                               budget=budget, prompt_length=len(lane.record.prompt_ids))
-    return pb.RequestDelta(request_id=lane.request_id, known_length=lane.known_length,
-                           new_tokens=lane.delta, budget=budget)
-
-
-class _Finisher:
-    """Sends Finish calls from a background thread, as a worker would."""
-
-    def __init__(self, stub: pb_grpc.DrafterServiceStub) -> None:
-        self._stub = stub
-        self._queue: queue.Queue[pb.FinishedRequest | None] = queue.Queue()
-        self.sent = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def finish(self, request_id: str, final_tokens: list[int]) -> None:
-        self._queue.put(pb.FinishedRequest(request_id=request_id, final_tokens=final_tokens,
-                                           reason=pb.FINISH_REASON_FINISHED))
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            self._stub.Finish(pb.FinishRequest(requests=[item]), timeout=10)
-            self.sent += 1
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=30)

@@ -173,6 +173,31 @@ class ServeConfig:
         default=3, metadata=_meta("live: prompt tokens kept before an output", int)
     )
     log_level: str = field(default="INFO", metadata=_meta("logging level", str))
+    metrics_port: int = field(
+        default=9400,
+        metadata=_meta("Prometheus /metrics port (0 = pick a free port, -1 = disabled)", int),
+    )
+    metrics_host: str | None = field(
+        default=None,
+        metadata=_meta("Prometheus /metrics address (default: --host)", _optional(str)),
+    )
+    admin_port: int = field(
+        default=8400,
+        metadata=_meta("REST admin API port (0 = pick a free port, -1 = disabled)", int),
+    )
+    admin_host: str = field(default="127.0.0.1", metadata=_meta("REST admin API address", str))
+    admin_token_file: Path | None = field(
+        default=None,
+        metadata=_meta(
+            "file holding the admin bearer token (else env DRAFTER_ADMIN_TOKEN; without "
+            "one, admin calls that change anything are refused)",
+            Path,
+        ),
+    )
+    corpora_dir: Path | None = field(
+        default=None,
+        metadata=_meta("directory whose corpus files the admin API may add (unset: none)", Path),
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -192,6 +217,10 @@ class ServeConfig:
             "keepalive_timeout_s": self.keepalive_timeout_s > 0,
             "keepalive_min_ping_interval_s": self.keepalive_min_ping_interval_s >= 0,
             "host": bool(self.host),
+            "metrics_port": -1 <= self.metrics_port <= 65535,
+            "metrics_host": self.metrics_host is None or bool(self.metrics_host),
+            "admin_port": -1 <= self.admin_port <= 65535,
+            "admin_host": bool(self.admin_host),
             "log_level": self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
         }
         for name, ok in checks.items():

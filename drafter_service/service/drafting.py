@@ -23,6 +23,7 @@ from drafter_service.service.datastores import Catalog
 from drafter_service.service.errors import ResourceExhausted
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.service.jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
+from drafter_service.service.metrics import RPC_METHOD, DrafterMetrics
 from drafter_service.service.request_table import RequestState, RequestTable
 from drafter_service.service.responses import DraftAnswer
 from drafter_service.service.validation import CallLimits, DraftCall, Finished
@@ -36,6 +37,7 @@ class DraftEngine:
 
     ``max_inflight_calls`` bounds the calls whose work has not finished (queued or
     running, including those whose caller gave up); beyond it calls are refused.
+    Per-batch numbers go to ``metrics`` (a private one when not given).
     """
 
     def __init__(
@@ -45,12 +47,14 @@ class DraftEngine:
         table: RequestTable,
         ingester: GenerationIngester,
         max_inflight_calls: int,
+        metrics: DrafterMetrics | None = None,
     ) -> None:
         self.catalog = catalog
         self.limits = limits
         self.table = table
         self.ingester = ingester
         self.max_inflight_calls = max_inflight_calls
+        self.metrics = DrafterMetrics() if metrics is None else metrics
         self._inflight = 0
         self._runner = JobRunner(catalog)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
@@ -75,6 +79,11 @@ class DraftEngine:
             self._release()
             raise
         batches = await future
+        metrics = self.metrics
+        metrics.record_batch(RPC_METHOD.get(), len(places))
+        for name, batch in batches.items():
+            if batch is not None:
+                metrics.record_trees(name, batch.offsets, jobs[name].seconds)
         trees: list[tuple[DraftBatch, int] | None] = []
         for place in places:
             batch = batches[place[0]] if place is not None else None
@@ -100,6 +109,7 @@ class DraftEngine:
             job.starts.append((request_id, tokens))
             return (name, job.add(request_id, _NO_TOKENS, budget)), state.length
         if state is None or state.length != call.known_lengths[i]:  # the client's view is stale
+            self.metrics.count_resync("unknown" if state is None else "length_mismatch")
             if state is not None:
                 self.table.pop(request_id)
                 jobs_for(jobs, state.datastore).stops.append(request_id)

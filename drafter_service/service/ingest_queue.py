@@ -34,12 +34,20 @@ class GenerationIngester:
             raise ValueError(f"max_queued {max_queued} must be at least 1")
         self._queue: queue.Queue[_Generation | None] = queue.Queue(maxsize=max_queued)
         self.queued = 0
+        # Each counter is written by one thread only (dropped: the caller of offer; the
+        # others: the worker), so metrics may read them from any thread.
         self.dropped = 0  # queue full
         self.stored = 0
-        self.failed = 0  # refused by the datastore (full, closed)
+        self.refused_full = 0  # the datastore is at its memory bound
+        self.failed = 0  # any other refusal (bad tokens, closed datastore, disk)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="generation-ingest", daemon=True)
         self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Generations waiting to be stored (approximate while the worker runs)."""
+        return self._queue.qsize()
 
     def offer(
         self, live: LiveDatastore, chunks: list[npt.NDArray[np.int32]], prompt_length: int
@@ -75,7 +83,10 @@ class GenerationIngester:
             p = item.prompt_length
             try:
                 item.live.ingest_generation(tokens[:p], tokens[p:])
-            except (ValueError, DatastoreFull) as exc:
+            except DatastoreFull as exc:
+                self.refused_full += 1
+                log.warning("finished generation not stored: %s", exc)
+            except ValueError as exc:
                 self.failed += 1
                 log.warning("finished generation not stored: %s", exc)
             except Exception:  # disk or closed datastore: keep draining

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class DrafterJob:
     request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
     tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
 
     def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
         """Adds a request to the batch call; returns its row in the batch."""
@@ -45,6 +47,7 @@ class DrafterJob:
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
         """On the datastore's worker thread: stops, starts, then one native batch call."""
+        start = time.perf_counter()
         try:
             for request_id in self.stops:
                 drafter.stop(request_id)
@@ -61,6 +64,8 @@ class DrafterJob:
             for request_id in self.request_ids:  # the service forgets them too (RESYNC)
                 drafter.stop(request_id)
             raise
+        finally:
+            self.seconds = time.perf_counter() - start
 
 
 def jobs_for(jobs: dict[str, DrafterJob], datastore: str) -> DrafterJob:

@@ -1,10 +1,11 @@
 """The grpc.aio server: DrafterService, health checking, reflection, graceful shutdown.
 
 Lifecycle: :meth:`DrafterServer.listen` binds and serves health (NOT_SERVING; drafting
-calls answer UNAVAILABLE), :meth:`DrafterServer.load` opens the datastores and turns
-SERVING, :meth:`DrafterServer.stop` turns NOT_SERVING, lets calls in flight finish
-within the grace period (streams are cancelled after it), waits for queued work,
-stores queued generations and closes the live datastore.
+calls answer UNAVAILABLE) and Prometheus metrics, :meth:`DrafterServer.load` opens the
+datastores and turns SERVING, :meth:`DrafterServer.stop` turns NOT_SERVING, lets calls
+in flight finish within the grace period (streams are cancelled after it), stops the
+metrics endpoint, waits for queued work, stores queued generations and closes the live
+datastore.
 """
 
 from __future__ import annotations
@@ -13,19 +14,27 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
 from drafter_service.service.datastores import Catalog, open_catalog
 from drafter_service.service.drafting import DraftEngine
 from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.metrics import DrafterMetrics
+from drafter_service.service.metrics_http import MetricsExporter
 from drafter_service.service.request_table import RequestTable
 from drafter_service.service.servicer import DrafterServicer
 from drafter_service.service.validation import CallLimits
 from sssd.drafter.v1 import drafter_pb2, drafter_pb2_grpc
+
+if TYPE_CHECKING:
+    from drafter_service.admin.context import Phase
+    from drafter_service.admin.server import AdminServer
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +73,15 @@ class DrafterServer:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.port = 0
+        self.metrics_port: int | None = None  # bound by listen(); None: disabled
+        self.admin_port: int | None = None  # REST admin API, bound by listen(); None: disabled
+        self._admin: AdminServer | None = None
         self.health = health.aio.HealthServicer()
-        self._servicer = DrafterServicer(package_version(), config.max_message_bytes)
+        self.metrics = DrafterMetrics(package_version())
+        self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
+        self.registry.register(self.metrics)
+        self._servicer = DrafterServicer(package_version(), config.max_message_bytes, self.metrics)
+        self._exporter: MetricsExporter | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
         self._engine: DraftEngine | None = None
@@ -102,6 +118,24 @@ class DrafterServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {target}")
         await server.start()
+        if self.config.metrics_port >= 0:
+            host = self.config.metrics_host or self.config.host
+            try:
+                self._exporter = await asyncio.to_thread(
+                    MetricsExporter, self.registry, host, self.config.metrics_port
+                )
+            except OSError as exc:
+                raise OSError(
+                    f"cannot serve metrics on {host}:{self.config.metrics_port}: {exc}"
+                ) from None
+            self.metrics_port = self._exporter.port
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        if self.config.admin_port >= 0:
+            # Imported here: the admin package imports this package's config and datastores.
+            from drafter_service.admin.server import AdminServer
+
+            self._admin = AdminServer(self.config, lambda: self._catalog, self._phase)
+            self.admin_port = await self._admin.start()
 
     async def load(self) -> None:
         """Opens the datastores (in a thread: snapshot loads, log replay) and turns SERVING."""
@@ -119,13 +153,11 @@ class DrafterServer:
             default_datastore=DEFAULT_DATASTORE,
         )
         table = RequestTable(config.request_ttl_s, config.max_request_states)
+        ingester = GenerationIngester(config.ingest_queue_size)
         self._engine = DraftEngine(
-            catalog,
-            limits,
-            table,
-            GenerationIngester(config.ingest_queue_size),
-            config.max_inflight_calls,
+            catalog, limits, table, ingester, config.max_inflight_calls, self.metrics
         )
+        self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)
         self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
         for service in ("", SERVICE_NAME):
@@ -148,8 +180,12 @@ class DrafterServer:
                 self._sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._sweeper
+            if self._admin is not None:  # before the datastores close: waits for its job
+                await self._admin.stop()
             if self._server is not None:
                 await self._server.stop(self.config.grace_period_s if grace is None else grace)
+            if self._exporter is not None:
+                await asyncio.to_thread(self._exporter.stop)
             if self._engine is not None:
                 await self._engine.close()
             if self._catalog is not None:
@@ -157,6 +193,11 @@ class DrafterServer:
         finally:
             self._stopping.set_result(None)
         log.info("stopped")
+
+    def _phase(self) -> Phase:
+        if self._stopping is not None:
+            return "stopping"
+        return "loading" if self._engine is None else "ok"
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,15 +19,18 @@ from drafter_service.service.errors import (
     ServiceError,
     Unavailable,
 )
+from drafter_service.service.metrics import RPC_METHOD, DrafterMetrics
 from drafter_service.service.responses import (
     DatastoreSummary,
     draft_response,
+    packed_draft_response,
     service_info_response,
 )
 from drafter_service.service.validation import (
     parse_draft_request,
     parse_finish_request,
     parse_ingest_request,
+    parse_packed_draft_request,
 )
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
@@ -52,30 +57,37 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
 class DrafterServicer(pb_grpc.DrafterServiceServicer):
     """drafter.v1.DrafterService. Answers UNAVAILABLE until :meth:`attach`."""
 
-    def __init__(self, version: str, max_message_bytes: int) -> None:
+    def __init__(
+        self, version: str, max_message_bytes: int, metrics: DrafterMetrics | None = None
+    ) -> None:
         self._version = version
         self._max_message_bytes = max_message_bytes
+        self._metrics = DrafterMetrics(version) if metrics is None else metrics
         self._engine: DraftEngine | None = None
 
     def attach(self, engine: DraftEngine) -> None:
         self._engine = engine
 
     async def Draft(self, request: pb.DraftRequest, context: Any) -> pb.DraftResponse:
-        return await self._guard(context, lambda engine: _draft(engine, request))
+        return await self._guard("Draft", context, lambda engine: _draft(engine, request))
 
     async def DraftStream(
         self, request_iterator: AsyncIterator[pb.DraftRequest], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
         async for request in request_iterator:
-            yield await self._guard(context, lambda engine: _draft(engine, request))  # noqa: B023
+            yield await self._guard(
+                "DraftStream",
+                context,
+                lambda engine: _draft(engine, request),  # noqa: B023
+            )
 
     async def Finish(self, request: pb.FinishRequest, context: Any) -> pb.FinishResponse:
         async def finish(engine: DraftEngine) -> pb.FinishResponse:
             queued, unknown = await engine.finish(parse_finish_request(request, engine.limits))
             return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown)
 
-        return await self._guard(context, finish)
+        return await self._guard("Finish", context, finish)
 
     async def Ingest(self, request: pb.IngestRequest, context: Any) -> pb.IngestResponse:
         async def ingest(engine: DraftEngine) -> pb.IngestResponse:
@@ -83,7 +95,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             accepted, position = await engine.ingest(name, sequences)
             return pb.IngestResponse(accepted=accepted, wal_position=position)
 
-        return await self._guard(context, ingest)
+        return await self._guard("Ingest", context, ingest)
 
     async def GetServiceInfo(
         self, request: pb.GetServiceInfoRequest, context: Any
@@ -111,22 +123,39 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
                 summaries,
             )
 
-        return await self._guard(context, info)
+        return await self._guard("GetServiceInfo", context, info)
 
-    async def _guard(self, context: Any, call: Callable[[DraftEngine], Awaitable[T]]) -> T:
-        """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL."""
+    async def _guard(
+        self, method: str, context: Any, call: Callable[[DraftEngine], Awaitable[T]]
+    ) -> T:
+        """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
+        Counts failures by code and times the answered ones (metrics)."""
+        start = time.perf_counter()
+        RPC_METHOD.set(method)  # this call's task context only: labels the engine's numbers
         try:
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
-            return await call(self._engine)
+            result = await call(self._engine)
         except ServiceError as exc:
-            await context.abort(status_code(exc), str(exc))
+            code = status_code(exc)
+            self._metrics.count_error(method, code.name)
+            await context.abort(code, str(exc))
+        except asyncio.CancelledError:  # the client went away (deadline, cancel)
+            self._metrics.count_error(method, grpc.StatusCode.CANCELLED.name)
+            raise
         except Exception as exc:
+            self._metrics.count_error(method, grpc.StatusCode.INTERNAL.name)
             log.exception("internal error")
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+        else:
+            self._metrics.record_call(method, time.perf_counter() - start)
+            return result
         raise AssertionError("context.abort returned")
 
 
 async def _draft(engine: DraftEngine, request: pb.DraftRequest) -> pb.DraftResponse:
+    if request.HasField("packed"):
+        answer = await engine.draft(parse_packed_draft_request(request, engine.limits))
+        return packed_draft_response(answer, request.step)
     answer = await engine.draft(parse_draft_request(request, engine.limits))
     return draft_response(answer, request.step)

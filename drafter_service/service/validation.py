@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,12 +64,7 @@ class Finished:
 def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCall:
     deltas = request.requests
     _check_count(len(deltas), "requests", limits)
-    fingerprint = request.tokenizer_fingerprint
-    if fingerprint and limits.fingerprint and fingerprint != limits.fingerprint:
-        raise FailedPrecondition(
-            f"tokenizer_fingerprint {fingerprint!r} does not match the service's tokenizer "
-            f"{limits.fingerprint!r}"
-        )
+    _check_fingerprint(request.tokenizer_fingerprint, limits)
     ids: list[str] = []
     knowns: list[int] = []
     budgets: list[int] = []
@@ -105,6 +101,105 @@ def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCa
     flat = tokens.array()
     _check_token_range(flat, offsets, limits.vocab_size, ids)
     return DraftCall(ids, knowns, flat, offsets, budgets, names, prompts)
+
+
+_U32 = np.dtype("<u4")
+_I32 = np.dtype("<i4")
+
+
+def parse_packed_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCall:
+    """The packed form (``DraftRequest.packed``): the same checks as
+    :func:`parse_draft_request`, done on whole columns."""
+    if len(request.requests):
+        raise InvalidArgument(f"set either requests ({len(request.requests)}) or packed, not both")
+    _check_fingerprint(request.tokenizer_fingerprint, limits)
+    packed = request.packed
+    ids = list(packed.request_ids)
+    n = len(ids)
+    _check_count(n, "requests", limits)
+    seen: set[str] = set()
+    for i, request_id in enumerate(ids):
+        _check_request_id(request_id, i, seen)
+    knowns = _column(packed.known_lengths, _U32, n, "known_lengths")
+    counts = _column(packed.new_token_counts, _U32, n, "new_token_counts")
+    budgets = _column(packed.budgets, _U32, n, "budgets")
+    prompts = (
+        _column(packed.prompt_lengths, _U32, n, "prompt_lengths")
+        if packed.prompt_lengths
+        else np.zeros(n, dtype=np.int64)
+    )
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    _check_column_bytes(packed.new_tokens, _I32, int(offsets[-1]), "new_tokens", "new_token_counts")
+    flat: npt.NDArray[np.int32] = np.frombuffer(packed.new_tokens, dtype=_I32).astype(
+        np.int32, copy=False
+    )
+    if n:
+        bad = budgets > limits.max_budget
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidArgument(
+                f"request {ids[i]!r}: budget {budgets[i]} is over max_budget ({limits.max_budget})"
+            )
+        bad = knowns + counts > limits.max_tokens_per_request
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidArgument(
+                f"request {ids[i]!r}: known_length {knowns[i]} + {counts[i]} new tokens is over "
+                f"max_tokens_per_request ({limits.max_tokens_per_request})"
+            )
+        bad = (knowns == 0) & (prompts > counts)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidArgument(
+                f"request {ids[i]!r}: prompt_length {prompts[i]} is over the {counts[i]} new tokens"
+            )
+    offset_list: list[int] = offsets.tolist()
+    _check_token_range(flat, offset_list, limits.vocab_size, ids)
+    names = _resolve_datastores(list(packed.datastores), n, limits, ids)
+    prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
+    return DraftCall(ids, knowns.tolist(), flat, offset_list, budgets.tolist(), names, prompt_list)
+
+
+def _column(data: bytes, dtype: np.dtype[Any], expected: int, name: str) -> npt.NDArray[np.int64]:
+    """A little-endian column of one entry per request, widened to int64 (no overflow in
+    sums)."""
+    _check_column_bytes(data, dtype, expected, name)
+    return np.frombuffer(data, dtype=dtype).astype(np.int64)
+
+
+def _check_column_bytes(
+    data: bytes, dtype: np.dtype[Any], expected: int, name: str, counted_by: str = ""
+) -> None:
+    if len(data) != expected * dtype.itemsize:
+        what = f"the sum of {counted_by}" if counted_by else "the number of requests"
+        raise InvalidArgument(
+            f"packed.{name} has {len(data)} bytes: {expected} entries of {dtype.itemsize} bytes "
+            f"expected ({what} is {expected})"
+        )
+
+
+def _resolve_datastores(names: list[str], n: int, limits: CallLimits, ids: list[str]) -> list[str]:
+    if not names:
+        return [limits.default_datastore] * n
+    if len(names) != n:
+        raise InvalidArgument(
+            f"packed.datastores has {len(names)} names for {n} requests (give one per "
+            f"request, or none for the default)"
+        )
+    resolved: dict[str, str] = {}
+    for i, name in enumerate(names):
+        if name not in resolved:
+            resolved[name] = _resolve_datastore(name, limits, f"request {ids[i]!r}: ")
+    return [resolved[name] for name in names]
+
+
+def _check_fingerprint(fingerprint: str, limits: CallLimits) -> None:
+    if fingerprint and limits.fingerprint and fingerprint != limits.fingerprint:
+        raise FailedPrecondition(
+            f"tokenizer_fingerprint {fingerprint!r} does not match the service's tokenizer "
+            f"{limits.fingerprint!r}"
+        )
 
 
 def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[Finished]:

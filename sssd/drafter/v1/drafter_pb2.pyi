@@ -26,14 +26,34 @@ FINISH_REASON_FINISHED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
 
 class DraftRequest(_message.Message):
-    __slots__ = ("requests", "step", "tokenizer_fingerprint")
+    __slots__ = ("requests", "step", "tokenizer_fingerprint", "packed")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[RequestDelta]
     step: int
     tokenizer_fingerprint: str
-    def __init__(self, requests: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
+    packed: PackedDeltas
+    def __init__(self, requests: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., packed: _Optional[_Union[PackedDeltas, _Mapping]] = ...) -> None: ...
+
+class PackedDeltas(_message.Message):
+    __slots__ = ("request_ids", "known_lengths", "new_token_counts", "new_tokens", "budgets", "prompt_lengths", "datastores")
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    DATASTORES_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    known_lengths: bytes
+    new_token_counts: bytes
+    new_tokens: bytes
+    budgets: bytes
+    prompt_lengths: bytes
+    datastores: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., known_lengths: _Optional[bytes] = ..., new_token_counts: _Optional[bytes] = ..., new_tokens: _Optional[bytes] = ..., budgets: _Optional[bytes] = ..., prompt_lengths: _Optional[bytes] = ..., datastores: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RequestDelta(_message.Message):
     __slots__ = ("request_id", "known_length", "new_tokens", "budget", "datastore", "prompt_length")
@@ -52,12 +72,30 @@ class RequestDelta(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., known_length: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., budget: _Optional[int] = ..., datastore: _Optional[str] = ..., prompt_length: _Optional[int] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("drafts", "step")
+    __slots__ = ("drafts", "step", "packed")
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     drafts: _containers.RepeatedCompositeFieldContainer[RequestDraft]
     step: int
-    def __init__(self, drafts: _Optional[_Iterable[_Union[RequestDraft, _Mapping]]] = ..., step: _Optional[int] = ...) -> None: ...
+    packed: PackedDrafts
+    def __init__(self, drafts: _Optional[_Iterable[_Union[RequestDraft, _Mapping]]] = ..., step: _Optional[int] = ..., packed: _Optional[_Union[PackedDrafts, _Mapping]] = ...) -> None: ...
+
+class PackedDrafts(_message.Message):
+    __slots__ = ("statuses", "lengths", "node_counts", "tokens", "parents", "scores")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    statuses: bytes
+    lengths: bytes
+    node_counts: bytes
+    tokens: bytes
+    parents: bytes
+    scores: bytes
+    def __init__(self, statuses: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., node_counts: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., parents: _Optional[bytes] = ..., scores: _Optional[bytes] = ...) -> None: ...
 
 class RequestDraft(_message.Message):
     __slots__ = ("request_id", "status", "tokens", "parents", "scores", "length")

@@ -1,0 +1,92 @@
+"""The admin API's FastAPI application: routes, the JSON error shape for every failure,
+authentication and the request size limit (see ``auth`` and ``body_limit``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp
+
+from drafter_service.admin import corpus_routes, routes, snapshot_routes
+from drafter_service.admin.auth import BearerAuth
+from drafter_service.admin.body_limit import BodyLimit
+from drafter_service.admin.context import AdminContext
+from drafter_service.admin.errors import AdminError, error_response
+from drafter_service.admin.models import ErrorBody
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+_ERROR_STATUSES = {
+    400: "malformed request (e.g. invalid JSON, a path outside the corpora directory)",
+    401: "missing or wrong bearer token",
+    403: "state-changing calls are disabled: no admin token is configured",
+    404: "no such datastore, snapshot, corpus, job or route",
+    409: "conflicts with the current state (read-only datastore, name in use, ...)",
+    413: "request body too large",
+    422: "a value does not validate (names, settings, fields)",
+    503: "the datastores are not loaded (starting or stopping)",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
+}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def create_app(
+    context: AdminContext, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> ASGIApp:
+    """The admin application over ``context`` (wrapped in auth and the size limit)."""
+    app = FastAPI(
+        title="drafter admin",
+        summary="Operate a drafting service: datastores, snapshots, corpora, settings.",
+        version="1",
+        responses=ERROR_RESPONSES,
+    )
+    app.state.admin = context
+    app.include_router(routes.probes)
+    app.include_router(routes.v1)
+    app.include_router(snapshot_routes.router)
+    app.include_router(corpus_routes.router)
+    app.add_exception_handler(AdminError, _admin_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+    # Outermost first: authenticate before reading any body, then bound the body.
+    return BearerAuth(BodyLimit(app, max_body_bytes), token)
+
+
+async def _admin_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AdminError)
+    return error_response(exc.status, exc.code, exc.message)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_response(400, "bad_request", "the request body is not valid JSON")
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()))
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return error_response(422, "invalid_request", "; ".join(parts) or "invalid request")
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    response = error_response(exc.status_code, code, str(exc.detail))
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("admin API: unexpected error", exc_info=exc)
+    return error_response(500, "internal", f"internal error: {type(exc).__name__}")

@@ -1,0 +1,101 @@
+"""Corpora of a live datastore: add a file from the server's storage (a job), list, remove."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request, Response, Security
+
+from drafter_service.admin.corpora import NAME_PATTERN, build_corpus, resolve_corpus_path
+from drafter_service.admin.corpora import scratch_dir as corpus_scratch_dir
+from drafter_service.admin.errors import AdminError, conflict, not_found
+from drafter_service.admin.models import CorpusAdd, CorpusInfo, CorpusList, JobInfo
+from drafter_service.admin.routes import BEARER, DatastoreName, context, job_info
+from drafter_service.live_datastore import Corpus, DatastoreFull
+
+CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
+router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+
+
+@router.get("/datastores/{name}/corpora", response_model=CorpusList, tags=["corpora"])
+async def list_corpora(request: Request, name: DatastoreName) -> CorpusList:
+    live = context(request).live(name)
+    return CorpusList(corpora=[_info(c) for c in live.corpora])
+
+
+@router.post(
+    "/datastores/{name}/corpora",
+    response_model=JobInfo,
+    status_code=202,
+    tags=["corpora"],
+    summary="build a corpus file into static sub-indices of the datastore (a job)",
+    description="The file lies under the server's --corpora-dir. The corpus is kept across "
+    "rebuilds (never rotated out), is written into every later snapshot, and is durable "
+    "once the job succeeds (the job writes a snapshot).",
+)
+async def add_corpus(
+    request: Request, response: Response, name: DatastoreName, body: CorpusAdd
+) -> JobInfo:
+    ctx = context(request)
+    live = ctx.live(name)
+    if any(c.name == body.name for c in live.corpora):
+        raise conflict(f"datastore {name!r} already has a corpus {body.name!r}")
+    config = ctx.config
+    path = await asyncio.to_thread(resolve_corpus_path, config.corpora_dir, body.path)
+    if body.kind not in ("token-ids", "npy") and config.tokenizer is None:
+        raise conflict(
+            f"corpus kind {body.kind!r} needs the service's tokenizer.json: start it with "
+            "--tokenizer (or add token ids: kind token-ids or npy)"
+        )
+
+    def work() -> dict[str, Any]:
+        corpus = build_corpus(
+            body.name,
+            path,
+            body.kind,
+            live.tokenizer,
+            config.tokenizer,
+            corpus_scratch_dir(config.data_dir),
+            store=body.store,
+            text_field=body.text_field,
+            prompt_field=body.prompt_field,
+            output_field=body.output_field,
+            text_split=body.text_split,
+            max_sub_index_tokens=live.policy.max_sub_index_tokens,
+        )
+        try:
+            info = live.add_corpus(corpus)
+        except DatastoreFull as exc:
+            raise AdminError(409, "datastore_full", str(exc)) from None
+        except ValueError as exc:
+            raise conflict(str(exc)) from None
+        return {
+            "corpus": corpus.name,
+            "num_tokens": corpus.num_tokens,
+            "sub_indices": len(corpus.sub_indices),
+            "snapshot": info.path.name,
+        }
+
+    job = ctx.jobs.submit("corpus-add", name, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
+
+
+@router.delete("/datastores/{name}/corpora/{corpus}", status_code=204, tags=["corpora"])
+async def remove_corpus(request: Request, name: DatastoreName, corpus: CorpusName) -> None:
+    live = context(request).live(name)
+    try:
+        await asyncio.to_thread(live.remove_corpus, corpus)
+    except KeyError:
+        raise not_found(f"datastore {name!r} has no corpus {corpus!r}") from None
+
+
+def _info(corpus: Corpus) -> CorpusInfo:
+    return CorpusInfo(
+        name=corpus.name,
+        num_tokens=corpus.num_tokens,
+        sub_indices=len(corpus.sub_indices),
+        resident_bytes=corpus.resident_bytes,
+        metadata=dict(corpus.metadata),
+    )

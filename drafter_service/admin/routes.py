@@ -1,0 +1,166 @@
+"""Probes, datastore stats, live settings and jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response, Security
+from fastapi.security import HTTPBearer
+
+from drafter_service.admin.context import AdminContext
+from drafter_service.admin.errors import AdminError, not_found
+from drafter_service.admin.jobs import Job
+from drafter_service.admin.models import (
+    DatastoreDetail,
+    DatastoreList,
+    DatastoreSummary,
+    Health,
+    JobInfo,
+    JobList,
+    LiveDetail,
+    Settings,
+    SettingsPatch,
+)
+from drafter_service.live_datastore import LIVE_SETTINGS, LiveDatastore
+from drafter_service.service.config import DATASTORE_NAME
+from drafter_service.service.datastores import DatastoreSlot
+
+BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
+"""Declares the scheme in the OpenAPI schema; ``auth.BearerAuth`` enforces it."""
+DatastoreName = Annotated[
+    str, Path(pattern=f"^{DATASTORE_NAME.pattern}$", description="datastore name")
+]
+
+probes = APIRouter(tags=["probes"])
+v1 = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+
+
+def context(request: Request) -> AdminContext:
+    ctx: AdminContext = request.app.state.admin
+    return ctx
+
+
+@probes.get("/healthz", response_model=Health, summary="the process is alive")
+async def healthz(request: Request) -> Health:
+    return Health(status=context(request).phase())
+
+
+@probes.get(
+    "/readyz", response_model=Health, summary="datastores loaded and serving (503 otherwise)"
+)
+async def readyz(request: Request) -> Health:
+    context(request).loaded()
+    return Health(status="ok")
+
+
+@v1.get("/datastores", response_model=DatastoreList, tags=["datastores"])
+async def list_datastores(request: Request) -> DatastoreList:
+    catalog = context(request).loaded()
+    return DatastoreList(datastores=[_summary(s) for _, s in sorted(catalog.slots.items())])
+
+
+@v1.get("/datastores/{name}", response_model=DatastoreDetail, tags=["datastores"])
+async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDetail:
+    slot = context(request).slot(name)
+    live = None
+    if slot.live is not None:
+        s = slot.live.stats()
+        live = LiveDetail(
+            pending_tokens=s.pending_tokens,
+            rebuilds=s.rebuilds,
+            rebuild_seconds_total=s.rebuild_seconds_total,
+            last_rebuild_seconds=s.last_rebuild_seconds,
+            wal_position=s.wal_position,
+            covered_position=s.covered_position,
+            wal_bytes=s.wal_bytes,
+            last_snapshot_unix=s.last_snapshot_unix,
+            last_error=s.last_error,
+            corpora=len(slot.live.corpora),
+        )
+    return DatastoreDetail(
+        **_summary(slot).model_dump(),
+        active_requests=slot.drafter.num_requests,
+        live_state=live,
+    )
+
+
+@v1.post(
+    "/datastores/{name}/rebuild",
+    response_model=JobInfo,
+    status_code=202,
+    tags=["datastores"],
+    summary="fold the waiting ingests into the sub-indices now (a job)",
+)
+async def rebuild(request: Request, response: Response, name: DatastoreName) -> JobInfo:
+    ctx = context(request)
+    live = ctx.live(name)
+
+    def work() -> dict[str, object]:
+        rebuilt = live.rebuild()
+        return {"rebuilt": rebuilt, "num_tokens": live.stats().num_tokens}
+
+    job = ctx.jobs.submit("rebuild", name, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
+
+
+@v1.get("/datastores/{name}/settings", response_model=Settings, tags=["settings"])
+async def get_settings(request: Request, name: DatastoreName) -> Settings:
+    return _settings(context(request).live(name))
+
+
+@v1.patch(
+    "/datastores/{name}/settings",
+    response_model=Settings,
+    tags=["settings"],
+    summary="change the maintenance schedule while serving",
+    description="Only settings that are safe live: when rebuilds and snapshots run and how "
+    "many snapshots are kept. What a datastore holds (sub-index caps, memory bound), the "
+    "drafting knobs (the native drafter's DraftConfig is immutable) and the budget cap "
+    "(clients size trees from it) need a restart.",
+)
+async def patch_settings(request: Request, name: DatastoreName, body: SettingsPatch) -> Settings:
+    live = context(request).live(name)
+    changes = body.model_dump(exclude_none=True)
+    try:
+        await asyncio.to_thread(live.update_policy, **changes)
+    except ValueError as exc:
+        raise AdminError(422, "invalid_setting", str(exc)) from None
+    return _settings(live)
+
+
+@v1.get("/jobs", response_model=JobList, tags=["jobs"])
+async def list_jobs(request: Request) -> JobList:
+    return JobList(jobs=[job_info(j) for j in context(request).jobs.jobs()])
+
+
+@v1.get("/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
+async def show_job(
+    request: Request, job_id: Annotated[str, Path(pattern=r"^job-[0-9]{1,12}$")]
+) -> JobInfo:
+    job = context(request).jobs.get(job_id)
+    if job is None:
+        raise not_found(f"no job {job_id!r}")
+    return job_info(job)
+
+
+def job_info(job: Job) -> JobInfo:
+    return JobInfo(**dataclasses.asdict(job))
+
+
+def _summary(slot: DatastoreSlot) -> DatastoreSummary:
+    stats = slot.stats()
+    return DatastoreSummary(
+        name=slot.name,
+        live=slot.live is not None,
+        num_tokens=stats.num_tokens,
+        sub_indices=stats.sub_indices,
+        resident_bytes=stats.resident_bytes,
+    )
+
+
+def _settings(live: LiveDatastore) -> Settings:
+    policy = live.policy
+    return Settings(**{k: getattr(policy, k) for k in LIVE_SETTINGS})

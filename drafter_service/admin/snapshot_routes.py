@@ -1,0 +1,148 @@
+"""Snapshots of a live datastore: create (a job), list, show, restore (a job), delete."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request, Response, Security
+
+from drafter_service.admin.corpora import NAME_PATTERN
+from drafter_service.admin.errors import conflict, not_found
+from drafter_service.admin.models import (
+    JobInfo,
+    SnapshotCreate,
+    SnapshotDetail,
+    SnapshotList,
+    SnapshotSummary,
+)
+from drafter_service.admin.routes import BEARER, DatastoreName, context, job_info
+from drafter_service.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDatastore
+from drafter_service.snapshot import SnapshotError, SnapshotInfo
+
+SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot name")]
+router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+
+
+@router.get("/datastores/{name}/snapshots", response_model=SnapshotList, tags=["snapshots"])
+async def list_snapshots(request: Request, name: DatastoreName) -> SnapshotList:
+    live = context(request).live(name)
+    infos = await asyncio.to_thread(live.snapshots)
+    return SnapshotList(snapshots=[_summary(i, i is infos[-1]) for i in infos])
+
+
+@router.post(
+    "/datastores/{name}/snapshots",
+    response_model=JobInfo,
+    status_code=202,
+    tags=["snapshots"],
+    summary="write a snapshot (a job; see /v1/jobs/{job_id})",
+)
+async def create_snapshot(
+    request: Request, response: Response, name: DatastoreName, body: SnapshotCreate | None = None
+) -> JobInfo:
+    ctx = context(request)
+    live = ctx.live(name)
+    body = body or SnapshotCreate()
+    wanted = body.name
+    if wanted is not None and await asyncio.to_thread(_find, live, wanted) is not None:
+        raise conflict(f"snapshot {wanted!r} already exists")
+
+    def work() -> dict[str, Any]:
+        if body.rebuild_first:
+            live.rebuild()  # include every ingest acknowledged so far
+        info = live.snapshot(wanted, pinned=wanted is not None)
+        return {
+            "snapshot": info.path.name,
+            "wal_position": info.wal_position,
+            "num_tokens": info.num_tokens,
+        }
+
+    job = ctx.jobs.submit("snapshot", name, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
+
+
+@router.get(
+    "/datastores/{name}/snapshots/{snapshot}", response_model=SnapshotDetail, tags=["snapshots"]
+)
+async def show_snapshot(
+    request: Request, name: DatastoreName, snapshot: SnapshotName
+) -> SnapshotDetail:
+    live = context(request).live(name)
+    infos = await asyncio.to_thread(live.snapshots)
+    info = next((i for i in infos if i.path.name == snapshot), None)
+    if info is None:
+        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+    return SnapshotDetail(
+        **_summary(info, info is infos[-1]).model_dump(),
+        tokenizer=info.tokenizer.to_json(),
+        metadata=info.metadata,
+    )
+
+
+@router.post(
+    "/datastores/{name}/snapshots/{snapshot}/restore",
+    response_model=JobInfo,
+    status_code=202,
+    tags=["snapshots"],
+    summary="roll the datastore back to a snapshot (a job)",
+    description="The snapshot's content (corpora included) replaces the datastore; "
+    "drafting goes on during the swap. Ingests acknowledged before the restore that the "
+    "snapshot does not hold are discarded (also from the log); the restored state is "
+    "written as a new snapshot so that a restart keeps it.",
+)
+async def restore_snapshot(
+    request: Request, response: Response, name: DatastoreName, snapshot: SnapshotName
+) -> JobInfo:
+    ctx = context(request)
+    live = ctx.live(name)
+    if await asyncio.to_thread(_find, live, snapshot) is None:
+        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+
+    def work() -> dict[str, Any]:
+        info = live.restore(snapshot)
+        return {
+            "restored": snapshot,
+            "snapshot": info.path.name,
+            "discarded_through": info.wal_position,
+            "num_tokens": info.num_tokens,
+        }
+
+    job = ctx.jobs.submit("restore", name, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
+
+
+@router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204, tags=["snapshots"])
+async def delete_snapshot(request: Request, name: DatastoreName, snapshot: SnapshotName) -> None:
+    live = context(request).live(name)
+    try:
+        await asyncio.to_thread(live.delete_snapshot, snapshot)
+    except KeyError:
+        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}") from None
+    except SnapshotError as exc:
+        raise conflict(str(exc)) from None
+
+
+def _find(live: LiveDatastore, name: str) -> SnapshotInfo | None:
+    return next((i for i in live.snapshots() if i.path.name == name), None)
+
+
+def _summary(info: SnapshotInfo, newest: bool) -> SnapshotSummary:
+    listed = info.metadata.get(CORPORA_KEY)
+    corpora = [
+        str(c["name"])
+        for c in (listed if isinstance(listed, list) else [])
+        if isinstance(c, dict) and "name" in c
+    ]
+    return SnapshotSummary(
+        name=info.path.name,
+        created_unix=info.created_unix,
+        wal_position=info.wal_position,
+        num_tokens=info.num_tokens,
+        sub_indices=len(info.sub_indices),
+        pinned=bool(info.metadata.get(PINNED_KEY)),
+        corpora=corpora,
+        newest=newest,
+    )

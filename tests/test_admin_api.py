@@ -1,0 +1,755 @@
+"""The REST admin API, driven over HTTP against real servers: `drafter serve` in process
+(the uvicorn server on the same loop as gRPC) and as a subprocess; drafts through the
+real gRPC client (verifier_client)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from service_support import VOCAB, LoopThread, Subprocess, config
+
+from drafter_service.datastore import Datastore
+from drafter_service.service import DrafterServer, ServeConfig, start_server
+from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from verifier_client import BudgetRule, DrafterClient
+
+TOKEN = "test-admin-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+WRONG = {"Authorization": "Bearer not-the-token-0123456789abcdef"}
+WORDS = [f"w{i}" for i in range(40)]
+
+# A corpus continuation that nothing else in the tests contains.
+CORPUS_DOC = [900, 901, 902, 903, 904, 905, 906, 907, 908, 909]
+PROMPTS = {"a": [11, 12, 13, 14], "b": [21, 22, 23], "c": [31, 32]}
+BEFORE_DOCS = [[11, 12, 13, 14, 15, 16, 17, 18], [21, 22, 23, 24, 25, 26], [31, 32, 33, 34, 35]]
+AFTER_DOCS = [[11, 12, 13, 14, 50, 51, 52] * 3, [21, 22, 23, 60, 61, 62] * 3, [31, 32, 70] * 4]
+
+
+class Admin:
+    """An in-process server with its admin API, and an HTTP client for it."""
+
+    def __init__(self, loop: LoopThread, server: DrafterServer) -> None:
+        self.loop = loop
+        self.server = server
+        assert server.admin_port is not None
+        self.base = f"http://127.0.0.1:{server.admin_port}"
+        self.http = httpx.Client(base_url=self.base, timeout=30)
+
+    def wait_job(self, response: httpx.Response, timeout_s: float = 60) -> dict[str, Any]:
+        assert response.status_code == 202, response.text
+        job = response.json()
+        assert response.headers["location"] == f"/v1/jobs/{job['id']}"
+        deadline = time.monotonic() + timeout_s
+        while job["state"] in ("queued", "running"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.02)
+            job = self.http.get(f"/v1/jobs/{job['id']}", headers=AUTH).json()
+        return dict(job)
+
+    def drafts(self, prompts: dict[str, list[int]] = PROMPTS) -> dict[str, Any]:
+        """Fresh requests through the real client: one step each, trees as lists."""
+        with DrafterClient(
+            self.server.address, deadline_ms=10_000, mode="unary", budget=BudgetRule.fixed(12)
+        ) as client:
+            client.wait_ready()
+            for request_id, prompt in prompts.items():
+                client.add_request(request_id, prompt)
+            result = client.step({request_id: [] for request_id in prompts})
+            out = {}
+            for request_id in prompts:
+                tree = result[request_id]
+                assert tree is not None, request_id
+                out[request_id] = (
+                    tree.tokens.tolist(),
+                    tree.parents.tolist(),
+                    [round(s, 6) for s in tree.scores.tolist()],
+                )
+                client.abort(request_id)
+            return out
+
+    def ingest(self, docs: list[list[int]]) -> None:
+        with DrafterClient(self.server.address, deadline_ms=10_000, mode="unary") as client:
+            client.wait_ready()
+            assert client.ingest(docs)
+            assert client.flush(10)
+        job = self.wait_job(self.http.post("/v1/datastores/default/rebuild", headers=AUTH))
+        assert job["state"] == "succeeded", job
+
+    def close(self) -> None:
+        self.http.close()
+        self.loop.run(self.server.stop(0))
+
+
+def word_tokenizer(path: Path) -> Path:
+    """A real tokenizer.json (word level, whitespace split) with ids 0..len(WORDS)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture
+def corpora_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "corpora"
+    (root / "sub").mkdir(parents=True)
+    lines = [json.dumps({"prompt_ids": [1, 2], "output_ids": CORPUS_DOC})]
+    (root / "ids.jsonl").write_text("\n".join(lines) + "\n")
+    np.save(root / "sub" / "ids.npy", np.array([*CORPUS_DOC, -1, 5, 6, 7], dtype=np.int64))
+    (root / "words.txt").write_text("w1 w2 w3 w4 w5 w6 w7 w8 w9 w10\n")
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(lines[0] + "\n")
+    (root / "escape.jsonl").symlink_to(outside)
+    (root / "inside-link.jsonl").symlink_to(root / "ids.jsonl")
+    return root
+
+
+def start(loop: LoopThread, cfg: ServeConfig) -> Admin:
+    return Admin(loop, loop.run(start_server(cfg)))
+
+
+def server_config(tmp_path: Path, corpora: Path, **overrides: Any) -> ServeConfig:
+    """A token, a corpora directory, a tokenizer, a read-only datastore "ro"; no
+    background maintenance (rebuilds and snapshots happen when a test asks)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    tokenizer = word_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    readonly = tmp_path / "readonly-snapshot"
+    if not readonly.exists():
+        identity = TokenizerIdentity.from_file(tokenizer, vocab_size=VOCAB)
+        write_snapshot(readonly, Datastore.from_documents([[1, 2, 3, 4]], VOCAB), identity)
+    settings: dict[str, Any] = dict(
+        admin_token_file=token_file,
+        corpora_dir=corpora,
+        tokenizer=tokenizer,
+        rebuild_interval_s=3600,
+        rebuild_min_tokens=10**6,
+        snapshot_interval_s=0,
+        datastores=(("ro", readonly),),
+    )
+    settings.update(overrides)
+    return config(tmp_path / "data", **settings)
+
+
+@pytest.fixture
+def admin(loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path) -> Iterator[Admin]:
+    running = start(loop_thread, server_config(tmp_path, corpora_dir))
+    yield running
+    running.close()
+
+
+# -- probes and reads ------------------------------------------------------------------
+
+
+def test_probes_are_public_and_reads_need_the_token(admin: Admin) -> None:
+    http = admin.http
+    assert http.get("/healthz").json() == {"status": "ok"}
+    assert http.get("/readyz").json() == {"status": "ok"}
+    assert http.get("/openapi.json").json()["info"]["title"] == "drafter admin"
+    assert "swagger" in http.get("/docs").text.lower()
+    for headers in ({}, WRONG, {"Authorization": TOKEN}, {"Authorization": "Basic abc"}):
+        r = http.get("/v1/datastores", headers=headers)
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["error"]["code"] == "unauthenticated"
+    r = http.get("/v1/datastores", headers=AUTH)
+    assert r.status_code == 200
+    names = [d["name"] for d in r.json()["datastores"]]
+    assert names == ["default", "ro"]
+
+
+def test_datastore_stats(admin: Admin) -> None:
+    http = admin.http
+    admin.ingest([[5, 6, 7, 8]])
+    d = http.get("/v1/datastores/default", headers=AUTH).json()
+    assert d["live"] is True and d["num_tokens"] == 4 and d["sub_indices"] == 1
+    assert d["live_state"]["rebuilds"] == 1 and d["live_state"]["wal_position"] == 1
+    assert d["live_state"]["pending_tokens"] == 0 and d["active_requests"] == 0
+    ro = http.get("/v1/datastores/ro", headers=AUTH).json()
+    assert ro["live"] is False and ro["num_tokens"] == 4 and ro["live_state"] is None
+    listed = {d["name"]: d for d in http.get("/v1/datastores", headers=AUTH).json()["datastores"]}
+    assert listed["default"]["num_tokens"] == 4
+    r = http.get("/v1/datastores/nope", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = http.get("/v1/datastores/-bad", headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+
+
+def test_readyz_is_503_until_the_datastores_are_loaded(
+    loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path
+) -> None:
+    server = DrafterServer(server_config(tmp_path, corpora_dir))
+    loop_thread.run(server.listen())  # serving, datastores not loaded yet
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.admin_port}") as http:
+            assert http.get("/healthz").json() == {"status": "loading"}
+            r = http.get("/readyz")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+            assert http.get("/v1/datastores", headers=AUTH).status_code == 503
+            r = http.post("/v1/datastores/default/rebuild", headers=AUTH)
+            assert r.status_code == 503
+            loop_thread.run(server.load())
+            assert http.get("/readyz").status_code == 200
+    finally:
+        loop_thread.run(server.stop(0))
+
+
+# -- authentication ----------------------------------------------------------------------
+
+
+def mutating_routes(schema: dict[str, Any]) -> list[tuple[str, str]]:
+    """(method, concrete path) of every state-changing operation in the schema."""
+    values = {"name": "default", "snapshot": "snap1", "corpus": "corpus1", "job_id": "job-1"}
+    routes = []
+    for path, operations in schema["paths"].items():
+        for method in operations:
+            if method.upper() not in ("GET", "HEAD", "OPTIONS"):
+                routes.append((method.upper(), path.format(**values)))
+    return sorted(routes)
+
+
+MUTATING = [
+    ("POST", "/v1/datastores/default/rebuild"),
+    ("PATCH", "/v1/datastores/default/settings"),
+    ("POST", "/v1/datastores/default/snapshots"),
+    ("DELETE", "/v1/datastores/default/snapshots/snap1"),
+    ("POST", "/v1/datastores/default/snapshots/snap1/restore"),
+    ("POST", "/v1/datastores/default/corpora"),
+    ("DELETE", "/v1/datastores/default/corpora/corpus1"),
+]
+
+
+def test_the_mutating_routes_listed_here_are_all_of_them(admin: Admin) -> None:
+    served = admin.http.get("/openapi.json").json()
+    assert mutating_routes(served) == sorted(MUTATING)
+
+
+@pytest.mark.parametrize(("method", "path"), MUTATING)
+def test_mutating_calls_need_the_right_token(admin: Admin, method: str, path: str) -> None:
+    before = admin.http.get("/v1/datastores/default", headers=AUTH).json()
+    body = {"name": "x", "path": "ids.jsonl", "kind": "token-ids"}
+    for headers in ({}, WRONG, {"Authorization": f"Bearer {TOKEN[:-1]}"}, {"X-Token": TOKEN}):
+        r = admin.http.request(method, path, headers=headers, json=body)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.headers["www-authenticate"] == 'Bearer realm="drafter-admin"'
+        assert r.json() == {
+            "error": {"code": "unauthenticated", "message": r.json()["error"]["message"]}
+        }
+    assert admin.http.get("/v1/jobs", headers=AUTH).json() == {"jobs": []}
+    assert admin.http.get("/v1/datastores/default", headers=AUTH).json() == before
+
+
+@pytest.fixture
+def tokenless(loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path) -> Iterator[Admin]:
+    running = start(loop_thread, server_config(tmp_path, corpora_dir, admin_token_file=None))
+    yield running
+    running.close()
+
+
+@pytest.mark.parametrize(("method", "path"), MUTATING)
+def test_without_a_configured_token_mutating_calls_are_refused(
+    tokenless: Admin, method: str, path: str
+) -> None:
+    for headers in ({}, AUTH):
+        r = tokenless.http.request(method, path, headers=headers, json={})
+        assert r.status_code == 403, r.text
+        assert "--admin-token-file" in r.json()["error"]["message"]
+        assert "DRAFTER_ADMIN_TOKEN" in r.json()["error"]["message"]
+    # Reads stay open without a token (there is none to present).
+    assert tokenless.http.get("/v1/datastores/default").status_code == 200
+    assert tokenless.http.get("/v1/jobs").json() == {"jobs": []}
+
+
+def test_bad_token_settings_fail_the_start(tmp_path: Path) -> None:
+    from drafter_service.admin.auth import load_token
+
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    with pytest.raises(ValueError, match="at least 16"):
+        load_token(short, {})
+    with pytest.raises(ValueError, match="cannot read"):
+        load_token(tmp_path / "missing", {})
+    assert load_token(None, {"DRAFTER_ADMIN_TOKEN": f" {TOKEN} "}) == TOKEN
+    assert load_token(None, {}) is None
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+
+def test_a_snapshot_restored_over_rest_gives_identical_drafts(
+    loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path
+) -> None:
+    cfg = server_config(tmp_path, corpora_dir)
+    admin = start(loop_thread, cfg)
+    try:
+        http = admin.http
+        admin.ingest(BEFORE_DOCS)
+        before = admin.drafts()
+        assert all(tree[0] for tree in before.values())  # the datastore drafts something
+        job = admin.wait_job(
+            http.post("/v1/datastores/default/snapshots", headers=AUTH, json={"name": "before"})
+        )
+        assert job["state"] == "succeeded", job
+        assert job["kind"] == "snapshot" and job["result"]["snapshot"] == "before"
+        assert job["result"]["wal_position"] == 3 and job["result"]["num_tokens"] > 0
+
+        admin.ingest(AFTER_DOCS)
+        after = admin.drafts()
+        assert after != before  # the new data changed the drafts
+
+        listed = http.get("/v1/datastores/default/snapshots", headers=AUTH).json()["snapshots"]
+        assert [s["name"] for s in listed] == ["before"]
+        assert listed[0]["pinned"] and listed[0]["newest"]
+        r = http.post("/v1/datastores/default/snapshots/before/restore", headers=AUTH)
+        job = admin.wait_job(r)
+        assert job["state"] == "succeeded", job
+        assert job["result"]["restored"] == "before" and job["result"]["discarded_through"] == 6
+        assert admin.drafts() == before
+
+        # The restored state is the newest snapshot, so a restart keeps it; the
+        # ingests after "before" are discarded from the log as well.
+        listed = http.get("/v1/datastores/default/snapshots", headers=AUTH).json()["snapshots"]
+        assert listed[-1]["name"] == job["result"]["snapshot"] and listed[-1]["newest"]
+        shown = http.get(f"/v1/datastores/default/snapshots/{listed[-1]['name']}", headers=AUTH)
+        assert shown.json()["metadata"]["restored_from"] == "before"
+        assert shown.json()["tokenizer"]["vocab_size"] == VOCAB
+    finally:
+        admin.close()
+    again = start(loop_thread, cfg)
+    try:
+        assert again.drafts() == before
+        stats = again.http.get("/v1/datastores/default", headers=AUTH).json()
+        assert stats["live_state"]["pending_tokens"] == 0
+    finally:
+        again.close()
+
+
+def test_drafting_keeps_serving_while_the_datastore_is_swapped(admin: Admin) -> None:
+    import threading
+
+    http = admin.http
+    admin.ingest(BEFORE_DOCS)
+    assert (
+        admin.wait_job(
+            http.post("/v1/datastores/default/snapshots", headers=AUTH, json={"name": "s"})
+        )["state"]
+        == "succeeded"
+    )
+    admin.ingest(AFTER_DOCS)
+    stop = threading.Event()
+    steps: list[bool] = []
+    errors: list[BaseException] = []
+
+    def draft_continuously() -> None:
+        try:
+            with DrafterClient(
+                admin.server.address, deadline_ms=10_000, mode="unary", budget=BudgetRule.fixed(8)
+            ) as client:
+                client.wait_ready()
+                i = 0
+                while not stop.is_set():
+                    client.add_request(f"r{i}", PROMPTS["a"])
+                    steps.append(client.step({f"r{i}": []})[f"r{i}"] is not None)
+                    client.abort(f"r{i}")
+                    i += 1
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=draft_continuously)
+    thread.start()
+    try:
+        for _ in range(3):
+            job = admin.wait_job(
+                http.post("/v1/datastores/default/snapshots/s/restore", headers=AUTH)
+            )
+            assert job["state"] == "succeeded", job
+            body = {"name": "c", "path": "ids.jsonl", "kind": "token-ids"}
+            job = admin.wait_job(
+                http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+            )
+            assert job["state"] == "succeeded", job
+            assert http.delete("/v1/datastores/default/corpora/c", headers=AUTH).status_code == 204
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors, errors
+    assert len(steps) >= 10 and all(steps)  # every step drafted: none fell back
+
+
+def test_snapshot_list_show_delete_and_conflicts(admin: Admin) -> None:
+    http = admin.http
+    base = "/v1/datastores/default/snapshots"
+    admin.ingest([[1, 2, 3]])
+    assert admin.wait_job(http.post(base, headers=AUTH, json={"name": "one"}))["state"] == (
+        "succeeded"
+    )
+    r = http.post(base, headers=AUTH, json={"name": "one"})
+    assert r.status_code == 409 and "already exists" in r.json()["error"]["message"]
+    job = admin.wait_job(http.post(base, headers=AUTH))  # no body: a generated name
+    assert job["state"] == "succeeded"
+    generated = job["result"]["snapshot"]
+    names = [s["name"] for s in http.get(base, headers=AUTH).json()["snapshots"]]
+    assert names == ["one", generated]
+    shown = http.get(f"{base}/one", headers=AUTH).json()
+    assert shown["name"] == "one" and shown["pinned"] and not shown["newest"]
+    assert shown["sub_indices"] == 1 and shown["num_tokens"] == 3
+    r = http.delete(f"{base}/{generated}", headers=AUTH)  # the restart point
+    assert r.status_code == 409 and "newest" in r.json()["error"]["message"]
+    assert http.delete(f"{base}/one", headers=AUTH).status_code == 204
+    assert http.get(f"{base}/one", headers=AUTH).status_code == 404
+    assert http.delete(f"{base}/one", headers=AUTH).status_code == 404
+    assert http.post(f"{base}/one/restore", headers=AUTH).status_code == 404
+    # Read-only datastores have no snapshots, rebuilds, corpora or settings.
+    for method, path in [
+        ("GET", "/v1/datastores/ro/snapshots"),
+        ("POST", "/v1/datastores/ro/snapshots"),
+        ("POST", "/v1/datastores/ro/rebuild"),
+        ("GET", "/v1/datastores/ro/corpora"),
+        ("GET", "/v1/datastores/ro/settings"),
+    ]:
+        r = http.request(method, path, headers=AUTH)
+        assert r.status_code == 409 and "read-only" in r.json()["error"]["message"], path
+    assert http.get("/v1/jobs/job-999999", headers=AUTH).status_code == 404
+    jobs = http.get("/v1/jobs", headers=AUTH).json()["jobs"]
+    assert [j["kind"] for j in jobs] == ["rebuild", "snapshot", "snapshot"]
+
+
+# -- corpora -----------------------------------------------------------------------------
+
+
+def corpus_draft(admin: Admin) -> list[int]:
+    return list(admin.drafts({"probe": CORPUS_DOC[:3]})["probe"][0])
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [("ids.jsonl", "token-ids"), ("sub/ids.npy", "npy"), ("inside-link.jsonl", "token-ids")],
+)
+def test_an_added_corpus_drafts_survives_rebuilds_and_is_removable(
+    admin: Admin, path: str, kind: str
+) -> None:
+    http = admin.http
+    base = "/v1/datastores/default/corpora"
+    assert CORPUS_DOC[3] not in corpus_draft(admin)
+    job = admin.wait_job(
+        http.post(base, headers=AUTH, json={"name": "mine", "path": path, "kind": kind})
+    )
+    assert job["state"] == "succeeded", job
+    assert job["result"]["num_tokens"] >= len(CORPUS_DOC)
+    drafted = corpus_draft(admin)
+    assert drafted[:4] == CORPUS_DOC[3:7]  # the best chain continues the corpus text
+    listed = http.get(base, headers=AUTH).json()["corpora"]
+    assert [c["name"] for c in listed] == ["mine"] and listed[0]["metadata"]["kind"] == kind
+    r = http.post(base, headers=AUTH, json={"name": "mine", "path": path, "kind": kind})
+    assert r.status_code == 409
+
+    admin.ingest([[1, 2, 3, 4, 5]])  # a rebuild keeps the corpus
+    assert corpus_draft(admin)[:4] == CORPUS_DOC[3:7]
+    snaps = http.get("/v1/datastores/default/snapshots", headers=AUTH).json()["snapshots"]
+    assert snaps[-1]["corpora"] == ["mine"]  # durable: the add wrote a snapshot
+
+    assert http.delete(f"{base}/mine", headers=AUTH).status_code == 204
+    assert CORPUS_DOC[3] not in corpus_draft(admin)
+    assert http.get(base, headers=AUTH).json() == {"corpora": []}
+    assert http.delete(f"{base}/mine", headers=AUTH).status_code == 404
+
+
+def test_a_text_corpus_is_tokenized_with_the_service_tokenizer(admin: Admin) -> None:
+    body = {"name": "words", "path": "words.txt", "kind": "text"}
+    job = admin.wait_job(admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body))
+    assert job["state"] == "succeeded", job
+    assert job["result"]["num_tokens"] == 10
+    # "w1 w2 w3" are ids 2, 3, 4 of the word tokenizer; the corpus continues with w4 w5.
+    assert admin.drafts({"t": [2, 3, 4]})["t"][0][:2] == [5, 6]
+
+
+def test_a_bad_corpus_file_fails_its_job(admin: Admin, corpora_dir: Path) -> None:
+    (corpora_dir / "bad.jsonl").write_text('{"output_ids": [1, 2, 99999]}\n')
+    body = {"name": "bad", "path": "bad.jsonl", "kind": "token-ids"}
+    job = admin.wait_job(admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body))
+    assert job["state"] == "failed" and "99999" in job["error"]
+    assert admin.http.get("/v1/datastores/default/corpora", headers=AUTH).json() == {"corpora": []}
+
+
+def test_text_corpora_need_a_tokenizer_and_corpora_need_a_directory(
+    loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path
+) -> None:
+    admin = start(loop_thread, server_config(tmp_path, corpora_dir, tokenizer=None))
+    try:
+        body = {"name": "words", "path": "words.txt", "kind": "text"}
+        r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+        assert r.status_code == 409 and "--tokenizer" in r.json()["error"]["message"]
+    finally:
+        admin.close()
+    admin = start(loop_thread, server_config(tmp_path, corpora_dir, corpora_dir=None))
+    try:
+        body = {"name": "ids", "path": "ids.jsonl", "kind": "token-ids"}
+        r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+        assert r.status_code == 409 and "--corpora-dir" in r.json()["error"]["message"]
+    finally:
+        admin.close()
+
+
+# -- path traversal ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("../outside.jsonl", 400),
+        ("sub/../../outside.jsonl", 400),
+        ("/etc/passwd", 400),
+        (str(Path("/tmp").resolve()), 400),
+        ("%2e%2e%2foutside.jsonl", 400),
+        ("..%2Foutside.jsonl", 400),
+        ("sub\\..\\..\\outside.jsonl", 400),
+        (".hidden", 400),
+        ("escape.jsonl", 400),  # a symlink leading outside the corpora directory
+        ("sub", 400),  # a directory
+        ("missing.jsonl", 404),
+        ("a\x00b", 400),
+    ],
+)
+def test_corpus_paths_cannot_leave_the_corpora_directory(
+    admin: Admin, path: str, status: int
+) -> None:
+    body = {"name": "c1", "path": path, "kind": "token-ids"}
+    r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] in ("bad_request", "not_found")
+    assert admin.http.get("/v1/jobs", headers=AUTH).json() == {"jobs": []}
+
+
+@pytest.mark.parametrize(
+    "raw_name",
+    [
+        "..",
+        "%2e%2e",
+        "%2e%2e%2f%2e%2e%2fwal",
+        "..%2f..%2fwal",
+        "%2fetc%2fpasswd",
+        "a.b",
+        "-x",
+        "x" * 65,
+        "%00",
+    ],
+)
+def test_snapshot_and_corpus_names_are_validated(admin: Admin, raw_name: str) -> None:
+    admin.ingest([[1, 2, 3]])
+    assert (
+        admin.wait_job(
+            admin.http.post("/v1/datastores/default/snapshots", headers=AUTH, json={"name": "keep"})
+        )["state"]
+        == "succeeded"
+    )
+    data_dir = admin.server.config.data_dir
+    before = sorted(p.name for p in data_dir.rglob("*"))
+    base = "/v1/datastores/default"
+    requests = [
+        ("GET", f"{base}/snapshots/{raw_name}"),
+        ("DELETE", f"{base}/snapshots/{raw_name}"),
+        ("POST", f"{base}/snapshots/{raw_name}/restore"),
+        ("DELETE", f"{base}/corpora/{raw_name}"),
+    ]
+    for method, target in requests:
+        # The raw request target: no client-side normalisation of dot segments.
+        request = admin.http.build_request(method, base, headers=AUTH)
+        request.extensions["target"] = target.encode()
+        r = admin.http.send(request)
+        assert r.status_code in (404, 422), (method, target, r.status_code, r.text)
+        assert r.json()["error"]["code"] in ("not_found", "invalid_request")
+    decoded = raw_name.replace("%2e", ".").replace("%2f", "/").replace("%00", "\x00")
+    for body in ({"name": decoded}, {"name": f"../{decoded}"}):
+        r = admin.http.post("/v1/datastores/default/snapshots", headers=AUTH, json=body)
+        assert r.status_code == 422, r.text
+        r = admin.http.post(
+            "/v1/datastores/default/corpora",
+            headers=AUTH,
+            json={**body, "path": "ids.jsonl", "kind": "token-ids"},
+        )
+        assert r.status_code == 422, r.text
+    assert sorted(p.name for p in data_dir.rglob("*")) == before
+    assert (data_dir / "snapshots" / "keep" / "manifest.json").is_file()
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def test_error_statuses_and_shape(admin: Admin) -> None:
+    http = admin.http
+    corpora = "/v1/datastores/default/corpora"
+    r = http.post(corpora, headers={**AUTH, "Content-Type": "application/json"}, content=b"{oops")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request"
+    r = http.post(corpora, headers=AUTH, json={"name": "x", "path": "ids.jsonl"})
+    assert r.status_code == 422 and "kind" in r.json()["error"]["message"]
+    r = http.post(corpora, headers=AUTH, json={"name": "x", "path": "a", "kind": "x", "extra": 1})
+    assert r.status_code == 422
+    big = {"name": "x", "path": "a" * 100_000, "kind": "token-ids"}
+    r = http.post(corpora, headers=AUTH, json=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted while read
+        for _ in range(100):
+            yield b" " * 1024
+
+    r = http.post(corpora, headers={**AUTH, "Content-Type": "application/json"}, content=chunks())
+    assert r.status_code == 413
+    r = http.get("/v1/nothing-here", headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = http.put("/v1/datastores/default/settings", headers=AUTH, json={})
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    r = http.patch("/v1/datastores/default/settings", headers=AUTH, json={"rebuild_interval_s": 0})
+    assert r.status_code == 422
+    r = http.patch("/v1/datastores/default/settings", headers=AUTH, json={"max_sub_indices": 2})
+    assert r.status_code == 422  # not a live setting
+    assert admin.http.get("/v1/jobs", headers=AUTH).json() == {"jobs": []}
+
+
+# -- live settings -----------------------------------------------------------------------
+
+
+def test_live_settings_change_when_maintenance_runs(admin: Admin) -> None:
+    http = admin.http
+    url = "/v1/datastores/default/settings"
+    assert http.get(url, headers=AUTH).json() == {
+        "rebuild_min_tokens": 10**6,
+        "rebuild_interval_s": 3600.0,
+        "snapshot_interval_s": 0.0,
+        "keep_snapshots": 2,
+    }
+    with DrafterClient(admin.server.address, deadline_ms=10_000, mode="unary") as client:
+        client.wait_ready()
+        assert client.ingest([[1, 2, 3, 4]]) and client.flush(10)
+    time.sleep(1.2)  # hourly rebuilds: nothing folded in
+    stats = http.get("/v1/datastores/default", headers=AUTH).json()
+    assert stats["live_state"]["pending_tokens"] == 4
+
+    r = http.patch(url, headers=AUTH, json={"rebuild_interval_s": 0.05, "keep_snapshots": 3})
+    assert r.status_code == 200
+    assert r.json()["rebuild_interval_s"] == 0.05 and r.json()["keep_snapshots"] == 3
+    deadline = time.monotonic() + 10
+    while http.get("/v1/datastores/default", headers=AUTH).json()["num_tokens"] != 4:
+        assert time.monotonic() < deadline, "the background rebuild never ran"
+        time.sleep(0.05)
+    assert http.get(url, headers=AUTH).json()["rebuild_interval_s"] == 0.05
+
+
+# -- as a subprocess -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_drafter_serve_subprocess_serves_admin_with_an_env_token(tmp_path: Path) -> None:
+    port = free_port()
+    os.environ["DRAFTER_ADMIN_TOKEN"] = TOKEN  # inherited by the child only for this call
+    try:
+        proc = Subprocess(
+            "--data-dir",
+            str(tmp_path),
+            "--vocab-size",
+            str(VOCAB),
+            "--port",
+            "0",
+            "--admin-port",
+            str(port),
+            "--snapshot-interval-s",
+            "0",
+        )
+    finally:
+        del os.environ["DRAFTER_ADMIN_TOKEN"]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            assert http.get("/readyz").status_code == 200
+            assert http.get("/v1/datastores").status_code == 401
+            assert http.post("/v1/datastores/default/snapshots").status_code == 401
+            r = http.post("/v1/datastores/default/snapshots", headers=AUTH, json={"name": "s1"})
+            assert r.status_code == 202
+            job_url = r.headers["location"]
+            deadline = time.monotonic() + 30
+            while (job := http.get(job_url, headers=AUTH).json())["state"] != "succeeded":
+                assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+                time.sleep(0.05)
+            assert (tmp_path / "snapshots" / "s1" / "manifest.json").is_file()
+    finally:
+        code, rest, err = proc.stop(signal.SIGTERM)
+    assert code == 0, err
+    assert rest == ""  # still exactly one line on stdout
+    assert f"admin API on http://127.0.0.1:{port}" in err
+
+
+# -- fuzzing against the served OpenAPI schema ---------------------------------------------
+
+
+FUZZ_EXAMPLES = 10  # per operation and generation mode: the two runs take ~20 s here
+
+
+@pytest.mark.parametrize("authenticated", [True, False])
+def test_fuzz_against_the_openapi_schema(admin: Admin, authenticated: bool) -> None:
+    """Every operation of the served schema with generated inputs, valid (positive) and
+    invalid (negative): never a 5xx, and every response (status, content type, body)
+    conforms to the schema. Without the token, everything but the probes is 401."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode, checks
+
+    admin.ingest([[1, 2, 3, 4]])
+    headers = AUTH if authenticated else {}
+    schema = schemathesis.openapi.from_url(f"{admin.base}/openapi.json")
+    selected = [
+        checks.not_a_server_error,
+        checks.status_code_conformance,
+        checks.content_type_conformance,
+        checks.response_schema_conformance,
+    ]
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 17
+    statuses: dict[int, int] = {}
+    variants: list[tuple[Any, GenerationMode, dict[str, str] | None]] = []
+    for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            variants.append((operation, mode, None))
+            if authenticated and "{name}" in operation.path:  # reach past the 404
+                variants.append((operation, mode, {"name": "default"}))
+    for operation, mode, fixed in variants:
+
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=operation.as_strategy(generation_mode=mode, path_parameters=fixed))
+        def call(case: Any) -> None:
+            response = case.call_and_validate(headers=headers, checks=selected)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            if not authenticated and case.path not in ("/healthz", "/readyz"):
+                assert response.status_code == 401, response.text
+
+        try:
+            call()
+        except Unsatisfiable:  # an operation without inputs has no invalid ones
+            assert mode == GenerationMode.NEGATIVE
+    print(f"schemathesis ({'with' if authenticated else 'without'} token): {statuses}")
+    assert sum(statuses.values()) >= 2 * len(operations)
+    assert not any(status >= 500 for status in statuses)
+    assert admin.http.get("/healthz").json() == {"status": "ok"}
