@@ -1,4 +1,4 @@
-"""``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``.
+"""``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``, ``load``, ``worker``.
 
 Example::
 
@@ -27,6 +27,7 @@ from drafter_service.bench.data import (
 )
 from drafter_service.bench.load import add_load_parser
 from drafter_service.bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
+from drafter_service.bench.worker_bench import add_worker_parser
 from drafter_service.config import DraftConfig
 from drafter_service.datastore import SubIndex
 from drafter_service.live_datastore import LivePolicy
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_replay_parser(subparsers)
     add_load_parser(subparsers)
+    add_worker_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,183 @@
+"""The decode batch's KV cache on a ``transformers`` DynamicCache, for tree verification.
+
+Row ``b`` of every layer's keys/values (``[B, heads, L, head_dim]``) holds request
+``b``'s committed context except its last token at columns ``[0, lens[b])``; the
+last committed token is the root of the next tree and has no KV yet. Columns
+``[lens[b], L)`` are stale (other rows are longer, or rejected tree nodes left
+them) and masked out of attention.
+
+A step appends the packed trees' K/V at columns ``[L, L + T)`` (``DynamicLayer.update``
+concatenates), then :meth:`BatchKVCache.keep_accepted` moves each request's
+accepted path (root first) to ``[lens[b], lens[b] + kept)`` and trims ``L`` to the
+longest row: the K/V of rejected nodes is discarded without any copy.
+
+Written against transformers 5.x, where ``DynamicCache.layers[i]`` is a
+``DynamicLayer`` with ``keys``/``values`` tensors; models whose caches have other
+layer types (sliding window, linear attention) are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PretrainedConfig
+from transformers.cache_utils import DynamicLayer
+
+__all__ = ["BatchKVCache", "tree_attention_mask"]
+
+
+def tree_attention_mask(
+    cache_lens: Tensor, physical_len: int, tree_mask: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """Additive 4D mask ``[B, 1, T, L + T]`` over the cache and the packed trees.
+
+    Node ``i`` of row ``b`` sees the row's committed cache columns ``j < cache_lens[b]``
+    and, among the tree columns, itself and its ancestors (``tree_mask[b, i, j]``);
+    everything else gets the dtype's minimum (exp() of it is exactly 0). Additive
+    float masks are what both eager and SDPA attention take in transformers.
+    """
+    batch, width, _ = tree_mask.shape
+    device = tree_mask.device
+    cache_visible = torch.arange(physical_len, device=device) < cache_lens.to(device)[:, None]
+    visible = torch.cat([cache_visible[:, None, :].expand(batch, width, physical_len), tree_mask],
+                        dim=2)  # fmt: skip
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[:, None, :, :]
+
+
+class BatchKVCache:
+    """KV of the requests in a decode batch; rows follow the batch order."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        self._config = config
+        self.cache = DynamicCache(config=config)
+        self.lens: list[int] = []  # committed tokens with KV per row (context minus the root)
+        self._layers = _dynamic_layers(self.cache)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.lens)
+
+    @property
+    def physical_len(self) -> int:
+        """Columns each row holds (valid or stale)."""
+        keys = self._layers[0].keys
+        return 0 if keys is None else int(keys.shape[-2])
+
+    def new_request_cache(self) -> DynamicCache:
+        """An empty cache to prefill joining requests into (then :meth:`append_rows`)."""
+        cache = DynamicCache(config=self._config)
+        _dynamic_layers(cache)
+        return cache
+
+    def append_rows(self, prefilled: DynamicCache | None, lengths: Sequence[int]) -> None:
+        """Adds one row per joining request: row ``i`` of ``prefilled`` holds
+        ``lengths[i]`` valid columns (None: nothing was prefilled, all lengths 0).
+        Both sides are zero-padded to a common length (stale columns, masked)."""
+        if not lengths:
+            return
+        new_layers = None if prefilled is None else _dynamic_layers(prefilled)
+        for i, layer in enumerate(self._layers):
+            new = None if new_layers is None else new_layers[i]
+            new_keys = new.keys if new is not None and new.is_initialized else None
+            new_values = new.values if new is not None and new.is_initialized else None
+            if new_keys is not None and new_keys.shape[0] != len(lengths):
+                raise ValueError(f"prefilled cache has {new_keys.shape[0]} rows for "
+                                 f"{len(lengths)} lengths")  # fmt: skip
+            keys, values = _stack_rows([(layer.keys, layer.values, self.batch_size),
+                                        (new_keys, new_values, len(lengths))])  # fmt: skip
+            if keys is not None:
+                _set_layer(layer, keys, values)
+        self.lens.extend(lengths)
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keeps only ``rows`` (in that order): requests that left the batch are dropped."""
+        if list(rows) == list(range(self.batch_size)):
+            return
+        self.lens = [self.lens[r] for r in rows]
+        if not rows:
+            self.cache = DynamicCache(config=self._config)
+            self._layers = _dynamic_layers(self.cache)
+            return
+        new_len = max(self.lens)  # the longest row may have left: trim to the longest kept
+        for layer in self._layers:
+            if layer.keys is None or layer.values is None:
+                continue
+            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+            keys = layer.keys[:, :, :new_len].index_select(0, index)
+            values = layer.values[:, :, :new_len].index_select(0, index)
+            _set_layer(layer, keys, values)
+
+    def keep_accepted(self, tree_start: int, accepted_nodes: Tensor, kept: Tensor) -> None:
+        """After a tree forward: moves each row's first ``kept[b]`` accepted tree columns
+        (``accepted_nodes[b, :kept[b]]``, root first) to its committed end, then trims.
+
+        ``tree_start`` is the physical length before the forward (the trees' first column).
+        """
+        device = accepted_nodes.device
+        width = accepted_nodes.shape[1]
+        kept = kept.to(device)
+        lens = torch.tensor(self.lens, dtype=torch.long, device=device)
+        # Entry (b, k) with k < kept[b]: column tree_start + accepted_nodes[b, k] goes to
+        # lens[b] + k. Accepted node k sits at depth k, so its packed column is >= k and the
+        # destination never lies after the source; the gather below copies before writing.
+        rows, ks = (torch.arange(width, device=device)[None, :] < kept[:, None]).nonzero(
+            as_tuple=True
+        )
+        src = tree_start + accepted_nodes[rows, ks]
+        dst = lens[rows] + ks
+        new_lens = lens + kept
+        new_len = int(new_lens.max()) if new_lens.numel() else 0
+        for layer in self._layers:
+            keys, values = layer.keys, layer.values
+            assert keys is not None and values is not None, "keep_accepted before a forward"
+            rows_k, src_k, dst_k = rows.to(keys.device), src.to(keys.device), dst.to(keys.device)
+            keys[rows_k, :, dst_k] = keys[rows_k, :, src_k]
+            values[rows_k, :, dst_k] = values[rows_k, :, src_k]
+            _set_layer(layer, keys[:, :, :new_len], values[:, :, :new_len])
+        self.lens = new_lens.tolist()
+
+
+def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    """The cache's layers; ValueError unless each is a plain (full-attention) DynamicLayer."""
+    layers = []
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not DynamicLayer:
+            raise ValueError(
+                f"cache layer {i} is a {type(layer).__name__}: tree verification supports "
+                "models whose every layer has full attention with a DynamicLayer cache"
+            )
+        assert isinstance(layer, DynamicLayer)
+        layers.append(layer)
+    return layers
+
+
+def _set_layer(layer: DynamicLayer, keys: Tensor, values: Tensor | None) -> None:
+    assert values is not None
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+
+
+def _stack_rows(
+    parts: Sequence[tuple[Tensor | None, Tensor | None, int]],
+) -> tuple[Tensor | None, Tensor | None]:
+    """Concatenates row groups ``(keys, values, rows)`` along the batch, padding the
+    sequence axis with zeros (stale columns: masked). A group without tensors holds
+    no columns yet; None when no group has any."""
+    ref = next(((k, v) for k, v, _ in parts if k is not None and v is not None), None)
+    if ref is None:
+        return None, None
+    length = max(int(k.shape[-2]) for k, _, _ in parts if k is not None)
+
+    def padded(tensor: Tensor | None, like: Tensor, rows: int) -> Tensor:
+        if tensor is None:
+            return like.new_zeros((rows, like.shape[1], length, like.shape[3]))
+        return torch.nn.functional.pad(tensor, (0, 0, 0, length - int(tensor.shape[-2])))
+
+    keys = torch.cat([padded(k, ref[0], n) for k, _, n in parts if n], dim=0)
+    values = torch.cat([padded(v, ref[1], n) for _, v, n in parts if n], dim=0)
+    return keys, values
