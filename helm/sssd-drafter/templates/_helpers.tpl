@@ -1,0 +1,130 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "sssd-drafter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name; the release name when it already contains the chart name. */}}
+{{- define "sssd-drafter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The headless Service (client-side load balancing; the StatefulSet's serviceName). */}}
+{{- define "sssd-drafter.headlessName" -}}
+{{- printf "%s-headless" (include "sssd-drafter.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "sssd-drafter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels on every object. */}}
+{{- define "sssd-drafter.labels" -}}
+helm.sh/chart: {{ include "sssd-drafter.chart" . }}
+{{ include "sssd-drafter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sssd
+{{- end }}
+
+{{- define "sssd-drafter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sssd-drafter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: drafter
+{{- end }}
+
+{{- define "sssd-drafter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sssd-drafter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sssd-drafter.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The Secret holding the admin token, and its key. */}}
+{{- define "sssd-drafter.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "sssd-drafter.fullname" .)) .Values.admin.existingSecret }}
+{{- end }}
+
+{{- define "sssd-drafter.adminSecretKey" -}}
+{{- if .Values.admin.existingSecret }}{{ .Values.admin.existingSecretKey }}{{ else }}admin-token{{ end }}
+{{- end }}
+
+{{/*
+A setting as an environment value. Helm reads every number in values as a float64, which
+prints 512000000 as 5.12e+08; whole numbers are printed as integers instead.
+*/}}
+{{- define "sssd-drafter.envValue" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- printf "%.0f" . }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The drafter's memory bound, in bytes (0: none): settings.max_resident_bytes, else
+datastore.expectedBytes.
+*/}}
+{{- define "sssd-drafter.maxResidentBytes" -}}
+{{- $set := .Values.settings.max_resident_bytes }}
+{{- if $set }}{{ include "sssd-drafter.envValue" $set }}
+{{- else }}{{ include "sssd-drafter.envValue" (float64 .Values.datastore.expectedBytes) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Memory request and limit of the drafter container, in MiB:
+
+  memory = baseMemoryBytes + D + rebuildHeadroomFactor * min(D, S)
+
+  D = the datastore's bytes (settings.max_resident_bytes, else datastore.expectedBytes):
+      its arrays, resident or memory-mapped (a mapped snapshot's pages are charged to the
+      pod's cgroup once read);
+  S = one full sub-index, 8 bytes per position (4 for the token, 4 for the suffix
+      position) x settings.max_sub_index_tokens (default 512M): the unit a background
+      rebuild works on. While it runs, the rebuilt sub-index exists beside the served
+      one (1x) and SA-IS temporaries add about 8.4 bytes per token (1.05x).
+
+Example: D = 32 GiB, S = 4 GiB, base 1 GiB: 1 + 32 + 2.05 x 4 = 41.2 GiB.
+*/}}
+{{- define "sssd-drafter.memoryMiB" -}}
+{{- $d := float64 (include "sssd-drafter.maxResidentBytes" .) }}
+{{- $tokens := .Values.settings.max_sub_index_tokens | default 512000000 }}
+{{- $s := mulf 8 $tokens }}
+{{- $headroom := mulf .Values.datastore.rebuildHeadroomFactor (minf $d $s) }}
+{{- $bytes := addf .Values.datastore.baseMemoryBytes $d $headroom }}
+{{- printf "%.0fMi" (ceil (divf $bytes 1048576)) }}
+{{- end }}
+
+{{/* Container resources: values.resources, memory computed unless given there. */}}
+{{- define "sssd-drafter.resources" -}}
+{{- $res := deepCopy .Values.resources }}
+{{- $memory := include "sssd-drafter.memoryMiB" . }}
+{{- $requests := $res.requests | default dict }}
+{{- $limits := $res.limits | default dict }}
+{{- if not (hasKey $requests "memory") }}{{ $_ := set $requests "memory" $memory }}{{ end }}
+{{- if not (hasKey $limits "memory") }}{{ $_ := set $limits "memory" $memory }}{{ end }}
+{{- toYaml (dict "requests" $requests "limits" $limits) }}
+{{- end }}
+
+{{/* draftConfig as KEY=VALUE,KEY=VALUE (keys sorted). */}}
+{{- define "sssd-drafter.draftConfig" -}}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key (include "sssd-drafter.envValue" $value)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

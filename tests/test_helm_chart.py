@@ -1,0 +1,425 @@
+"""The Helm chart in helm/sssd-drafter: it lints clean, renders for the default values and
+every example, every rendered object validates against the Kubernetes OpenAPI schemas,
+the values schema rejects typos, and the rendered objects agree with the drafter.
+
+Rendering and linting use helm-python-sdk (Helm's own Go SDK); validation uses
+kubernetes-validate's bundled schemas for Kubernetes 1.33 in strict mode (unknown fields
+are errors). The Prometheus Operator kinds (ServiceMonitor, PrometheusRule) are not
+Kubernetes built-ins: they are validated against the schemas in this file, which cover
+the fields the chart uses.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from observability import ALERTS, DASHBOARDS
+from operator_schemas import OPERATOR_SCHEMAS
+
+from drafter_service.service.config import ServeConfig
+from drafter_service.service.server import SERVICE_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "sssd-drafter"
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+KUBE_VERSION = "1.33.0"
+RELEASE, NAMESPACE = "drafter", "llm"
+EVERYTHING_ON = {
+    "serviceMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+    "grafanaDashboards": {"enabled": True},
+    "autoscaling": {"enabled": True},
+    "datastore": {"seed": {"enabled": True, "claimName": "snapshots", "path": "snap-1"}},
+}
+VALUE_SETS = {"default": {}, "everything-on": EVERYTHING_ON} | {
+    f"example-{p.stem}": yaml.safe_load(p.read_text()) for p in EXAMPLES
+}
+
+
+@cache
+def _rendered(name: str) -> tuple[tuple[str, str], ...]:
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(VALUE_SETS[name], name=RELEASE, namespace=NAMESPACE)
+    return tuple(sorted(manifests.items()))
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rendered objects for ``values`` (NOTES.txt excluded)."""
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    return _objects(manifests.items())
+
+
+def rendered(name: str) -> list[dict[str, Any]]:
+    return _objects(_rendered(name))
+
+
+def _objects(manifests: Any) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for path, text in manifests:
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def one(objects: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"{len(found)} {kind} objects named *{suffix}"
+    return found[0]
+
+
+def settings_map(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ConfigMap of DRAFTER_* settings (not a dashboard's)."""
+    return one(objects, "ConfigMap", f"{RELEASE}-sssd-drafter")
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    assert len(pod["containers"]) == 1
+    drafter: dict[str, Any] = pod["containers"][0]
+    return drafter
+
+
+# --- lint, render, validate ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_is_clean(name: str) -> None:
+    report = helm.lint(CHART, VALUE_SETS[name], strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    # Severity 1 is INFO: the only one expected is the missing icon (there is no project
+    # logo to point at). Warnings (2) and errors (3) fail.
+    findings = [(m["severity"], m["path"], m["error"]) for m in report["messages"]]
+    assert [f for f in findings if f[0] >= 2] == []
+    assert {f[2] for f in findings} <= {"icon is recommended"}
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_object_validates(name: str) -> None:
+    objects = rendered(name)
+    assert len(objects) >= 6
+    for obj in objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in OPERATOR_SCHEMAS:
+            jsonschema.validate(obj, OPERATOR_SCHEMAS[obj["kind"]])
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{name}: {where} invalid at {path}: {exc.message}")
+
+
+def test_validation_catches_a_bad_object() -> None:
+    """The validator is not a no-op: an unknown field and a wrong type fail."""
+    statefulset = one(rendered("default"), "StatefulSet")
+    bad = yaml.safe_load(yaml.safe_dump(statefulset))
+    bad["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grcp"] = {"port": 1}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_VERSION, strict=True)
+    bad = yaml.safe_load(yaml.safe_dump(statefulset))
+    bad["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_VERSION, strict=True)
+    monitor = one(rendered("everything-on"), "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["prot"] = "metrics"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, OPERATOR_SCHEMAS["ServiceMonitor"])
+
+
+def test_optional_objects_follow_their_switches() -> None:
+    kinds = sorted(o["kind"] for o in rendered("default"))
+    assert kinds == [
+        "ConfigMap", "NetworkPolicy", "PodDisruptionBudget", "Secret", "Service", "Service",
+        "ServiceAccount", "StatefulSet",
+    ]  # fmt: skip
+    kinds = sorted(o["kind"] for o in rendered("everything-on"))
+    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"):
+        assert kind in kinds
+    assert kinds.count("ConfigMap") == 1 + len(DASHBOARDS)
+    assert "replicas" not in one(rendered("everything-on"), "StatefulSet")["spec"]
+
+
+# --- values schema -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCout": 2}, "replicaCout"),
+        ({"settings": {"max_budgt": 64}}, "max_budgt"),
+        ({"datastore": {"expectedByte": 1}}, "expectedByte"),
+        ({"replicaCount": "two"}, "/replicaCount"),
+        ({"datastore": {"expectedBytes": "8Gi"}}, "/datastore/expectedBytes"),
+        ({"settings": {"store": "everything"}}, "/settings/store"),
+        ({"prometheusRule": {"thresholds": {"drafterDeadlineSeconds": "3ms"}}}, "drafterDeadline"),
+        ({"datastore": {"seed": {"enabled": True}}}, "/datastore/seed/claimName"),
+        ({"datastore": {"seed": {"enabled": True, "claimName": "c", "path": "a/../../etc"}}},
+         "/datastore/seed/path"),
+    ],
+)  # fmt: skip
+def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(values)
+    assert message in str(caught.value)
+
+
+def test_values_schema_names_only_real_drafter_settings() -> None:
+    schema = (CHART / "values.schema.json").read_text()
+    settings = yaml.safe_load(schema)["properties"]["settings"]["properties"]
+    serve_fields = {f.name for f in fields(ServeConfig)}
+    assert set(settings) <= serve_fields, sorted(set(settings) - serve_fields)
+
+
+# --- what the objects say ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_configmap_is_a_valid_drafter_configuration(name: str) -> None:
+    """Every DRAFTER_* variable is a `drafter serve` setting, and together they parse."""
+    data = settings_map(rendered(name))["data"]
+    serve_fields = {f.name for f in fields(ServeConfig)}
+    for key in data:
+        assert key.startswith("DRAFTER_") and key[8:].lower() in serve_fields, key
+    config = ServeConfig.from_env_and_args([], environ=data)
+    assert config.host == "0.0.0.0" and config.admin_host == "0.0.0.0"
+    assert config.data_dir == Path("/data/live")
+
+
+def test_large_numbers_are_not_rendered_in_exponent_form() -> None:
+    data = settings_map(render({"settings": {"max_sub_index_tokens": 512_000_000}}))["data"]
+    assert data["DRAFTER_MAX_SUB_INDEX_TOKENS"] == "512000000"
+
+
+def test_ports_and_probes() -> None:
+    objects = rendered("default")
+    drafter = container(objects)
+    ports = {p["name"]: p["containerPort"] for p in drafter["ports"]}
+    assert ports == {"grpc": 50051, "metrics": 9400, "admin": 8400}
+    assert drafter["startupProbe"]["grpc"] == {"port": 50051}
+    assert drafter["readinessProbe"]["grpc"] == {"port": 50051, "service": SERVICE_NAME}
+    assert drafter["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    startup = drafter["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    data = settings_map(objects)["data"]
+    assert data["DRAFTER_PORT"] == "50051" and data["DRAFTER_METRICS_PORT"] == "9400"
+    assert data["DRAFTER_ADMIN_PORT"] == "8400"
+
+
+def test_services() -> None:
+    objects = rendered("default")
+    headless = one(objects, "Service", "-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert [p["name"] for p in headless["spec"]["ports"]] == ["grpc"]
+    statefulset = one(objects, "StatefulSet")
+    assert statefulset["spec"]["serviceName"] == headless["metadata"]["name"]
+    main = one(objects, "Service", "-sssd-drafter")
+    assert {p["name"] for p in main["spec"]["ports"]} == {"grpc", "metrics", "admin"}
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    for service in (headless, main):
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_security_context_and_writable_paths() -> None:
+    objects = rendered("default")
+    pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    drafter = container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert drafter["securityContext"]["readOnlyRootFilesystem"] is True
+    assert drafter["securityContext"]["allowPrivilegeEscalation"] is False
+    assert drafter["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in drafter["volumeMounts"]}
+    assert mounts["/data"] == "data" and mounts["/tmp"] == "tmp"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["tmp"]
+    claims = one(objects, "StatefulSet")["spec"]["volumeClaimTemplates"]
+    assert [c["metadata"]["name"] for c in claims] == ["data"]
+    token = settings_map(objects)["data"]["DRAFTER_ADMIN_TOKEN_FILE"]
+    assert token.startswith(mounts_prefix(mounts, "admin-token"))
+
+
+def pod_volumes(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    spec = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    return {v["name"]: v for v in spec["volumes"]}
+
+
+def mounts_prefix(mounts: dict[str, str], volume: str) -> str:
+    return next(path for path, name in mounts.items() if name == volume) + "/"
+
+
+def test_persistence_off_uses_an_empty_dir() -> None:
+    objects = render({"persistence": {"enabled": False}})
+    statefulset = one(objects, "StatefulSet")
+    assert "volumeClaimTemplates" not in statefulset["spec"]
+    assert "emptyDir" in pod_volumes(objects)["data"]
+
+
+def test_admin_secret() -> None:
+    secret = one(render({"admin": {"token": "s3cret"}}), "Secret")
+    assert secret["data"]["admin-token"] == "czNjcmV0"  # base64("s3cret")
+    objects = render({"admin": {"existingSecret": "mine", "existingSecretKey": "tok"}})
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    volumes = pod_volumes(objects)
+    assert volumes["admin-token"]["secret"]["secretName"] == "mine"
+    assert settings_map(objects)["data"]["DRAFTER_ADMIN_TOKEN_FILE"].endswith("/tok")
+
+
+def test_seed_snapshot() -> None:
+    objects = rendered("everything-on")
+    assert settings_map(objects)["data"]["DRAFTER_SNAPSHOT"] == "/seed/snap-1"
+    volumes = pod_volumes(objects)
+    assert volumes["seed"]["persistentVolumeClaim"] == {"claimName": "snapshots", "readOnly": True}
+
+
+# --- memory from datastore bytes ---------------------------------------------------------
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def expected_memory_mib(datastore_bytes: int, sub_index_tokens: int = 512_000_000) -> str:
+    """The README's formula: base 1 GiB + D + 2.05 x min(D, 8 x max_sub_index_tokens)."""
+    total = GIB + datastore_bytes + 2.05 * min(datastore_bytes, 8 * sub_index_tokens)
+    return f"{-(-total // MIB):.0f}Mi"
+
+
+@pytest.mark.parametrize(
+    ("values", "datastore_bytes", "sub_index_tokens"),
+    [
+        ({}, 0, 512_000_000),
+        ({"datastore": {"expectedBytes": 32 * GIB}}, 32 * GIB, 512_000_000),
+        ({"datastore": {"expectedBytes": 2 * GIB}}, 2 * GIB, 512_000_000),
+        ({"datastore": {"expectedBytes": 32 * GIB},
+          "settings": {"max_sub_index_tokens": 100_000_000}}, 32 * GIB, 100_000_000),
+        ({"settings": {"max_resident_bytes": 8 * GIB}}, 8 * GIB, 512_000_000),
+    ],
+)  # fmt: skip
+def test_memory_is_sized_from_datastore_bytes(
+    values: dict[str, Any], datastore_bytes: int, sub_index_tokens: int
+) -> None:
+    objects = render(values)
+    resources = container(objects)["resources"]
+    memory = expected_memory_mib(datastore_bytes, sub_index_tokens)
+    assert resources["requests"]["memory"] == memory
+    assert resources["limits"]["memory"] == memory
+    assert resources["requests"]["cpu"] == "4"
+    bound = settings_map(objects)["data"].get("DRAFTER_MAX_RESIDENT_BYTES")
+    assert bound == (str(datastore_bytes) if datastore_bytes else None)
+
+
+def test_explicit_memory_wins() -> None:
+    values = {
+        "datastore": {"expectedBytes": 32 * GIB},
+        "resources": {"requests": {"memory": "10Gi"}, "limits": {"memory": "12Gi"}},
+    }
+    resources = container(render(values))["resources"]
+    assert resources["requests"]["memory"] == "10Gi" and resources["limits"]["memory"] == "12Gi"
+
+
+# --- monitoring objects -------------------------------------------------------------------
+
+
+def test_dashboard_and_alert_copies_match_deploy() -> None:
+    """The chart is self-contained (Helm reads only files inside it), so it carries copies
+    of deploy/'s dashboards and alert rules: they must stay byte-for-byte identical."""
+    assert (CHART / "files" / "alerts.yaml").read_bytes() == ALERTS.read_bytes()
+    copies = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    assert [c.name for c in copies] == [d.name for d in DASHBOARDS]
+    for copy, original in zip(copies, DASHBOARDS, strict=True):
+        assert copy.read_bytes() == original.read_bytes(), f"{copy.name}: copy differs"
+
+
+def test_dashboard_configmaps() -> None:
+    maps = [o for o in rendered("everything-on") if o["kind"] == "ConfigMap" and
+            o["metadata"]["labels"].get("grafana_dashboard") == "1"]  # fmt: skip
+    assert len(maps) == len(DASHBOARDS)
+    contents = {key: text for m in maps for key, text in m["data"].items()}
+    for path in DASHBOARDS:
+        assert contents[path.name] == path.read_text().rstrip("\n")
+    folder = render({"grafanaDashboards": {"enabled": True, "folder": "LLM"}})
+    annotations = [o["metadata"].get("annotations") for o in folder if o["kind"] == "ConfigMap"]
+    assert {"grafana_folder": "LLM"} in annotations
+
+
+def prometheus_rule(values: dict[str, Any]) -> dict[str, Any]:
+    return one(render({"prometheusRule": {"enabled": True, **values}}), "PrometheusRule")
+
+
+def test_prometheus_rule_carries_the_alert_file() -> None:
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    assert prometheus_rule({})["spec"]["groups"] == groups
+
+
+def test_prometheus_rule_thresholds_are_substituted() -> None:
+    thresholds = {
+        "acceptanceDropRatio": 0.5, "acceptanceFloor": 1.4, "drafterDeadlineSeconds": 0.005,
+        "fallbackRatio": 0.1, "snapshotMaxAgeSeconds": 7200,
+    }  # fmt: skip
+    rule = prometheus_rule({"thresholds": thresholds})
+    exprs = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    originals = {r["alert"]: r["expr"] for g in yaml.safe_load(ALERTS.read_text())["groups"]
+                 for r in g["rules"]}  # fmt: skip
+    replaced = {
+        "SSSDAcceptanceCollapse": ("< 0.7 *", "< 0.5 *"),
+        "SSSDAcceptanceLow": ("< 1.2", "< 1.4"),
+        "SSSDDrafterP99OverDeadline": ("> 0.003", "> 0.005"),
+        "SSSDDrafterFallbackRateHigh": ("> 0.05", "> 0.1"),
+        "SSSDDrafterSnapshotTooOld": ("> 3600", "> 7200"),
+    }
+    for alert, expr in exprs.items():
+        if alert in replaced:
+            old, new = replaced[alert]
+            assert old not in expr and new in expr, alert
+            assert expr == originals[alert].replace(old, new)
+        else:
+            assert expr == originals[alert]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_prometheus_rule_with_changed_thresholds_is_valid(tmp_path: Path) -> None:
+    rule = prometheus_rule({"thresholds": {
+        "acceptanceDropRatio": 0.5, "acceptanceFloor": 1.4, "drafterDeadlineSeconds": 0.0025,
+        "fallbackRatio": 0.1, "snapshotMaxAgeSeconds": 86400}})  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    result = subprocess.run(
+        ["promtool", "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any("> 86400" in e for e in exprs) and any("> 0.0025" in e for e in exprs)
+
+
+def test_service_monitor_scrapes_the_main_service_only() -> None:
+    objects = rendered("everything-on")
+    monitor = one(objects, "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [o for o in objects if o["kind"] == "Service"]
+    matching = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
+    assert [s["metadata"]["name"] for s in matching] == [f"{RELEASE}-sssd-drafter"]
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_network_policy() -> None:
+    objects = rendered("default")
+    policy = one(objects, "NetworkPolicy")["spec"]
+    port_names = {p["name"] for p in container(objects)["ports"]}
+    by_port = {rule["ports"][0]["port"]: rule["from"] for rule in policy["ingress"]}
+    assert set(by_port) == port_names
+    assert by_port["grpc"] == [{"podSelector": {"matchLabels": {"sssd.io/drafter-client": "true"}}}]
+    assert by_port["metrics"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    closed = one(render({"networkPolicy": {"admin": {"from": []}}}), "NetworkPolicy")["spec"]
+    assert "admin" not in {rule["ports"][0]["port"] for rule in closed["ingress"]}
