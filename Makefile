@@ -66,6 +66,9 @@ bench: setup
 	( $(BIN)/python benchmarks/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
 	  for b in 1 16 64; do $(BIN)/drafter-bench load --data $(DEV_CHAT) --corpus $(CORPUS) --batch $$b --json \
 	    | sed 's/^{/{"server": "drafter", /'; done ) > benchmarks/results/load.jsonl
+	$(BIN)/python benchmarks/verify_bench.py > benchmarks/results/verify.jsonl
+	$(BIN)/drafter-bench worker --data $(DEV) --limit 16 --max-new-tokens 64 --batch 8 > benchmarks/results/worker.jsonl
+	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
