@@ -118,7 +118,19 @@ def test_ragged_batches_join_and_leave_between_steps() -> None:
     assert len(set(sizes)) >= 3  # the batch grew and shrank
 
 
-def test_a_drafter_with_bad_token_ids_cannot_break_decoding() -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ([5, 10**6], [-1, 0]),  # an id past the vocabulary
+        ([5, -3], [-1, 0]),  # a negative id
+        ([5, 6], [-1, 1]),  # a node that is its own parent
+        ([5, 6], [-1, 7]),  # a parent after the node
+    ],
+    ids=["past-vocab", "negative", "self-parent", "forward-parent"],
+)
+def test_a_drafter_with_malformed_trees_cannot_break_decoding(
+    bad: tuple[list[int], list[int]],
+) -> None:
     model = model64("llama")
     items = prompts(2, seed=6)
     refs = references(model, items, 6)
@@ -129,13 +141,14 @@ def test_a_drafter_with_bad_token_ids_cannot_break_decoding() -> None:
             return True
 
         def step(self, commits: Any) -> StepResult:
-            bad = Tree.of([5, 10**6], [-1, 0], [0.0, 0.0])  # an id past the vocabulary
-            return StepResult(1, Outcome.OK, tuple(commits), dict.fromkeys(commits, bad), {})
+            rids = list(commits)  # the first request gets the malformed tree, the other none
+            tree = Tree.of(*bad, [0.0, 0.0])
+            return StepResult(1, Outcome.OK, tuple(rids), {rids[0]: tree}, {})
 
     worker = DecodeWorker(model, Hostile(), max_batch=2)
     generations = worker.run(GenerationRequest(str(i), p, 6) for i, p in enumerate(items))
     assert [g.output_ids for g in generations] == [refs["0"], refs["1"]]
-    assert worker.stats.rejected_trees == 12
+    assert worker.stats.rejected_trees == worker.stats.steps
 
 
 def test_through_a_real_drafter_killed_mid_generation(tmp_path: Path) -> None:

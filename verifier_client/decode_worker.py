@@ -225,7 +225,11 @@ class DecodeWorker:
 
     def _pack(self, trees: list[Tree | None]) -> PackedTrees:
         roots = [a.context[-1] for a in self._active]
-        packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        try:
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        except ValueError:  # a malformed tree (parents not before their node, ids < 0)
+            trees = [self._well_formed(tree, root) for tree, root in zip(trees, roots, strict=True)]
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
         # A drafter must not be able to crash decoding: trees with ids the model does not
         # have are dropped (the request decodes this step without a draft).
         bad = ((packed.tokens < 0) | (packed.tokens >= self.vocab_size)) & packed.valid
@@ -235,6 +239,17 @@ class DecodeWorker:
             trees = [None if b in rows else t for b, t in enumerate(trees)]
             packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
         return packed
+
+    def _well_formed(self, tree: Tree | None, root: int) -> Tree | None:
+        """``tree`` if it packs, else None (counted): that request decodes without a draft."""
+        if tree is None:
+            return None
+        try:
+            pack_trees([tree], [root], [0])
+        except ValueError:
+            self.stats.rejected_trees += 1
+            return None
+        return tree
 
     def _verify(self, packed: PackedTrees, logits: Tensor) -> VerifyResult:
         """Greedy rows take the argmax at every node; sampling rows draw one token per
