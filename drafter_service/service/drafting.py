@@ -23,7 +23,7 @@ from drafter_service.service.datastores import Catalog
 from drafter_service.service.errors import ResourceExhausted
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.service.jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
-from drafter_service.service.metrics import RPC_METHOD, DrafterMetrics
+from drafter_service.service.metrics import DrafterMetrics
 from drafter_service.service.request_table import RequestState, RequestTable
 from drafter_service.service.responses import DraftAnswer
 from drafter_service.service.validation import CallLimits, DraftCall, Finished
@@ -79,11 +79,9 @@ class DraftEngine:
             self._release()
             raise
         batches = await future
-        metrics = self.metrics
-        metrics.record_batch(RPC_METHOD.get(), len(places))
         for name, batch in batches.items():
             if batch is not None:
-                metrics.record_trees(name, batch.offsets, jobs[name].seconds)
+                self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
         trees: list[tuple[DraftBatch, int] | None] = []
         for place in places:
             batch = batches[place[0]] if place is not None else None

@@ -16,7 +16,6 @@ import functools
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,11 +62,6 @@ REQUEST_SECONDS: tuple[float, ...] = (
 BATCH_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TREE_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # le="0": empty trees
 REBUILD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-RPC_METHOD: ContextVar[str] = ContextVar("sssd_drafter_rpc_method", default="Draft")
-"""The gRPC method a call runs under (set by the servicer for each call), so the engine
-can label per-batch numbers by method without the method crossing its API."""
-
 
 @dataclass(slots=True)
 class _DatastoreCounts:

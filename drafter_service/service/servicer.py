@@ -19,7 +19,7 @@ from drafter_service.service.errors import (
     ServiceError,
     Unavailable,
 )
-from drafter_service.service.metrics import RPC_METHOD, DrafterMetrics
+from drafter_service.service.metrics import DrafterMetrics
 from drafter_service.service.responses import (
     DatastoreSummary,
     draft_response,
@@ -69,7 +69,9 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self._engine = engine
 
     async def Draft(self, request: pb.DraftRequest, context: Any) -> pb.DraftResponse:
-        return await self._guard("Draft", context, lambda engine: _draft(engine, request))
+        return await self._guard(
+            "Draft", context, lambda engine: self._draft(engine, request, "Draft")
+        )
 
     async def DraftStream(
         self, request_iterator: AsyncIterator[pb.DraftRequest], context: Any
@@ -79,7 +81,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             yield await self._guard(
                 "DraftStream",
                 context,
-                lambda engine: _draft(engine, request),  # noqa: B023
+                lambda engine: self._draft(engine, request, "DraftStream"),  # noqa: B023
             )
 
     async def Finish(self, request: pb.FinishRequest, context: Any) -> pb.FinishResponse:
@@ -131,7 +133,6 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
         Counts failures by code and times the answered ones (metrics)."""
         start = time.perf_counter()
-        RPC_METHOD.set(method)  # this call's task context only: labels the engine's numbers
         try:
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
@@ -153,9 +154,12 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         raise AssertionError("context.abort returned")
 
 
-async def _draft(engine: DraftEngine, request: pb.DraftRequest) -> pb.DraftResponse:
-    if request.HasField("packed"):
-        answer = await engine.draft(parse_packed_draft_request(request, engine.limits))
-        return packed_draft_response(answer, request.step)
-    answer = await engine.draft(parse_draft_request(request, engine.limits))
-    return draft_response(answer, request.step)
+    async def _draft(
+        self, engine: DraftEngine, request: pb.DraftRequest, method: str
+    ) -> pb.DraftResponse:
+        packed = request.HasField("packed")
+        parse = parse_packed_draft_request if packed else parse_draft_request
+        answer = await engine.draft(parse(request, engine.limits))
+        self._metrics.record_batch(method, len(answer.request_ids))
+        respond = packed_draft_response if packed else draft_response
+        return respond(answer, request.step)
