@@ -255,8 +255,4 @@ class DrafterClient:
 
     def _apply_probe(self, now_s: float) -> None:
         ok, self._probe_result = self._probe_result, None
-        if ok:
-            log.info("drafter reachable again: circuit closed")
-            self._session.breaker.record_success()
-        else:
-            self._session.breaker.record_failure(now_s)
+        self._session.apply_probe(bool(ok), now_s)

@@ -15,6 +15,7 @@ that resend fails, they go whole with the next step.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from .breaker import Admission, CircuitBreaker
 from .budget import BudgetRule
 from .deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
 from .results import ClientStats, Outcome, StepResult
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DraftSession", "StepPlan"]
 
@@ -180,6 +183,14 @@ class DraftSession:
         """True once after the breaker asked for a probe (the client sends it)."""
         due, self._probe_due = self._probe_due, False
         return due
+
+    def apply_probe(self, reachable: bool, now_s: float) -> None:
+        """A probe's result: the drafter answered (the circuit closes) or not."""
+        if reachable:
+            log.info("drafter reachable again: circuit closed")
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure(now_s)
 
     def _plan(
         self,
