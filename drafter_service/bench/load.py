@@ -134,7 +134,6 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         return lane
 
     lanes = [new_lane() for _ in range(args.batch)]
-    budgets = {lane.request_id: args.budget for lane in lanes}
     latencies_ns: list[int] = []
     accepted = committed = finished = failed = 0
     resyncs_before = 0
@@ -145,6 +144,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
             wall_start = time.perf_counter()
             resyncs_before = client.stats.resyncs
         commits = {lane.request_id: lane.delta for lane in lanes}
+        budgets = dict.fromkeys(commits, args.budget)
         start = time.perf_counter_ns()
         result = client.step(commits, budgets)
         elapsed = time.perf_counter_ns() - start
@@ -165,9 +165,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
             if lane.p == len(lane.output):
                 client.finish(lane.request_id, lane.delta)
                 finished += 1
-                del budgets[lane.request_id]
                 lanes[i] = new_lane()
-                budgets[lanes[i].request_id] = args.budget
     wall = time.perf_counter() - wall_start
     resyncs = client.stats.resyncs - resyncs_before
     client.close()
