@@ -78,19 +78,7 @@ def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCa
         new_tokens = delta.new_tokens
         n = len(new_tokens)
         known, budget, prompt = delta.known_length, delta.budget, delta.prompt_length
-        if budget > limits.max_budget:
-            raise InvalidArgument(
-                f"request {request_id!r}: budget {budget} is over max_budget ({limits.max_budget})"
-            )
-        if known + n > limits.max_tokens_per_request:
-            raise InvalidArgument(
-                f"request {request_id!r}: known_length {known} + {n} new tokens is over "
-                f"max_tokens_per_request ({limits.max_tokens_per_request})"
-            )
-        if known == 0 and prompt > n:
-            raise InvalidArgument(
-                f"request {request_id!r}: prompt_length {prompt} is over the {n} new tokens"
-            )
+        _check_delta(request_id, known, n, budget, prompt, limits)
         names.append(_resolve_datastore(delta.datastore, limits, f"request {request_id!r}: "))
         tokens.add(new_tokens, n)
         ids.append(request_id)
@@ -134,31 +122,40 @@ def parse_packed_draft_request(request: pb.DraftRequest, limits: CallLimits) -> 
     flat: npt.NDArray[np.int32] = np.frombuffer(packed.new_tokens, dtype=_I32).astype(
         np.int32, copy=False
     )
-    if n:
-        bad = budgets > limits.max_budget
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InvalidArgument(
-                f"request {ids[i]!r}: budget {budgets[i]} is over max_budget ({limits.max_budget})"
-            )
-        bad = knowns + counts > limits.max_tokens_per_request
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InvalidArgument(
-                f"request {ids[i]!r}: known_length {knowns[i]} + {counts[i]} new tokens is over "
-                f"max_tokens_per_request ({limits.max_tokens_per_request})"
-            )
-        bad = (knowns == 0) & (prompts > counts)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InvalidArgument(
-                f"request {ids[i]!r}: prompt_length {prompts[i]} is over the {counts[i]} new tokens"
-            )
+    bad = (
+        (budgets > limits.max_budget)
+        | (knowns + counts > limits.max_tokens_per_request)
+        | ((knowns == 0) & (prompts > counts))
+    )
+    if bad.any():  # the first bad request, checked alone for its message
+        i = int(np.argmax(bad))
+        _check_delta(ids[i], int(knowns[i]), int(counts[i]), int(budgets[i]), int(prompts[i]),
+                     limits)  # fmt: skip
+        raise AssertionError(f"request {ids[i]!r} passed its own check")
     offset_list: list[int] = offsets.tolist()
     _check_token_range(flat, offset_list, limits.vocab_size, ids)
     names = _resolve_datastores(list(packed.datastores), n, limits, ids)
     prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
     return DraftCall(ids, knowns.tolist(), flat, offset_list, budgets.tolist(), names, prompt_list)
+
+
+def _check_delta(
+    request_id: str, known: int, n: int, budget: int, prompt: int, limits: CallLimits
+) -> None:
+    """One request's lengths and budget (``n`` new tokens) against the limits."""
+    if budget > limits.max_budget:
+        raise InvalidArgument(
+            f"request {request_id!r}: budget {budget} is over max_budget ({limits.max_budget})"
+        )
+    if known + n > limits.max_tokens_per_request:
+        raise InvalidArgument(
+            f"request {request_id!r}: known_length {known} + {n} new tokens is over "
+            f"max_tokens_per_request ({limits.max_tokens_per_request})"
+        )
+    if known == 0 and prompt > n:
+        raise InvalidArgument(
+            f"request {request_id!r}: prompt_length {prompt} is over the {n} new tokens"
+        )
 
 
 def _column(data: bytes, dtype: np.dtype[Any], expected: int, name: str) -> npt.NDArray[np.int64]:
