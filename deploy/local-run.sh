@@ -132,13 +132,14 @@ prometheus --config.file="$RUN_DIR/prometheus.yml" \
 PIDS+=($!)
 wait_for_http "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" 60 "Prometheus"
 
-# --- the reference worker, in a loop (each run's finished generations feed the datastore)
-log "starting drafter-worker in a loop (log: $RUN_DIR/worker.log)"
+# --- the reference worker, decoding the prompts round after round (each finished
+# generation feeds the datastore); restarted if it exits
+log "starting drafter-worker (log: $RUN_DIR/worker.log)"
 (
     while true; do
         "${WORKER[@]}" --tiny llama --vocab-size "$VOCAB_SIZE" --prompts "$PROMPTS" \
             --limit 128 --batch 8 --max-new-tokens 128 --drafter "127.0.0.1:$GRPC_PORT" \
-            --deadline-ms 20 --metrics-port "$WORKER_METRICS_PORT" || sleep 5
+            --deadline-ms 20 --metrics-port "$WORKER_METRICS_PORT" --rounds 0 || sleep 5
     done
 ) >"$RUN_DIR/worker.log" 2>&1 &
 PIDS+=($!)
@@ -153,7 +154,7 @@ The loop is running. Where to look:
     e.g.             1 + rate(sssd:spec_decode_num_accepted_tokens_total[1m])
                        / rate(sssd:spec_decode_num_drafts_total[1m])
   drafter metrics    http://127.0.0.1:$METRICS_PORT/metrics
-  worker metrics     http://127.0.0.1:$WORKER_METRICS_PORT/metrics (between runs: gone briefly)
+  worker metrics     http://127.0.0.1:$WORKER_METRICS_PORT/metrics
   drafter gRPC       127.0.0.1:$GRPC_PORT (health, reflection)
   admin API          http://127.0.0.1:$ADMIN_PORT/docs
                      token: $RUN_DIR/admin-token (Authorization: Bearer ...)

@@ -302,3 +302,13 @@ def test_drafter_worker_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bad.write_text("[1, 99]\n")
     assert main(["--tiny", "llama", "--vocab-size", "64", "--prompts", str(bad)]) == 2
     assert "token 99" in capsys.readouterr().err
+    rounds = ["--tiny", "qwen2", "--vocab-size", "64", "--hidden-size", "32", "--prompts",
+              str(data), "--max-new-tokens", "5", "--output", str(out), "--rounds"]  # fmt: skip
+    assert main([*rounds, "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["requests"] == 4 and report["output_tokens"] == 20
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["id"] for g in again] == ["x", "prompts.jsonl:2", "x#1", "prompts.jsonl:2#1"]
+    assert [g["output_ids"] for g in again] == [g["output_ids"] for g in lines] * 2
+    assert main([*rounds, "-1"]) == 2
+    assert "--rounds must be >= 0, got -1" in capsys.readouterr().err

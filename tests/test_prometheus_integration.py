@@ -146,7 +146,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "--prompts", str(run_dir / "prompts.jsonl"), "--batch", "8",
             "--max-new-tokens", "128", "--device", "cpu",
             "--drafter", f"127.0.0.1:{grpc_port}", "--deadline-ms", "50",
-            "--metrics-port", str(worker_port),
+            "--metrics-port", str(worker_port), "--rounds", "0",  # decodes until stopped
         ], run_dir)  # fmt: skip
         wait_for_data(stack)
         yield stack

@@ -9,6 +9,7 @@ Example (a tiny random Llama on the Llama-3 vocabulary, prompts from the dev dat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("stream", "unary"), default="stream")
     p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")
     p.add_argument("--output", metavar="FILE", help="write generations as JSONL")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="decode the prompts this many times (0 = until stopped: a steady "
+                        "load for dashboards)")  # fmt: skip
     return p
 
 
@@ -135,6 +139,8 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.rounds < 0:
+        raise ValueError(f"--rounds must be >= 0, got {args.rounds}")
     model = make_model(args)
     vocab_size = int(model.config.vocab_size)
     prompts = read_prompts(args.prompts, vocab_size=vocab_size, limit=args.limit)
@@ -149,14 +155,19 @@ def _run(args: argparse.Namespace) -> int:
     eos = eos_ids(model, args.eos)
     worker = DecodeWorker(model, client, max_batch=args.batch, eos_token_ids=eos,
                           metrics=metrics, budget=budget)  # fmt: skip
-    requests = [
-        GenerationRequest(p.request_id, p.prompt_ids, args.max_new_tokens,
-                          SamplingParams(args.temperature, args.top_k, args.top_p, args.seed + i))
-        for i, p in enumerate(prompts)
-    ]  # fmt: skip
     start = time.perf_counter()
+    generations: list[Generation] = []
     try:
-        generations = worker.run(requests)
+        for round_ in itertools.count() if args.rounds == 0 else range(args.rounds):
+            suffix = f"#{round_}" if round_ else ""  # ids stay unique across rounds
+            sampling = [
+                SamplingParams(args.temperature, args.top_k, args.top_p, args.seed + i)
+                for i in range(len(prompts))
+            ]
+            generations += worker.run(
+                GenerationRequest(p.request_id + suffix, p.prompt_ids, args.max_new_tokens, s)
+                for p, s in zip(prompts, sampling, strict=True)
+            )
     finally:
         if client is not None:
             client.close()
