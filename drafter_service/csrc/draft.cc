@@ -65,40 +65,91 @@ int64_t Datastore::resident_bytes() const {
 }
 
 void CandidateTree::clear() {
+  samples_.clear();
   nodes_.clear();
-  nodes_.emplace_back(-1, -1);
-  last_tokens_ = nullptr;
-  last_path_.clear();
+  nodes_.push_back({-1, 0, kUnexpanded, -1, 0, 0, 0});
+  num_nodes_ = 1;
 }
 
-void CandidateTree::insert(const int32_t* tokens, int32_t len) {
-  ++nodes_[kRoot].count;
-  // Samples of one range arrive in suffix order, so consecutive continuations
-  // usually share a prefix: walk that part along the previous path.
-  int32_t shared = 0;
-  const auto last_len = static_cast<int32_t>(last_path_.size());
-  if (last_tokens_ != nullptr) {
-    const int32_t limit = std::min(len, last_len);
-    while (shared < limit && tokens[shared] == last_tokens_[shared]) ++shared;
-  }
-  for (int32_t i = 0; i < shared; ++i) ++nodes_[static_cast<size_t>(last_path_[i])].count;
-  last_path_.resize(static_cast<size_t>(shared));
-  int32_t node = shared == 0 ? kRoot : last_path_[static_cast<size_t>(shared) - 1];
-  for (int32_t i = shared; i < len; ++i) {
-    int32_t c = nodes_[static_cast<size_t>(node)].first_child;
-    while (c != -1 && nodes_[static_cast<size_t>(c)].token != tokens[i]) {
-      c = nodes_[static_cast<size_t>(c)].next_sibling;
+namespace {
+
+// Length of the common prefix of two samples.
+int32_t common_prefix(const Sample& a, const Sample& b) {
+  const int32_t limit = std::min(a.len, b.len);
+  int32_t k = 0;
+  while (k < limit && a.tokens[k] == b.tokens[k]) ++k;
+  return k;
+}
+
+bool sample_less(const Sample& a, const Sample& b) {
+  const int32_t k = common_prefix(a, b);
+  if (k == a.len || k == b.len) return a.len < b.len;
+  return a.tokens[k] < b.tokens[k];
+}
+
+}  // namespace
+
+void CandidateTree::add(const Sample* samples, size_t n) {
+  samples_.insert(samples_.end(), samples, samples + n);
+  // One pass checks the order and counts distinct paths: in sorted order a
+  // sample adds one node per token past its common prefix with the previous.
+  bool sorted = true;
+  int64_t nodes = 1;
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    const Sample& cur = samples_[i];
+    if (i == 0) {
+      nodes += cur.len;
+      continue;
     }
-    if (c == -1) {
-      c = static_cast<int32_t>(nodes_.size());
-      nodes_.emplace_back(tokens[i], nodes_[static_cast<size_t>(node)].first_child);
-      nodes_[static_cast<size_t>(node)].first_child = c;
-    }
-    ++nodes_[static_cast<size_t>(c)].count;
-    last_path_.push_back(c);
-    node = c;
+    const Sample& prev = samples_[i - 1];
+    const int32_t k = common_prefix(prev, cur);
+    if (k < cur.len && (k == prev.len || prev.tokens[k] < cur.tokens[k])) {
+      nodes += cur.len - k;
+    } else if (k < cur.len || k < prev.len) {  // cur sorts before prev
+      sorted = false;
+      break;
+    }  // else equal to prev: no new node
   }
-  last_tokens_ = tokens;
+  if (!sorted) {
+    std::sort(samples_.begin(), samples_.end(), sample_less);
+    nodes = 1;
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      nodes += samples_[i].len - (i == 0 ? 0 : common_prefix(samples_[i - 1], samples_[i]));
+    }
+  }
+  num_nodes_ = static_cast<int32_t>(nodes);
+  nodes_.resize(1);
+  nodes_[kRoot] = {-1, static_cast<uint32_t>(samples_.size()), kUnexpanded, -1, 0,
+                   static_cast<int32_t>(samples_.size()), 0};
+}
+
+int32_t CandidateTree::first_child(int32_t node) const {
+  if (nodes_[static_cast<size_t>(node)].first_child == kUnexpanded) expand(node);
+  return nodes_[static_cast<size_t>(node)].first_child;
+}
+
+void CandidateTree::expand(int32_t node) const {
+  const Node parent = nodes_[static_cast<size_t>(node)];
+  const int32_t d = parent.depth;
+  int32_t i = parent.lo;
+  // Samples ending exactly here are a prefix of the others: they sort first.
+  while (i < parent.hi && samples_[static_cast<size_t>(i)].len == d) ++i;
+  int32_t first = -1, prev = -1;
+  while (i < parent.hi) {
+    const int32_t t = samples_[static_cast<size_t>(i)].tokens[d];
+    int32_t j = i + 1;
+    while (j < parent.hi && samples_[static_cast<size_t>(j)].tokens[d] == t) ++j;
+    const auto id = static_cast<int32_t>(nodes_.size());
+    nodes_.push_back({t, static_cast<uint32_t>(j - i), kUnexpanded, -1, i, j, d + 1});
+    if (prev == -1) {
+      first = id;
+    } else {
+      nodes_[static_cast<size_t>(prev)].next_sibling = id;
+    }
+    prev = id;
+    i = j;
+  }
+  nodes_[static_cast<size_t>(node)].first_child = first;
 }
 
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
@@ -157,7 +208,7 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
         samples.push_back({text + start, len});
       }
     }
-    for (const Sample& smp : samples) tree.insert(smp.tokens, smp.len);
+    tree.add(samples.data(), samples.size());
   }
 }
 
@@ -234,15 +285,17 @@ void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const Draf
       kids.resize(static_cast<size_t>(budget));
     }
     for (int32_t c : kids) {
-      offers.push_back({view.token(m.source, c), c, score_of(c), m.source, m.discount});
+      offers.push_back({view.token(m.source, c), c, score_of(c), m.source,
+                        static_cast<int32_t>(offers.size()), m.discount});
     }
   };
 
   // Groups the offers by token into candidates under `draft_parent`, pushed in
   // ascending token order; members keep the order in which sources offered.
   auto push_offers = [&](int32_t draft_parent) {
-    std::stable_sort(offers.begin(), offers.end(),
-                     [](const Offer& a, const Offer& b) { return a.token < b.token; });
+    std::sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
+      return a.token < b.token || (a.token == b.token && a.order < b.order);
+    });
     for (size_t i = 0; i < offers.size();) {
       const auto begin = static_cast<int32_t>(pool.size());
       double score = 0.0;
@@ -299,12 +352,16 @@ void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const Draf
   // Breadth-first order: by depth, then by insertion (a parent is always
   // inserted before its children, so parents precede children).
   const auto num = static_cast<int32_t>(nodes.size()) - 1;
+  // A counting sort: depths are in [1, num].
+  std::vector<int32_t>& start = scratch.depth_start;
+  start.assign(static_cast<size_t>(num) + 2, 0);
+  for (int32_t i = 1; i <= num; ++i) ++start[static_cast<size_t>(nodes[static_cast<size_t>(i)].depth) + 1];
+  for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
   std::vector<int32_t>& order = scratch.order;
   order.resize(static_cast<size_t>(num));
-  for (int32_t i = 0; i < num; ++i) order[static_cast<size_t>(i)] = i + 1;
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return nodes[static_cast<size_t>(a)].depth < nodes[static_cast<size_t>(b)].depth;
-  });
+  for (int32_t i = 1; i <= num; ++i) {
+    order[static_cast<size_t>(start[static_cast<size_t>(nodes[static_cast<size_t>(i)].depth)]++)] = i;
+  }
   std::vector<int32_t>& remap = scratch.remap;
   remap.assign(static_cast<size_t>(num) + 1, -1);
   for (int32_t i = 0; i < num; ++i) remap[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;

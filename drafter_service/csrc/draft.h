@@ -43,40 +43,57 @@ struct Datastore {
   int64_t resident_bytes() const;
 };
 
-// Count-weighted tree of sampled continuations, rebuilt for every call.
+// One sampled continuation: tokens[0, len) of a sub-index text.
+struct Sample {
+  const int32_t* tokens;
+  int32_t len;
+};
+
+// Count-weighted tree of sampled continuations, rebuilt for every call: the
+// count of a node is the number of samples whose path passes through it (the
+// root counts every sample, empty ones too).
+//
+// Stored implicitly: the samples are kept in lexicographic order, so the
+// samples below a node at depth d are one contiguous range sharing their first
+// d tokens, and a node's children are the runs of equal tokens at position d
+// of that range. Nodes are materialized when their parent's children are
+// first asked for, so a call pays for the few nodes fusion visits, not for the
+// hundreds of single-sample tails it never reaches. Node ids are stable once
+// handed out; children are listed in ascending token order.
 class CandidateTree {
  public:
   static constexpr int32_t kRoot = 0;
   CandidateTree() { clear(); }
   void clear();
-  // Adds one sampled continuation: count +1 along its path (root included).
-  void insert(const int32_t* tokens, int32_t len);
-  int32_t num_nodes() const { return static_cast<int32_t>(nodes_.size()); }
-  int32_t token(int32_t node) const { return nodes_[node].token; }
-  uint32_t count(int32_t node) const { return nodes_[node].count; }
-  int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
-  int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
+  // Adds sampled continuations (any order; each run of rows from one suffix
+  // array range arrives sorted, which keeps this a merge).
+  void add(const Sample* samples, size_t n);
+  // Nodes of the whole tree, root included, materialized or not.
+  int32_t num_nodes() const { return num_nodes_; }
+  int32_t token(int32_t node) const { return nodes_[static_cast<size_t>(node)].token; }
+  uint32_t count(int32_t node) const { return nodes_[static_cast<size_t>(node)].count; }
+  // Materializes the node's children on first use (logically const).
+  int32_t first_child(int32_t node) const;
+  // Valid for a node handed out by first_child/next_sibling.
+  int32_t next_sibling(int32_t node) const {
+    return nodes_[static_cast<size_t>(node)].next_sibling;
+  }
 
  private:
   struct Node {
-    Node(int32_t t, int32_t sibling) : token(t), count(0), first_child(-1), next_sibling(sibling) {}
     int32_t token;         // edge token from the parent; -1 for the root
-    uint32_t count;        // sampled continuations through this node
-    int32_t first_child;   // newest child or -1
-    int32_t next_sibling;  // next older sibling or -1
+    uint32_t count;        // samples through this node = hi - lo
+    int32_t first_child;   // -1: none; kUnexpanded: not materialized yet
+    int32_t next_sibling;  // next child of the same parent (greater token) or -1
+    int32_t lo, hi;        // the node's samples: samples_[lo, hi)
+    int32_t depth;         // tokens on the path from the root
   };
-  std::vector<Node> nodes_;
-  // The previous insertion: its tokens and the nodes on its path
-  // (last_path_[d] = node at depth d + 1). A new continuation that shares a
-  // prefix with it reuses those nodes without searching sibling lists.
-  const int32_t* last_tokens_ = nullptr;
-  std::vector<int32_t> last_path_;
-};
+  static constexpr int32_t kUnexpanded = -2;
+  void expand(int32_t node) const;
 
-// One sampled continuation: tokens[0, len) of a sub-index text.
-struct Sample {
-  const int32_t* tokens;
-  int32_t len;
+  std::vector<Sample> samples_;  // sorted lexicographically (a prefix before its extensions)
+  mutable std::vector<Node> nodes_;  // [0] is the root; grows as nodes are materialized
+  int32_t num_nodes_ = 1;
 };
 
 // A draft tree in breadth-first order: parents[i] < i, -1 = child of the root.
@@ -124,6 +141,7 @@ struct Offer {
   int32_t node;
   double score;
   Source source;
+  int32_t order;  // position among the offers of one expansion (ties by token keep it)
   double discount;
 };
 
@@ -138,6 +156,7 @@ struct DraftScratch {
   std::vector<int32_t> children;
   std::vector<int32_t> order;
   std::vector<int32_t> remap;
+  std::vector<int32_t> depth_start;     // counting sort of draft nodes by depth
   std::vector<fusion::Member> members;  // members of every candidate pushed
   std::vector<fusion::Offer> offers;    // children of one expansion
   std::vector<fusion::DraftNode> nodes; // the draft being built; [0] is the root

@@ -103,28 +103,46 @@ SaRange SubIndex::find_range(const int32_t* prefix, int32_t len) const {
   // Every suffix in the bucket already matches prefix[0]; compare the rest.
   const int32_t* rest = prefix + 1;
   const int32_t rest_len = len - 1;
-  // Lower bound: first row whose suffix is >= prefix.
-  int64_t a = lo, b = hi;
+  // Narrow [a, b) until a row matches (none: empty range), then search the
+  // lower bound left of it and the upper bound right of it: the levels above
+  // the first match are shared, and a miss costs one search, not two.
+  int64_t a = lo, b = hi, match = -1;
   while (a < b) {
     const int64_t mid = a + (b - a) / 2;
+    const int c = compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len);
+    if (c < 0) {
+      a = mid + 1;
+    } else if (c > 0) {
+      b = mid;
+    } else {
+      match = mid;
+      break;
+    }
+  }
+  if (match < 0) return {a, a};
+  // Lower bound in [a, match]: first row whose suffix is >= prefix.
+  int64_t x = a, y = match;
+  while (x < y) {
+    const int64_t mid = x + (y - x) / 2;
     if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) < 0) {
-      a = mid + 1;
+      x = mid + 1;
     } else {
-      b = mid;
+      y = mid;
     }
   }
-  const int64_t begin = a;
-  // Upper bound: first row whose suffix is > prefix.
-  b = hi;
-  while (a < b) {
-    const int64_t mid = a + (b - a) / 2;
+  const int64_t begin = x;
+  // Upper bound in (match, b]: first row whose suffix is > prefix.
+  x = match + 1;
+  y = b;
+  while (x < y) {
+    const int64_t mid = x + (y - x) / 2;
     if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) <= 0) {
-      a = mid + 1;
+      x = mid + 1;
     } else {
-      b = mid;
+      y = mid;
     }
   }
-  return {begin, a};
+  return {begin, x};
 }
 
 }  // namespace drafter
