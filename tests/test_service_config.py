@@ -21,6 +21,7 @@ def test_defaults_need_no_configuration() -> None:
     assert config.data_dir == Path("drafter-data") and config.snapshot is None
     assert config.draft_threads == (os.cpu_count() or 1) and config.max_budget == 256
     assert config.max_message_bytes == 64 << 20 and config.max_inflight_calls == 64
+    assert config.inline_max_work == 256
     assert config.live_policy().store == "output"
 
 
@@ -64,6 +65,7 @@ def test_every_setting_has_a_flag_and_a_variable() -> None:
         (["--datastore", "a=/x", "--datastore", "a=/y"], {}, "'a' is invalid"),
         (["--port", "70000"], {}, "ServeConfig.port = 70000"),
         (["--max-budget", "0"], {}, "ServeConfig.max_budget = 0"),
+        ([], {"DRAFTER_INLINE_MAX_WORK": "-1"}, "ServeConfig.inline_max_work = -1"),
         (["--store", "everything"], {}, "LivePolicy.store = 'everything'"),
         (["--keepalive-permit-without-calls", "maybe"], {}, "'maybe' is not a boolean"),
         (["--draft-config", "smoothing=1"], {}, "'smoothing' is not a DraftConfig field"),

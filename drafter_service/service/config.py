@@ -118,6 +118,16 @@ class ServeConfig:
     max_message_bytes: int = field(
         default=64 << 20, metadata=_meta("largest gRPC message, in bytes", int)
     )
+    inline_max_work: int = field(
+        default=256,
+        metadata=_meta(
+            "a call's native work runs on the event loop thread, skipping two thread "
+            "hand-offs, when nothing else is queued and it weighs at most this many "
+            "requests (a drafted request weighs 1, every 32 tokens of a (re)start 1; "
+            "0 = always hand off)",
+            int,
+        ),
+    )
     max_inflight_calls: int = field(
         default=64,
         metadata=_meta("calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED", int),
@@ -209,6 +219,7 @@ class ServeConfig:
             "max_budget": 1 <= self.max_budget < 2**31,
             "max_message_bytes": 1024 <= self.max_message_bytes < 2**31,
             "max_inflight_calls": self.max_inflight_calls >= 1,
+            "inline_max_work": self.inline_max_work >= 0,
             "request_ttl_s": self.request_ttl_s > 0,
             "max_request_states": self.max_request_states >= 1,
             "grace_period_s": self.grace_period_s >= 0,

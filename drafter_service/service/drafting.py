@@ -37,7 +37,9 @@ class DraftEngine:
 
     ``max_inflight_calls`` bounds the calls whose work has not finished (queued or
     running, including those whose caller gave up); beyond it calls are refused.
-    Per-batch numbers go to ``metrics`` (a private one when not given).
+    Per-batch numbers go to ``metrics`` (a private one when not given). Light calls
+    run their native work on the loop thread when nothing else is queued
+    (``inline_max_work``, see :class:`~drafter_service.service.jobs.JobRunner`).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class DraftEngine:
         ingester: GenerationIngester,
         max_inflight_calls: int,
         metrics: DrafterMetrics | None = None,
+        inline_max_work: int = 0,
     ) -> None:
         self.catalog = catalog
         self.limits = limits
@@ -56,7 +59,7 @@ class DraftEngine:
         self.max_inflight_calls = max_inflight_calls
         self.metrics = DrafterMetrics() if metrics is None else metrics
         self._inflight = 0
-        self._runner = JobRunner(catalog)
+        self._runner = JobRunner(catalog, inline_max_work)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
 
     async def draft(self, call: DraftCall) -> DraftAnswer:

@@ -155,7 +155,8 @@ class DrafterServer:
         table = RequestTable(config.request_ttl_s, config.max_request_states)
         ingester = GenerationIngester(config.ingest_queue_size)
         self._engine = DraftEngine(
-            catalog, limits, table, ingester, config.max_inflight_calls, self.metrics
+            catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
+            inline_max_work=config.inline_max_work,
         )
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)
