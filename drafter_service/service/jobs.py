@@ -53,7 +53,8 @@ class DrafterJob:
         return len(self.request_ids) + start_tokens // START_TOKENS_PER_WEIGHT
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
-        """On the datastore's worker thread: stops, starts, then one native batch call."""
+        """Stops, starts, then one native batch call (on the datastore's worker thread,
+        or on the loop thread when the runner runs the call inline)."""
         start = time.perf_counter()
         try:
             for request_id in self.stops:
