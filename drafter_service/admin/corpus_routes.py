@@ -11,7 +11,7 @@ from drafter_service.admin.corpora import NAME_PATTERN, build_corpus, resolve_co
 from drafter_service.admin.corpora import scratch_dir as corpus_scratch_dir
 from drafter_service.admin.errors import AdminError, conflict, not_found
 from drafter_service.admin.models import CorpusAdd, CorpusInfo, CorpusList, JobInfo
-from drafter_service.admin.routes import BEARER, DatastoreName, context, job_info
+from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
 from drafter_service.live_datastore import Corpus, DatastoreFull
 
 CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
@@ -77,9 +77,7 @@ async def add_corpus(
             "snapshot": info.path.name,
         }
 
-    job = ctx.jobs.submit("corpus-add", name, work)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_info(job)
+    return start_job(ctx, response, "corpus-add", name, work)
 
 
 @router.delete("/datastores/{name}/corpora/{corpus}", status_code=204, tags=["corpora"])

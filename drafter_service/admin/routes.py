@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
@@ -101,9 +102,7 @@ async def rebuild(request: Request, response: Response, name: DatastoreName) -> 
         rebuilt = live.rebuild()
         return {"rebuilt": rebuilt, "num_tokens": live.stats().num_tokens}
 
-    job = ctx.jobs.submit("rebuild", name, work)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_info(job)
+    return start_job(ctx, response, "rebuild", name, work)
 
 
 @v1.get("/datastores/{name}/settings", response_model=Settings, tags=["settings"])
@@ -148,6 +147,19 @@ async def show_job(
 
 def job_info(job: Job) -> JobInfo:
     return JobInfo(**dataclasses.asdict(job))
+
+
+def start_job(
+    ctx: AdminContext,
+    response: Response,
+    kind: str,
+    datastore: str,
+    work: Callable[[], dict[str, Any]],
+) -> JobInfo:
+    """Queues ``work`` as a job; the 202 answer points at it (``Location``)."""
+    job = ctx.jobs.submit(kind, datastore, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
 
 
 def _summary(slot: DatastoreSlot) -> DatastoreSummary:

@@ -16,7 +16,7 @@ from drafter_service.admin.models import (
     SnapshotList,
     SnapshotSummary,
 )
-from drafter_service.admin.routes import BEARER, DatastoreName, context, job_info
+from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
 from drafter_service.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDatastore
 from drafter_service.snapshot import SnapshotError, SnapshotInfo
 
@@ -58,9 +58,7 @@ async def create_snapshot(
             "num_tokens": info.num_tokens,
         }
 
-    job = ctx.jobs.submit("snapshot", name, work)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_info(job)
+    return start_job(ctx, response, "snapshot", name, work)
 
 
 @router.get(
@@ -109,9 +107,7 @@ async def restore_snapshot(
             "num_tokens": info.num_tokens,
         }
 
-    job = ctx.jobs.submit("restore", name, work)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_info(job)
+    return start_job(ctx, response, "restore", name, work)
 
 
 @router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204, tags=["snapshots"])
