@@ -227,3 +227,32 @@ def test_refused_requests_get_no_draft_and_are_never_stored() -> None:
     s.add("lonely", [500], "", None)  # refused from the start; alone in its step
     result = s.begin({"lonely": []}, None, 0.0)
     assert isinstance(result, StepResult) and result.why("lonely") is Outcome.ERROR
+
+
+def test_ids_and_datastores_the_drafter_would_refuse_cost_only_their_own_drafts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = session()
+    s.add("e-typo", [1, 2], "typo", None)  # added before the drafter's limits are known
+    info = pb.GetServiceInfoResponse(
+        datastores=[pb.DatastoreInfo(name="default", is_default=True, live=True),
+                    pb.DatastoreInfo(name="code")],
+        limits=pb.Limits(max_request_id_chars=8),
+    )  # fmt: skip
+    s.adopt_service_info(info)  # rechecks the requests already added
+    s.add("good", [1, 2], "", None)
+    s.add("coder", [1, 2], "code", None)
+    s.add("x" * 9, [1, 2], "", None)  # longer than the drafter accepts
+    s.add("typo", [1, 2], "nope", None)  # a datastore the drafter does not have
+    step = ["e-typo", "good", "coder", "x" * 9, "typo"]
+    plan = begin(s, {rid: [3] for rid in step})
+    assert [d.request_id for d in unpack_deltas(plan.message)] == ["good", "coder"]
+    result, _ = s.complete(plan, ok_answer(plan), 0.0)
+    assert [rid for rid in step if result[rid] is not None] == ["good", "coder"]
+    assert {rid: result.why(rid) for rid in step if result.why(rid) is not Outcome.OK} == {
+        "e-typo": Outcome.ERROR, "x" * 9: Outcome.ERROR, "typo": Outcome.ERROR,
+    }  # fmt: skip
+    assert s.stats.refused == 3 and result.outcome is Outcome.OK
+    logged = caplog.text
+    assert "no datastore 'typo'" in logged and "no datastore 'nope'" in logged
+    assert "9 characters, over the drafter's 8" in logged

@@ -18,10 +18,13 @@ Rules:
 * Lifecycle is explicit: ``add`` / ``commit`` / ``finish``. A request missing
   from a step is still alive; its commits accumulate until it is next sent.
 * A request holding something the drafter would refuse (a token id past its
-  vocabulary, a context past its per-request limit) is never sent again: the
-  drafter rejects a whole call for one bad request, and one request must not
-  cost the batch its drafts. Ids no vocabulary has (negative, >= 2^31) are the
-  caller's bug and raise ValueError instead.
+  vocabulary, a context past its per-request limit, an id longer than it
+  accepts, a datastore it does not have) is never sent again: the drafter
+  rejects a whole call for one bad request, and one request must not cost the
+  batch its drafts. The limits come from the drafter's service info; requests
+  added before it is known are checked again when it arrives. Ids no
+  vocabulary has (negative, >= 2^31) are the caller's bug and raise ValueError
+  instead.
 
 Pure: builds and reads protocol messages (the packed form: columns of
 little-endian arrays, see PackedDeltas in the .proto), no I/O. Not thread-safe: one decode
@@ -94,19 +97,23 @@ class RequestState:
     sent: bool = False  # was in a sent DraftRequest: the drafter may hold state for it
     in_flight: bool = False  # in a DraftRequest whose answer is not applied yet
     refused: bool = False  # holds what the drafter would refuse: never sent again
+    refusal: str = ""  # why, for logs
 
 
 class DeltaTracker:
     """Live requests by id: builds each step's deltas and applies the answers."""
 
     __slots__ = (
-        "_states", "full_resends", "max_context_tokens", "max_token_id", "refused", "tokens_sent",
+        "_states", "datastores", "full_resends", "max_context_tokens", "max_request_id_chars",
+        "max_token_id", "refused", "tokens_sent",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self._states: dict[str, RequestState] = {}
         self.max_token_id = _INT32_MAX  # the drafter's vocab_size - 1, once known
         self.max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
+        self.max_request_id_chars: int | None = None  # the drafter's limit, once known
+        self.datastores: frozenset[str] | None = None  # names it accepts ("" too), once known
         self.full_resends = 0  # whole contexts sent for requests that had been sent before
         self.tokens_sent = 0  # token ids put in DraftRequests (the wire volume of deltas)
         self.refused = 0  # requests never sent again (see the module docstring)
@@ -148,8 +155,48 @@ class DeltaTracker:
             )
         state = RequestState(request_id, datastore, length, tokens)
         if tokens and max(tokens) > self.max_token_id:
-            self._refuse(state)
+            self._refuse(state, f"a token id is past the drafter's vocabulary ({max(tokens)})")
+        else:
+            self._check_limits(state)
         self._states[request_id] = state
+
+    def adopt_limits(
+        self,
+        max_token_id: int | None,
+        max_context_tokens: int | None,
+        max_request_id_chars: int | None,
+        datastores: frozenset[str] | None,
+    ) -> list[RequestState]:
+        """Takes the drafter's limits (None = not reported: unchanged or unchecked) and
+        refuses the live requests that break them; returns those newly refused."""
+        if max_token_id is not None:
+            self.max_token_id = max_token_id
+        self.max_context_tokens = max_context_tokens
+        self.max_request_id_chars = max_request_id_chars
+        self.datastores = datastores
+        newly: list[RequestState] = []
+        for state in self._states.values():
+            if state.refused:
+                continue
+            if state.tokens and max(state.tokens) > self.max_token_id:
+                self._refuse(state, "a token id is past the drafter's vocabulary")
+            else:
+                self._check_limits(state)
+            if state.refused:
+                newly.append(state)
+        return newly
+
+    def _check_limits(self, state: RequestState) -> None:
+        """Refuses a request whose id or datastore the drafter would reject (the
+        context's length is checked when it is sent: it grows)."""
+        max_chars = self.max_request_id_chars
+        if max_chars is not None and len(state.request_id) > max_chars:
+            self._refuse(state, f"its id has {len(state.request_id)} characters, over the "
+                                f"drafter's {max_chars}")  # fmt: skip
+        elif self.datastores is not None and state.datastore not in self.datastores:
+            known = sorted(d for d in self.datastores if d)
+            self._refuse(state, f"the drafter has no datastore {state.datastore!r} "
+                                f"(it has {known})")  # fmt: skip
 
     def commit(self, request_id: str, tokens: Iterable[int]) -> None:
         """Appends tokens the verifier accepted (including the bonus token)."""
@@ -175,11 +222,12 @@ class DeltaTracker:
         for state, tokens in checked:
             state.tokens.extend(tokens)
         for state in past_vocabulary:
-            self._refuse(state)
+            self._refuse(state, "a committed token id is past the drafter's vocabulary")
 
-    def _refuse(self, state: RequestState) -> None:
+    def _refuse(self, state: RequestState, reason: str) -> None:
         if not state.refused:
             state.refused = True
+            state.refusal = reason
             self.refused += 1
 
     def finish(self, request_id: str) -> RequestState:
@@ -218,7 +266,8 @@ class DeltaTracker:
             state = states[rid]
             tokens = state.tokens
             if state.refused or len(tokens) > max_context:
-                self._refuse(state)
+                self._refuse(state, f"its context of {len(tokens)} tokens is over the "
+                                    f"drafter's {max_context}")  # fmt: skip
                 refused.append(rid)
                 continue
             if not tokens:

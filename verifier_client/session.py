@@ -84,8 +84,15 @@ class DraftSession:
         self.max_budget = info.limits.max_budget or None
         self.max_per_call = info.limits.max_requests_per_call or self.max_per_call
         vocab_size = info.tokenizer.vocab_size
-        self.tracker.max_token_id = vocab_size - 1 if vocab_size else self.tracker.max_token_id
-        self.tracker.max_context_tokens = info.limits.max_tokens_per_request or None
+        names = frozenset({"", *(d.name for d in info.datastores)}) if info.datastores else None
+        refused = self.tracker.adopt_limits(
+            max_token_id=vocab_size - 1 if vocab_size else None,
+            max_context_tokens=info.limits.max_tokens_per_request or None,
+            max_request_id_chars=info.limits.max_request_id_chars or None,
+            datastores=names,
+        )
+        for state in refused:
+            _log_refusal(state)
         read_only = {d.name for d in info.datastores if not d.live}
         read_only |= {"" for d in info.datastores if d.is_default and not d.live}
         self._read_only = frozenset(read_only)
@@ -97,6 +104,9 @@ class DraftSession:
     ) -> None:
         """Starts tracking a request (see DeltaTracker.add)."""
         self.tracker.add(request_id, prompt_ids, datastore, prompt_length)
+        state = self.tracker.get(request_id)
+        if state.refused:
+            _log_refusal(state)
 
     def finish(self, request_id: str, final_tokens: Iterable[int], store: bool) -> list[Work]:
         """Stops tracking a finished request; returns the work that ends it."""
@@ -230,3 +240,7 @@ def _outcomes(resynced: Iterable[str], refused: Iterable[str]) -> dict[str, Outc
     outcomes = dict.fromkeys(refused, Outcome.ERROR)
     outcomes.update(dict.fromkeys(resynced, Outcome.RESYNC))
     return outcomes
+
+
+def _log_refusal(state: RequestState) -> None:
+    log.warning("request %.80r gets no drafts: %s", state.request_id, state.refusal)

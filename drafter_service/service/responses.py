@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.drafter import DraftBatch
-from drafter_service.service.validation import CallLimits
+from drafter_service.service.validation import MAX_REQUEST_ID_CHARS, CallLimits
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 
@@ -159,5 +159,6 @@ def service_info_response(
             max_tokens_per_request=limits.max_tokens_per_request,
             max_budget=limits.max_budget,
             max_message_bytes=max_message_bytes,
+            max_request_id_chars=MAX_REQUEST_ID_CHARS,
         ),
     )

@@ -204,13 +204,15 @@ class DatastoreInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., is_default: _Optional[bool] = ..., num_tokens: _Optional[int] = ..., sub_indices: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_requests_per_call", "max_tokens_per_request", "max_budget", "max_message_bytes")
+    __slots__ = ("max_requests_per_call", "max_tokens_per_request", "max_budget", "max_message_bytes", "max_request_id_chars")
     MAX_REQUESTS_PER_CALL_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_BUDGET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_ID_CHARS_FIELD_NUMBER: _ClassVar[int]
     max_requests_per_call: int
     max_tokens_per_request: int
     max_budget: int
     max_message_bytes: int
-    def __init__(self, max_requests_per_call: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_budget: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    max_request_id_chars: int
+    def __init__(self, max_requests_per_call: _Optional[int] = ..., max_tokens_per_request: _Optional[int] = ..., max_budget: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_request_id_chars: _Optional[int] = ...) -> None: ...
