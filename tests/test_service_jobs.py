@@ -14,7 +14,13 @@ import pytest
 
 from drafter_service import Datastore, Drafter
 from drafter_service.service.datastores import Catalog, DatastoreSlot
-from drafter_service.service.jobs import START_TOKENS_PER_WEIGHT, DrafterJob, JobRunner
+from drafter_service.service.jobs import (
+    BUDGET_PER_WEIGHT,
+    STOPS_PER_WEIGHT,
+    TOKENS_PER_WEIGHT,
+    DrafterJob,
+    JobRunner,
+)
 from drafter_service.snapshot import TokenizerIdentity
 
 VOCAB = 50
@@ -50,9 +56,14 @@ def step_job(request_id: str, tokens: list[int], budget: int = 8) -> DrafterJob:
     return job
 
 
-def test_weight_counts_requests_and_start_tokens() -> None:
+def test_weight_grows_with_every_kind_of_work() -> None:
     assert step_job("a", [1, 2, 3]).weight() == 1
-    assert start_job("a", [1] * (3 * START_TOKENS_PER_WEIGHT)).weight() == 4
+    assert start_job("a", [1] * (3 * TOKENS_PER_WEIGHT)).weight() == 4
+    # A tiny start followed by a huge append is as heavy as a huge start.
+    assert step_job("a", [1] * (1000 * TOKENS_PER_WEIGHT)).weight() == 1001
+    assert step_job("a", [1], budget=4 * BUDGET_PER_WEIGHT).weight() == 5
+    sweep = DrafterJob(stops=[f"r{i}" for i in range(100 * STOPS_PER_WEIGHT)])
+    assert sweep.weight() == 100  # stopping many expired requests is work too
 
 
 def test_light_call_runs_on_the_loop_thread(catalog: Catalog) -> None:
@@ -74,7 +85,7 @@ def test_light_call_runs_on_the_loop_thread(catalog: Catalog) -> None:
 def test_heavy_or_disabled_calls_are_handed_off(catalog: Catalog, limit: int) -> None:
     async def go() -> None:
         runner = JobRunner(catalog, inline_max_work=limit)
-        job = start_job("a", list(range(VOCAB)) * 4)  # weight 1 + 200 // 32 = 7
+        job = start_job("a", list(range(VOCAB)) * 4)  # weight 1 + 200 // 8 = 26
         future = runner.run({NAME: job}, lambda _: None)
         assert not future.done(), "handed to the worker thread"
         batch = (await future)[NAME]

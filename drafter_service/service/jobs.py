@@ -26,7 +26,12 @@ from drafter_service.service.datastores import Catalog
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 JobResults = dict[str, DraftBatch | None]
 JobOutcome = DraftBatch | BaseException | None  # what a job returned or raised
-START_TOKENS_PER_WEIGHT = 32  # a start's trie costs about one draft per this many tokens
+# What a unit of weight is: about one drafted request at budget <= 64 (~12 µs of native
+# work on the 2-core benchmark machine). Measured there: adding a token to a request's
+# input trie costs 1-1.5 µs (start or append), stopping a request ~2 µs.
+TOKENS_PER_WEIGHT = 8  # tokens added (starts and appends)
+STOPS_PER_WEIGHT = 8
+BUDGET_PER_WEIGHT = 64  # a drafted request weighs 1 more per this many nodes of budget
 
 
 @dataclass(slots=True)
@@ -39,18 +44,29 @@ class DrafterJob:
     tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
+    appended: int = 0  # tokens in `tokens` (kept as requests are added; for weight())
+    budget_extra: int = 0  # sum of budget // BUDGET_PER_WEIGHT (for weight())
 
     def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
         """Adds a request to the batch call; returns its row in the batch."""
         self.request_ids.append(request_id)
         self.tokens.append(tokens)
         self.budgets.append(budget)
+        self.appended += len(tokens)
+        self.budget_extra += budget // BUDGET_PER_WEIGHT
         return len(self.request_ids) - 1
 
     def weight(self) -> int:
-        """Rough cost in drafted requests: 1 per request, 1 per 32 tokens of a start."""
-        start_tokens = sum(len(t) for _, t in self.starts)
-        return len(self.request_ids) + start_tokens // START_TOKENS_PER_WEIGHT
+        """Rough native cost in drafted requests: every drafted request (more for large
+        budgets), every token added to a request (a start's context, an append), every
+        stop. Whatever a call carries, its weight grows with the work it asks for."""
+        tokens = sum(len(t) for _, t in self.starts) + self.appended
+        return (
+            len(self.request_ids)
+            + self.budget_extra
+            + tokens // TOKENS_PER_WEIGHT
+            + len(self.stops) // STOPS_PER_WEIGHT
+        )
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
         """Stops, starts, then one native batch call (on the datastore's worker thread,
