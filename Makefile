@@ -36,7 +36,7 @@ setup: $(BIN)/python tools
 # Main job: the drafting service on its embedded default (an empty live
 # datastore in ./drafter-data that learns from finished generations).
 run: setup
-	$(BIN)/drafter serve --data-dir drafter-data --vocab-size 128256
+	$(BIN)/drafter serve
 
 # Greedy-replay benchmark of the drafter on real model outputs, datastore
 # prebuilt from the shared corpus, PLD baseline alongside.

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from drafter_service.service.config import ServeConfig
+from drafter_service.service.config import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.service.datastores import resolve_tokenizer
 from drafter_service.service.request_table import RequestState, RequestTable
 
 
-def test_defaults_need_no_configuration() -> None:
+def test_defaults_need_no_configuration(tmp_path: Path) -> None:
+    """Nothing set: every value has a default, the vocabulary the embedded Llama-3 one
+    (tests/test_service_default.py runs bare `drafter serve` for real)."""
     config = ServeConfig.from_env_and_args([], environ={})
     assert config.host == "127.0.0.1" and config.port == 50051
+    assert config.vocab_size is None and config.tokenizer is None  # resolved at open:
+    resolved = resolve_tokenizer(replace(config, data_dir=tmp_path / "drafter-data"))
+    assert resolved.vocab_size == DEFAULT_VOCAB_SIZE == 128256
     assert config.data_dir == Path("drafter-data") and config.snapshot is None
     assert config.draft_threads == (os.cpu_count() or 1) and config.max_budget == 256
     assert config.max_message_bytes == 64 << 20 and config.max_inflight_calls == 64

@@ -148,8 +148,11 @@ def test_subprocess_restart_resyncs_and_keeps_acknowledged_ingests(tmp_path: Pat
 def test_serve_reports_bad_settings_with_status_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
-    assert "--vocab-size" in capsys.readouterr().err
+    ports = ["--port", "0", "--metrics-port", "-1", "--admin-port", "-1"]
+    assert main(["serve", *ports, "--data-dir", str(tmp_path), "--vocab-size", "0"]) == 2
+    assert "ServeConfig.vocab_size = 0 is out of range" in capsys.readouterr().err
+    assert main(["serve", *ports, "--data-dir", str(tmp_path), "--vocab-size", "many"]) == 2
+    assert "--vocab-size: bad value 'many'" in capsys.readouterr().err
     assert main(["serve", "--max-budget", "lots"]) == 2
     assert "--max-budget: bad value 'lots'" in capsys.readouterr().err
     bad_snapshot = [
@@ -163,3 +166,4 @@ def test_serve_reports_bad_settings_with_status_2(
     ]
     assert main(bad_snapshot) == 2
     assert "manifest.json is missing" in capsys.readouterr().err
+

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from drafter_service.service.config import ServeConfig
+from drafter_service.service.config import DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.service.server import start_server
 
 log = logging.getLogger("drafter")
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the gRPC drafting service",
         description="Every flag also reads DRAFTER_<NAME> (e.g. DRAFTER_VOCAB_SIZE); "
-        "a flag wins. Default: an empty live datastore in ./drafter-data.",
+        "a flag wins. Default: an empty live datastore in ./drafter-data with the "
+        f"Llama-3 vocabulary ({DEFAULT_VOCAB_SIZE} token ids).",
     )
     ServeConfig.add_arguments(serve)
     return parser

@@ -3,21 +3,25 @@ with its own Drafter (request state) and the one worker thread its calls run on.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from drafter_service.drafter import Drafter
 from drafter_service.live_datastore import LiveDatastore
-from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
+from drafter_service.service.config import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.snapshot import (
+    SnapshotInfo,
     TokenizerIdentity,
     list_snapshots,
     load_snapshot,
     read_manifest,
     write_snapshot,
 )
+from drafter_service.snapshot_files import fsync_dir, write_file
 
 log = logging.getLogger(__name__)
 
@@ -63,31 +67,102 @@ class Catalog:
                 slot.live.close()
 
 
+TOKENIZER_RECORD = "tokenizer-identity.json"
+"""File in the data directory recording the tokenizer identity it was opened with (the
+snapshots record it too, but a directory may hold only an ingest log so far)."""
+
+
+def read_tokenizer_record(data_dir: Path) -> TokenizerIdentity | None:
+    """The identity ``write_tokenizer_record`` left in ``data_dir``, or None."""
+    path = data_dir / TOKENIZER_RECORD
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    try:
+        return TokenizerIdentity.from_json(json.loads(text))
+    except ValueError as exc:  # bad JSON, SnapshotError
+        raise ValueError(f"{path} is not a tokenizer record: {exc}") from None
+
+
+def write_tokenizer_record(data_dir: Path, tokenizer: TokenizerIdentity) -> None:
+    """Records ``tokenizer`` in ``data_dir`` (atomically; a no-op when already there)."""
+    path = data_dir / TOKENIZER_RECORD
+    text = json.dumps(tokenizer.to_json(), sort_keys=True) + "\n"
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except FileNotFoundError:
+        pass
+    temporary = path.with_name(f".{TOKENIZER_RECORD}.{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)
+    write_file(temporary, [text.encode("utf-8")])
+    os.replace(temporary, path)
+    fsync_dir(data_dir)
+
+
+def _has_ingest_log(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds logged ingests (a directory from before the record)."""
+    try:
+        return any(p.stat().st_size > 0 for p in (data_dir / "wal").glob("*.log"))
+    except OSError:
+        return False
+
+
 def resolve_tokenizer(config: ServeConfig) -> TokenizerIdentity:
-    """From --tokenizer, else the seed snapshot's, else the data directory's newest
-    snapshot's, else (``tokenizer_name`` or "unknown", --vocab-size, no fingerprint)."""
+    """From --tokenizer, else the seed snapshot's, else the data directory's (its newest
+    snapshot's, else its tokenizer record's), else (``tokenizer_name`` or "unknown",
+    --vocab-size, no fingerprint), else the embedded default: ``DEFAULT_VOCAB_SIZE``
+    (logged). A data directory without a snapshot whose record disagrees is refused."""
+    data_snapshots = list_snapshots(config.data_dir / "snapshots")
+    recorded = None if data_snapshots else read_tokenizer_record(config.data_dir)
+    resolved = _resolve(config, data_snapshots, recorded)
+    if recorded is not None and not recorded.matches(resolved):
+        raise ValueError(
+            f"tokenizer {resolved.describe()} differs from {recorded.describe()} recorded "
+            f"in {config.data_dir / TOKENIZER_RECORD} (use another --data-dir)"
+        )
+    return resolved
+
+
+def _resolve(
+    config: ServeConfig, data_snapshots: list[SnapshotInfo], recorded: TokenizerIdentity | None
+) -> TokenizerIdentity:
     if config.tokenizer is not None:
         return TokenizerIdentity.from_file(
             config.tokenizer, config.tokenizer_name, config.vocab_size
         )
     known: TokenizerIdentity | None = None
+    source = "the snapshot tokenizer"
     if config.snapshot is not None:
         known = read_manifest(config.snapshot).tokenizer
-    elif existing := list_snapshots(config.data_dir / "snapshots"):
-        known = existing[-1].tokenizer
+    elif data_snapshots:
+        known = data_snapshots[-1].tokenizer
+    elif recorded is not None:
+        known = recorded
+        source = f"the tokenizer recorded in {config.data_dir / TOKENIZER_RECORD}"
     if known is not None:
         if config.vocab_size is not None and config.vocab_size != known.vocab_size:
             raise ValueError(
-                f"vocab_size {config.vocab_size} differs from the snapshot tokenizer "
-                f"{known.describe()}"
+                f"vocab_size {config.vocab_size} differs from {source} {known.describe()}"
             )
         return known
-    if config.vocab_size is None:
+    if config.vocab_size is not None:
+        return TokenizerIdentity(config.tokenizer_name or "unknown", config.vocab_size, "")
+    if _has_ingest_log(config.data_dir):
         raise ValueError(
-            "the vocabulary size is unknown: pass --vocab-size (DRAFTER_VOCAB_SIZE), "
-            "--tokenizer or --snapshot"
+            f"the vocabulary size is unknown: {config.data_dir} holds logged ingests but "
+            "records no vocabulary; pass --vocab-size (DRAFTER_VOCAB_SIZE) or --tokenizer"
         )
-    return TokenizerIdentity(config.tokenizer_name or "unknown", config.vocab_size, "")
+    log.warning(
+        "no vocabulary given: using the default, %d token ids (the Llama-3 vocabulary); "
+        "choose another with --vocab-size N (DRAFTER_VOCAB_SIZE) or --tokenizer "
+        "tokenizer.json",
+        DEFAULT_VOCAB_SIZE,
+    )
+    return TokenizerIdentity(config.tokenizer_name or "unknown", DEFAULT_VOCAB_SIZE, "")
 
 
 def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> bool:
@@ -132,6 +207,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
             config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore
         )
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
+        write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:
             datastore, _ = load_snapshot(directory, expect_tokenizer=tokenizer)
             drafter, executor = new_slot(name)
