@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,3 +168,48 @@ def test_serve_reports_bad_settings_with_status_2(
     assert main(bad_snapshot) == 2
     assert "manifest.json is missing" in capsys.readouterr().err
 
+
+def _silent_http2_peer(address: str, listen_s: float) -> tuple[int, bool]:
+    """Opens an HTTP/2 connection that answers SETTINGS but never a PING (a peer that
+    died without closing its socket); returns (PINGs received, closed by the server)."""
+    host, port = address.rsplit(":", 1)
+    pings = 0
+    with socket.create_connection((host, int(port)), timeout=listen_s) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04\x00" + bytes(4))
+        buffer = b""
+        end_s = time.monotonic() + listen_s
+        while time.monotonic() < end_s:
+            sock.settimeout(max(0.01, end_s - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                return pings, True
+            buffer += chunk
+            while len(buffer) >= 9:  # whole frames: 24-bit length, type, flags, stream id
+                length = int.from_bytes(buffer[:3], "big")
+                if len(buffer) < 9 + length:
+                    break
+                kind, flags = buffer[3], buffer[4]
+                buffer = buffer[9 + length :]
+                if kind == 0x4 and not flags & 0x1:  # SETTINGS: acknowledge
+                    sock.sendall(bytes(3) + b"\x04\x01" + bytes(4))
+                elif kind == 0x6 and not flags & 0x1:  # PING: never answered
+                    pings += 1
+    return pings, False
+
+
+def test_keepalive_drops_a_peer_that_stops_answering(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """The keepalive settings reach gRPC: the server pings an idle connection every
+    keepalive_time_s and closes it when no ack comes within keepalive_timeout_s."""
+    cfg = config(tmp_path / "a", keepalive_time_s=0.2, keepalive_timeout_s=0.2,
+                 keepalive_permit_without_calls=True)  # fmt: skip
+    with serving(loop_thread, cfg) as s:
+        pings, closed = _silent_http2_peer(s.server.address, listen_s=10)
+        assert pings >= 1 and closed, (pings, closed)
+    # The defaults (a ping after 30 s) leave the same peer alone for a while.
+    with serving(loop_thread, config(tmp_path / "b", keepalive_permit_without_calls=True)) as s:
+        assert _silent_http2_peer(s.server.address, listen_s=1.0) == (0, False)

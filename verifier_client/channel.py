@@ -24,6 +24,8 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
     # servers' ping policing; the drafter allows pings this often.
     "grpc.keepalive_time_ms": 30_000,
     "grpc.keepalive_timeout_ms": 10_000,
+    # Recent gRPC cores time a keepalive ping out with this (default 60 s) as well.
+    "grpc.http2.ping_timeout_ms": 10_000,
     # Whole contexts after a resync and trees for a large batch can be big.
     "grpc.max_send_message_length": 64 * 1024 * 1024,
     "grpc.max_receive_message_length": 64 * 1024 * 1024,

@@ -57,6 +57,9 @@ def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.keepalive_time_ms", round(config.keepalive_time_s * 1000)),
         ("grpc.keepalive_timeout_ms", round(config.keepalive_timeout_s * 1000)),
+        # Recent gRPC cores time a keepalive ping out with the general ping timeout
+        # (default 60 s) rather than keepalive_timeout_ms alone: set both.
+        ("grpc.http2.ping_timeout_ms", round(config.keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", int(config.keepalive_permit_without_calls)),
         (
             "grpc.http2.min_recv_ping_interval_without_data_ms",
