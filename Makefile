@@ -66,6 +66,8 @@ bench: setup
 	( $(BIN)/python benchmarks/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
 	  for b in 1 16 64; do $(BIN)/drafter-bench load --data $(DEV_CHAT) --corpus $(CORPUS) --batch $$b --json \
 	    | sed 's/^{/{"server": "drafter", /'; done ) > benchmarks/results/load.jsonl
+	$(BIN)/python benchmarks/load_bound.py --data-dir $(DATA) > benchmarks/results/load_bound.jsonl
+	$(BIN)/python benchmarks/breaker_cost.py > benchmarks/results/breaker.jsonl
 	$(BIN)/python benchmarks/verify_bench.py > benchmarks/results/verify.jsonl
 	$(BIN)/drafter-bench worker --data $(DEV) --limit 16 --max-new-tokens 64 --batch 8 > benchmarks/results/worker.jsonl
 	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
