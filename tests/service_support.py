@@ -109,10 +109,19 @@ def rpc_error(call: Any, *args: Any, **kw: Any) -> grpc.RpcError:
 class Subprocess:
     """``drafter serve`` as a child process; ``address`` from its one stdout line."""
 
-    def __init__(self, *args: str, timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        *args: str,
+        timeout_s: float = 30,
+        defaults: tuple[str, ...] = ("--admin-port", "0", "--metrics-port", "0"),
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         exe = Path(sys.executable).with_name("drafter")
         self.proc = subprocess.Popen(
-            [str(exe), "serve", "--admin-port", "0", "--metrics-port", "0", *args],
+            [str(exe), "serve", *defaults, *args],
+            cwd=cwd,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import grpc
 import pytest
-from service_support import VOCAB
+from service_support import VOCAB, Subprocess
 
 from drafter_service.live_datastore import LiveDatastore
 from drafter_service.service.cli import main
@@ -26,30 +23,13 @@ from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 PORTS = ("--port", "0", "--metrics-port", "0", "--admin-port", "-1")
 
 
-class BareServe:
+class BareServe(Subprocess):
     """The console command `drafter serve` with only port flags, run in ``cwd`` with no
-    DRAFTER_* variable set; ``address`` from its one stdout line."""
+    DRAFTER_* variable set."""
 
     def __init__(self, cwd: Path, timeout_s: float = 60) -> None:
-        exe = Path(sys.executable).with_name("drafter")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTER_")}
-        self.proc = subprocess.Popen(
-            [str(exe), "serve", *PORTS],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(timeout_s)
-        if not line or not line[0].startswith("drafter listening on "):
-            self.proc.kill()
-            _, err = self.proc.communicate(timeout=10)
-            raise AssertionError(f"no listening line ({line!r}); stderr:\n{err}")
-        self.address = line[0].removeprefix("drafter listening on ").strip()
+        super().__init__(*PORTS, timeout_s=timeout_s, defaults=(), cwd=cwd, env=env)
 
     def info(self) -> pb.GetServiceInfoResponse:
         with grpc.insecure_channel(self.address) as channel:
@@ -66,9 +46,7 @@ class BareServe:
 
     def terminate(self, timeout_s: float = 30) -> tuple[int, str, str]:
         """SIGTERM; returns (exit code, rest of stdout, stderr)."""
-        self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=timeout_s)
-        return self.proc.returncode, out, err
+        return self.stop(signal.SIGTERM, timeout_s)
 
 
 def test_bare_serve_runs_an_empty_live_datastore_with_the_llama3_vocabulary(
