@@ -352,10 +352,15 @@ def test_load_benchmark_drives_a_real_service_through_the_client(
     data, corpus = files
     cmd = [sys.executable, "-m", "drafter_service.bench.cli", "load", "--data", str(data),
            "--corpus", str(corpus), "--batch", "4", "--steps", "60", "--warmup", "5",
-           "--vocab-size", "1000", "--json"]  # fmt: skip
+           "--vocab-size", "1000", "--deadline-ms", "0.001", "--json"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
     assert row["steps"] == 60 and row["batch"] == 4 and row["failed_steps"] == 0
-    assert row["step_ms_p50"] > 0 and row["step_ms_p50"] <= row["step_ms_p99"]
+    assert 0 < row["step_ms_p50"] <= row["step_ms_p99"] <= row["step_ms_p999"]
+    assert row["step_ms_p999"] <= row["step_ms_max"] and row["steps_per_s"] > 0
     assert row["finished"] > 0 and row["tau"] > 1.0 and row["accepted_tokens"] > 0
+    # A fresh service holds every request from its first step on: nothing to resync.
+    assert row["resyncs"] == 0
+    # fallbacks counts the steps slower than --deadline-ms: here 1 us, i.e. every one.
+    assert row["deadline_ms"] == 0.001 and row["fallbacks"] == 60
