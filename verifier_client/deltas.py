@@ -154,10 +154,7 @@ class DeltaTracker:
                 f"prompt_length {prompt_length} of {request_id!r} is outside [0, {len(tokens)}]"
             )
         state = RequestState(request_id, datastore, length, tokens)
-        if tokens and max(tokens) > self.max_token_id:
-            self._refuse(state, f"a token id is past the drafter's vocabulary ({max(tokens)})")
-        else:
-            self._check_limits(state)
+        self._check_limits(state)
         self._states[request_id] = state
 
     def adopt_limits(
@@ -178,19 +175,19 @@ class DeltaTracker:
         for state in self._states.values():
             if state.refused:
                 continue
-            if state.tokens and max(state.tokens) > self.max_token_id:
-                self._refuse(state, "a token id is past the drafter's vocabulary")
-            else:
-                self._check_limits(state)
+            self._check_limits(state)
             if state.refused:
                 newly.append(state)
         return newly
 
     def _check_limits(self, state: RequestState) -> None:
-        """Refuses a request whose id or datastore the drafter would reject (the
-        context's length is checked when it is sent: it grows)."""
+        """Refuses a request whose tokens, id or datastore the drafter would reject
+        (the context's length is checked when it is sent: it grows)."""
         max_chars = self.max_request_id_chars
-        if max_chars is not None and len(state.request_id) > max_chars:
+        tokens = state.tokens
+        if tokens and max(tokens) > self.max_token_id:
+            self._refuse(state, f"a token id is past the drafter's vocabulary ({max(tokens)})")
+        elif max_chars is not None and len(state.request_id) > max_chars:
             self._refuse(state, f"its id has {len(state.request_id)} characters, over the "
                                 f"drafter's {max_chars}")  # fmt: skip
         elif self.datastores is not None and state.datastore not in self.datastores:
