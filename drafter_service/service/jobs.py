@@ -44,26 +44,22 @@ class DrafterJob:
     tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
-    appended: int = 0  # tokens in `tokens` (kept as requests are added; for weight())
-    budget_extra: int = 0  # sum of budget // BUDGET_PER_WEIGHT (for weight())
 
     def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
         """Adds a request to the batch call; returns its row in the batch."""
         self.request_ids.append(request_id)
         self.tokens.append(tokens)
         self.budgets.append(budget)
-        self.appended += len(tokens)
-        self.budget_extra += budget // BUDGET_PER_WEIGHT
         return len(self.request_ids) - 1
 
     def weight(self) -> int:
         """Rough native cost in drafted requests: every drafted request (more for large
         budgets), every token added to a request (a start's context, an append), every
         stop. Whatever a call carries, its weight grows with the work it asks for."""
-        tokens = sum(len(t) for _, t in self.starts) + self.appended
+        tokens = sum(len(t) for _, t in self.starts) + sum(len(t) for t in self.tokens)
         return (
             len(self.request_ids)
-            + self.budget_extra
+            + sum(b // BUDGET_PER_WEIGHT for b in self.budgets)
             + tokens // TOKENS_PER_WEIGHT
             + len(self.stops) // STOPS_PER_WEIGHT
         )
