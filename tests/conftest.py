@@ -48,3 +48,7 @@ def loop_thread() -> Any:
     loop = LoopThread()
     yield loop
     loop.close()
+
+# The engine plug-in tests run in the engines' own virtualenvs (make test-vllm,
+# make test-sglang), which hold vLLM / SGLang; the main suite does not collect them.
+collect_ignore = ["engines"]

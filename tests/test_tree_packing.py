@@ -170,10 +170,24 @@ def test_best_chain_matches_reference(
     assert torch.equal(again.tokens, chain.tokens) and torch.equal(again.nodes, chain.nodes)
 
 
+@given(batches(), st.integers(0, 10))
+def test_tree_best_chain_is_best_chain_without_torch(
+    batch: tuple[list[Tree | None], list[int], list[int]], max_len: int
+) -> None:
+    """Tree.best_chain (the engine plug-ins' per-tree form) picks what best_chain picks."""
+    trees, roots, lens = batch
+    for tree, row in zip(trees, ref_rows(trees, roots, lens), strict=True):
+        if tree is not None:
+            # ref columns count the root as column 0; tree node i is column i + 1.
+            want = [tree.tokens[c - 1] for c in ref_best_chain(row, max_len)]
+            assert tree.best_chain(max_len) == want
+
+
 def test_best_chain_follows_scores_not_order() -> None:
     tree = Tree.of([1, 2, 3, 4, 5], [-1, -1, 0, 1, 1], [0.2, 0.7, 0.1, 0.3, 0.6])
     chain = best_chain([tree], 5, roots=[0], cache_lens=[9])
     assert chain.tokens.tolist() == [[2, 5]] and chain.nodes.tolist() == [[2, 5]]
+    assert tree.best_chain(5) == [2, 5] and tree.best_chain(1) == [2] and tree.best_chain(0) == []
     assert chain.packed.positions.tolist() == [[9, 10, 11]]
 
 

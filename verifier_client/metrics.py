@@ -117,15 +117,37 @@ class WorkerMetrics:
             round_trip_s: the drafter call's duration as the worker measured it.
             budget: the budget the step asked for.
         """
+        self.record_acceptance(
+            draft_sizes, int(result.accept_lengths.sum()), result.accepted_per_position.tolist()
+        )
+        self.record_drafter_call(drafts, round_trip_s, budget)
+
+    def record_acceptance(
+        self,
+        draft_sizes: Tensor | Sequence[int],
+        accepted_tokens: int,
+        accepted_per_position: Sequence[int],
+    ) -> None:
+        """Records one step's verification, whatever verified it (an engine plug-in, say).
+
+        Args:
+            draft_sizes: draft tokens per request (root excluded; 0 = no draft).
+            accepted_tokens: draft tokens accepted in the step (bonus excluded).
+            accepted_per_position: requests whose accepted path reached each position.
+        """
         tolist = getattr(draft_sizes, "tolist", None)
         sizes: list[int] = tolist() if callable(tolist) else [int(s) for s in draft_sizes]
         self.num_drafts.inc(sum(1 for s in sizes if s > 0))
         self.num_draft_tokens.inc(sum(sizes))
-        self.num_accepted_tokens.inc(int(result.accept_lengths.sum()))
-        per_position = result.accepted_per_position.tolist()
-        for position, count in enumerate(per_position):
+        self.num_accepted_tokens.inc(accepted_tokens)
+        for position, count in enumerate(accepted_per_position):
             if count:
                 self._position(position).inc(count)
+
+    def record_drafter_call(
+        self, drafts: StepResult | None, round_trip_s: float | None, budget: int | None
+    ) -> None:
+        """Records one step's drafter call: its outcome, duration and budget (None = unknown)."""
         if drafts is not None:
             if drafts.outcome in self._fallback:
                 self._fallback[drafts.outcome].inc()

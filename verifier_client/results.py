@@ -62,6 +62,34 @@ class Tree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def best_chain(self, max_len: int) -> list[int]:
+        """The chain for engines that verify chains: from the root, the highest-score
+        child at each level, at most ``max_len`` tokens.
+
+        Same choice as :func:`verifier_client.tree_packing.best_chain` (ties go to the
+        lower index; a sibling repeating an earlier sibling's token is skipped), in
+        plain Python for one tree: no torch, nothing to pack. Scores only choose
+        what to draft; verifying the chain stays lossless.
+        """
+        if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
+            raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+        tokens, parents, scores = self.tokens.tolist(), self.parents.tolist(), self.scores.tolist()
+        chain: list[int] = []
+        current, start = -1, 0  # children come after their parent (breadth-first order)
+        while len(chain) < max_len:
+            best, seen = -1, set()
+            for node in range(start, len(tokens)):
+                if parents[node] != current or tokens[node] in seen:
+                    continue
+                seen.add(tokens[node])
+                if best < 0 or scores[node] > scores[best]:
+                    best = node
+            if best < 0:
+                break
+            chain.append(tokens[best])
+            current, start = best, best + 1
+        return chain
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tree):
             return NotImplemented

