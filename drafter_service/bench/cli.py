@@ -1,4 +1,5 @@
-"""``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``, ``load``, ``worker``.
+"""``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``, ``load``, ``worker``,
+``engine``.
 
 Example::
 
@@ -25,6 +26,7 @@ from drafter_service.bench.data import (
     iter_documents,
     read_records,
 )
+from drafter_service.bench.engine_bench import add_engine_parser
 from drafter_service.bench.load import add_load_parser
 from drafter_service.bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
 from drafter_service.bench.worker_bench import add_worker_parser
@@ -289,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_parser(subparsers)
     add_load_parser(subparsers)
     add_worker_parser(subparsers)
+    add_engine_parser(subparsers)
     return parser
 
 

@@ -80,7 +80,7 @@ def run_worker_bench(args: argparse.Namespace) -> int:
     budget = BudgetRule.parse(args.budget)
     requests = [GenerationRequest(r.id, r.prompt_ids.tolist(), args.max_new_tokens)
                 for r in records]  # fmt: skip
-    with _drafter(args) as target:
+    with drafter_for(args, "drafter-bench-worker-") as target:
         client = DrafterClient(target, deadline_ms=args.deadline_ms, budget=budget)
         try:
             client.wait_ready(timeout_s=30)
@@ -103,13 +103,14 @@ def run_worker_bench(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _drafter(args: argparse.Namespace) -> Iterator[str]:
-    """The drafter's address: ``--target``, or a ``drafter serve`` started for the run."""
+def drafter_for(args: argparse.Namespace, prefix: str) -> Iterator[str]:
+    """The drafter's address: ``args.target``, or a ``drafter serve`` started for the run
+    (``args.vocab_size``, seeded with ``args.snapshot`` if set)."""
     if args.target:
         yield args.target
         return
     exe = Path(sys.executable).with_name("drafter")
-    with tempfile.TemporaryDirectory(prefix="drafter-bench-worker-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         cmd = [str(exe), "serve", "--host", "127.0.0.1", "--port", "0",
                "--data-dir", str(Path(tmp) / "data"), "--vocab-size", str(args.vocab_size),
                "--metrics-port", "-1", "--admin-port", "-1",

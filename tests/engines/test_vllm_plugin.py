@@ -10,6 +10,7 @@ sampler and its ``vllm:spec_decode_*`` counters are vLLM's own.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -197,3 +198,25 @@ def test_drafter_killed_mid_run_changes_no_output(
     assert stats["drafted_steps"] >= 10  # drafted before the kill ...
     assert sum(stats["fallbacks"].values()) > 0  # ... and decoded without drafts after it
     assert stats["propose_calls"] == len(run.step_ms)
+
+
+def test_drafter_bench_engine_reports_identical_outputs_and_accepted_drafts(
+    prompts: list[list[int]], tmp_path: Path
+) -> None:
+    """`drafter-bench engine --engine vllm --json`, as a user runs it from the main venv."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts[:8]))
+    bench = DRAFTER.with_name("drafter-bench")
+    done = subprocess.run(
+        [str(bench), "engine", "--engine", "vllm", "--python", sys.executable, "--data", str(data),
+         "--limit", "8", "--max-new-tokens", "32", "--deadline-ms", "500", "--json"],
+        stdout=subprocess.PIPE, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    report = json.loads(done.stdout.splitlines()[-1])
+    for key in ("outputs_identical", "steps", "draft_tokens", "accepted_tokens", "tau",
+                "step_ms_p50", "step_ms_p50_baseline"):  # fmt: skip
+        assert key in report, key
+    assert report["outputs_identical"] is True and report["requests"] == 8
+    assert report["accepted_tokens"] > 0 and report["tau"] > 1
+    assert report["engine_accepted_tokens"] == report["accepted_tokens"]

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from time import perf_counter
@@ -147,6 +148,7 @@ class EngineDrafter:
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)
         self.last_round_trip_s = 0.0
+        self.round_trips_ms: deque[float] = deque(maxlen=65536)  # recent steps' drafter calls
         self.last_result: StepResult | None = None
         self._error_logged = False
         if settings.connect_timeout_s > 0:
@@ -181,6 +183,7 @@ class EngineDrafter:
             start = perf_counter()
             result = self.client.step(commits)
             self.last_round_trip_s = perf_counter() - start
+            self.round_trips_ms.append(self.last_round_trip_s * 1e3)
             self.last_result = result
             return [result.drafts.get(key) for key in commits]
         except Exception:  # never into the decode loop: this step has no drafts

@@ -181,6 +181,8 @@ def compare(base: EngineRun, spec: EngineRun) -> dict[str, Any]:
         "drafter_steps": int(plugin.get("client_steps", 0)),
         "propose_calls": int(plugin.get("propose_calls", 0)),
         "fallbacks": plugin.get("fallbacks", {}),
+        "drafter_ms_p50": plugin.get("drafter_ms_p50", 0.0),
+        "drafter_ms_p99": plugin.get("drafter_ms_p99", 0.0),
         "draft_tokens": int(plugin.get("num_draft_tokens", 0)),
         "accepted_tokens": accepted,
         "tau": round(output_tokens / request_steps, 4) if request_steps else 0.0,

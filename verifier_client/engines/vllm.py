@@ -199,6 +199,8 @@ class SssdProposer:
             "fallbacks": {o.value: n for o, n in client.fallbacks.items()} if client else {},
             "errors": drafter.errors if drafter is not None else 0,
             "live_requests": drafter.live_requests if drafter is not None else 0,
+            "drafter_ms_p50": _percentile(drafter.round_trips_ms, 50) if drafter else 0.0,
+            "drafter_ms_p99": _percentile(drafter.round_trips_ms, 99) if drafter else 0.0,
         }
 
     def _count_verified(self, req_ids: Sequence[str], sampled: Sequence[Sequence[int]]) -> None:
@@ -232,6 +234,14 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     if not isinstance(drafter, SssdProposer):
         raise RuntimeError("this vLLM worker does not draft with SssdProposer")
     return drafter.stats()
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of ``values``; 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
 
 
 def _tensor_parallel_rank() -> int:
