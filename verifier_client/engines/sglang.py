@@ -1,0 +1,254 @@
+"""SGLang plug-in: speculative algorithm ``SSSD``, SGLang's n-gram tree verification
+with drafts from the drafting service. No fork, no patch.
+
+Install ``verifier_client`` in SGLang's environment (its entry point in the
+``sglang.srt.plugins`` group runs :func:`register` in every SGLang process),
+start a drafter, then::
+
+    SSSD_DRAFTER_CONFIG='{"address": "drafter:50051", "deadline_ms": 5, "budget": "16"}' \\
+    python -m sglang.launch_server --model-path MODEL \\
+        --speculative-algorithm SSSD --speculative-num-draft-tokens 12
+
+SGLang has no server argument a plug-in may claim, so the settings
+(:class:`DrafterSettings`) come from ``$SSSD_DRAFTER_CONFIG``; bad ones stop the
+launch with a message naming them. A request opts out of being stored with
+``"custom_params": {"sssd_store": false}`` in its sampling parameters.
+
+How: SSSD is registered as a ``CustomSpecAlgo`` that answers ``is_ngram()``, so
+SGLang takes its NGRAM path everywhere (verify input, overlap relay, CUDA graphs,
+KV sizing); its worker is ``NGRAMWorker`` with the corpus replaced by
+:class:`DraftCorpus`, which returns our trees in the corpus's exact layout. The
+verify width is fixed at D = ``--speculative-num-draft-tokens`` (root included),
+so trees keep their first D - 1 nodes and the drafter is asked for at most that
+many. Only the first tensor-parallel rank calls the drafter; it broadcasts the
+drafts, so every rank verifies the same tree.
+
+Nothing here imports SGLang until :func:`register` runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import importlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..budget import BudgetRule
+from ..client import DrafterClient
+from .batch import DrafterSettings, EngineDrafter
+from .sglang_corpus import STORE_KEY, CorpusLayout, DraftCorpus
+
+CorpusArray = npt.NDArray[np.int64]
+
+if TYPE_CHECKING:  # prometheus_client only where metrics are served
+    from ..metrics import WorkerMetrics
+
+__all__ = [
+    "ALGORITHM",
+    "STORE_KEY",
+    "broadcast_layout",
+    "capped_budget",
+    "register",
+    "validate_server_args",
+    "worker_class",
+]
+
+log = logging.getLogger(__name__)
+
+ALGORITHM = "SSSD"
+"""The ``--speculative-algorithm`` name."""
+DEFAULT_NUM_DRAFT_TOKENS = 12  # SGLang's NGRAM default for --speculative-num-draft-tokens
+_CORPUS_CAPACITY = 64  # NGRAMWorker still builds its own corpus, which we replace unused
+_WHERE = f"--speculative-algorithm {ALGORITHM} ($SSSD_DRAFTER_CONFIG)"
+
+
+def register() -> None:
+    """``sglang.srt.plugins`` entry point: registers ``SSSD`` (idempotent).
+
+    SGLang logs and swallows a plug-in's exception, so settings are checked
+    later, by :func:`validate_server_args`, where a bad value stops the launch.
+    """
+    algorithm = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+    try:
+        algorithm.from_string(ALGORITHM)
+        return  # already registered in this process
+    except ValueError:
+        pass
+    algorithm.register(
+        ALGORITHM,
+        supports_overlap=True,  # NGRAMWorker's V2 path; False would refuse overlap scheduling
+        validate_server_args=validate_server_args,
+        spec_class=_spec_class(),
+    )(worker_class)
+
+
+def validate_server_args(server_args: Any) -> None:
+    """SGLang's check of a registered algorithm's arguments; ValueError names the bad one."""
+    DrafterSettings.resolve(None, where=_WHERE)
+    width = server_args.speculative_num_draft_tokens
+    if width is not None and (not isinstance(width, int) or width < 2):
+        raise ValueError(
+            f"--speculative-num-draft-tokens must be an int >= 2 with {ALGORITHM} (the last "
+            f"token and at least one draft token), got {width!r}"
+        )
+    corpus = server_args.speculative_ngram_external_corpus_path
+    if corpus is not None:
+        raise ValueError(
+            f"--speculative-ngram-external-corpus-path {corpus!r} is not used by {ALGORITHM}: "
+            "it drafts from the drafting service, which holds the corpora"
+        )
+    attn_dp = server_args.attn_dp_size
+    if attn_dp is not None and attn_dp > 1:
+        raise ValueError(f"{ALGORITHM}, like NGRAM, needs --attn-dp-size 1, got {attn_dp!r}")
+
+
+def _resolve_server_args(server_args: Any) -> None:
+    """The defaults SGLang's NGRAM handler would declare, for our tree drafts.
+
+    ``server_args`` is SGLang's recorder: reads see the resolution so far, and
+    SGLang declares each assignment as this algorithm's resolution.
+    """
+    if server_args.device == "cpu" and not server_args.disable_overlap_schedule:
+        server_args.disable_overlap_schedule = True  # SGLang: no overlap for spec on CPU
+    server_args.enable_mixed_chunk = False  # NGRAM's overlap relay cannot join mixed chunks
+    # Trees, not chains: backends read topk > 1 as "tree verify" (a chain-only
+    # backend must refuse us), whatever breadth the NGRAM flag says.
+    topk = max(2, int(server_args.speculative_ngram_max_bfs_breadth))
+    server_args.speculative_eagle_topk = topk
+    width = server_args.speculative_num_draft_tokens
+    if width is None:
+        width = server_args.speculative_num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS
+    if server_args.speculative_num_steps is None:
+        server_args.speculative_num_steps = width // topk  # as NGRAM sets it
+    # The corpus sees only the last max_trie_depth tokens of each context; they
+    # must cover a step's accepted tokens (at most D) to be sent as deltas.
+    if server_args.speculative_ngram_max_trie_depth < width:
+        server_args.speculative_ngram_max_trie_depth = width
+    server_args.speculative_ngram_capacity = _CORPUS_CAPACITY
+    page_size, backend = server_args.page_size, server_args.attention_backend
+    if page_size is not None and page_size > 1 and backend != "flashinfer":
+        raise ValueError(  # SGLang's own rule for NGRAM trees on paged attention
+            f"{ALGORITHM} verifies trees: --page-size {page_size} needs --attention-backend "
+            f"flashinfer, got {backend!r}"
+        )
+
+
+@functools.cache
+def _spec_class() -> type:
+    """``CustomSpecAlgo`` answering as NGRAM, plus what the scheduler calls on the
+    builtin enum that ``CustomSpecAlgo`` lacks in 0.5.23 (checked by the tests)."""
+    base: Any = importlib.import_module("sglang.srt.speculative.spec_registry").CustomSpecAlgo
+    builtin = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
+
+    class SssdAlgorithm(base):  # type: ignore[misc]
+        def is_ngram(self) -> bool:
+            return True
+
+        def has_draft_kv(self) -> bool:
+            return False  # the tree lives in the verify mask only, as NGRAM's
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def need_topk(self) -> bool:
+            return False
+
+        def get_platform_worker_cls(self) -> type | None:
+            return None
+
+        def create_future_map(self, *args: Any, **kwargs: Any) -> Any:
+            return builtin.create_future_map(self, *args, **kwargs)
+
+        def handle_server_args(self, server_args: Any) -> None:
+            _resolve_server_args(server_args)
+
+    return SssdAlgorithm
+
+
+def worker_class(server_args: Any = None) -> type:
+    """The worker factory: ``NGRAMWorker`` drafting through :class:`DraftCorpus`.
+
+    Imports the worker module, which needs SGLang's CUDA kernels: only the
+    scheduler of a GPU server gets here.
+    """
+    return _worker_class()
+
+
+@functools.cache
+def _worker_class() -> type:
+    base: Any = importlib.import_module("sglang.srt.speculative.ngram_worker").NGRAMWorker
+    get_parallel = importlib.import_module("sglang.srt.runtime_context").get_parallel
+
+    class SssdWorker(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._tp_group = get_parallel().tp_group
+            self.ngram_corpus = _corpus(self.draft_token_num, self._tp_group.rank_in_group)
+
+        def _prepare_draft_tokens(self, batch: Any) -> Any:
+            self.ngram_corpus.bind(batch.reqs)
+            tokens, mask = super()._prepare_draft_tokens(batch)
+            if self._tp_group.world_size > 1:  # every rank must verify rank 0's tree
+                tokens, mask = broadcast_layout(self._tp_group, tokens, mask)
+            return tokens, mask
+
+        def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+            super().note_request_finished(rid=rid, natural_stop=natural_stop)
+            self.ngram_corpus.release(rid)
+
+    return SssdWorker
+
+
+def broadcast_layout(group: Any, tokens: CorpusArray, mask: CorpusArray) -> CorpusLayout:
+    """The first rank's ``(tokens, mask)`` on every rank of ``group`` (an SGLang
+    ``GroupCoordinator``: ``ranks``, ``cpu_group``). Every rank holds arrays of the
+    same shapes (same batch, same D), so one broadcast of both, end to end, does."""
+    import torch
+    import torch.distributed
+
+    flat = torch.from_numpy(np.concatenate((tokens, mask)))
+    torch.distributed.broadcast(flat, src=group.ranks[0], group=group.cpu_group)
+    both = flat.numpy()
+    return both[: tokens.size], both[tokens.size :]
+
+
+def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
+    """The corpus of one scheduler; only the first TP rank holds a drafter client."""
+    if tp_rank != 0:
+        return DraftCorpus(None, num_draft_tokens)
+    settings = DrafterSettings.resolve(None, where=_WHERE)
+    client = DrafterClient(
+        settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
+        budget=capped_budget(settings.budget_rule(), num_draft_tokens - 1),
+    )  # fmt: skip
+    drafter = EngineDrafter(settings, client=client)
+    atexit.register(drafter.close, 2.0)  # send the last finishes
+    on_draft: Callable[[EngineDrafter], None] | None = None
+    if settings.metrics_port is not None:
+        from ..metrics import WorkerMetrics
+
+        metrics = WorkerMetrics()
+        try:
+            metrics.serve(settings.metrics_port)
+            on_draft = functools.partial(_record_call, metrics)
+        except OSError as err:  # e.g. a second data-parallel scheduler on this host
+            log.warning("sssd metrics not served on port %d: %s", settings.metrics_port, err)
+    return DraftCorpus(drafter, num_draft_tokens, on_draft=on_draft)
+
+
+def _record_call(metrics: WorkerMetrics, drafter: EngineDrafter) -> None:
+    metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
+
+
+def capped_budget(rule: BudgetRule, max_nodes: int) -> BudgetRule:
+    """``rule`` asking for at most ``max_nodes`` draft nodes (what a D-wide verify holds)."""
+    if rule.fixed_tokens is not None:
+        return BudgetRule.fixed(min(rule.fixed_tokens, max_nodes))
+    cap = min(rule.cap_tokens, max_nodes)
+    return dataclasses.replace(rule, cap_tokens=cap, floor_tokens=min(rule.floor_tokens, cap))
