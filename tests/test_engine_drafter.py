@@ -147,17 +147,18 @@ def test_release_ingests_unless_the_request_opted_out(drafter: DrafterProcess) -
             rows = Rows([1, 2, 3, *range(500, 520)])  # prompt 3 tokens, output 20
             engine.draft([rid], [23], [3], rows.tokens)
         engine.release("private", store=False)
-        engine.release("kept")
+        # The final context holds 5 tokens committed after the last drafted step.
+        engine.release("kept", context=[1, 2, 3, *range(500, 525)])
         engine.release("never-drafted")  # a request that only prefilled: nothing to do
         assert engine.client.flush(10) and engine.live_requests == 0
         deadline = time.monotonic() + 10
         while _stored_tokens(probe) == before and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.3)  # the opted-out generation would have landed by now too
-        # One generation stored: its 20 output tokens and the prompt's 3 kept as its
-        # context (--prompt-context-tokens), plus a separator unless the datastore was
-        # empty. Both would be 46 or more.
-        assert _stored_tokens(probe) - before in (23, 24)
+        # One generation stored: its 25 output tokens (the 5 from the final context
+        # included) and the prompt's 3 kept as its context (--prompt-context-tokens),
+        # plus a separator unless the datastore was empty. Both would be 51 or more.
+        assert _stored_tokens(probe) - before in (28, 29)
     finally:
         engine.close()
         probe.close()

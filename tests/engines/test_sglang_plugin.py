@@ -388,14 +388,18 @@ class Recording:
     def __init__(self) -> None:
         self.released: list[tuple[str, bool]] = []
         self.contexts: list[list[int]] = []
+        self.final_contexts: dict[str, list[int]] = {}
 
     def draft(self, ids: Sequence[str], lengths: Sequence[int], prompts: Any, slice_: Any) -> Any:
         self.ids = list(ids)
         self.contexts = [slice_(i, 0, n) for i, n in enumerate(lengths)]
         return [None] * len(ids)
 
-    def release(self, request_id: str, store: bool = True) -> None:
+    def release(
+        self, request_id: str, store: bool = True, context: Sequence[int] | None = None
+    ) -> None:
         self.released.append((request_id, store))
+        self.final_contexts[request_id] = list(context or [])
 
 
 def test_finished_requests_end_on_the_drafter_with_their_store_choice() -> None:
@@ -413,9 +417,13 @@ def test_finished_requests_end_on_the_drafter_with_their_store_choice() -> None:
     corpus.batch_get(*tails(reqs))
     assert recording.contexts == [r.context() for r in reqs]
     for req, kind in zip(reqs[:3], ["stop", "stop", "abort"], strict=True):
+        req.output_ids.append(77)  # the last step's token, which no batch_get carried
         req.finished_reason = FinishReason(kind)
         corpus.release(req.rid)  # SGLang's note_request_finished
-    assert recording.released == [("done", True), ("quiet", False), ("aborted", False)]
+        assert recording.final_contexts[req.rid] == req.context()
+    # Aborted requests are stored too (as with vLLM, where the worker cannot tell them
+    # apart); only the opt-out keeps a generation out.
+    assert recording.released == [("done", True), ("quiet", False), ("aborted", True)]
     corpus.bind(reqs)  # overlap scheduling runs finished requests one step more
     corpus.batch_get(*tails(reqs))
     assert recording.ids == ["lagging", "retracted"]  # not drafted, not re-added

@@ -190,14 +190,20 @@ class EngineDrafter:
             self._failed("drafting")
             return [None] * len(request_ids)
 
-    def release(self, request_id: str, store: bool = True) -> None:
+    def release(
+        self, request_id: str, store: bool = True, context: Sequence[int] | None = None
+    ) -> None:
         """The engine dropped ``request_id``: finish it, ingesting its generation
-        unless ``store`` is False or the settings store nothing."""
-        length = self._lengths.pop(self.namespace + request_id, None)
+        unless ``store`` is False or the settings store nothing. ``context``, the
+        request's final committed tokens (prompt + output), adds what it committed
+        after its last drafted step."""
+        key = self.namespace + request_id
+        length = self._lengths.pop(key, None)
         if length is None:
             return  # never drafted (prefill only, or refused before its first step)
         try:
-            self.client.finish(self.namespace + request_id, store=store and self.settings.store)
+            tail = list(context[length:]) if context is not None else []
+            self.client.finish(key, tail, store=store and self.settings.store)
         except Exception:
             self._failed("finishing a request")
 

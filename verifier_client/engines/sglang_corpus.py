@@ -90,12 +90,10 @@ def corpus_layout(
 
 def store_verdict(req: Any) -> bool | None:
     """None while ``req`` (an SGLang ``Req``) is unfinished; else whether to ingest its
-    generation: not when aborted, nor when it opted out through ``STORE_KEY``."""
+    generation: yes, finished or aborted (what it generated is the model's own output,
+    as with the vLLM plug-in), unless it opted out through ``STORE_KEY``."""
     if not req.finished():
         return None
-    reason = req.finished_reason.to_json()  # the API's finish_reason: {"type": "abort", ...}
-    if isinstance(reason, Mapping) and reason.get("type") == "abort":
-        return False
     custom = getattr(req.sampling_params, "custom_params", None)
     return not (isinstance(custom, Mapping) and custom.get(STORE_KEY) is False)
 
@@ -175,8 +173,8 @@ class DraftCorpus:
             return corpus_layout([None] * len(roots), roots, self.draft_token_num)
 
     def release(self, request_id: str) -> None:
-        """SGLang finished ``request_id``: end it on the drafter (ingested unless aborted
-        or opted out)."""
+        """SGLang finished ``request_id``: end it on the drafter (ingested unless it opted
+        out)."""
         req = self._live.get(request_id)
         if req is not None:
             self._end(request_id, self._verdict(req) is True)
@@ -232,10 +230,12 @@ class DraftCorpus:
         return [None] * len(req_ids)  # not bound: the tails are all we know
 
     def _end(self, request_id: str, store: bool) -> None:
-        self._live.pop(request_id, None)
+        req = self._live.pop(request_id, None)
         self._parked.discard(request_id)
         if self.drafter is not None:
-            self.drafter.release(request_id, store=store)
+            # The final context adds the last step's tokens, which no batch_get sent.
+            context = None if req is None else [*req.origin_input_ids_unpadded, *req.output_ids]
+            self.drafter.release(request_id, store=store, context=context)
 
 
 def _context(req: Any, tail: Sequence[int], total_len: int, start: int, stop: int) -> list[int]:

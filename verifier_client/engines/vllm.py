@@ -184,7 +184,9 @@ class SssdProposer:
         params = getattr(req_state, "sampling_params", None)
         extra = getattr(params, "extra_args", None)
         store = not (isinstance(extra, Mapping) and extra.get(STORE_KEY) is False)
-        self.drafter.release(req_id, store=store)
+        prompt = getattr(req_state, "prompt_token_ids", None) or []
+        output = getattr(req_state, "output_token_ids", None) or []
+        self.drafter.release(req_id, store=store, context=[*prompt, *output])
 
     def stats(self) -> dict[str, Any]:
         """Counters of this proposer (see :func:`worker_stats`)."""
