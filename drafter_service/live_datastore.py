@@ -40,9 +40,12 @@ from drafter_service.snapshot import (
     delete_snapshot,
     list_snapshots,
     load_snapshot,
+    read_manifest,
     remove_stale_temporaries,
+    unreadable_snapshots,
     write_snapshot,
 )
+from drafter_service.snapshot_files import DamagedDataError, move_aside
 from drafter_service.tokens import as_token_array
 from drafter_service.wal import IngestLog
 
@@ -158,6 +161,7 @@ class LiveDatastore:
         *,
         on_swap: Callable[[Datastore], None] | None = None,
         background: bool = True,
+        salvage: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.tokenizer = tokenizer
@@ -176,7 +180,8 @@ class LiveDatastore:
             corpora, learned = _split_corpora(loaded, info)
             covered, last_snapshot = info.wal_position, info.created_unix
         datastore = Datastore(_join(corpora, learned), tokenizer.vocab_size)
-        self._log = IngestLog(self.directory / "wal", covered_seq=covered)
+        self._log = IngestLog(self.directory / "wal", covered_seq=covered, salvage=salvage)
+        self._check_damaged_snapshots(complete[-1] if complete else None, salvage)
 
         self._lock = threading.Lock()  # guards the fields below and the log
         self._rebuild_lock = threading.Lock()  # one rebuild or snapshot at a time
@@ -206,6 +211,40 @@ class LiveDatastore:
         if background:
             self._thread = threading.Thread(target=self._run, name="live-datastore", daemon=True)
             self._thread.start()
+
+    def _check_damaged_snapshots(self, newest: SnapshotInfo | None, salvage: bool) -> None:
+        """Refuses to start from an older snapshot when a damaged newer one holds ingests
+        the log no longer has; ``salvage`` moves damaged snapshots aside instead."""
+        damaged = unreadable_snapshots(self._snapshots)
+        if not damaged:
+            return
+        covered = newest.wal_position if newest is not None else 0
+        first = self._log.first_seq
+        # Nothing is lost when the log still holds every record after what we load.
+        lost = first is None or first > covered + 1
+        # An unreadable snapshot older than the one loaded holds nothing newer.
+        newer = [
+            (path, why) for path, why in damaged
+            if newest is None or path.stat().st_mtime >= newest.created_unix - 1
+        ]  # fmt: skip
+        listing = "; ".join(f"{path} ({why})" for path, why in damaged)
+        if lost and newer and not salvage:
+            loaded = f"snapshot {newest.path.name} covers" if newest else "no snapshot covers"
+            holds = f"starts at record {first}" if first is not None else "holds no records"
+            raise DamagedDataError(
+                f"unreadable snapshot(s): {listing}. The newest readable {loaded} the ingest "
+                f"log through record {covered} and the log {holds}, so ingests acknowledged "
+                f"after record {covered} may exist only in the damaged snapshot: starting would "
+                "silently serve less. Repair or restore it, or start with --salvage to move it "
+                f"aside into {self.directory / 'damaged'} and serve what remains"
+            )
+        for path, why in damaged:
+            if salvage:
+                moved = move_aside(path, self.directory / "damaged")
+                log.error("unreadable snapshot %s (%s) moved aside to %s", path, why, moved)
+            else:
+                log.warning("unreadable snapshot %s (%s): the ingest log covers everything "
+                            "after the snapshot loaded, so nothing is lost", path, why)  # fmt: skip
 
     # -- ingest ----------------------------------------------------------------------------
 
@@ -363,6 +402,7 @@ class LiveDatastore:
             wal_position=covered,
             metadata=metadata,
         )
+        read_manifest(info.path)  # readable back from disk before the log it covers goes
         with self._lock:
             self._log.discard_through(covered)
             self._snapshot_covered = covered
@@ -423,6 +463,7 @@ class LiveDatastore:
                     "discarded_through": position,
                 },
             )
+            read_manifest(info.path)  # readable back from disk before the log goes
             with self._lock:
                 self._datastore, self._corpora, self._learned = loaded, corpora, learned
                 self._pending = [(seq, doc) for seq, doc in self._pending if seq > position]

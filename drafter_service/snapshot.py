@@ -202,6 +202,27 @@ def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
     return sorted(found, key=lambda info: (info.created_unix, info.path.name))
 
 
+def unreadable_snapshots(root: str | Path) -> list[tuple[Path, str]]:
+    """Directories under ``root`` that look like snapshots (not temporaries) but whose
+    manifest cannot be read, each with the reason; :func:`list_snapshots` skips them."""
+    root = Path(root)
+    try:
+        children = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
+    damaged = []
+    for child in children:
+        if _is_temporary(child.name) or not child.is_dir():
+            continue
+        try:
+            read_manifest(root / child.name)
+        except SnapshotError as exc:
+            damaged.append((root / child.name, str(exc)))
+    return damaged
+
+
 def remove_stale_temporaries(root: str | Path) -> int:
     """Deletes temporary directories under ``root`` left by crashed writes; returns how many.
 

@@ -20,6 +20,27 @@ HASH_CHUNK_BYTES = 16 << 20
 LE_INT32 = np.dtype("<i4")
 
 
+class DamagedDataError(RuntimeError):
+    """Data on disk that holds acknowledged ingests cannot be read: the service refuses
+    to start rather than serve less than it acknowledged (the message names the file,
+    what would be lost and how to proceed: ``drafter serve --salvage``)."""
+
+
+def move_aside(path: Path, into: Path) -> Path:
+    """Moves ``path`` (a file or directory) into ``into`` under a name no earlier move
+    took; returns the new path. Damaged data is kept as evidence, never deleted."""
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / path.name
+    n = 1
+    while target.exists():
+        n += 1
+        target = into / f"{path.name}.{n}"
+    os.replace(path, target)
+    fsync_dir(into)
+    fsync_dir(path.parent)
+    return target
+
+
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (possibly owned by another user)."""
     try:

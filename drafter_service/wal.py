@@ -12,13 +12,20 @@ Record layout (little-endian)::
     magic u32 = 0x314C4157 ("WAL1") | seq u64 | n_tokens u32 | crc32 u32 | n_tokens x int32
 
 The CRC covers seq, n_tokens and the payload. A crash can only tear the tail
-of the newest segment: recovery truncates it at the last whole record. A bad
-record anywhere else is corruption and is refused, naming the file and offset.
+of the newest segment: the last record, cut short or left unwritten, with no
+readable record after it. Recovery moves those bytes aside (``<segment>.torn-<offset>``,
+never deleted: they are evidence) and truncates the segment there; they were never
+acknowledged. A bad record anywhere else, or one that readable records follow, is
+corruption: opening refuses (:class:`WalCorruptError`), naming the file, the offset
+and the records that would be lost, unless ``salvage`` is set, in which case the
+damaged segment is moved aside into ``damaged/`` and a copy holding every readable
+record replaces it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import struct
 import zlib
@@ -28,14 +35,17 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.snapshot_files import fsync_dir
+from drafter_service.snapshot_files import DamagedDataError, fsync_dir, move_aside
+
+log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<IQII")
 _MAGIC = 0x314C4157
+_MAGIC_BYTES = struct.pack("<I", _MAGIC)
 _SUFFIX = ".log"
 
 
-class WalCorruptError(RuntimeError):
+class WalCorruptError(DamagedDataError):
     """A log record outside the torn tail is unreadable."""
 
 
@@ -50,12 +60,17 @@ def _segment_name(first_seq: int) -> str:
 class IngestLog:
     """The log in ``directory``. Not thread-safe: the live datastore serialises calls."""
 
-    def __init__(self, directory: str | Path, *, covered_seq: int = 0) -> None:
+    def __init__(
+        self, directory: str | Path, *, covered_seq: int = 0, salvage: bool = False
+    ) -> None:
         """Opens (or creates) the log. ``covered_seq`` is the position the newest
         snapshot covers: numbering continues after it even if every segment was
-        discarded, and only later records are returned by :meth:`recovered`."""
+        discarded, and only later records are returned by :meth:`recovered`.
+        ``salvage``: keep every readable record of a corrupt segment instead of
+        refusing to open (the segment itself is moved aside, never deleted)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._salvage = salvage
         self._last_seq = 0
         self._file: int | None = None  # fd of the newest segment, opened for appending
         self._records = [r for r in self._recover() if r[0] > covered_seq]
@@ -66,6 +81,12 @@ class IngestLog:
     def _segments(self) -> list[Path]:
         return sorted(p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX))
 
+    @property
+    def first_seq(self) -> int | None:
+        """Sequence number the oldest segment starts at (None: no segment)."""
+        segments = self._segments()
+        return int(segments[0].name[: -len(_SUFFIX)]) if segments else None
+
     def _recover(self) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
         segments = self._segments()
         for i, path in enumerate(segments):
@@ -75,21 +96,78 @@ class IngestLog:
             while offset < len(data):
                 record = self._parse(data, offset)
                 if record is None:
-                    if not newest:
+                    after = self._readable_after(data, offset)
+                    if newest and not after:
+                        self._cut_torn_tail(path, data, offset)
+                        break
+                    later = len(segments) - 1 - i
+                    if not self._salvage:
                         raise WalCorruptError(
                             f"ingest log {path}: unreadable record at byte {offset} of "
-                            f"{len(data)} in a segment that is not the newest"
+                            f"{len(data)}, followed by {len(after)} readable record(s) in this "
+                            f"segment and {later} later segment(s): it is corruption, not a "
+                            "torn tail, and starting would drop acknowledged ingests (the "
+                            "damaged record and everything after it). Restore the file, or "
+                            "start with --salvage to keep every readable record and move "
+                            f"{path.name} aside into {self.directory / 'damaged'}"
                         )
-                    # Torn tail of the newest segment: an ingest that was never acknowledged.
-                    with open(path, "r+b") as f:
-                        f.truncate(offset)
-                        os.fsync(f.fileno())
+                    yield from self._salvaged(path, data, offset)
                     break
                 seq, tokens, offset = record
                 self._last_seq = seq
                 yield seq, tokens
         if segments:
             self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
+
+    def _readable_after(self, data: bytes, offset: int) -> list[int]:
+        """Offsets of the readable records after an unreadable one at ``offset``: each
+        a header with the magic and a matching CRC (its seq past the last good one)."""
+        found, pos = [], data.find(_MAGIC_BYTES, offset + 1)
+        while pos >= 0:
+            record = self._parse(data, pos)
+            if record is not None:
+                found.append(pos)
+                pos = record[2]
+            else:
+                pos += 1
+            pos = data.find(_MAGIC_BYTES, pos)
+        return found
+
+    def _cut_torn_tail(self, path: Path, data: bytes, offset: int) -> None:
+        """An append a crash interrupted (never acknowledged): its bytes are kept beside
+        the segment, then the segment is truncated at the last whole record."""
+        torn = path.with_name(f"{path.name}.torn-{offset}")
+        with open(torn, "wb") as f:
+            f.write(data[offset:])
+            os.fsync(f.fileno())
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        log.warning(
+            "ingest log %s: torn tail at byte %d (%d bytes of an unacknowledged append) "
+            "cut off; the bytes are kept in %s", path, offset, len(data) - offset, torn.name,
+        )  # fmt: skip
+
+    def _salvaged(
+        self, path: Path, data: bytes, offset: int
+    ) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
+        """--salvage: every readable record from ``offset`` on; the segment is moved aside
+        and rewritten with its readable records only."""
+        spans = [(pos, self._parse(data, pos)) for pos in self._readable_after(data, offset)]
+        kept = [(pos, record) for pos, record in spans if record is not None]
+        moved = move_aside(path, self.directory / "damaged")
+        with open(path, "wb") as f:
+            f.write(data[:offset] + b"".join(data[pos : record[2]] for pos, record in kept))
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        log.error(
+            "ingest log %s: unreadable record at byte %d; --salvage kept %d later readable "
+            "record(s) and moved the damaged segment to %s", path, offset, len(kept), moved,
+        )  # fmt: skip
+        for _, (seq, tokens, _) in kept:
+            self._last_seq = seq
+            yield seq, tokens
 
     def _parse(
         self, data: bytes, offset: int

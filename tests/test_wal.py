@@ -81,3 +81,52 @@ def test_numbering_continues_after_the_snapshot_position(tmp_path: Path) -> None
     again = IngestLog(tmp_path, covered_seq=1)
     assert again.recovered() == []
     assert again.append(np.arange(2, dtype=np.int32)) == 2
+
+
+def _fifty_records_then_flip(tmp_path: Path) -> tuple[Path, int]:
+    """The issue's reproduction: 50 acknowledged records, one byte flipped mid-segment."""
+    log = IngestLog(tmp_path)
+    for d in docs(50, seed=3):
+        log.append(d)
+    log.close()
+    segment = next(p for p in tmp_path.iterdir() if p.suffix == ".log")
+    data = bytearray(segment.read_bytes())
+    middle = len(data) // 2
+    data[middle] ^= 0x5A
+    segment.write_bytes(bytes(data))
+    return segment, middle
+
+
+def test_a_flipped_byte_in_the_newest_segment_is_refused_not_cut(tmp_path: Path) -> None:
+    segment, _ = _fifty_records_then_flip(tmp_path)
+    before = segment.read_bytes()
+    with pytest.raises(WalCorruptError, match=rf"{segment.name}: unreadable record at byte \d+ "
+                       r"of \d+, followed by \d+ readable record\(s\).*--salvage"):  # fmt: skip
+        IngestLog(tmp_path)
+    assert segment.read_bytes() == before  # the evidence is untouched
+
+
+def test_salvage_keeps_every_readable_record_and_the_damaged_segment(tmp_path: Path) -> None:
+    segment, _ = _fifty_records_then_flip(tmp_path)
+    damaged = segment.read_bytes()
+    log = IngestLog(tmp_path, salvage=True)
+    seqs = [s for s, _ in log.recovered()]
+    assert len(seqs) == 49 and seqs == sorted(seqs) and seqs[-1] == 50  # one record lost
+    assert (tmp_path / "damaged" / segment.name).read_bytes() == damaged
+    assert log.append(np.arange(4, dtype=np.int32)) == 51
+    log.close()
+    again = [s for s, _ in IngestLog(tmp_path).recovered()]  # clean now: no flag needed
+    assert again == [*seqs, 51]
+
+
+def test_a_torn_tail_is_kept_beside_the_segment(tmp_path: Path) -> None:
+    log = IngestLog(tmp_path)
+    for d in docs(3):
+        log.append(d)
+    log.close()
+    segment = next(tmp_path.iterdir())
+    whole = segment.read_bytes()
+    segment.write_bytes(whole[:-5])  # the last append, cut short by a crash
+    assert [s for s, _ in IngestLog(tmp_path).recovered()] == [1, 2]
+    torn = [p for p in tmp_path.iterdir() if ".torn-" in p.name]
+    assert len(torn) == 1 and whole.startswith(segment.read_bytes() + torn[0].read_bytes())

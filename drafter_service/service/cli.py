@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from drafter_service.service.config import DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.service.server import start_server
+from drafter_service.snapshot_files import DamagedDataError
 
 log = logging.getLogger("drafter")
 
@@ -61,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         asyncio.run(serve(config))
+    except DamagedDataError as exc:  # refuses rather than serve less than it acknowledged
+        print(f"drafter serve: error: damaged data: {exc}", file=sys.stderr)
+        return 3
     except ValueError as exc:  # SnapshotError included
         print(f"drafter serve: error: {exc}", file=sys.stderr)
         return 2

@@ -192,6 +192,16 @@ class ServeConfig:
     prompt_context_tokens: int = field(
         default=3, metadata=_meta("live: prompt tokens kept before an output", int)
     )
+    salvage: bool = field(
+        default=False,
+        metadata=_meta(
+            "start despite damaged data (a corrupt ingest log record, an unreadable newest "
+            "snapshot): keep what is readable, move the damaged files into DATA_DIR/damaged "
+            "(never deleted); without it such damage refuses to start, naming what would be "
+            "lost",
+            _bool,
+        ),
+    )
     log_level: str = field(default="INFO", metadata=_meta("logging level", str))
     metrics_port: int = field(
         default=9400,

@@ -204,8 +204,9 @@ def open_catalog(config: ServeConfig) -> Catalog:
         drafter, executor = new_slot(DEFAULT_DATASTORE)
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
         live = LiveDatastore(
-            config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore
-        )
+            config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
+            salvage=config.salvage,
+        )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:
