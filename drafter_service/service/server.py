@@ -30,7 +30,7 @@ from drafter_service.service.metrics_http import MetricsExporter
 from drafter_service.service.request_table import RequestTable
 from drafter_service.service.servicer import DrafterServicer
 from drafter_service.service.validation import CallLimits
-from sssd.drafter.v1 import drafter_pb2, drafter_pb2_grpc
+from drafter_service.service.wire import SERVICE_NAME, add_drafter_service
 
 if TYPE_CHECKING:
     from drafter_service.admin.context import Phase
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME: str = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -105,7 +104,7 @@ class DrafterServer:
     async def listen(self) -> None:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
         server = grpc.aio.server(options=grpc_options(self.config))
-        drafter_pb2_grpc.add_DrafterServiceServicer_to_server(self._servicer, server)
+        add_drafter_service(self._servicer, server)  # requests that do not parse: INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, _NOT_SERVING)

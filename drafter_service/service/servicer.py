@@ -32,11 +32,13 @@ from drafter_service.service.validation import (
     parse_ingest_request,
     parse_packed_draft_request,
 )
+from drafter_service.service.wire import Undecodable, refuse_undecodable
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M")
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -68,41 +70,43 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     def attach(self, engine: DraftEngine) -> None:
         self._engine = engine
 
-    async def Draft(self, request: pb.DraftRequest, context: Any) -> pb.DraftResponse:
-        return await self._guard(
-            "Draft", context, lambda engine: self._draft(engine, request, "Draft")
-        )
+    async def Draft(
+        self, request: pb.DraftRequest | Undecodable, context: Any
+    ) -> pb.DraftResponse:
+        return await self._guard("Draft", context, request, self._draft_unary)
 
     async def DraftStream(
-        self, request_iterator: AsyncIterator[pb.DraftRequest], context: Any
+        self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
         async for request in request_iterator:
-            yield await self._guard(
-                "DraftStream",
-                context,
-                lambda engine: self._draft(engine, request, "DraftStream"),  # noqa: B023
-            )
+            yield await self._guard("DraftStream", context, request, self._draft_stream)
 
-    async def Finish(self, request: pb.FinishRequest, context: Any) -> pb.FinishResponse:
-        async def finish(engine: DraftEngine) -> pb.FinishResponse:
+    async def Finish(
+        self, request: pb.FinishRequest | Undecodable, context: Any
+    ) -> pb.FinishResponse:
+        async def finish(engine: DraftEngine, request: pb.FinishRequest) -> pb.FinishResponse:
             queued, unknown = await engine.finish(parse_finish_request(request, engine.limits))
             return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown)
 
-        return await self._guard("Finish", context, finish)
+        return await self._guard("Finish", context, request, finish)
 
-    async def Ingest(self, request: pb.IngestRequest, context: Any) -> pb.IngestResponse:
-        async def ingest(engine: DraftEngine) -> pb.IngestResponse:
+    async def Ingest(
+        self, request: pb.IngestRequest | Undecodable, context: Any
+    ) -> pb.IngestResponse:
+        async def ingest(engine: DraftEngine, request: pb.IngestRequest) -> pb.IngestResponse:
             name, sequences = parse_ingest_request(request, engine.limits)
             accepted, position = await engine.ingest(name, sequences)
             return pb.IngestResponse(accepted=accepted, wal_position=position)
 
-        return await self._guard("Ingest", context, ingest)
+        return await self._guard("Ingest", context, request, ingest)
 
     async def GetServiceInfo(
-        self, request: pb.GetServiceInfoRequest, context: Any
+        self, request: pb.GetServiceInfoRequest | Undecodable, context: Any
     ) -> pb.GetServiceInfoResponse:
-        async def info(engine: DraftEngine) -> pb.GetServiceInfoResponse:
+        async def info(
+            engine: DraftEngine, _: pb.GetServiceInfoRequest
+        ) -> pb.GetServiceInfoResponse:
             catalog = engine.catalog
             summaries = []
             for name, slot in catalog.slots.items():
@@ -125,18 +129,24 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
                 summaries,
             )
 
-        return await self._guard("GetServiceInfo", context, info)
+        return await self._guard("GetServiceInfo", context, request, info)
 
     async def _guard(
-        self, method: str, context: Any, call: Callable[[DraftEngine], Awaitable[T]]
+        self,
+        method: str,
+        context: Any,
+        request: M | Undecodable,
+        call: Callable[[DraftEngine, M], Awaitable[T]],
     ) -> T:
         """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
         Counts failures by code and times the answered ones (metrics)."""
         start = time.perf_counter()
         try:
+            if isinstance(request, Undecodable):
+                raise refuse_undecodable(request)
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
-            result = await call(self._engine)
+            result = await call(self._engine, request)
         except ServiceError as exc:
             code = status_code(exc)
             self._metrics.count_error(method, code.name)
@@ -153,6 +163,13 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             return result
         raise AssertionError("context.abort returned")
 
+    async def _draft_unary(self, engine: DraftEngine, request: pb.DraftRequest) -> pb.DraftResponse:
+        return await self._draft(engine, request, "Draft")
+
+    async def _draft_stream(
+        self, engine: DraftEngine, request: pb.DraftRequest
+    ) -> pb.DraftResponse:
+        return await self._draft(engine, request, "DraftStream")
 
     async def _draft(
         self, engine: DraftEngine, request: pb.DraftRequest, method: str

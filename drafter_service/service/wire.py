@@ -1,0 +1,105 @@
+"""The service's method table, with request parsing that cannot fail inside gRPC.
+
+The generated ``add_DrafterServiceServicer_to_server`` parses each request with
+``FromString`` before the servicer sees it; bytes that are not a message then
+raise inside gRPC's own code, which answers UNKNOWN with the Python exception's
+name and logs a traceback per call (a flood of garbage became megabytes of log).
+Here a request that does not parse becomes an :class:`Undecodable` value, which
+the servicer refuses with INVALID_ARGUMENT, counted like any other refusal and
+logged in one rate-limited line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from drafter_service.service.errors import InvalidArgument
+from sssd.drafter.v1 import drafter_pb2 as pb
+
+__all__ = ["SERVICE_NAME", "Undecodable", "add_drafter_service", "refuse_undecodable"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
+_LOG_EVERY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """Request bytes that are not a valid message of the method's type."""
+
+    message_type: str
+    size_bytes: int
+    error: str
+
+
+def _tolerant(message: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    name = message.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Message | Undecodable:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(name, len(data), str(exc))
+
+    return parse
+
+
+class _RateLimitedLog:
+    """One line per ``_LOG_EVERY_S`` at most, saying how many were not logged."""
+
+    def __init__(self) -> None:
+        self._next_s = 0.0
+        self._suppressed = 0
+
+    def warn(self, what: str) -> None:
+        now = time.monotonic()
+        if now < self._next_s:
+            self._suppressed += 1
+            return
+        extra = f" ({self._suppressed} more since the last line)" if self._suppressed else ""
+        log.warning("refused an undecodable request: %s%s", what, extra)
+        self._next_s, self._suppressed = now + _LOG_EVERY_S, 0
+
+
+_undecodable_log = _RateLimitedLog()
+
+
+def refuse_undecodable(request: Undecodable) -> InvalidArgument:
+    """The refusal of an undecodable request (logged, rate-limited)."""
+    what = f"{request.size_bytes} bytes are not a valid {request.message_type} ({request.error})"
+    _undecodable_log.warn(what)
+    return InvalidArgument(what)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def add_drafter_service(servicer: object, server: grpc.aio.Server) -> None:
+    """Registers ``servicer`` as ``drafter.v1.DrafterService`` (what the generated
+    function does, with :func:`_tolerant` parsing)."""
+    request: dict[str, type[Message]] = {
+        "Draft": pb.DraftRequest, "DraftStream": pb.DraftRequest, "Finish": pb.FinishRequest,
+        "Ingest": pb.IngestRequest, "GetServiceInfo": pb.GetServiceInfoRequest,
+    }  # fmt: skip
+    handlers = {}
+    for method, message in request.items():
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if method == "DraftStream"
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method] = make(
+            getattr(servicer, method),
+            request_deserializer=_tolerant(message),
+            response_serializer=_serialize,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
