@@ -48,7 +48,9 @@ run: setup
 replay: setup
 	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32
 
-test: setup
+# The engines' virtualenvs first: the main suite also checks the deployment examples'
+# command lines with the engines' own argument parsers.
+test: setup setup-vllm setup-sglang
 	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest

@@ -1,8 +1,9 @@
 """What the dashboards and alert rules in deploy/ query, for the tests that check them.
 
 Pure helpers: the PromQL of every dashboard panel and template variable, of every alert
-rule, the metric names an expression reads, the metric contract of docs/metrics.md, and
-Grafana's variables substituted so that Prometheus can evaluate a panel's query.
+rule, the metric names an expression reads, the metric contract of docs/metrics.md, the
+engines' own series the acceptance dashboard shows beside ours, and Grafana's variables
+substituted so that Prometheus can evaluate a panel's query.
 """
 
 from __future__ import annotations
@@ -29,6 +30,38 @@ _KEYWORDS = frozenset(
      "bool", "offset", "inf", "nan"}
 )  # fmt: skip
 _IDENTIFIER = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetric:
+    """A series an engine exports itself, and where the engine's source defines it."""
+
+    engine: str  # "vllm" or "sglang": its virtualenv is .venv-<engine>
+    source: str  # the defining file, relative to site-packages (the version we test)
+    defined_as: str  # the name passed to prometheus_client (counters lack "_total")
+
+
+# The engines' own series: not ours, so not in docs/metrics.md's contract, but the
+# acceptance dashboard shows them beside the plug-ins' sssd: series so that a user sees the
+# two agree. No engine runs in the Prometheus integration test, so queries over these
+# return no data there; it checks only that Prometheus evaluates them (ENGINE_PREFIXES).
+_VLLM_SPEC = "vllm/v1/spec_decode/metrics.py"
+_SGLANG_COLLECTOR = "sglang/srt/observability/metrics_collector.py"
+ENGINE_METRICS: dict[str, EngineMetric] = {
+    "vllm:spec_decode_num_drafts_total":
+        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_drafts"),
+    "vllm:spec_decode_num_draft_tokens_total":
+        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_draft_tokens"),
+    "vllm:spec_decode_num_accepted_tokens_total":
+        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_accepted_tokens"),
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_accepted_tokens_per_pos"),
+    "sglang:spec_accept_length":
+        EngineMetric("sglang", _SGLANG_COLLECTOR, "sglang:spec_accept_length"),
+    "sglang:spec_accept_rate":
+        EngineMetric("sglang", _SGLANG_COLLECTOR, "sglang:spec_accept_rate"),
+}  # fmt: skip
+ENGINE_PREFIXES = ("vllm:", "sglang:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +155,11 @@ def contract_name(series_name: str, contract: set[str]) -> str:
         if series_name.endswith(suffix) and series_name[: -len(suffix)] in contract:
             return series_name[: -len(suffix)]
     return series_name
+
+
+def engine_metric_names(expr: str) -> set[str]:
+    """The engines' own series an expression reads (names with an engine's prefix)."""
+    return {name for name in metric_names(expr) if name.startswith(ENGINE_PREFIXES)}
 
 
 def substitute_variables(expr: str, rate_interval: str = "30s", range_: str = "5m") -> str:

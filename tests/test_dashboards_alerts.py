@@ -1,6 +1,12 @@
 """The Grafana dashboards and Prometheus alert rules in deploy/: valid, on the metric
 contract (docs/metrics.md), and the alerts fire exactly when their unit tests say.
 
+The one exception to the contract: the acceptance dashboard shows the engines' own
+acceptance series (observability.ENGINE_METRICS) beside the plug-ins' sssd: ones. They
+are listed by name with the engine source that defines them (checked where the engines'
+virtualenvs exist), read only in queries of their own, and every vLLM query is
+overlaid with the same query over our series.
+
 Needs promtool (the Debian prometheus package, `make tools`).
 """
 
@@ -18,10 +24,14 @@ from observability import (
     ALERTS,
     ALERTS_TEST,
     DASHBOARDS,
+    ENGINE_METRICS,
+    ENGINE_PREFIXES,
+    ROOT,
     alert_rules,
     contract_name,
     contract_names,
     dashboard_queries,
+    engine_metric_names,
     inner_queries,
     load_dashboard,
     metric_names,
@@ -77,15 +87,69 @@ def test_contract_lists_both_exporters() -> None:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_queries_use_only_contract_metrics(path: Path) -> None:
+def test_dashboard_queries_use_only_contract_and_listed_engine_metrics(path: Path) -> None:
     contract = contract_names()
     queries = dashboard_queries(path)
     assert len(queries) >= 10
     for query in queries:
         names = metric_names(query.expr)
         assert names, f"{query.where}: no metric found in {query.expr!r}"
-        unknown = sorted(n for n in names if contract_name(n, contract) not in contract)
-        assert not unknown, f"{query.where}: {unknown} are not in docs/metrics.md"
+        unknown = sorted(n for n in names if contract_name(n, contract) not in contract
+                         and n not in ENGINE_METRICS)  # fmt: skip
+        assert not unknown, f"{query.where}: {unknown} not in docs/metrics.md or ENGINE_METRICS"
+
+
+def test_engine_queries_read_only_engine_series() -> None:
+    """A query over an engine's series reads nothing of ours: the integration test, where
+    no engine runs, exempts these queries from returning data, and must not exempt any
+    series of ours with them."""
+    engine_queries = 0
+    for path in DASHBOARDS:
+        for query in dashboard_queries(path):
+            engine = engine_metric_names(query.expr)
+            if engine:
+                engine_queries += 1
+                assert engine == metric_names(query.expr), query.where
+                assert len({n.split(":")[0] for n in engine}) == 1, f"{query.where}: two engines"
+    assert engine_queries >= 4
+
+
+def test_every_vllm_query_is_overlaid_with_the_plugins() -> None:
+    """Each vLLM query shares its panel with the same query over the plug-in's sssd:
+    series (the plug-in mirrors vLLM's names and counting), so the two lines compare
+    like with like."""
+    board = load_dashboard(ROOT / "deploy" / "grafana" / "sssd-acceptance.json")
+    overlaid = 0
+    for panel in panels(board):
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        for expr in exprs:
+            if "vllm:" in expr:
+                assert expr.replace("vllm:", "sssd:") in exprs, f"{panel['title']}: {expr}"
+                overlaid += 1
+    assert overlaid >= 4
+
+
+def test_every_listed_engine_metric_is_on_a_dashboard() -> None:
+    used = {n for path in DASHBOARDS for q in dashboard_queries(path)
+            for n in engine_metric_names(q.expr)}  # fmt: skip
+    assert sorted(set(ENGINE_METRICS) - used) == []
+    assert all(name.startswith(ENGINE_PREFIXES) for name in ENGINE_METRICS)
+
+
+@pytest.mark.parametrize("engine", sorted({m.engine for m in ENGINE_METRICS.values()}))
+def test_engine_metrics_are_named_as_the_engines_define_them(engine: str) -> None:
+    """Each listed series is defined, under that name, in the engine version the plug-ins
+    are tested against (its virtualenv from make setup-vllm / make setup-sglang)."""
+    packages = sorted((ROOT / f".venv-{engine}").glob("lib/python3*/site-packages"))
+    if not packages:
+        pytest.skip(f".venv-{engine} not installed (make setup-{engine})")
+    for name, metric in ENGINE_METRICS.items():
+        if metric.engine != engine:
+            continue
+        source = (packages[0] / metric.source).read_text()
+        assert f'"{metric.defined_as}"' in source, f"{name}: not defined in {metric.source}"
+        # prometheus_client adds "_total" to a counter's name; a gauge keeps its name.
+        assert name.removesuffix("_total") == metric.defined_as, name
 
 
 def test_alert_expressions_use_only_contract_metrics() -> None:

@@ -1,16 +1,24 @@
-"""The deployment examples in deploy/: the SGLang PD manifests validate and agree with the
-chart's beside-sglang-pd values, the Dockerfile keeps its compiler in the build stage and
-builds the wheel from what its ignore file lets through, and local-run.sh parses.
+"""The deployment examples in deploy/: the SGLang PD and vLLM manifests validate, run the
+SSSD plug-ins with settings the plug-ins accept and agree with the chart's beside-*
+examples, the Dockerfile keeps its compiler in the build stage and builds the wheel from
+what its ignore file lets through, and local-run.sh parses.
 
 Kubernetes objects are validated like the chart's (test_helm_chart.py): Kubernetes 1.33,
-strict, with our own schema for the Prometheus Operator's PodMonitor.
+strict, with our own schema for the Prometheus Operator's PodMonitor. Where the engines'
+virtualenvs exist (make setup-vllm, make setup-sglang), the engines' own parsers read the
+containers' command lines (engine_cli.py): the flags are real, and SGLang's launch checks
+with our plug-in registered pass.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 import re
 import subprocess
 import tomllib
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,58 +29,111 @@ import pytest
 import yaml
 from operator_schemas import OPERATOR_SCHEMAS
 
+from verifier_client.engines import DrafterSettings
+from verifier_client.engines import vllm as vllm_plugin
+
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG = ROOT / "deploy" / "sglang-pd"
-MANIFESTS = sorted(SGLANG.glob("*.yaml"))
+VLLM = ROOT / "deploy" / "vllm-decode"
+EXAMPLE_DIRS = (SGLANG, VLLM)
+MANIFESTS = sorted(path for d in EXAMPLE_DIRS for path in d.glob("*.yaml"))
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
 CHART = ROOT / "helm" / "sssd-drafter"
-EXAMPLE = CHART / "examples" / "beside-sglang-pd.yaml"
+# The chart's values for the drafting tier beside each engine's decode pods.
+CHART_EXAMPLES = {
+    "sglang-decode": CHART / "examples" / "beside-sglang-pd.yaml",
+    "vllm-decode": CHART / "examples" / "beside-vllm.yaml",
+}
+ENGINE_CLI = Path(__file__).with_name("engine_cli.py")
+ENGINE_VENVS = {"vllm": ROOT / ".venv-vllm", "sglang": ROOT / ".venv-sglang"}
 KUBE_VERSION = "1.33.0"
 COMPILERS = ("g++", "gcc", "clang", "build-essential", "cmake", "ninja")
+RETIRED_WORDING = ("shim", "no client", "not a working integration", "does not ship a client")
 
 
 def objects(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def sglang_objects() -> list[dict[str, Any]]:
+def example_objects() -> list[dict[str, Any]]:
     return [obj for path in MANIFESTS for obj in objects(path)]
 
 
 def deployment(component: str) -> dict[str, Any]:
     (found,) = [
-        o for o in sglang_objects()
+        o for o in example_objects()
         if o["kind"] == "Deployment"
         and o["metadata"]["labels"]["app.kubernetes.io/component"] == component
     ]  # fmt: skip
     return found
 
 
-def env_of(obj: dict[str, Any]) -> dict[str, str]:
-    (container,) = obj["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+def container(component: str) -> dict[str, Any]:
+    (found,) = deployment(component)["spec"]["template"]["spec"]["containers"]
+    engine: dict[str, Any] = found
+    return engine
 
 
-def drafter_release() -> list[dict[str, Any]]:
-    values = yaml.safe_load(EXAMPLE.read_text())
+def env_of(component: str) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(component).get("env", [])}
+
+
+def command_line(component: str) -> list[str]:
+    found = container(component)
+    return [*found["command"], *found.get("args", [])]
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    """The value of ``--flag=value`` or ``--flag value`` (exactly once)."""
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
+    values += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+    assert len(values) == 1, f"{flag}: {values}"
+    return values[0]
+
+
+def drafter_settings(component: str) -> DrafterSettings:
+    """The plug-in's settings as the decode container gives them to the engine."""
+    if component == "vllm-decode":
+        extra = json.loads(flag_value(command_line(component), "--additional-config"))
+        assert set(extra) == {vllm_plugin.ADDITIONAL_CONFIG_KEY}, extra
+        return DrafterSettings.from_mapping(
+            extra[vllm_plugin.ADDITIONAL_CONFIG_KEY], where="--additional-config"
+        )
+    config = json.loads(env_of(component)["SSSD_DRAFTER_CONFIG"])
+    return DrafterSettings.from_mapping(config, where="SSSD_DRAFTER_CONFIG")
+
+
+@cache
+def _release(example: Path) -> tuple[str, ...]:
+    values = yaml.safe_load(example.read_text())
     with helm.Chart.load(CHART) as chart:
         manifests = chart.render(values, name="drafter", namespace="llm")
-    return [doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]  # fmt: skip
+    return tuple(text for path, text in manifests.items() if not path.endswith("NOTES.txt"))
 
 
-# --- SGLang PD manifests -------------------------------------------------------------
+def drafter_release(component: str) -> list[dict[str, Any]]:
+    """The chart rendered with the example for ``component``'s decode pods."""
+    texts = _release(CHART_EXAMPLES[component])
+    return [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
 
 
-def test_sglang_manifests_exist() -> None:
-    names = [p.name for p in MANIFESTS]
-    assert names == ["decode-podmonitor.yaml", "decode.yaml", "prefill.yaml", "router.yaml"]
-    assert (SGLANG / "README.md").is_file()
+# --- every example manifest --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
-def test_sglang_manifests_validate(path: Path) -> None:
+def test_example_manifests_exist() -> None:
+    assert [p.name for p in sorted(SGLANG.glob("*.yaml"))] == [
+        "decode-podmonitor.yaml", "decode.yaml", "prefill.yaml", "router.yaml",
+    ]  # fmt: skip
+    assert [p.name for p in sorted(VLLM.glob("*.yaml"))] == [
+        "decode-podmonitor.yaml", "decode.yaml", "service.yaml",
+    ]  # fmt: skip
+    for directory in EXAMPLE_DIRS:
+        assert (directory / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_example_manifests_validate(path: Path) -> None:
     for obj in objects(path):
         if obj["kind"] in OPERATOR_SCHEMAS:
             jsonschema.validate(obj, OPERATOR_SCHEMAS[obj["kind"]])
@@ -81,59 +142,145 @@ def test_sglang_manifests_validate(path: Path) -> None:
         assert obj["metadata"]["namespace"] == "llm"
 
 
-def test_decode_pods_reach_the_drafter_through_its_headless_service() -> None:
-    release = drafter_release()
+@pytest.mark.parametrize("directory", EXAMPLE_DIRS, ids=lambda d: d.name)
+def test_examples_describe_the_plugins_as_they_are(directory: Path) -> None:
+    """The plug-ins exist: no text in the examples says the integration is missing, and
+    each decode image says which client extra to install."""
+    for path in sorted(directory.iterdir()):
+        text = path.read_text().lower()
+        for wording in RETIRED_WORDING:
+            assert wording not in text, f"{path.name}: {wording!r}"
+    engine = "sglang" if directory == SGLANG else "vllm"
+    assert f"pip install './clients/python[{engine}]'" in (directory / "decode.yaml").read_text()
+    image = f"RUN pip install --no-cache-dir '/tmp/sssd-verifier-client[{engine}]'"
+    assert image in (directory / "README.md").read_text()
+
+
+# --- the plug-ins' settings -----------------------------------------------------------------
+
+
+def test_sglang_decode_runs_the_sssd_algorithm_configured_by_one_json_variable() -> None:
+    argv = command_line("sglang-decode")
+    assert flag_value(argv, "--speculative-algorithm") == "SSSD"
+    assert int(flag_value(argv, "--speculative-num-draft-tokens")) >= 2
+    assert "--enable-metrics" in argv  # SGLang's own acceptance, beside the plug-in's
+    assert sorted(name for name in env_of("sglang-decode") if name.startswith("SSSD_")) == [
+        "SSSD_DRAFTER_CONFIG"
+    ]
+    settings = drafter_settings("sglang-decode")
+    assert settings.metrics_port is not None
+
+
+def test_vllm_decode_runs_our_proposer() -> None:
+    argv = command_line("vllm-decode")
+    assert argv[:2] == ["vllm", "serve"]
+    speculative = json.loads(flag_value(argv, "--speculative-config"))
+    assert speculative["method"] == "custom_class"
+    assert isinstance(speculative["num_speculative_tokens"], int)
+    assert speculative["num_speculative_tokens"] >= 1
+    module, _, name = speculative["model"].rpartition(".")
+    assert getattr(importlib.import_module(module), name) is vllm_plugin.SssdProposer
+    settings = drafter_settings("vllm-decode")
+    assert settings.metrics_port is not None
+    assert not [e for e in container("vllm-decode").get("env", [])
+                if e["name"].startswith("SSSD_")]  # fmt: skip
+
+
+@pytest.mark.parametrize("component", CHART_EXAMPLES)
+def test_decode_pods_reach_the_drafter_through_its_headless_service(component: str) -> None:
+    release = drafter_release(component)
     (headless,) = [o for o in release if o["kind"] == "Service"
                    and o["spec"].get("clusterIP") == "None"]  # fmt: skip
     port = headless["spec"]["ports"][0]["port"]
-    env = env_of(deployment("sglang-decode"))
     expected = f"dns:///{headless['metadata']['name']}.llm.svc.cluster.local:{port}"
-    assert env["SSSD_DRAFTER_TARGET"] == expected
+    assert drafter_settings(component).address == expected
 
 
-def test_only_decode_pods_pass_the_drafter_network_policy() -> None:
-    (policy,) = [o for o in drafter_release() if o["kind"] == "NetworkPolicy"]
+@pytest.mark.parametrize("component", CHART_EXAMPLES)
+def test_only_decode_pods_pass_the_drafter_network_policy(component: str) -> None:
+    (policy,) = [o for o in drafter_release(component) if o["kind"] == "NetworkPolicy"]
     (grpc_rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "grpc"]
     selector = grpc_rule["from"][0]["podSelector"]["matchLabels"]
-    for component, admitted in (("sglang-decode", True), ("sglang-prefill", False),
-                                ("sglang-router", False)):  # fmt: skip
-        labels = deployment(component)["spec"]["template"]["metadata"]["labels"]
-        assert (selector.items() <= labels.items()) is admitted, component
+    for other in ("sglang-decode", "sglang-prefill", "sglang-router", "vllm-decode"):
+        labels = deployment(other)["spec"]["template"]["metadata"]["labels"]
+        assert (selector.items() <= labels.items()) is (other == component), other
 
 
-def test_deadline_matches_the_alert_threshold() -> None:
-    thresholds = yaml.safe_load(EXAMPLE.read_text())["prometheusRule"]["thresholds"]
-    deadline_ms = float(env_of(deployment("sglang-decode"))["SSSD_DRAFTER_DEADLINE_MS"])
+@pytest.mark.parametrize("component", CHART_EXAMPLES)
+def test_deadline_matches_the_alert_threshold(component: str) -> None:
+    values = yaml.safe_load(CHART_EXAMPLES[component].read_text())
+    thresholds = values["prometheusRule"]["thresholds"]
+    deadline_ms = drafter_settings(component).deadline_ms
     assert deadline_ms / 1000 == thresholds["drafterDeadlineSeconds"]
 
 
-def test_pod_monitor_scrapes_the_decode_pods_metrics_port() -> None:
-    (monitor,) = [o for o in sglang_objects() if o["kind"] == "PodMonitor"]
-    decode = deployment("sglang-decode")["spec"]["template"]
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= decode["metadata"]["labels"].items()
-    port_names = {p["name"] for p in decode["spec"]["containers"][0]["ports"]}
-    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in port_names
-    metrics_port = int(env_of(deployment("sglang-decode"))["SSSD_METRICS_PORT"])
-    ports = {p["name"]: p["containerPort"] for p in decode["spec"]["containers"][0]["ports"]}
-    assert ports[monitor["spec"]["podMetricsEndpoints"][0]["port"]] == metrics_port
+@pytest.mark.parametrize("component", CHART_EXAMPLES)
+def test_pod_monitor_scrapes_the_engine_and_the_plugin(component: str) -> None:
+    """One PodMonitor per engine, two endpoints: the engine's own /metrics (its acceptance
+    series) and the plug-in's metrics port (the sssd: series)."""
+    pod = deployment(component)["spec"]["template"]
+    (monitor,) = [o for o in example_objects() if o["kind"] == "PodMonitor"
+                  and o["spec"]["selector"]["matchLabels"].items()
+                  <= pod["metadata"]["labels"].items()]  # fmt: skip
+    ports = {p["name"]: p["containerPort"] for p in container(component)["ports"]}
+    scraped = {e["port"]: e["path"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"http": "/metrics", "sssd-metrics": "/metrics"}
+    assert ports["sssd-metrics"] == drafter_settings(component).metrics_port
+    assert ports["http"] == int(flag_value(command_line(component), "--port"))
 
 
 def test_only_decode_pods_speculate() -> None:
-    def args(component: str) -> list[str]:
-        (container,) = deployment(component)["spec"]["template"]["spec"]["containers"]
-        command: list[str] = container["command"]
-        return command
-
-    assert "--disaggregation-mode=decode" in args("sglang-decode")
-    assert "--disaggregation-mode=prefill" in args("sglang-prefill")
-    assert any(a.startswith("--speculative-algorithm") for a in args("sglang-decode"))
-    assert not any(a.startswith("--speculative") for a in args("sglang-prefill"))
+    assert "--disaggregation-mode=decode" in command_line("sglang-decode")
+    assert "--disaggregation-mode=prefill" in command_line("sglang-prefill")
+    assert not any(a.startswith("--speculative") for a in command_line("sglang-prefill"))
 
 
-def test_readme_says_sglang_has_no_client_yet() -> None:
-    text = (SGLANG / "README.md").read_text()
-    assert "SGLang does not ship a client for this drafter" in text
+def test_vllm_service_selects_the_decode_pods() -> None:
+    (service,) = [o for o in objects(VLLM / "service.yaml") if o["kind"] == "Service"]
+    labels = deployment("vllm-decode")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+
+
+# --- the engines' own parsers (where their virtualenvs are installed) ---------------------
+
+
+def engine_parse(engine: str, components: list[str]) -> list[dict[str, Any]]:
+    """Each component's container command line as the engine itself parses it."""
+    python = ENGINE_VENVS[engine] / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{ENGINE_VENVS[engine].name} not installed (make setup-{engine})")
+    commands = [{"argv": command_line(c), "env": env_of(c)} for c in components]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SSSD_")}
+    result = subprocess.run(
+        [str(python), str(ENGINE_CLI), engine], input=json.dumps(commands), env=environ,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed: list[dict[str, Any]] = json.loads(result.stdout)
+    for component, answer in zip(components, parsed, strict=True):
+        assert "error" not in answer, f"{component}: {answer['error']}"
+    return parsed
+
+
+def test_vllm_accepts_the_decode_command_line() -> None:
+    (parsed,) = engine_parse("vllm", ["vllm-decode"])
+    argv = command_line("vllm-decode")
+    assert parsed["speculative_config"] == json.loads(flag_value(argv, "--speculative-config"))
+    assert parsed["additional_config"] == json.loads(flag_value(argv, "--additional-config"))
+    assert parsed["port"] == int(flag_value(argv, "--port"))
+
+
+def test_sglang_accepts_the_prefill_and_decode_command_lines() -> None:
+    decode, prefill = engine_parse("sglang", ["sglang-decode", "sglang-prefill"])
+    assert decode["speculative_algorithm"] == "SSSD" and decode["enable_metrics"] is True
+    assert decode["disaggregation_mode"] == "decode"
+    argv = command_line("sglang-decode")
+    assert decode["speculative_num_draft_tokens"] == int(
+        flag_value(argv, "--speculative-num-draft-tokens")
+    )
+    assert prefill["speculative_algorithm"] is None
+    assert prefill["disaggregation_mode"] == "prefill"
 
 
 # --- Dockerfile ------------------------------------------------------------------------

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from client_servers import DrafterProcess
 
 from verifier_client import BudgetRule, DrafterClient
 from verifier_client.engines import DrafterSettings, EngineDrafter
-from verifier_client.engines.batch import CONFIG_ENV
+from verifier_client.engines.batch import CONFIG_ENV, tokenizer_fingerprint
 
 PATTERN = [10, 11, 12, 13, 14, 15]
 
@@ -190,3 +191,13 @@ def test_an_engine_bug_costs_a_step_not_the_decode_loop(drafter: DrafterProcess)
         assert engine.errors == 1
     finally:
         engine.close()
+
+
+def test_the_engines_tokenizer_fingerprint_is_the_drafters_identity(tmp_path: Path) -> None:
+    from drafter_service.snapshot import TokenizerIdentity
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')
+    identity = TokenizerIdentity.from_file(tokenizer, vocab_size=2)
+    assert tokenizer_fingerprint(tmp_path) == identity.fingerprint != ""
+    assert tokenizer_fingerprint(tmp_path / "missing") == tokenizer_fingerprint(None) == ""

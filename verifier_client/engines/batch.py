@@ -15,6 +15,7 @@ must not touch each other's state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from ..budget import BudgetRule
 from ..client import DrafterClient
 from ..results import ClientStats, StepResult, Tree
 
-__all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter"]
+__all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter", "tokenizer_fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class EngineDrafter:
     Call :meth:`draft` once per decode step with the rows that may speculate,
     :meth:`release` when the engine drops a request (finished or aborted), and
     :meth:`close` at shutdown. One thread (the engine's decode loop) owns it.
+    ``tokenizer_fingerprint`` (sha256 of the engine's tokenizer.json): a drafter
+    holding another tokenizer is refused at startup (ValueError), not drafted from.
     """
 
     def __init__(
@@ -138,11 +141,12 @@ class EngineDrafter:
         *,
         client: DrafterClient | None = None,
         namespace: str | None = None,
+        tokenizer_fingerprint: str = "",
     ) -> None:
         self.settings = settings
         self.client = client or DrafterClient(
             settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
-            budget=settings.budget_rule(),
+            budget=settings.budget_rule(), tokenizer_fingerprint=tokenizer_fingerprint,
         )  # fmt: skip
         self.namespace = namespace if namespace is not None else _instance_namespace()
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
@@ -262,6 +266,19 @@ class EngineDrafter:
         if not self._error_logged:  # once: a broken drafter must not flood the engine's log
             self._error_logged = True
             log.exception("sssd drafter: %s failed; continuing without drafts", what)
+
+
+def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:
+    """sha256 of ``model_dir``/tokenizer.json, the drafter's tokenizer identity; "" when
+    the engine's tokenizer is not a local file (a hub name: nothing to compare)."""
+    if model_dir is None:
+        return ""
+    path = os.path.join(os.fspath(model_dir), "tokenizer.json")
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return ""
 
 
 def _instance_namespace() -> str:

@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
@@ -107,11 +107,13 @@ def run_vllm(
     opt_out: Sequence[int] = (),
     on_step: Callable[[int], None] | None = None,
     on_done: Callable[[], None] | None = None,
+    abort_at: Mapping[int, Sequence[int]] | None = None,
 ) -> EngineRun:
     """Greedy-decodes ``prompts`` with vLLM, with the SSSD plug-in when ``drafter``
     (its settings) is given. ``opt_out``: prompt indices whose generations must not
     be stored. ``on_step(i)`` runs after engine step ``i``; ``on_done()`` after the
-    last one, while the engine is still up."""
+    last one, while the engine is still up. ``abort_at[i]``: prompt indices aborted
+    after step ``i`` (their outputs: what they had generated, possibly nothing)."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
     from vllm import LLM, SamplingParams
 
@@ -146,6 +148,8 @@ def run_vllm(
                 outputs[int(output.request_id)] = list(output.outputs[0].token_ids)
             if on_step is not None:
                 on_step(len(step_ms))
+            if abort_at and len(step_ms) in abort_at:
+                engine.abort_request([str(i) for i in abort_at[len(step_ms)]])
         counters = {
             m.name.removeprefix(_SPEC_PREFIX): m.values if hasattr(m, "values") else m.value
             for m in llm.get_metrics() if m.name.startswith(_SPEC_PREFIX)
@@ -157,7 +161,8 @@ def run_vllm(
             plugin = llm.collective_rpc(worker_stats)[0]
         if on_done is not None:
             on_done()
-        return EngineRun([outputs[i] for i in range(len(prompts))], step_ms, counters, plugin)
+        return EngineRun([outputs.get(i, []) for i in range(len(prompts))], step_ms, counters,
+                         plugin)  # fmt: skip
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..metrics import WorkerMetrics
-from .batch import DrafterSettings, EngineDrafter
+from .batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "STORE_KEY", "SssdProposer", "register", "worker_stats"]
 
@@ -112,6 +112,7 @@ class SssdProposer:
             ours, where=f"--additional-config {ADDITIONAL_CONFIG_KEY!r}"
         )
         install_hooks(sys.modules[_RUNNER_MODULE].GPUModelRunner)
+        self._budget_rule = self.settings.budget_rule()
         self._runner: Any = None
         self._verified: Mapping[str, Sequence[int]] = {}  # this step's scheduled drafts
         self.propose_calls = 0  # propose() calls with at least one request to draft for
@@ -122,7 +123,10 @@ class SssdProposer:
         self.drafter: EngineDrafter | None = None
         self.metrics: WorkerMetrics | None = None
         if _tensor_parallel_rank() == 0:
-            self.drafter = EngineDrafter(self.settings)
+            tokenizer = getattr(vllm_config.model_config, "tokenizer", None)
+            self.drafter = EngineDrafter(
+                self.settings, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer)
+            )
             atexit.register(self.drafter.close, 2.0)  # send the last finishes
             if self.settings.metrics_port is not None:
                 self.metrics = WorkerMetrics()
@@ -173,8 +177,8 @@ class SssdProposer:
                 room = min(self.num_speculative_tokens, self.max_model_len - length)
                 drafts[row] = tree.best_chain(room)
         if self.metrics is not None:
-            result = drafter.last_result
-            self.metrics.record_drafter_call(result, drafter.last_round_trip_s, None)
+            budget = self._budget_rule.draft_budget(len(rows))
+            self.metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, budget)
         return drafts
 
     def release(self, req_id: str, req_state: Any) -> None:
