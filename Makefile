@@ -119,6 +119,9 @@ bench: setup
 	$(BIN)/python benchmarks/verify_bench.py > benchmarks/results/verify.jsonl
 	$(BIN)/drafter-bench worker --data $(DEV) --limit 16 --max-new-tokens 64 --batch 8 > benchmarks/results/worker.jsonl
 	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
+	$(MAKE) setup-vllm
+	( for b in 4 16 32; do $(BIN)/drafter-bench engine --engine vllm --data $(DEV) --budget $$b --json; done; \
+	  $(BIN)/drafter-bench engine --engine vllm --data $(DEV_CHAT) --json ) > benchmarks/results/engine.jsonl
 
 clean:
 	rm -rf build $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

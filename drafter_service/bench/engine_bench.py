@@ -51,6 +51,11 @@ def add_engine_parser(subparsers: Any) -> None:
     p.add_argument("--snapshot", metavar="DIR", help="seed the live datastore with a snapshot")
     p.add_argument("--target", metavar="HOST:PORT", help="a running drafter (default: start one)")
     p.add_argument("--vocab-size", type=int, default=LLAMA3_VOCAB_SIZE)
+    p.add_argument("--second-engine", action="store_true",
+                   help="then a second engine on the same prompts and drafter (learned from the "
+                   "first engine's finished generations)")
+    p.add_argument("--vs-ngram", action="store_true",
+                   help="also run vLLM's own n-gram proposer (prompt lookup n=1..4) on the prompts")
     p.add_argument("--json", action="store_true", help="one JSON line (the default prints a table)")
     p.set_defaults(func=run_engine_bench)
 
@@ -74,6 +79,10 @@ def run_engine_bench(args: argparse.Namespace) -> int:
                "--json"]  # fmt: skip
         if args.model:
             cmd += ["--model", str(args.model)]
+        if args.vs_ngram:
+            cmd.append("--vs-ngram")
+        if args.second_engine:
+            cmd.append("--second-engine")
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:

@@ -215,7 +215,8 @@ def test_drafter_bench_engine_reports_identical_outputs_and_accepted_drafts(
     bench = DRAFTER.with_name("drafter-bench")
     done = subprocess.run(
         [str(bench), "engine", "--engine", "vllm", "--python", sys.executable, "--data", str(data),
-         "--limit", "8", "--max-new-tokens", "32", "--deadline-ms", "500", "--json"],
+         "--limit", "8", "--max-new-tokens", "32", "--deadline-ms", "500", "--second-engine",
+         "--json"],
         stdout=subprocess.PIPE, text=True, check=False, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout
@@ -226,3 +227,7 @@ def test_drafter_bench_engine_reports_identical_outputs_and_accepted_drafts(
     assert report["outputs_identical"] is True and report["requests"] == 8
     assert report["accepted_tokens"] > 0 and report["tau"] > 1
     assert report["engine_accepted_tokens"] == report["accepted_tokens"]
+    # A second engine (another decode pod) on the same prompts drafts from what the shared
+    # drafter learned from the first one's finished generations.
+    assert report["outputs_identical_second_engine"] is True
+    assert report["tau_second_engine"] > report["tau"] + 1

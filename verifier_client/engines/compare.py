@@ -108,17 +108,24 @@ def run_vllm(
     on_step: Callable[[int], None] | None = None,
     on_done: Callable[[], None] | None = None,
     abort_at: Mapping[int, Sequence[int]] | None = None,
+    builtin_ngram: bool = False,
 ) -> EngineRun:
     """Greedy-decodes ``prompts`` with vLLM, with the SSSD plug-in when ``drafter``
     (its settings) is given. ``opt_out``: prompt indices whose generations must not
     be stored. ``on_step(i)`` runs after engine step ``i``; ``on_done()`` after the
     last one, while the engine is still up. ``abort_at[i]``: prompt indices aborted
-    after step ``i`` (their outputs: what they had generated, possibly nothing)."""
+    after step ``i`` (their outputs: what they had generated, possibly nothing).
+    ``builtin_ngram``: vLLM's own n-gram proposer instead (prompt lookup, n = 1..4)."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
     from vllm import LLM, SamplingParams
 
     kwargs: dict[str, Any] = {}
-    if drafter is not None:
+    if builtin_ngram:  # vLLM's own prompt-lookup proposer, for reference
+        kwargs["speculative_config"] = {
+            "method": "ngram", "num_speculative_tokens": num_speculative_tokens,
+            "prompt_lookup_min": 1, "prompt_lookup_max": 4,
+        }  # fmt: skip
+    elif drafter is not None:
         kwargs["speculative_config"] = {
             "method": "custom_class",
             "model": "verifier_client.engines.vllm.SssdProposer",
@@ -169,8 +176,9 @@ def run_vllm(
         gc.collect()
 
 
-def compare(base: EngineRun, spec: EngineRun) -> dict[str, Any]:
-    """The benchmark's JSON line: identity, acceptance and step time."""
+def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) -> dict[str, Any]:
+    """The benchmark's JSON line: identity, acceptance and step time (and vLLM's own
+    n-gram proposer's, when ``ngram`` ran)."""
     plugin = spec.plugin or {}
     output_tokens = sum(len(o) for o in spec.outputs)
     accepted = int(plugin.get("num_accepted_tokens", 0))
@@ -197,6 +205,19 @@ def compare(base: EngineRun, spec: EngineRun) -> dict[str, Any]:
         "step_ms_p50_baseline": round(statistics.median(base.step_ms), 3) if base.step_ms else 0.0,
         "total_s": round(sum(spec.step_ms) / 1e3, 3),
         "total_s_baseline": round(sum(base.step_ms) / 1e3, 3),
+        **(_ngram_fields(base, ngram) if ngram is not None else {}),
+    }
+
+
+def _ngram_fields(base: EngineRun, ngram: EngineRun) -> dict[str, Any]:
+    tokens = sum(len(o) for o in ngram.outputs)
+    accepted = int(ngram.engine_counters.get("num_accepted_tokens") or 0)
+    return {
+        "outputs_identical_ngram": base.outputs == ngram.outputs,
+        "tau_ngram": round(tokens / (tokens - accepted), 4) if tokens > accepted else 0.0,
+        "draft_tokens_ngram": int(ngram.engine_counters.get("num_draft_tokens") or 0),
+        "accepted_tokens_ngram": accepted,
+        "step_ms_p50_ngram": round(statistics.median(ngram.step_ms), 3) if ngram.step_ms else 0.0,
     }
 
 
@@ -216,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", default="16")
     parser.add_argument("--model", type=Path, help="checkpoint dir (default: a tiny random Llama)")
     parser.add_argument("--tokenizer", type=Path, help="dir with tokenizer.json for the tiny model")
+    parser.add_argument("--second-engine", action="store_true",
+                        help="then a second engine (another decode pod) on the same prompts "
+                        "and drafter, which has learned the first one's generations")
+    parser.add_argument("--vs-ngram", action="store_true",
+                        help="also run vLLM's own n-gram proposer (prompt lookup) for reference")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.make_tiny_model:
@@ -230,8 +256,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens)
         spec = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, drafter=settings,
                         num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
+        ngram = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, builtin_ngram=True,
+                         num_speculative_tokens=args.num_speculative_tokens) if args.vs_ngram \
+            else None  # fmt: skip
+        second = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, drafter=settings,
+                          num_speculative_tokens=args.num_speculative_tokens) \
+            if args.second_engine else None  # fmt: skip
     result = {"engine": args.engine, "engine_version": _engine_version(args.engine),
-              **compare(base, spec)}  # fmt: skip
+              **compare(base, spec, ngram)}  # fmt: skip
+    if second is not None:  # the shared drafter learned the first engine's generations
+        again = compare(base, second)
+        result.update({f"{key}_second_engine": again[key] for key in (
+            "outputs_identical", "steps", "draft_tokens", "accepted_tokens", "tau", "step_ms_p50",
+            "total_s")})
     if args.json:
         print(json.dumps(result), flush=True)
     else:
