@@ -136,9 +136,16 @@ class AioDrafterClient:
             self._stepping = False
         return result
 
-    def finish(self, request_id: str, final_tokens: Iterable[int] = (), store: bool = True) -> bool:
-        """Ends a finished request in the background; False when dropped (queue full)."""
-        return self._worker.offer(self._session.finish(request_id, final_tokens, store))
+    def finish(
+        self,
+        request_id: str,
+        final_tokens: Iterable[int] = (),
+        store: bool = True,
+        durable: bool = False,
+    ) -> bool:
+        """Ends a finished request in the background; False when dropped (queue full).
+        ``durable``: acknowledged once in the drafter's ingest log (see DrafterClient)."""
+        return self._worker.offer(self._session.finish(request_id, final_tokens, store, durable))
 
     def abort(self, request_id: str) -> bool:
         """Ends a cancelled request in the background; nothing is stored."""

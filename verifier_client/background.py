@@ -57,6 +57,7 @@ class FinishWork:
     final_tokens: Sequence[int]  # tail committed after the last answered step
     datastore: str = ""
     generation: Sequence[int] | None = None  # ingested instead if the drafter lost the request
+    wait_durable: bool = False  # the Finish call answers once the generation is in the log
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +71,19 @@ class IngestWork:
 Work = FinishWork | IngestWork
 
 
-def plan_finish(state: RequestState, final_tokens: Sequence[int], store: bool) -> list[Work]:
-    """The work that ends ``state``'s request (see the module docstring)."""
+def plan_finish(
+    state: RequestState, final_tokens: Sequence[int], store: bool, wait_durable: bool = False
+) -> list[Work]:
+    """The work that ends ``state``'s request (see the module docstring). ``wait_durable``:
+    the call that stores it answers only once it is in the drafter's ingest log (an
+    Ingest, the fallback, always does)."""
     if state.refused:  # the drafter would reject its tokens (and the whole call with them)
         return plan_abort(state)
     generation = _generation(state, final_tokens) if store else None
     if state.known_length > 0 and not state.in_flight:  # synced
         tail = [*state.tokens[state.known_length :], *final_tokens]
-        return [FinishWork(state.request_id, False, not store, tail, state.datastore, generation)]
+        return [FinishWork(state.request_id, False, not store, tail, state.datastore, generation,
+                           wait_durable)]  # fmt: skip
     work: list[Work] = []
     if state.sent:
         work.append(FinishWork(state.request_id, True, True, ()))
@@ -121,6 +127,7 @@ def batch_messages(
         done.reason = pb.FINISH_REASON_ABORTED if item.aborted else pb.FINISH_REASON_FINISHED
         done.do_not_store = item.do_not_store
         done.final_tokens.extend(item.final_tokens)
+        message.wait_durable |= item.wait_durable
         items.append(item)
         ids.add(item.request_id)
     return finishes, _ingest_messages(by_datastore, max_per_call)

@@ -156,10 +156,18 @@ class DrafterClient:
             result, _ = self._exchange(retry)
         return result
 
-    def finish(self, request_id: str, final_tokens: Iterable[int] = (), store: bool = True) -> bool:
+    def finish(
+        self,
+        request_id: str,
+        final_tokens: Iterable[int] = (),
+        store: bool = True,
+        durable: bool = False,
+    ) -> bool:
         """Ends a finished request in the background (stored unless ``store=False``).
-        False when the work queue was full and the work was dropped (counted)."""
-        return self._worker.offer(self._session.finish(request_id, final_tokens, store))
+        False when the work queue was full and the work was dropped (counted).
+        ``durable``: the drafter acknowledges it only once the generation is in its
+        ingest log, so a :meth:`flush` that returns True means it survives a crash."""
+        return self._worker.offer(self._session.finish(request_id, final_tokens, store, durable))
 
     def abort(self, request_id: str) -> bool:
         """Ends a cancelled request in the background; nothing is stored."""

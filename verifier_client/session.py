@@ -108,11 +108,13 @@ class DraftSession:
         if state.refused:
             _log_refusal(state)
 
-    def finish(self, request_id: str, final_tokens: Iterable[int], store: bool) -> list[Work]:
+    def finish(
+        self, request_id: str, final_tokens: Iterable[int], store: bool, durable: bool = False
+    ) -> list[Work]:
         """Stops tracking a finished request; returns the work that ends it."""
         tail = as_token_list(final_tokens, f"final tokens of {request_id!r}")
         state = self.tracker.finish(request_id)
-        return plan_finish(state, tail, store and state.datastore not in self._read_only)
+        return plan_finish(state, tail, store and state.datastore not in self._read_only, durable)
 
     def abort(self, request_id: str) -> list[Work]:
         """Stops tracking a cancelled request; returns the work that frees it."""

@@ -192,6 +192,15 @@ class ServeConfig:
     prompt_context_tokens: int = field(
         default=3, metadata=_meta("live: prompt tokens kept before an output", int)
     )
+    finish_durable: bool = field(
+        default=False,
+        metadata=_meta(
+            "every Finish answers only once the generations it stores are in the ingest log "
+            "(fsynced; FinishResponse.durable counts them), as a client can ask per call "
+            "with wait_durable; without either, a Finish acknowledges queued generations",
+            _bool,
+        ),
+    )
     salvage: bool = field(
         default=False,
         metadata=_meta(

@@ -9,6 +9,7 @@ describes the drafters once every queued job has run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,8 +52,10 @@ class DraftEngine:
         max_inflight_calls: int,
         metrics: DrafterMetrics | None = None,
         inline_max_work: int = 0,
+        finish_durable: bool = False,
     ) -> None:
         self.catalog = catalog
+        self.finish_durable = finish_durable  # every Finish waits for durability
         self.limits = limits
         self.table = table
         self.ingester = ingester
@@ -120,10 +123,15 @@ class DraftEngine:
         job = jobs_for(jobs, state.datastore)
         return (state.datastore, job.add(request_id, tokens, budget)), state.length
 
-    async def finish(self, items: Sequence[Finished]) -> tuple[int, list[str]]:
+    async def finish(
+        self, items: Sequence[Finished], wait_durable: bool = False
+    ) -> tuple[int, list[str], int]:
         """Frees the requests and queues finished generations for storing. Returns how
-        many were queued and the ids the service did not hold."""
+        many were queued, the ids the service did not hold, and how many of the queued
+        are durable (in the ingest log): all that were stored when ``wait_durable``
+        (the call then waits for them), else 0."""
         self._admit()
+        tickets: list[concurrent.futures.Future[bool]] = []
         try:
             jobs: dict[str, DrafterJob] = {}
             self._stop_all(self.table.expire(time.monotonic()), jobs)
@@ -138,13 +146,20 @@ class DraftEngine:
                 generated = state.length + len(item.final_tokens) - state.prompt_length
                 if item.store and live is not None and state.history is not None and generated:
                     chunks = [*state.history, item.final_tokens]
-                    queued += self.ingester.offer(live, chunks, state.prompt_length)
+                    ticket = self.ingester.offer(live, chunks, state.prompt_length)
+                    if ticket is not None:
+                        queued += 1
+                        tickets.append(ticket)
             future = self._runner.run(jobs, lambda results: self._settled(jobs, results))
         except BaseException:
             self._release()
             raise
         await future
-        return queued, unknown
+        if not (wait_durable or self.finish_durable) or not tickets:
+            return queued, unknown, 0
+        # Once queued, a generation is stored whether or not this caller still waits.
+        stored = await asyncio.shield(asyncio.gather(*map(asyncio.wrap_future, tickets)))
+        return queued, unknown, sum(stored)
 
     async def ingest(
         self, datastore: str, sequences: list[npt.NDArray[np.int32]]

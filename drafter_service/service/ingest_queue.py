@@ -1,7 +1,9 @@
 """Stores finished generations in the background, through a bounded queue.
 
 A Finish call only enqueues (O(1), never waits on the disk); a full queue drops the
-generation and counts it. One thread drains the queue into the live datastore.
+generation and counts it. One thread drains the queue into the live datastore. Each
+queued generation has a future that says, once its turn came, whether it is durable
+(in the ingest log, fsynced): a Finish that asked to wait for durability awaits them.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +27,7 @@ class _Generation:
     live: LiveDatastore
     chunks: list[npt.NDArray[np.int32]]  # the request's tokens, in order
     prompt_length: int  # leading tokens that are the prompt
+    stored: Future[bool] = field(default_factory=Future)  # True once durable, False if refused
 
 
 class GenerationIngester:
@@ -51,21 +55,23 @@ class GenerationIngester:
 
     def offer(
         self, live: LiveDatastore, chunks: list[npt.NDArray[np.int32]], prompt_length: int
-    ) -> bool:
-        """Queues a generation (prompt then output, as ``chunks``); False if the queue is
-        full or closed. Never blocks."""
+    ) -> Future[bool] | None:
+        """Queues a generation (prompt then output, as ``chunks``); None if the queue is
+        full or closed. Never blocks. The future resolves True once the generation is
+        durable, False if it was refused."""
         if self._closed:
-            return False
+            return None
+        item = _Generation(live, chunks, prompt_length)
         try:
-            self._queue.put_nowait(_Generation(live, chunks, prompt_length))
+            self._queue.put_nowait(item)
         except queue.Full:
             self.dropped += 1
             log.warning(
                 "ingest queue full: dropped a finished generation (%d so far)", self.dropped
             )
-            return False
+            return None
         self.queued += 1
-        return True
+        return item.stored
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stores what is queued, then stops the worker (waits at most ``timeout_s``)."""
@@ -86,11 +92,15 @@ class GenerationIngester:
             except DatastoreFull as exc:
                 self.refused_full += 1
                 log.warning("finished generation not stored: %s", exc)
+                item.stored.set_result(False)
             except ValueError as exc:
                 self.failed += 1
                 log.warning("finished generation not stored: %s", exc)
+                item.stored.set_result(False)
             except Exception:  # disk or closed datastore: keep draining
                 self.failed += 1
                 log.exception("finished generation not stored")
+                item.stored.set_result(False)
             else:
                 self.stored += 1
+                item.stored.set_result(True)  # ingest_generation fsynced the log

@@ -158,7 +158,7 @@ class DrafterServer:
         ingester = GenerationIngester(config.ingest_queue_size)
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
-            inline_max_work=config.inline_max_work,
+            inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
         )
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)

@@ -86,8 +86,9 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self, request: pb.FinishRequest | Undecodable, context: Any
     ) -> pb.FinishResponse:
         async def finish(engine: DraftEngine, request: pb.FinishRequest) -> pb.FinishResponse:
-            queued, unknown = await engine.finish(parse_finish_request(request, engine.limits))
-            return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown)
+            items = parse_finish_request(request, engine.limits)
+            queued, unknown, durable = await engine.finish(items, request.wait_durable)
+            return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown, durable=durable)
 
         return await self._guard("Finish", context, request, finish)
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dsssd/drafter/v1/drafter.proto\x12\ndrafter.v1\"\x91\x01\n\x0c\x44raftRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.drafter.v1.RequestDelta\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12(\n\x06packed\x18\x04 \x01(\x0b\x32\x18.drafter.v1.PackedDeltas\"\xa5\x01\n\x0cPackedDeltas\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x15\n\rknown_lengths\x18\x02 \x01(\x0c\x12\x18\n\x10new_token_counts\x18\x03 \x01(\x0c\x12\x12\n\nnew_tokens\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62udgets\x18\x05 \x01(\x0c\x12\x16\n\x0eprompt_lengths\x18\x06 \x01(\x0c\x12\x12\n\ndatastores\x18\x07 \x03(\t\"\x86\x01\n\x0cRequestDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cknown_length\x18\x02 \x01(\x04\x12\x12\n\nnew_tokens\x18\x03 \x03(\x05\x12\x0e\n\x06\x62udget\x18\x04 \x01(\r\x12\x11\n\tdatastore\x18\x05 \x01(\t\x12\x15\n\rprompt_length\x18\x06 \x01(\r\"q\n\rDraftResponse\x12(\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x18.drafter.v1.RequestDraft\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12(\n\x06packed\x18\x03 \x01(\x0b\x32\x18.drafter.v1.PackedDrafts\"w\n\x0cPackedDrafts\x12\x10\n\x08statuses\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x13\n\x0bnode_counts\x18\x03 \x01(\x0c\x12\x0e\n\x06tokens\x18\x04 \x01(\x0c\x12\x0f\n\x07parents\x18\x05 \x01(\x0c\x12\x0e\n\x06scores\x18\x06 \x01(\x0c\"\x8c\x01\n\x0cRequestDraft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.drafter.v1.DraftStatus\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x0e\n\x06scores\x18\x05 \x03(\x02\x12\x0e\n\x06length\x18\x06 \x01(\x04\">\n\rFinishRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.drafter.v1.FinishedRequest\"{\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x06reason\x18\x02 \x01(\x0e\x32\x18.drafter.v1.FinishReason\x12\x14\n\x0c\x64o_not_store\x18\x03 \x01(\x08\x12\x14\n\x0c\x66inal_tokens\x18\x04 \x03(\x05\"?\n\x0e\x46inishResponse\x12\x10\n\x08ingested\x18\x01 \x01(\r\x12\x1b\n\x13unknown_request_ids\x18\x02 \x03(\t\"P\n\rIngestRequest\x12\x11\n\tdatastore\x18\x01 \x01(\t\x12,\n\tsequences\x18\x02 \x03(\x0b\x32\x19.drafter.v1.TokenSequence\"\x1f\n\rTokenSequence\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"8\n\x0eIngestResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x14\n\x0cwal_position\x18\x02 \x01(\x04\"\x17\n\x15GetServiceInfoRequest\"\xaa\x01\n\x16GetServiceInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12,\n\ttokenizer\x18\x02 \x01(\x0b\x32\x19.drafter.v1.TokenizerInfo\x12-\n\ndatastores\x18\x03 \x03(\x0b\x32\x19.drafter.v1.DatastoreInfo\x12\"\n\x06limits\x18\x04 \x01(\x0b\x32\x12.drafter.v1.Limits\"F\n\rTokenizerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\"\x80\x01\n\rDatastoreInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nis_default\x18\x02 \x01(\x08\x12\x12\n\nnum_tokens\x18\x03 \x01(\x04\x12\x13\n\x0bsub_indices\x18\x04 \x01(\r\x12\x16\n\x0eresident_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04live\x18\x06 \x01(\x08\"\x94\x01\n\x06Limits\x12\x1d\n\x15max_requests_per_call\x18\x01 \x01(\r\x12\x1e\n\x16max_tokens_per_request\x18\x02 \x01(\r\x12\x12\n\nmax_budget\x18\x03 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\r\x12\x1c\n\x14max_request_id_chars\x18\x05 \x01(\r*Y\n\x0b\x44raftStatus\x12\x1c\n\x18\x44RAFT_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44RAFT_STATUS_OK\x10\x01\x12\x17\n\x13\x44RAFT_STATUS_RESYNC\x10\x02*d\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_FINISHED\x10\x01\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x02\x32\xf1\x02\n\x0e\x44rafterService\x12<\n\x05\x44raft\x12\x18.drafter.v1.DraftRequest\x1a\x19.drafter.v1.DraftResponse\x12\x46\n\x0b\x44raftStream\x12\x18.drafter.v1.DraftRequest\x1a\x19.drafter.v1.DraftResponse(\x01\x30\x01\x12?\n\x06\x46inish\x12\x19.drafter.v1.FinishRequest\x1a\x1a.drafter.v1.FinishResponse\x12?\n\x06Ingest\x12\x19.drafter.v1.IngestRequest\x1a\x1a.drafter.v1.IngestResponse\x12W\n\x0eGetServiceInfo\x12!.drafter.v1.GetServiceInfoRequest\x1a\".drafter.v1.GetServiceInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dsssd/drafter/v1/drafter.proto\x12\ndrafter.v1\"\x91\x01\n\x0c\x44raftRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.drafter.v1.RequestDelta\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12(\n\x06packed\x18\x04 \x01(\x0b\x32\x18.drafter.v1.PackedDeltas\"\xa5\x01\n\x0cPackedDeltas\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12\x15\n\rknown_lengths\x18\x02 \x01(\x0c\x12\x18\n\x10new_token_counts\x18\x03 \x01(\x0c\x12\x12\n\nnew_tokens\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62udgets\x18\x05 \x01(\x0c\x12\x16\n\x0eprompt_lengths\x18\x06 \x01(\x0c\x12\x12\n\ndatastores\x18\x07 \x03(\t\"\x86\x01\n\x0cRequestDelta\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cknown_length\x18\x02 \x01(\x04\x12\x12\n\nnew_tokens\x18\x03 \x03(\x05\x12\x0e\n\x06\x62udget\x18\x04 \x01(\r\x12\x11\n\tdatastore\x18\x05 \x01(\t\x12\x15\n\rprompt_length\x18\x06 \x01(\r\"q\n\rDraftResponse\x12(\n\x06\x64rafts\x18\x01 \x03(\x0b\x32\x18.drafter.v1.RequestDraft\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12(\n\x06packed\x18\x03 \x01(\x0b\x32\x18.drafter.v1.PackedDrafts\"w\n\x0cPackedDrafts\x12\x10\n\x08statuses\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x13\n\x0bnode_counts\x18\x03 \x01(\x0c\x12\x0e\n\x06tokens\x18\x04 \x01(\x0c\x12\x0f\n\x07parents\x18\x05 \x01(\x0c\x12\x0e\n\x06scores\x18\x06 \x01(\x0c\"\x8c\x01\n\x0cRequestDraft\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x06status\x18\x02 \x01(\x0e\x32\x17.drafter.v1.DraftStatus\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x0f\n\x07parents\x18\x04 \x03(\x05\x12\x0e\n\x06scores\x18\x05 \x03(\x02\x12\x0e\n\x06length\x18\x06 \x01(\x04\"T\n\rFinishRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.drafter.v1.FinishedRequest\x12\x14\n\x0cwait_durable\x18\x02 \x01(\x08\"{\n\x0f\x46inishedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\x06reason\x18\x02 \x01(\x0e\x32\x18.drafter.v1.FinishReason\x12\x14\n\x0c\x64o_not_store\x18\x03 \x01(\x08\x12\x14\n\x0c\x66inal_tokens\x18\x04 \x03(\x05\"P\n\x0e\x46inishResponse\x12\x10\n\x08ingested\x18\x01 \x01(\r\x12\x1b\n\x13unknown_request_ids\x18\x02 \x03(\t\x12\x0f\n\x07\x64urable\x18\x03 \x01(\r\"P\n\rIngestRequest\x12\x11\n\tdatastore\x18\x01 \x01(\t\x12,\n\tsequences\x18\x02 \x03(\x0b\x32\x19.drafter.v1.TokenSequence\"\x1f\n\rTokenSequence\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"8\n\x0eIngestResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x14\n\x0cwal_position\x18\x02 \x01(\x04\"\x17\n\x15GetServiceInfoRequest\"\xaa\x01\n\x16GetServiceInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12,\n\ttokenizer\x18\x02 \x01(\x0b\x32\x19.drafter.v1.TokenizerInfo\x12-\n\ndatastores\x18\x03 \x03(\x0b\x32\x19.drafter.v1.DatastoreInfo\x12\"\n\x06limits\x18\x04 \x01(\x0b\x32\x12.drafter.v1.Limits\"F\n\rTokenizerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\"\x80\x01\n\rDatastoreInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nis_default\x18\x02 \x01(\x08\x12\x12\n\nnum_tokens\x18\x03 \x01(\x04\x12\x13\n\x0bsub_indices\x18\x04 \x01(\r\x12\x16\n\x0eresident_bytes\x18\x05 \x01(\x04\x12\x0c\n\x04live\x18\x06 \x01(\x08\"\x94\x01\n\x06Limits\x12\x1d\n\x15max_requests_per_call\x18\x01 \x01(\r\x12\x1e\n\x16max_tokens_per_request\x18\x02 \x01(\r\x12\x12\n\nmax_budget\x18\x03 \x01(\r\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\r\x12\x1c\n\x14max_request_id_chars\x18\x05 \x01(\r*Y\n\x0b\x44raftStatus\x12\x1c\n\x18\x44RAFT_STATUS_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44RAFT_STATUS_OK\x10\x01\x12\x17\n\x13\x44RAFT_STATUS_RESYNC\x10\x02*d\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_FINISHED\x10\x01\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x02\x32\xf1\x02\n\x0e\x44rafterService\x12<\n\x05\x44raft\x12\x18.drafter.v1.DraftRequest\x1a\x19.drafter.v1.DraftResponse\x12\x46\n\x0b\x44raftStream\x12\x18.drafter.v1.DraftRequest\x1a\x19.drafter.v1.DraftResponse(\x01\x30\x01\x12?\n\x06\x46inish\x12\x19.drafter.v1.FinishRequest\x1a\x1a.drafter.v1.FinishResponse\x12?\n\x06Ingest\x12\x19.drafter.v1.IngestRequest\x1a\x1a.drafter.v1.IngestResponse\x12W\n\x0eGetServiceInfo\x12!.drafter.v1.GetServiceInfoRequest\x1a\".drafter.v1.GetServiceInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sssd.drafter.v1.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSTATUS']._serialized_start=1856
-  _globals['_DRAFTSTATUS']._serialized_end=1945
-  _globals['_FINISHREASON']._serialized_start=1947
-  _globals['_FINISHREASON']._serialized_end=2047
+  _globals['_DRAFTSTATUS']._serialized_start=1895
+  _globals['_DRAFTSTATUS']._serialized_end=1984
+  _globals['_FINISHREASON']._serialized_start=1986
+  _globals['_FINISHREASON']._serialized_end=2086
   _globals['_DRAFTREQUEST']._serialized_start=46
   _globals['_DRAFTREQUEST']._serialized_end=191
   _globals['_PACKEDDELTAS']._serialized_start=194
@@ -48,27 +48,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUESTDRAFT']._serialized_start=735
   _globals['_REQUESTDRAFT']._serialized_end=875
   _globals['_FINISHREQUEST']._serialized_start=877
-  _globals['_FINISHREQUEST']._serialized_end=939
-  _globals['_FINISHEDREQUEST']._serialized_start=941
-  _globals['_FINISHEDREQUEST']._serialized_end=1064
-  _globals['_FINISHRESPONSE']._serialized_start=1066
-  _globals['_FINISHRESPONSE']._serialized_end=1129
-  _globals['_INGESTREQUEST']._serialized_start=1131
-  _globals['_INGESTREQUEST']._serialized_end=1211
-  _globals['_TOKENSEQUENCE']._serialized_start=1213
-  _globals['_TOKENSEQUENCE']._serialized_end=1244
-  _globals['_INGESTRESPONSE']._serialized_start=1246
-  _globals['_INGESTRESPONSE']._serialized_end=1302
-  _globals['_GETSERVICEINFOREQUEST']._serialized_start=1304
-  _globals['_GETSERVICEINFOREQUEST']._serialized_end=1327
-  _globals['_GETSERVICEINFORESPONSE']._serialized_start=1330
-  _globals['_GETSERVICEINFORESPONSE']._serialized_end=1500
-  _globals['_TOKENIZERINFO']._serialized_start=1502
-  _globals['_TOKENIZERINFO']._serialized_end=1572
-  _globals['_DATASTOREINFO']._serialized_start=1575
-  _globals['_DATASTOREINFO']._serialized_end=1703
-  _globals['_LIMITS']._serialized_start=1706
-  _globals['_LIMITS']._serialized_end=1854
-  _globals['_DRAFTERSERVICE']._serialized_start=2050
-  _globals['_DRAFTERSERVICE']._serialized_end=2419
+  _globals['_FINISHREQUEST']._serialized_end=961
+  _globals['_FINISHEDREQUEST']._serialized_start=963
+  _globals['_FINISHEDREQUEST']._serialized_end=1086
+  _globals['_FINISHRESPONSE']._serialized_start=1088
+  _globals['_FINISHRESPONSE']._serialized_end=1168
+  _globals['_INGESTREQUEST']._serialized_start=1170
+  _globals['_INGESTREQUEST']._serialized_end=1250
+  _globals['_TOKENSEQUENCE']._serialized_start=1252
+  _globals['_TOKENSEQUENCE']._serialized_end=1283
+  _globals['_INGESTRESPONSE']._serialized_start=1285
+  _globals['_INGESTRESPONSE']._serialized_end=1341
+  _globals['_GETSERVICEINFOREQUEST']._serialized_start=1343
+  _globals['_GETSERVICEINFOREQUEST']._serialized_end=1366
+  _globals['_GETSERVICEINFORESPONSE']._serialized_start=1369
+  _globals['_GETSERVICEINFORESPONSE']._serialized_end=1539
+  _globals['_TOKENIZERINFO']._serialized_start=1541
+  _globals['_TOKENIZERINFO']._serialized_end=1611
+  _globals['_DATASTOREINFO']._serialized_start=1614
+  _globals['_DATASTOREINFO']._serialized_end=1742
+  _globals['_LIMITS']._serialized_start=1745
+  _globals['_LIMITS']._serialized_end=1893
+  _globals['_DRAFTERSERVICE']._serialized_start=2089
+  _globals['_DRAFTERSERVICE']._serialized_end=2458
 # @@protoc_insertion_point(module_scope)

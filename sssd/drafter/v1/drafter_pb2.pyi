@@ -114,10 +114,12 @@ class RequestDraft(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[DraftStatus, str]] = ..., tokens: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., scores: _Optional[_Iterable[float]] = ..., length: _Optional[int] = ...) -> None: ...
 
 class FinishRequest(_message.Message):
-    __slots__ = ("requests",)
+    __slots__ = ("requests", "wait_durable")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_DURABLE_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[FinishedRequest]
-    def __init__(self, requests: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ...) -> None: ...
+    wait_durable: bool
+    def __init__(self, requests: _Optional[_Iterable[_Union[FinishedRequest, _Mapping]]] = ..., wait_durable: _Optional[bool] = ...) -> None: ...
 
 class FinishedRequest(_message.Message):
     __slots__ = ("request_id", "reason", "do_not_store", "final_tokens")
@@ -132,12 +134,14 @@ class FinishedRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[_Union[FinishReason, str]] = ..., do_not_store: _Optional[bool] = ..., final_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FinishResponse(_message.Message):
-    __slots__ = ("ingested", "unknown_request_ids")
+    __slots__ = ("ingested", "unknown_request_ids", "durable")
     INGESTED_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
     ingested: int
     unknown_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, ingested: _Optional[int] = ..., unknown_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    durable: int
+    def __init__(self, ingested: _Optional[int] = ..., unknown_request_ids: _Optional[_Iterable[str]] = ..., durable: _Optional[int] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
     __slots__ = ("datastore", "sequences")
