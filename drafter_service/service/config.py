@@ -148,6 +148,14 @@ class ServeConfig:
     max_request_states: int = field(
         default=100_000, metadata=_meta("request states kept (least recent dropped)", int)
     )
+    max_request_state_bytes: int = field(
+        default=4 << 30,
+        metadata=_meta(
+            "memory request states may hold, 8 bytes per context token (least recently "
+            "used dropped; a call needing more alone: RESOURCE_EXHAUSTED)",
+            int,
+        ),
+    )
     grace_period_s: float = field(
         default=5.0, metadata=_meta("shutdown grace for in-flight calls", float)
     )
@@ -251,6 +259,7 @@ class ServeConfig:
             "inline_max_work": self.inline_max_work >= 0,
             "request_ttl_s": self.request_ttl_s > 0,
             "max_request_states": self.max_request_states >= 1,
+            "max_request_state_bytes": self.max_request_state_bytes >= 1 << 20,
             "grace_period_s": self.grace_period_s >= 0,
             "ingest_queue_size": self.ingest_queue_size >= 1,
             "keepalive_time_s": self.keepalive_time_s > 0,

@@ -25,7 +25,11 @@ from drafter_service.service.errors import ResourceExhausted
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.service.jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
 from drafter_service.service.metrics import DrafterMetrics
-from drafter_service.service.request_table import RequestState, RequestTable
+from drafter_service.service.request_table import (
+    STATE_BYTES_PER_TOKEN,
+    RequestState,
+    RequestTable,
+)
 from drafter_service.service.responses import DraftAnswer
 from drafter_service.service.validation import CallLimits, DraftCall, Finished
 
@@ -73,6 +77,7 @@ class DraftEngine:
             now = time.monotonic()
             jobs: dict[str, DrafterJob] = {}
             self._stop_all(self.table.expire(now), jobs)
+            self._check_state_bytes(call)
             places: list[Place | None] = []
             lengths: list[int] = []
             for i in range(len(call.request_ids)):
@@ -118,7 +123,7 @@ class DraftEngine:
                 self.table.pop(request_id)
                 jobs_for(jobs, state.datastore).stops.append(request_id)
             return None, 0
-        state.append(tokens.copy() if state.history is not None else tokens)
+        self.table.append(request_id, tokens.copy() if state.history is not None else tokens)
         self.table.touch(request_id, now)
         job = jobs_for(jobs, state.datastore)
         return (state.datastore, job.add(request_id, tokens, budget)), state.length
@@ -205,6 +210,26 @@ class DraftEngine:
                 f"({self.max_inflight_calls}); retry later"
             )
         self._inflight += 1
+
+    def _check_state_bytes(self, call: DraftCall) -> None:
+        """Refuses a call whose own requests would hold more state than the whole byte
+        budget: evicting every other request would not make room. (A call that fits
+        evicts the least recently used other states instead, in ``trim``.)"""
+        table = self.table
+        tokens = len(call.tokens)
+        if table.bytes + tokens * STATE_BYTES_PER_TOKEN <= table.max_bytes:
+            return  # the usual case: everything held plus this call fits (no per-request loop)
+        for i, request_id in enumerate(call.request_ids):
+            state, known = table.get(request_id), call.known_lengths[i]
+            if known and state is not None and state.length == known:
+                tokens += state.length
+        if tokens * STATE_BYTES_PER_TOKEN > table.max_bytes:
+            raise ResourceExhausted(
+                f"this call's {len(call.request_ids)} requests would hold {tokens} context "
+                f"tokens ({tokens * STATE_BYTES_PER_TOKEN} bytes of request state), over the "
+                f"budget of {table.max_bytes} bytes (--max-request-state-bytes); send fewer "
+                "or shorter requests per call"
+            )
 
     def _release(self, _: object = None) -> None:
         self._inflight -= 1

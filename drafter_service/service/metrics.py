@@ -198,6 +198,13 @@ class DrafterMetrics(Collector):
         """Read from the service's own state at scrape time."""
         sources = self._sources
         active = GaugeMetricFamily(PREFIX + "active_requests", "Request states held.")
+        state_bytes = GaugeMetricFamily(
+            PREFIX + "request_state_bytes", "Memory the request states hold (8 B per token)."
+        )
+        budget = GaugeMetricFamily(
+            PREFIX + "request_state_budget_bytes", "Bound on request_state_bytes."
+        )
+        evicted: dict[str, int] = {}
         depth = GaugeMetricFamily(
             PREFIX + "ingest_queue_depth", "Finished generations waiting for ingestion."
         )
@@ -210,6 +217,9 @@ class DrafterMetrics(Collector):
         stores: dict[str, LiveStats | DatastoreStats] = {}
         if sources is not None:
             active.add_metric([], len(sources.table))
+            state_bytes.add_metric([], sources.table.bytes)
+            budget.add_metric([], sources.table.max_bytes)
+            evicted = dict(sources.table.evicted)
             ingester = sources.ingester
             depth.add_metric([], ingester.depth)
             dropped = {
@@ -221,6 +231,15 @@ class DrafterMetrics(Collector):
             for name, slot in sources.catalog.slots.items():
                 stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
         yield active
+        yield state_bytes
+        yield budget
+        yield _counter(
+            "request_states_evicted",
+            "Request states dropped before their request finished, by the bound that "
+            "dropped them (their client resends the context: RESYNC).",
+            "reason",
+            evicted,
+        )
         yield depth
         yield _counter("ingest_dropped", "Finished generations not ingested.", "reason", dropped)
         yield info

@@ -154,7 +154,9 @@ class DrafterServer:
             live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
             default_datastore=DEFAULT_DATASTORE,
         )
-        table = RequestTable(config.request_ttl_s, config.max_request_states)
+        table = RequestTable(
+            config.request_ttl_s, config.max_request_states, config.max_request_state_bytes
+        )
         ingester = GenerationIngester(config.ingest_queue_size)
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
