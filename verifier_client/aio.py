@@ -22,7 +22,7 @@ from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 from .breaker import BreakerConfig, BreakerState, CircuitBreaker
 from .budget import BudgetRule
-from .channel import CallFailed, ChannelOptions, outcome_of
+from .channel import CallFailed, ChannelOptions, aio_channel, outcome_of
 from .channel import channel_options as merged_channel_options
 from .results import ClientStats, Outcome, StepResult
 from .session import DraftSession, StepPlan
@@ -47,6 +47,7 @@ class AioDrafterClient:
         tokenizer_fingerprint: str = "",
         channel_options: ChannelOptions = (),
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
         ingest_queue_size: int = 1024,
         breaker: BreakerConfig | None = None,
         resync_retry: bool = True,
@@ -66,11 +67,7 @@ class AioDrafterClient:
         self.stats: ClientStats = self._session.stats
         self._mode = mode
         options = merged_channel_options(channel_options)
-        self._channel = (
-            grpc.aio.secure_channel(target, credentials, options=options)
-            if credentials is not None
-            else grpc.aio.insecure_channel(target, options=options)
-        )
+        self._channel = aio_channel(target, options, credentials, token)
         self._stub = pb_grpc.DrafterServiceStub(self._channel)
         self._stream: AioStream | None = None
         self._streams_opened = 0

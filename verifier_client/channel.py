@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,7 +10,8 @@ import grpc
 
 from .results import Outcome
 
-__all__ = ["CallFailed", "ChannelOptions", "channel_options", "outcome_of"]
+__all__ = ["CallFailed", "ChannelOptions", "aio_channel", "channel_options", "outcome_of",
+           "sync_channel"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -55,3 +57,95 @@ def outcome_of(error: grpc.RpcError) -> Outcome:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return Outcome.UNAVAILABLE
     return Outcome.ERROR
+
+
+
+def sync_channel(
+    target: str,
+    options: ChannelOptions,
+    credentials: grpc.ChannelCredentials | None,
+    token: str | None,
+) -> grpc.Channel:
+    """A channel to the drafter: TLS when ``credentials`` are given, and ``token`` (the
+    drafter's ``--grpc-tokens-file`` entry) sent as ``authorization: Bearer`` on every
+    call."""
+    channel = (
+        grpc.secure_channel(target, credentials, options=options)
+        if credentials is not None
+        else grpc.insecure_channel(target, options=options)
+    )
+    return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
+
+
+def aio_channel(
+    target: str,
+    options: ChannelOptions,
+    credentials: grpc.ChannelCredentials | None,
+    token: str | None,
+) -> grpc.aio.Channel:
+    """:func:`sync_channel` for grpc.aio."""
+    interceptors = [_AioBearerToken(token), _AioStreamBearerToken(token)] if token else None
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=options,
+                                       interceptors=interceptors)  # fmt: skip
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+
+
+class _CallDetails(
+    namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,  # type: ignore[misc]
+):
+    pass
+
+
+def _authorization(metadata: Any, token: str) -> list[tuple[str, str]]:
+    return [*(metadata or ()), ("authorization", f"Bearer {token}")]
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds the bearer token to every call of a sync channel (the service's methods are
+    unary-unary and one stream-stream)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def _details(self, d: Any) -> _CallDetails:
+        return _CallDetails(d.method, d.timeout, _authorization(d.metadata, self._token),
+                            d.credentials, getattr(d, "wait_for_ready", None),
+                            getattr(d, "compression", None))  # fmt: skip
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+
+def _aio_details(d: Any, token: str) -> grpc.aio.ClientCallDetails:
+    return grpc.aio.ClientCallDetails(
+        d.method, d.timeout, _authorization(d.metadata, token), d.credentials, d.wait_for_ready
+    )
+
+
+class _AioBearerToken(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_aio_details(details, self._token), request)
+
+
+class _AioStreamBearerToken(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, requests: Any
+    ) -> Any:
+        return await continuation(_aio_details(details, self._token), requests)

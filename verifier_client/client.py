@@ -27,7 +27,7 @@ from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 from .breaker import BreakerConfig, BreakerState, CircuitBreaker
 from .budget import BudgetRule
-from .channel import CallFailed, ChannelOptions, outcome_of
+from .channel import CallFailed, ChannelOptions, outcome_of, sync_channel
 from .channel import channel_options as merged_channel_options
 from .results import ClientStats, Outcome, StepResult
 from .session import DraftSession, StepPlan
@@ -53,6 +53,8 @@ class DrafterClient:
             mismatch (and ``wait_ready`` raises ValueError).
         channel_options: gRPC channel options over this package's defaults.
         credentials: TLS credentials; None = plaintext.
+        token: the drafter's bearer token for this client (its ``--grpc-tokens-file``
+            entry), sent with every call; None = the drafter authenticates no one.
         ingest_queue_size: finish/abort/ingest work waiting for the background
             worker; past it, work is dropped and counted (``stats.ingest_drops``).
         breaker: circuit breaker thresholds (default ``BreakerConfig()``).
@@ -71,6 +73,7 @@ class DrafterClient:
         tokenizer_fingerprint: str = "",
         channel_options: ChannelOptions = (),
         credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
         ingest_queue_size: int = 1024,
         breaker: BreakerConfig | None = None,
         resync_retry: bool = True,
@@ -89,11 +92,7 @@ class DrafterClient:
         self.stats: ClientStats = self._session.stats
         self._mode = mode
         options = merged_channel_options(channel_options)
-        self._channel = (
-            grpc.secure_channel(target, credentials, options=options)
-            if credentials is not None
-            else grpc.insecure_channel(target, options=options)
-        )
+        self._channel = sync_channel(target, options, credentials, token)
         self._stub = pb_grpc.DrafterServiceStub(self._channel)
         self._stream: SyncStream | None = None
         self._streams_opened = 0

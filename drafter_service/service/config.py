@@ -241,6 +241,29 @@ class ServeConfig:
             Path,
         ),
     )
+    grpc_tokens_file: Path | None = field(
+        default=None,
+        metadata=_meta(
+            "gRPC bearer tokens, one client per line 'NAME TOKEN': every DrafterService call "
+            "must carry one (UNAUTHENTICATED otherwise) and each client's request ids are its "
+            "own (docs/guarantees.md)",
+            Path,
+        ),
+    )
+    tls_cert_file: Path | None = field(
+        default=None, metadata=_meta("gRPC server certificate (PEM); with --tls-key-file", Path)
+    )
+    tls_key_file: Path | None = field(
+        default=None, metadata=_meta("gRPC server private key (PEM)", Path)
+    )
+    tls_client_ca_file: Path | None = field(
+        default=None,
+        metadata=_meta(
+            "CA (PEM) whose client certificates are required (mutual TLS); without "
+            "--grpc-tokens-file the certificate's common name names the client",
+            Path,
+        ),
+    )
     corpora_dir: Path | None = field(
         default=None,
         metadata=_meta("directory whose corpus files the admin API may add (unset: none)", Path),
@@ -285,6 +308,10 @@ class ServeConfig:
             seen.add(name)
         self.live_policy()  # raises ValueError naming a bad live knob
         self.draft_settings()  # raises ValueError naming a bad drafting knob
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("ServeConfig.tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("ServeConfig.tls_client_ca_file needs tls_cert_file/tls_key_file")
 
     def draft_settings(self) -> DraftConfig:
         """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config."""

@@ -48,6 +48,7 @@ ERROR_CODES = (
     "UNAVAILABLE",
     "INTERNAL",
     "CANCELLED",
+    "UNAUTHENTICATED",
 )
 
 # Bucket upper bounds. A decode step's drafting budget is about 1 ms, so batch latency

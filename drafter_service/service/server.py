@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from drafter_service.service.auth import ClientAuth, load_tokens
 from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
 from drafter_service.service.datastores import Catalog, open_catalog
 from drafter_service.service.drafting import DraftEngine
@@ -47,6 +48,33 @@ def package_version() -> str:
         return importlib.metadata.version("sssd-drafter")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def client_auth(config: ServeConfig) -> ClientAuth:
+    """The authentication policy the settings ask for (ValueError names a bad file)."""
+    tokens = load_tokens(config.grpc_tokens_file) if config.grpc_tokens_file else None
+    auth = ClientAuth(tokens, mutual_tls=config.tls_client_ca_file is not None)
+    if not auth.enabled and config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "gRPC on %s has no authentication: any process that reaches the port can ingest "
+            "and touch any request; set --grpc-tokens-file and/or --tls-client-ca-file",
+            config.host,
+        )
+    return auth
+
+
+def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
+    """TLS for the gRPC port (mutual when a client CA is set); None: plaintext."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    try:
+        cert, key = config.tls_cert_file.read_bytes(), config.tls_key_file.read_bytes()
+        ca = config.tls_client_ca_file.read_bytes() if config.tls_client_ca_file else None
+    except OSError as exc:
+        raise ValueError(f"cannot read a TLS file: {exc}") from None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
 
 
 def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
@@ -82,7 +110,10 @@ class DrafterServer:
         self.metrics = DrafterMetrics(package_version())
         self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
         self.registry.register(self.metrics)
-        self._servicer = DrafterServicer(package_version(), config.max_message_bytes, self.metrics)
+        self.auth = client_auth(config)
+        self._servicer = DrafterServicer(
+            package_version(), config.max_message_bytes, self.metrics, self.auth
+        )
         self._exporter: MetricsExporter | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
@@ -114,7 +145,11 @@ class DrafterServer:
         self._server = server
         target = f"{self.config.host}:{self.config.port}"  # port 0: the kernel picks one
         try:
-            self.port = server.add_insecure_port(target)
+            credentials = server_credentials(self.config)
+            if credentials is None:
+                self.port = server.add_insecure_port(target)
+            else:
+                self.port = server.add_secure_port(target, credentials)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {target}: {exc}") from None
         if self.port == 0:

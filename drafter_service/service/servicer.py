@@ -6,10 +6,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
 
+from drafter_service.service.auth import ClientAuth, Unauthenticated
 from drafter_service.service.drafting import DraftEngine
 from drafter_service.service.errors import (
     FailedPrecondition,
@@ -46,6 +48,7 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 
@@ -60,8 +63,13 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     """drafter.v1.DrafterService. Answers UNAVAILABLE until :meth:`attach`."""
 
     def __init__(
-        self, version: str, max_message_bytes: int, metrics: DrafterMetrics | None = None
+        self,
+        version: str,
+        max_message_bytes: int,
+        metrics: DrafterMetrics | None = None,
+        auth: ClientAuth | None = None,
     ) -> None:
+        self._auth = auth or ClientAuth()
         self._version = version
         self._max_message_bytes = max_message_bytes
         self._metrics = DrafterMetrics(version) if metrics is None else metrics
@@ -85,9 +93,14 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def Finish(
         self, request: pb.FinishRequest | Undecodable, context: Any
     ) -> pb.FinishResponse:
-        async def finish(engine: DraftEngine, request: pb.FinishRequest) -> pb.FinishResponse:
+        async def finish(
+            engine: DraftEngine, request: pb.FinishRequest, namespace: str
+        ) -> pb.FinishResponse:
             items = parse_finish_request(request, engine.limits)
+            if namespace:
+                items = [replace(i, request_id=namespace + i.request_id) for i in items]
             queued, unknown, durable = await engine.finish(items, request.wait_durable)
+            unknown = [u.removeprefix(namespace) for u in unknown]
             return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown, durable=durable)
 
         return await self._guard("Finish", context, request, finish)
@@ -95,7 +108,9 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def Ingest(
         self, request: pb.IngestRequest | Undecodable, context: Any
     ) -> pb.IngestResponse:
-        async def ingest(engine: DraftEngine, request: pb.IngestRequest) -> pb.IngestResponse:
+        async def ingest(
+            engine: DraftEngine, request: pb.IngestRequest, _: str
+        ) -> pb.IngestResponse:
             name, sequences = parse_ingest_request(request, engine.limits)
             accepted, position = await engine.ingest(name, sequences)
             return pb.IngestResponse(accepted=accepted, wal_position=position)
@@ -106,7 +121,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self, request: pb.GetServiceInfoRequest | Undecodable, context: Any
     ) -> pb.GetServiceInfoResponse:
         async def info(
-            engine: DraftEngine, _: pb.GetServiceInfoRequest
+            engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
         ) -> pb.GetServiceInfoResponse:
             catalog = engine.catalog
             summaries = []
@@ -137,17 +152,18 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         method: str,
         context: Any,
         request: M | Undecodable,
-        call: Callable[[DraftEngine, M], Awaitable[T]],
+        call: Callable[[DraftEngine, M, str], Awaitable[T]],
     ) -> T:
         """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
         Counts failures by code and times the answered ones (metrics)."""
         start = time.perf_counter()
         try:
+            namespace = self._auth.namespace(context)  # first: strangers learn nothing
             if isinstance(request, Undecodable):
                 raise refuse_undecodable(request)
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
-            result = await call(self._engine, request)
+            result = await call(self._engine, request, namespace)
         except ServiceError as exc:
             code = status_code(exc)
             self._metrics.count_error(method, code.name)
@@ -164,20 +180,28 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             return result
         raise AssertionError("context.abort returned")
 
-    async def _draft_unary(self, engine: DraftEngine, request: pb.DraftRequest) -> pb.DraftResponse:
-        return await self._draft(engine, request, "Draft")
+    async def _draft_unary(
+        self, engine: DraftEngine, request: pb.DraftRequest, namespace: str
+    ) -> pb.DraftResponse:
+        return await self._draft(engine, request, "Draft", namespace)
 
     async def _draft_stream(
-        self, engine: DraftEngine, request: pb.DraftRequest
+        self, engine: DraftEngine, request: pb.DraftRequest, namespace: str
     ) -> pb.DraftResponse:
-        return await self._draft(engine, request, "DraftStream")
+        return await self._draft(engine, request, "DraftStream", namespace)
 
     async def _draft(
-        self, engine: DraftEngine, request: pb.DraftRequest, method: str
+        self, engine: DraftEngine, request: pb.DraftRequest, method: str, namespace: str
     ) -> pb.DraftResponse:
         packed = request.HasField("packed")
         parse = parse_packed_draft_request if packed else parse_draft_request
-        answer = await engine.draft(parse(request, engine.limits))
+        call = parse(request, engine.limits)
+        if namespace:  # the engine sees the client's ids under its own prefix
+            ids = call.request_ids
+            call = replace(call, request_ids=[namespace + r for r in ids])
+            answer = replace(await engine.draft(call), request_ids=ids)
+        else:
+            answer = await engine.draft(call)
         self._metrics.record_batch(method, len(answer.request_ids))
         respond = packed_draft_response if packed else draft_response
         return respond(answer, request.step)

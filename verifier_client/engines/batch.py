@@ -54,6 +54,10 @@ class DrafterSettings:
     store: bool = True  # ingest finished generations (a request can still opt out)
     metrics_port: int | None = None  # serve sssd:spec_decode_* on this port (None = off)
     connect_timeout_s: float = 10.0  # startup wait for the drafter; the engine starts anyway
+    token_file: str | None = None  # this engine's bearer token (the drafter's --grpc-tokens-file)
+    tls_ca_file: str | None = None  # CA of the drafter's certificate: TLS instead of plaintext
+    tls_cert_file: str | None = None  # client certificate (mutual TLS), with tls_key_file
+    tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not self.address:
@@ -67,6 +71,14 @@ class DrafterSettings:
             raise ValueError(f"datastore must be a string, got {self.datastore!r}")
         if not isinstance(self.store, bool):
             raise ValueError(f"store must be true or false, got {self.store!r}")
+        for name in ("token_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a file path or null, got {value!r}")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.tls_cert_file is not None and self.tls_ca_file is None:
+            raise ValueError("tls_cert_file (mutual TLS) needs tls_ca_file")
         port = self.metrics_port
         if port is not None and (
             not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
@@ -104,6 +116,27 @@ class DrafterSettings:
             merged.update(overrides)
         source = f"{where} and ${CONFIG_ENV}" if text else where
         return cls.from_mapping(merged, where=source)
+
+    def credentials(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
+        """TLS credentials and the bearer token the settings name (files read now;
+        ValueError names one that cannot be read)."""
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as exc:
+                raise ValueError(f"cannot read {path}: {exc}") from None
+
+        token = read(self.token_file)
+        ca = read(self.tls_ca_file)
+        tls = None
+        if ca is not None:
+            key, cert = read(self.tls_key_file), read(self.tls_cert_file)
+            tls = grpc.ssl_channel_credentials(ca, key, cert)
+        return tls, token.decode().strip() if token is not None else None
 
     def budget_rule(self) -> BudgetRule:
         """The budget rule the setting names."""
@@ -144,10 +177,14 @@ class EngineDrafter:
         tokenizer_fingerprint: str = "",
     ) -> None:
         self.settings = settings
-        self.client = client or DrafterClient(
-            settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
-            budget=settings.budget_rule(), tokenizer_fingerprint=tokenizer_fingerprint,
-        )  # fmt: skip
+        if client is None:
+            tls, token = settings.credentials()
+            client = DrafterClient(
+                settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
+                budget=settings.budget_rule(), tokenizer_fingerprint=tokenizer_fingerprint,
+                credentials=tls, token=token,
+            )  # fmt: skip
+        self.client = client
         self.namespace = namespace if namespace is not None else _instance_namespace()
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)

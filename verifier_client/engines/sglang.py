@@ -223,9 +223,11 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
     if tp_rank != 0:
         return DraftCorpus(None, num_draft_tokens)
     settings = DrafterSettings.resolve(None, where=_WHERE)
+    tls, token = settings.credentials()
     client = DrafterClient(
         settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
         budget=capped_budget(settings.budget_rule(), num_draft_tokens - 1),
+        credentials=tls, token=token,
     )  # fmt: skip
     drafter = EngineDrafter(settings, client=client)
     atexit.register(drafter.close, 2.0)  # send the last finishes
