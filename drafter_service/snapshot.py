@@ -184,27 +184,19 @@ def load_snapshot(
 def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
     """Complete snapshots directly under ``root`` (directories with a valid manifest),
     oldest first by ``created_unix`` then name. A missing ``root`` has none."""
-    root = Path(root)
-    try:
-        children = sorted(os.scandir(root), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
-    found = []
-    for child in children:
-        if _is_temporary(child.name) or not child.is_dir():
-            continue
-        try:
-            found.append(read_manifest(root / child.name))
-        except SnapshotError:
-            continue
+    found = [read for read in _scan_snapshots(root) if isinstance(read, SnapshotInfo)]
     return sorted(found, key=lambda info: (info.created_unix, info.path.name))
 
 
 def unreadable_snapshots(root: str | Path) -> list[tuple[Path, str]]:
     """Directories under ``root`` that look like snapshots (not temporaries) but whose
     manifest cannot be read, each with the reason; :func:`list_snapshots` skips them."""
+    return [read for read in _scan_snapshots(root) if isinstance(read, tuple)]
+
+
+def _scan_snapshots(root: str | Path) -> list[SnapshotInfo | tuple[Path, str]]:
+    """Every non-temporary directory under ``root``, by name: its manifest, or (path,
+    why it cannot be read)."""
     root = Path(root)
     try:
         children = sorted(os.scandir(root), key=lambda e: e.name)
@@ -212,15 +204,15 @@ def unreadable_snapshots(root: str | Path) -> list[tuple[Path, str]]:
         return []
     except OSError as exc:
         raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
-    damaged = []
+    scanned: list[SnapshotInfo | tuple[Path, str]] = []
     for child in children:
         if _is_temporary(child.name) or not child.is_dir():
             continue
         try:
-            read_manifest(root / child.name)
+            scanned.append(read_manifest(root / child.name))
         except SnapshotError as exc:
-            damaged.append((root / child.name, str(exc)))
-    return damaged
+            scanned.append((root / child.name, str(exc)))
+    return scanned
 
 
 def remove_stale_temporaries(root: str | Path) -> int:

@@ -37,15 +37,17 @@ def _finish(stub: pb_grpc.DrafterServiceStub, rid: str, tokens: list[int],
     return answer
 
 
-def _kill(server: DrafterProcess) -> None:
+def _stored_after_kill_9(server: DrafterProcess) -> int:
+    """Tokens the datastore holds after kill -9 (no shutdown, no drain) and a restart."""
     assert server.proc is not None
-    server.proc.kill()  # kill -9: no shutdown, no drain
+    server.proc.kill()
     server.proc.wait()
     server.proc = None
-
-
-def _stored(server: DrafterProcess) -> int:
-    return sum(d.num_tokens for d in server.info().datastores)
+    server.start()
+    try:
+        return sum(d.num_tokens for d in server.info().datastores)
+    finally:
+        server.stop()
 
 
 # Each stored generation: its OUTPUT tokens, the prompt's last 3 as context, one separator.
@@ -59,12 +61,7 @@ def test_wait_durable_finishes_survive_kill_9(tmp_path: Path) -> None:
         for i, tokens in enumerate(_generations(100, seed=1)):
             answer = _finish(stub, f"r{i}", tokens, wait=True)
             assert (answer.ingested, answer.durable) == (1, 1)
-    _kill(server)
-    server.start()
-    try:
-        assert _stored(server) == 100 * PER_GENERATION - 1  # none lost
-    finally:
-        server.stop()
+    assert _stored_after_kill_9(server) == 100 * PER_GENERATION - 1  # none lost
 
 
 def test_a_plain_finish_says_it_only_queued_and_the_service_flag_waits(tmp_path: Path) -> None:
@@ -82,12 +79,7 @@ def test_a_plain_finish_says_it_only_queued_and_the_service_flag_waits(tmp_path:
         stub = pb_grpc.DrafterServiceStub(channel)
         for i, tokens in enumerate(_generations(30, seed=3)):
             assert _finish(stub, f"d{i}", tokens, wait=False).durable == 1
-    _kill(durable)
-    durable.start()
-    try:
-        assert _stored(durable) == 30 * PER_GENERATION - 1
-    finally:
-        durable.stop()
+    assert _stored_after_kill_9(durable) == 30 * PER_GENERATION - 1
 
 
 def test_the_client_finishes_durably_on_request(tmp_path: Path) -> None:
@@ -100,9 +92,4 @@ def test_the_client_finishes_durably_on_request(tmp_path: Path) -> None:
         client.finish(f"c{i}", durable=True)
     assert client.flush(30)  # every Finish answered: each generation was in the log
     client.close()
-    _kill(server)
-    server.start()
-    try:
-        assert _stored(server) == 40 * PER_GENERATION - 1
-    finally:
-        server.stop()
+    assert _stored_after_kill_9(server) == 40 * PER_GENERATION - 1
