@@ -119,6 +119,10 @@ bench: setup
 	$(BIN)/python benchmarks/verify_bench.py > benchmarks/results/verify.jsonl
 	$(BIN)/drafter-bench worker --data $(DEV) --limit 16 --max-new-tokens 64 --batch 8 > benchmarks/results/worker.jsonl
 	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
+	$(BIN)/drafter serve --port 50071 --data-dir $$(mktemp -d) --vocab-size 1000 --metrics-port -1 \
+	  --admin-port -1 & pid=$$!; sleep 3; \
+	  $(BIN)/python benchmarks/grpc_fuzz.py --target 127.0.0.1:50071 --messages 40000 \
+	    > benchmarks/results/grpc_fuzz.jsonl; kill $$pid
 	$(MAKE) setup-vllm
 	( for b in 4 16 32; do $(BIN)/drafter-bench engine --engine vllm --data $(DEV) --budget $$b --json; done; \
 	  $(BIN)/drafter-bench engine --engine vllm --data $(DEV_CHAT) --json ) > benchmarks/results/engine.jsonl
