@@ -95,7 +95,9 @@ def build(config: BuildConfig) -> BuildReport:
         template = ChatTemplate.load(config_path, config.chat_template)
 
     packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
-    progress = Progress(sum(i.size for i in inputs), config.quiet)
+    # Token-id records are read, not tokenized: the bar says which work it measures.
+    first_stage = "reading token ids" if _ids_only(config, inputs) else "tokenizing"
+    progress = Progress(sum(i.size for i in inputs), config.quiet, first_stage)
     documents = empty = 0
     try:
         batches = iter_batches(
@@ -183,12 +185,18 @@ def _chunks(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _ids_only(config: BuildConfig, inputs: list[InputFile]) -> bool:
+    """Whether every input holds token ids (nothing to tokenize: plain text files are
+    text whatever the record kind)."""
+    return not config.spec.needs_tokenizer and all(i.format != "text" for i in inputs)
+
+
 def _tokenizer(
     config: BuildConfig, inputs: list[InputFile]
 ) -> tuple[TextTokenizer | None, TokenizerIdentity, int]:
     """The text tokenizer (None when every input holds token ids), the identity written
     to the snapshot, and the vocabulary size."""
-    needs = config.spec.needs_tokenizer or any(i.format == "text" for i in inputs)
+    needs = not _ids_only(config, inputs)
     if config.tokenizer is None:
         if needs:
             raise BuildError("text records need a tokenizer: give --tokenizer PATH/tokenizer.json")

@@ -17,10 +17,10 @@ def _si(value: float) -> str:
 
 
 class Progress:
-    """A tqdm bar over input bytes with a tokens and tokens/s postfix; silent when
-    ``quiet``."""
+    """A tqdm bar over input bytes with a tokens and tokens/s postfix, named by the
+    first stage (``description``); silent when ``quiet``."""
 
-    def __init__(self, total_bytes: int | None, quiet: bool) -> None:
+    def __init__(self, total_bytes: int | None, quiet: bool, description: str) -> None:
         self.quiet = quiet
         self.tokens = 0
         self._start = time.perf_counter()
@@ -29,7 +29,7 @@ class Progress:
             unit="B",
             unit_scale=True,
             unit_divisor=1024,
-            desc="tokenizing",
+            desc=description,
             file=sys.stderr,
             disable=quiet,
             mininterval=0.5,
@@ -48,7 +48,7 @@ class Progress:
         self._bar.update(consumed_bytes)
 
     def stage(self, description: str) -> None:
-        """Names the current stage (after tokenization: suffix arrays, writing)."""
+        """Names the current stage (after reading: suffix arrays, writing)."""
         if not self.quiet:
             self._bar.set_description_str(description)
             self._bar.refresh()

@@ -30,14 +30,26 @@ PROMPTS=${PROMPTS:-$ROOT/../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz}
 DURATION_S=${DURATION_S:-0}
 VOCAB_SIZE=128256  # the tiny worker model's vocabulary (Llama 3); the drafter must match
 
-PIDS=()
+PIDS=()  # each the leader of a process group holding everything it started
 log() { printf '[local-run] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# LOG COMMAND...: run COMMAND in the background, in a process group of its own (job
+# control is on while it forks), so that cleanup stops it with all its children: killing
+# only the PID of the worker's restart loop would leave the worker itself running.
+spawn() {
+    local log=$1
+    shift
+    set -m
+    "$@" >"$log" 2>&1 &
+    PIDS+=($!)
+    set +m
+}
 
 cleanup() {
     local pid
     for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
+        kill -TERM -- "-$pid" 2>/dev/null || true
     done
     for pid in "${PIDS[@]}"; do
         wait "$pid" 2>/dev/null || true
@@ -91,13 +103,11 @@ umask 077
 head -c 24 /dev/urandom | base64 | tr -d '/+=' > "$RUN_DIR/admin-token"
 umask 022
 log "starting drafter serve (log: $RUN_DIR/drafter.log)"
-"$BIN/drafter" serve --host 127.0.0.1 --port "$GRPC_PORT" \
+spawn "$RUN_DIR/drafter.log" "$BIN/drafter" serve --host 127.0.0.1 --port "$GRPC_PORT" \
     --metrics-port "$METRICS_PORT" --admin-port "$ADMIN_PORT" \
     --admin-token-file "$RUN_DIR/admin-token" --data-dir "$RUN_DIR/drafter-data" \
     --vocab-size "$VOCAB_SIZE" --draft-threads 2 \
-    --rebuild-min-tokens 2000 --rebuild-interval-s 15 --snapshot-interval-s 60 \
-    >"$RUN_DIR/drafter.log" 2>&1 &
-PIDS+=($!)
+    --rebuild-min-tokens 2000 --rebuild-interval-s 15 --snapshot-interval-s 60
 deadline=$((SECONDS + 120))
 until grep -q "drafter listening on" "$RUN_DIR/drafter.log"; do
     kill -0 "${PIDS[0]}" 2>/dev/null || die "drafter exited: $(tail -n 5 "$RUN_DIR/drafter.log")"
@@ -125,24 +135,22 @@ EOF
 promtool check config "$RUN_DIR/prometheus.yml" >"$RUN_DIR/promtool.log" 2>&1 \
     || die "promtool rejected the configuration: $(cat "$RUN_DIR/promtool.log")"
 log "starting prometheus (log: $RUN_DIR/prometheus.log)"
-prometheus --config.file="$RUN_DIR/prometheus.yml" \
+spawn "$RUN_DIR/prometheus.log" prometheus --config.file="$RUN_DIR/prometheus.yml" \
     --storage.tsdb.path="$RUN_DIR/prometheus-data" \
-    --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" \
-    >"$RUN_DIR/prometheus.log" 2>&1 &
-PIDS+=($!)
+    --web.listen-address="127.0.0.1:$PROMETHEUS_PORT"
 wait_for_http "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" 60 "Prometheus"
 
 # --- the reference worker, decoding the prompts round after round (each finished
 # generation feeds the datastore); restarted if it exits
-log "starting drafter-worker (log: $RUN_DIR/worker.log)"
-(
+worker_loop() {
     while true; do
         "${WORKER[@]}" --tiny llama --vocab-size "$VOCAB_SIZE" --prompts "$PROMPTS" \
             --limit 128 --batch 8 --max-new-tokens 128 --drafter "127.0.0.1:$GRPC_PORT" \
             --deadline-ms 20 --metrics-port "$WORKER_METRICS_PORT" --rounds 0 || sleep 5
     done
-) >"$RUN_DIR/worker.log" 2>&1 &
-PIDS+=($!)
+}
+log "starting drafter-worker (log: $RUN_DIR/worker.log)"
+spawn "$RUN_DIR/worker.log" worker_loop
 
 cat <<EOF
 
@@ -165,7 +173,8 @@ The loop is running. Where to look:
 EOF
 if ((DURATION_S > 0)); then
     log "running for $DURATION_S s"
-    sleep "$DURATION_S"
+    spawn /dev/null sleep "$DURATION_S"  # waited for by the builtin, so a signal stops it at once
+    wait "${PIDS[-1]}"
 else
     log "Ctrl-C to stop"
     wait "${PIDS[0]}"

@@ -198,6 +198,26 @@ def test_token_ids_without_tokenizer(tmp_path: Path, capsys: Capsys) -> None:
     assert code == 2 and f"{src}:1: field 'output_ids': token id 5 at index 2" in err
 
 
+def test_the_progress_bar_names_the_work(tmp_path: Path, tok_dir: Path, capsys: Capsys) -> None:
+    """Token-id records are read, not tokenized; text is tokenized (the bar on stderr)."""
+    ids_src = write_jsonl(tmp_path / "ids.jsonl", [{"output_ids": [1, 2, 3]}] * 4)
+    text_src = write_jsonl(tmp_path / "text.jsonl", [{"text": s} for s in SENTENCES])
+    tokenizer = tok_dir / "tokenizer.json"
+    for command, label, not_label in [
+        (f"--input {ids_src} --records token-ids --vocab-size 50", "reading token ids",
+         "tokenizing"),
+        (f"--input {ids_src} --records token-ids --tokenizer {tokenizer}", "reading token ids",
+         "tokenizing"),
+        (f"--input {text_src} --tokenizer {tokenizer}", "tokenizing", "reading token ids"),
+    ]:  # fmt: skip
+        out = tmp_path / f"snap{len(list(tmp_path.iterdir()))}"
+        code = main(["build", *shlex.split(command), "--output", str(out)])
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert label in err and not_label not in err, (command, err)
+        assert "suffix arrays" in err and "writing" in err
+
+
 def test_parquet_inputs(tmp_path: Path, tok_dir: Path, tok: Tokenizer, capsys: Capsys) -> None:
     text_file = tmp_path / "t.parquet"
     table = pa.table({"body": SENTENCES, "n": list(range(len(SENTENCES)))})

@@ -24,7 +24,14 @@ from drafter_service.service import ServeConfig, start_server
 from drafter_service.service.metrics import DrafterMetrics
 from drafter_service.snapshot import TokenizerIdentity, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
-from verifier_client import BudgetRule, DrafterClient
+from verifier_client import (
+    BreakerConfig,
+    BreakerState,
+    BudgetRule,
+    DrafterClient,
+    Outcome,
+    StepResult,
+)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
@@ -305,6 +312,80 @@ def test_stream_steps_of_the_real_client_are_draftstream_batches(
     assert got.value("sssd_drafter_batch_duration_seconds_count", method="DraftStream") == steps
     assert got.value("sssd_drafter_batch_requests_count", method="Draft") == 0
     assert got.value("sssd_drafter_requests_total", datastore="default") == 4 * steps
+
+
+SLOW_REQUESTS = 512
+GIVE_UP_MS = 200.0
+
+
+def _slow_first_step(client: DrafterClient) -> StepResult:
+    """One step the real service takes about a second over on 2 cores (512 whole contexts
+    of 2000 tokens, budget 256), while the client builds its message in ~50 ms: the
+    client gives up at GIVE_UP_MS with the service still at work."""
+    rng = np.random.default_rng(0)
+    for i in range(SLOW_REQUESTS):
+        client.add_request(f"slow{i}", rng.integers(0, VOCAB, 2000).tolist())
+    result = client.step({f"slow{i}": [] for i in range(SLOW_REQUESTS)})
+    assert result.outcome is Outcome.DEADLINE, result.outcome
+    return result
+
+
+def test_a_unary_call_given_up_at_the_deadline_is_counted_cancelled(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """docs/metrics.md: a Draft call the client gives up on while the service still works
+    on it (DrafterClient in unary mode cancels it at the deadline) is CANCELLED."""
+    with serving(loop_thread, config(tmp_path)) as s:
+        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="unary",
+                               budget=BudgetRule.fixed(256))  # fmt: skip
+        with client:
+            client.wait_ready()
+            _slow_first_step(client)
+            got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total",
+                                                method="Draft", code="CANCELLED") >= 1)  # fmt: skip
+    assert got.value("sssd_drafter_rpc_errors_total", method="Draft", code="CANCELLED") == 1
+    assert got.value("sssd_drafter_batch_requests_count", method="Draft") == 0  # not answered
+
+
+def test_a_stream_step_given_up_at_the_deadline_is_not_seen_by_the_service(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """docs/metrics.md: in stream mode the client gives up on a step without cancelling the
+    stream, so the service answers it (a DraftStream batch like any other), counts no
+    error, and the client drops the late answer (``late_responses``)."""
+    with serving(loop_thread, config(tmp_path)) as s:
+        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="stream",
+                               budget=BudgetRule.fixed(256))  # fmt: skip
+        with client:
+            client.wait_ready()
+            _slow_first_step(client)
+            got = wait_for(s, lambda m: m.value("sssd_drafter_batch_requests_count",
+                                                method="DraftStream") == 1)  # fmt: skip
+            client.add_request("light", PATTERN)
+            assert client.step({"light": []}).outcome is Outcome.OK  # read after the late one
+            assert client.stats.late_responses == 1
+    errors = [x for x in got.samples if x.name == "sssd_drafter_rpc_errors_total"]
+    assert errors and all(x.value == 0 for x in errors)
+
+
+def test_a_stream_closed_mid_step_is_counted_cancelled(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """docs/metrics.md: when the give-up opens the client's circuit breaker (here at the
+    first failure) the client closes its stream, with the service still at work on the
+    step: that is CANCELLED, on DraftStream."""
+    with serving(loop_thread, config(tmp_path)) as s:
+        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="stream",
+                               budget=BudgetRule.fixed(256),
+                               breaker=BreakerConfig(failure_threshold=1))  # fmt: skip
+        with client:
+            client.wait_ready()
+            _slow_first_step(client)
+            assert client.breaker_state is BreakerState.OPEN
+            cancelled = {"method": "DraftStream", "code": "CANCELLED"}
+            got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total", **cancelled) >= 1)
+    assert got.value("sssd_drafter_rpc_errors_total", **cancelled) == 1
+    assert got.value("sssd_drafter_batch_requests_count", method="DraftStream") == 0
 
 
 def test_info_names_the_version_and_tokenizer(loop_thread: LoopThread, tmp_path: Path) -> None:

@@ -3,7 +3,11 @@
 Example (a tiny random Llama on the Llama-3 vocabulary, prompts from the dev data)::
 
     drafter-worker --tiny llama --prompts ../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz \\
-        --limit 8 --drafter 127.0.0.1:50051 --max-new-tokens 64 --metrics-port 9500
+        --limit 8 --drafter 127.0.0.1:50051 --max-new-tokens 64 --metrics-port 9500 \\
+        --deadline-ms 50
+
+The default deadline (3 ms) suits a GPU step next to the drafter; this CPU model's steps
+take ~200 ms, so 50 ms (README, "Verify drafts": pick it from the measured round trip).
 """
 
 from __future__ import annotations
@@ -68,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="sampling: request i uses seed + i")
     p.add_argument("--drafter", metavar="HOST:PORT", help="drafter address (none: no drafts)")
-    p.add_argument("--deadline-ms", type=float, default=3.0, help="per-step drafting deadline")
+    p.add_argument("--deadline-ms", type=float, default=3.0,
+                   help="per-step drafting deadline; past it the step decodes without drafts "
+                        "(default 3: a GPU step near the drafter; set it to 3-5x the measured "
+                        "round-trip p99)")  # fmt: skip
     p.add_argument("--budget", default="h100", help="budget rule: GPU profile, N, FLOPS/BW")
     p.add_argument("--mode", choices=("stream", "unary"), default="stream")
     p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics on this port")

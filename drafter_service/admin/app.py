@@ -6,14 +6,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp
 
 from drafter_service.admin import corpus_routes, routes, snapshot_routes
-from drafter_service.admin.auth import BearerAuth
+from drafter_service.admin.auth import DOCS_ASSETS_PATH, BearerAuth
 from drafter_service.admin.body_limit import BodyLimit
 from drafter_service.admin.context import AdminContext
 from drafter_service.admin.errors import AdminError, error_response
@@ -42,11 +43,16 @@ def create_app(
     context: AdminContext, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> ASGIApp:
     """The admin application over ``context`` (wrapped in auth and the size limit)."""
-    app = FastAPI(
+    # /docs is Swagger UI with its script, stylesheet and icon served from this process
+    # (fastapi-offline's copies), so it renders on a host without internet access; no
+    # /redoc (FastAPI's default one loads its script from a CDN).
+    app = FastAPIOffline(
         title="drafter admin",
         summary="Operate a drafting service: datastores, snapshots, corpora, settings.",
         version="1",
         responses=ERROR_RESPONSES,
+        redoc_url=None,
+        static_url=DOCS_ASSETS_PATH,
     )
     app.state.admin = context
     app.include_router(routes.probes)

@@ -6,8 +6,9 @@ It runs before routing and body parsing, so an unauthenticated caller learns not
 * calls that change something (any method but GET/HEAD/OPTIONS) always need the
   token; with no token configured they are refused (403) with how to configure one;
 * reads need it too when a token is configured, except the probes (``/healthz``,
-  ``/readyz``) and the API description (``/openapi.json``, ``/docs``: public code,
-  no server state), so the interactive docs work in a browser;
+  ``/readyz``) and the API description (``/openapi.json``, ``/docs`` and its assets
+  under ``/docs/assets/``: public code, no server state), so the interactive docs
+  work in a browser;
 * a missing or wrong token is 401 with ``WWW-Authenticate: Bearer``; the comparison
   is constant-time (``hmac.compare_digest`` over the UTF-8 bytes).
 """
@@ -26,6 +27,7 @@ TOKEN_ENV = "DRAFTER_ADMIN_TOKEN"
 MIN_TOKEN_CHARS = 16
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+DOCS_ASSETS_PATH = "/docs/assets"  # Swagger UI's files (static, the package's own copies)
 REALM = 'Bearer realm="drafter-admin"'
 NO_TOKEN_MESSAGE = (
     "admin calls that change state are disabled: no admin token is configured; set "
@@ -67,7 +69,7 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         mutating = scope["method"] not in READ_METHODS
-        if not mutating and (self._token is None or scope["path"] in PUBLIC_PATHS):
+        if not mutating and (self._token is None or _public(scope["path"])):
             await self.app(scope, receive, send)
             return
         if self._token is None:
@@ -85,6 +87,13 @@ class BearerAuth:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _public(path: str) -> bool:
+    """Whether ``path`` is readable without the token (no ``..``: the prefix is no way out)."""
+    if path in PUBLIC_PATHS:
+        return True
+    return path.startswith(DOCS_ASSETS_PATH + "/") and ".." not in path.split("/")
 
 
 def _bearer(scope: Scope) -> bytes | None:
