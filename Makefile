@@ -125,7 +125,9 @@ bench: setup
 	    > benchmarks/results/grpc_fuzz.jsonl; kill $$pid
 	$(MAKE) setup-vllm
 	( for b in 4 16 32; do $(BIN)/drafter-bench engine --engine vllm --data $(DEV) --budget $$b --json; done; \
-	  $(BIN)/drafter-bench engine --engine vllm --data $(DEV_CHAT) --json ) > benchmarks/results/engine.jsonl
+	  $(BIN)/drafter-bench engine --engine vllm --data $(DEV_CHAT) --json; \
+	  $(BIN)/drafter-bench engine --engine vllm --data $(DEV) --vs-ngram --second-engine --json ) \
+	  > benchmarks/results/engine.jsonl
 
 clean:
 	rm -rf build $(VENV) $(VLLM_VENV) $(SGLANG_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
