@@ -12,22 +12,32 @@ the fields the chart uses.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from dataclasses import fields
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import grpc
 import helm_python as helm
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from client_servers import DrafterProcess
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observability import ALERTS, DASHBOARDS
 from operator_schemas import OPERATOR_SCHEMAS
 
-from drafter_service.service.config import ServeConfig
+from drafter_service.admin.auth import PUBLIC_PATHS
+from drafter_service.admin.routes import probes
+from drafter_service.service.config import ENV_PREFIX, ServeConfig
 from drafter_service.service.server import SERVICE_NAME
+from verifier_client.engines import DrafterSettings, EngineDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "sssd-drafter"
@@ -41,7 +51,13 @@ EVERYTHING_ON = {
     "autoscaling": {"enabled": True},
     "datastore": {"seed": {"enabled": True, "claimName": "snapshots", "path": "snap-1"}},
 }
-VALUE_SETS = {"default": {}, "everything-on": EVERYTHING_ON} | {
+# gRPC credentials: bearer tokens from an existing Secret, TLS from a kubernetes.io/tls one
+# (server-side TLS only; the mtls-cert-manager example has mutual TLS and cert-manager).
+AUTH_AND_TLS = {
+    "auth": {"enabled": True, "existingSecret": "grpc-clients", "existingSecretKey": "lines"},
+    "tls": {"enabled": True, "secretName": "drafter-tls"},
+}
+VALUE_SETS = {"default": {}, "everything-on": EVERYTHING_ON, "auth-and-tls": AUTH_AND_TLS} | {
     f"example-{p.stem}": yaml.safe_load(p.read_text()) for p in EXAMPLES
 }
 
@@ -136,6 +152,10 @@ def test_validation_catches_a_bad_object() -> None:
     monitor["spec"]["endpoints"][0]["prot"] = "metrics"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(monitor, OPERATOR_SCHEMAS["ServiceMonitor"])
+    certificate = one(rendered("example-mtls-cert-manager"), "Certificate")
+    certificate["spec"]["dnsName"] = certificate["spec"].pop("dnsNames")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(certificate, OPERATOR_SCHEMAS["Certificate"])
 
 
 def test_optional_objects_follow_their_switches() -> None:
@@ -147,6 +167,7 @@ def test_optional_objects_follow_their_switches() -> None:
     kinds = sorted(o["kind"] for o in rendered("everything-on"))
     for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "PrometheusRule"):
         assert kind in kinds
+    assert "Certificate" not in kinds
     assert kinds.count("ConfigMap") == 1 + len(DASHBOARDS)
     assert "replicas" not in one(rendered("everything-on"), "StatefulSet")["spec"]
 
@@ -167,6 +188,23 @@ def test_optional_objects_follow_their_switches() -> None:
         ({"datastore": {"seed": {"enabled": True}}}, "/datastore/seed/claimName"),
         ({"datastore": {"seed": {"enabled": True, "claimName": "c", "path": "a/../../etc"}}},
          "/datastore/seed/path"),
+        ({"auth": {"enabled": True}}, "/auth/existingSecret"),
+        ({"auth": {"enabled": True, "existingSecret": "Grpc_Tokens"}}, "/auth/existingSecret"),
+        ({"auth": {"enabled": True, "existingSecret": "t", "existingSecretKey": "a/b"}},
+         "/auth/existingSecretKey"),
+        ({"auth": {"enabeld": True}}, "enabeld"),
+        ({"tls": {"enabled": True}}, "/tls/secretName"),
+        ({"tls": {"mutual": True}}, "/tls/mutual"),
+        ({"tls": {"certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}},
+         "/tls/certManager/enabled"),
+        ({"tls": {"enabled": True, "certManager": {"enabled": True}}},
+         "/tls/certManager/issuerRef/name"),
+        ({"tls": {"enabled": True, "secretName": "s", "certManager": {"duration": "90d"}}},
+         "/tls/certManager/duration"),
+        ({"tls": {"enabled": True, "secretName": "s",
+                  "certManager": {"extraDnsNames": ["drafter.example.com:50051"]}}},
+         "/tls/certManager/extraDnsNames/0"),
+        ({"settings": {"tls_cert_file": "/etc/tls.crt"}}, "tls_cert_file"),
     ],
 )  # fmt: skip
 def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
@@ -281,6 +319,229 @@ def test_seed_snapshot() -> None:
     assert settings_map(objects)["data"]["DRAFTER_SNAPSHOT"] == "/seed/snap-1"
     volumes = pod_volumes(objects)
     assert volumes["seed"]["persistentVolumeClaim"] == {"claimName": "snapshots", "readOnly": True}
+
+
+# --- gRPC credentials: tokens, TLS, cert-manager -----------------------------------------
+
+CREDENTIAL_FIELDS = ("grpc_tokens_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file")
+"""The `drafter serve` settings the chart sets from `auth` and `tls`."""
+MTLS_EXAMPLE = "example-mtls-cert-manager"
+
+
+def credential_files(objects: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each credential setting in the ConfigMap as (Secret, key) of the file it names,
+    followed through the container's mounts and the pod's Secret volumes."""
+    data = settings_map(objects)["data"]
+    mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
+    volumes = pod_volumes(objects)
+    found: dict[str, tuple[str, str]] = {}
+    for name in CREDENTIAL_FIELDS:
+        path = data.get(ENV_PREFIX + name.upper())
+        if path is None:
+            continue
+        directory, _, file_name = path.rpartition("/")
+        mount = mounts[directory]
+        assert mount.get("readOnly") is True, mount
+        secret = volumes[mount["name"]]["secret"]
+        (key,) = [i["key"] for i in secret["items"] if i["path"] == file_name]
+        found[name] = (secret["secretName"], key)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("default", {}),
+        ("everything-on", {}),
+        ("auth-and-tls", {"grpc_tokens_file": ("grpc-clients", "lines"),
+                          "tls_cert_file": ("drafter-tls", "tls.crt"),
+                          "tls_key_file": ("drafter-tls", "tls.key")}),
+        (MTLS_EXAMPLE, {"grpc_tokens_file": ("sssd-drafter-grpc-tokens", "tokens"),
+                        "tls_cert_file": (f"{RELEASE}-sssd-drafter-tls", "tls.crt"),
+                        "tls_key_file": (f"{RELEASE}-sssd-drafter-tls", "tls.key"),
+                        "tls_client_ca_file": (f"{RELEASE}-sssd-drafter-tls", "ca.crt")}),
+    ],
+)  # fmt: skip
+def test_credentials_are_mounted_and_named_exactly_when_enabled(
+    name: str, expected: dict[str, tuple[str, str]]
+) -> None:
+    """The ConfigMap names a credential file exactly when its switch is on, the name is
+    the variable `drafter serve` reads for that setting, and the file is the right key
+    of the right Secret, mounted read-only; no credential volume is left unused."""
+    objects = rendered(name)
+    assert set(CREDENTIAL_FIELDS) <= {f.name for f in fields(ServeConfig)}
+    assert credential_files(objects) == expected
+    data = settings_map(objects)["data"]
+    config = ServeConfig.from_env_and_args([], environ=data)
+    for field_name in CREDENTIAL_FIELDS:
+        path = data.get(ENV_PREFIX + field_name.upper())
+        assert getattr(config, field_name) == (Path(path) if path else None), field_name
+    volumes = set(pod_volumes(objects))
+    assert ("grpc-tokens" in volumes) is ("grpc_tokens_file" in expected)
+    assert ("tls" in volumes) is ("tls_cert_file" in expected)
+
+
+def test_probes_ask_the_admin_port_when_grpc_speaks_tls() -> None:
+    """The kubelet's gRPC probe has no TLS: with TLS on, startup and readiness are GET
+    /readyz on the admin port (open without the admin token), with the same timings."""
+    assert {"/healthz", "/readyz"} <= {getattr(route, "path", "") for route in probes.routes}
+    assert {"/healthz", "/readyz"} <= PUBLIC_PATHS
+    plain, tls = container(rendered("default")), container(rendered("auth-and-tls"))
+    for probe in ("startupProbe", "readinessProbe"):
+        assert "grpc" in plain[probe] and "httpGet" not in plain[probe]
+        assert tls[probe]["httpGet"] == {"path": "/readyz", "port": "admin"}
+        assert "grpc" not in tls[probe]
+        without_check = {k: v for k, v in tls[probe].items() if k != "httpGet"}
+        assert without_check == {k: v for k, v in plain[probe].items() if k != "grpc"}
+    assert tls["livenessProbe"] == plain["livenessProbe"]
+    tokens_only = container(render({"auth": AUTH_AND_TLS["auth"]}))
+    assert tokens_only["readinessProbe"]["grpc"] == {"port": 50051, "service": SERVICE_NAME}
+
+
+def test_services_and_network_policy_do_not_change_with_credentials() -> None:
+    plain, secured = rendered("default"), rendered("auth-and-tls")
+    for kind, suffix in (("NetworkPolicy", ""), ("Service", "-headless"),
+                         ("Service", "-sssd-drafter")):  # fmt: skip
+        assert one(secured, kind, suffix) == one(plain, kind, suffix), f"{kind} *{suffix}"
+
+
+def dns_name_covers(pattern: str, host: str) -> bool:
+    """TLS name matching (RFC 6125): a wildcard stands for exactly one leftmost label."""
+    if pattern.startswith("*."):
+        return "." in host and host.split(".", 1)[1] == pattern[2:]
+    return host == pattern
+
+
+def test_certificate_renders_only_with_cert_manager() -> None:
+    for name in VALUE_SETS:
+        kinds = [o["kind"] for o in rendered(name)]
+        assert kinds.count("Certificate") == (name == MTLS_EXAMPLE), name
+
+
+def test_certificate_covers_every_name_a_client_dials() -> None:
+    """The Certificate writes the Secret the pods mount, and its DNS names cover the
+    headless Service (the decode workers' target), each pod behind it, and the main
+    Service, in their short and cluster-domain forms."""
+    objects = rendered(MTLS_EXAMPLE)
+    spec = one(objects, "Certificate")["spec"]
+    assert spec["secretName"] == pod_volumes(objects)["tls"]["secret"]["secretName"]
+    assert spec["issuerRef"] == {"name": "sssd-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert "server auth" in spec["usages"]
+    statefulset = one(objects, "StatefulSet")
+    headless = one(objects, "Service", "-headless")["metadata"]["name"]
+    main = one(objects, "Service", "-sssd-drafter")["metadata"]["name"]
+    pods = [f"{statefulset['metadata']['name']}-{i}.{headless}"
+            for i in range(statefulset["spec"]["replicas"])]  # fmt: skip
+    for host in [headless, main, *pods]:
+        for dialled in (f"{host}.{NAMESPACE}.svc.cluster.local", f"{host}.{NAMESPACE}.svc"):
+            if host in pods and dialled.endswith(".svc"):
+                continue  # pods have cluster-domain names only
+            assert any(dns_name_covers(p, dialled) for p in spec["dnsNames"]), dialled
+    assert not any(dns_name_covers(p, f"other.{NAMESPACE}.svc.cluster.local")
+                   for p in spec["dnsNames"])  # fmt: skip
+    values = yaml.safe_load((CHART / "examples" / "mtls-cert-manager.yaml").read_text())
+    values["tls"]["certManager"] |= {"clusterDomain": "k8s.internal",
+                                     "extraDnsNames": ["drafter.llm"]}  # fmt: skip
+    names = one(render(values), "Certificate")["spec"]["dnsNames"]
+    assert f"{headless}.{NAMESPACE}.svc.k8s.internal" in names and names[-1] == "drafter.llm"
+
+
+def test_tls_secret_mounts_the_client_ca_only_for_mutual_tls() -> None:
+    items = pod_volumes(rendered("auth-and-tls"))["tls"]["secret"]["items"]
+    assert [i["key"] for i in items] == ["tls.crt", "tls.key"]
+    items = pod_volumes(rendered(MTLS_EXAMPLE))["tls"]["secret"]["items"]
+    assert [i["key"] for i in items] == ["tls.crt", "tls.key", "ca.crt"]
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _issue(directory: Path, ca: Path | None, subject: str, extension: str) -> None:
+    """A key and certificate as cert-manager writes them (tls.key, tls.crt, ca.crt);
+    self-signed (a CA) without ``ca``."""
+    directory.mkdir(parents=True)
+    key, cert = directory / "tls.key", directory / "tls.crt"
+    if ca is None:
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", subject,
+                 "-keyout", str(key), "-out", str(cert))  # fmt: skip
+        return
+    (directory / "ext").write_text(extension + "\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", str(key),
+             "-out", str(directory / "csr"))  # fmt: skip
+    _openssl("x509", "-req", "-in", str(directory / "csr"), "-CA", str(ca / "tls.crt"),
+             "-CAkey", str(ca / "tls.key"), "-CAcreateserial", "-days", "2",
+             "-extfile", str(directory / "ext"), "-out", str(cert))  # fmt: skip
+    (directory / "ca.crt").write_bytes((ca / "tls.crt").read_bytes())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_the_mtls_example_configures_a_drafter_that_its_probes_and_clients_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`drafter serve` with the mtls example's credential variables, the files laid out as
+    the pod mounts them: GET /readyz (the probe) answers 200 without a token once loaded,
+    the kubelet's plaintext gRPC probe could not, and the plug-in with a client
+    certificate from the same CA and its token drafts."""
+    pod_root = tmp_path / "pod"
+    secrets = {"drafter-ca": tmp_path / "ca", "client": tmp_path / "client"}
+    _issue(secrets["drafter-ca"], None, "/CN=sssd-ca", "")
+    _issue(tmp_path / "server", secrets["drafter-ca"], "/CN=drafter",
+           "subjectAltName=IP:127.0.0.1")  # fmt: skip
+    _issue(secrets["client"], secrets["drafter-ca"], "/CN=vllm-decode",
+           "extendedKeyUsage=clientAuth")  # fmt: skip
+    token = "vllm-decode-token-0123456789"
+    contents = {"tokens": f"vllm-decode {token}\n".encode()} | {
+        key: (tmp_path / "server" / key).read_bytes() for key in ("tls.crt", "tls.key", "ca.crt")
+    }
+    objects = rendered(MTLS_EXAMPLE)
+    data = settings_map(objects)["data"]
+    for name, (_, key) in credential_files(objects).items():
+        in_pod = pod_root / data[ENV_PREFIX + name.upper()].lstrip("/")
+        in_pod.parent.mkdir(parents=True, exist_ok=True)
+        in_pod.write_bytes(contents[key])
+        monkeypatch.setenv(ENV_PREFIX + name.upper(), str(in_pod))
+    admin_port = _free_port()
+    server = DrafterProcess(tmp_path / "data", "--admin-port", str(admin_port))
+    try:
+        readyz = f"http://127.0.0.1:{admin_port}/readyz"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(readyz, timeout=2) as answer:
+                    assert answer.status == 200
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "/readyz never answered 200"
+                time.sleep(0.2)
+        with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=2
+            )
+        (secrets["client"] / "token").write_text(token + "\n")
+        client = {name: str(secrets["client"] / name)
+                  for name in ("token", "ca.crt", "tls.crt", "tls.key")}  # fmt: skip
+        settings = DrafterSettings(
+            address=server.target, deadline_ms=2000, budget="4", token_file=client["token"],
+            tls_ca_file=client["ca.crt"], tls_cert_file=client["tls.crt"],
+            tls_key_file=client["tls.key"],
+        )  # fmt: skip
+        engine = EngineDrafter(settings)
+        try:
+            context = [10, 11, 12, 13, 10, 11, 12, 13]
+            trees = engine.draft(["r1"], [len(context)], [len(context)],
+                                 lambda row, a, b: context[a:b])  # fmt: skip
+            assert trees[0] is not None and engine.stats.fallback_steps == 0
+        finally:
+            engine.close()
+    finally:
+        server.stop()
 
 
 # --- memory from datastore bytes ---------------------------------------------------------

@@ -63,6 +63,37 @@ app.kubernetes.io/component: drafter
 {{- end }}
 
 {{/*
+Where the gRPC credentials are mounted (the ConfigMap's DRAFTER_*_FILE paths point inside).
+*/}}
+{{- define "sssd-drafter.grpcTokensDir" -}}/var/run/secrets/sssd-drafter-grpc{{- end }}
+{{- define "sssd-drafter.tlsDir" -}}/var/run/secrets/sssd-drafter-tls{{- end }}
+
+{{/* The kubernetes.io/tls Secret: tls.secretName, else the one the Certificate writes. */}}
+{{- define "sssd-drafter.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "sssd-drafter.fullname" .)) .Values.tls.secretName }}
+{{- end }}
+
+{{/*
+A probe's check that the datastores are loaded and the pod is not stopping (.root: the
+chart's context; .service: the gRPC health service, empty for the server as a whole).
+Kubernetes' gRPC probe speaks plaintext only, so with TLS on the gRPC port the admin
+port's /readyz answers instead: 200 exactly when gRPC health says SERVING.
+*/}}
+{{- define "sssd-drafter.servingCheck" -}}
+{{- if .root.Values.tls.enabled }}
+httpGet:
+  path: /readyz
+  port: admin
+{{- else }}
+grpc:
+  port: {{ .root.Values.ports.grpc }}
+  {{- with .service }}
+  service: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 A setting as an environment value. Helm reads every number in values as a float64, which
 prints 512000000 as 5.12e+08; whole numbers are printed as integers instead.
 */}}
