@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 import grpc
 import numpy as np
@@ -318,6 +319,14 @@ SLOW_REQUESTS = 512
 GIVE_UP_MS = 200.0
 
 
+def _giving_up_client(s: Running, mode: Literal["stream", "unary"], **extra: Any) -> DrafterClient:
+    """A ready client whose deadline (GIVE_UP_MS) a slow first step misses."""
+    client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode=mode,
+                           budget=BudgetRule.fixed(256), **extra)  # fmt: skip
+    client.wait_ready()
+    return client
+
+
 def _slow_first_step(client: DrafterClient) -> StepResult:
     """One step the real service takes about a second over on 2 cores (512 whole contexts
     of 2000 tokens, budget 256), while the client builds its message in ~50 ms: the
@@ -336,10 +345,7 @@ def test_a_unary_call_given_up_at_the_deadline_is_counted_cancelled(
     """docs/metrics.md: a Draft call the client gives up on while the service still works
     on it (DrafterClient in unary mode cancels it at the deadline) is CANCELLED."""
     with serving(loop_thread, config(tmp_path)) as s:
-        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="unary",
-                               budget=BudgetRule.fixed(256))  # fmt: skip
-        with client:
-            client.wait_ready()
+        with _giving_up_client(s, "unary") as client:
             _slow_first_step(client)
             got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total",
                                                 method="Draft", code="CANCELLED") >= 1)  # fmt: skip
@@ -354,10 +360,7 @@ def test_a_stream_step_given_up_at_the_deadline_is_not_seen_by_the_service(
     stream, so the service answers it (a DraftStream batch like any other), counts no
     error, and the client drops the late answer (``late_responses``)."""
     with serving(loop_thread, config(tmp_path)) as s:
-        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="stream",
-                               budget=BudgetRule.fixed(256))  # fmt: skip
-        with client:
-            client.wait_ready()
+        with _giving_up_client(s, "stream") as client:
             _slow_first_step(client)
             got = wait_for(s, lambda m: m.value("sssd_drafter_batch_requests_count",
                                                 method="DraftStream") == 1)  # fmt: skip
@@ -375,11 +378,8 @@ def test_a_stream_closed_mid_step_is_counted_cancelled(
     first failure) the client closes its stream, with the service still at work on the
     step: that is CANCELLED, on DraftStream."""
     with serving(loop_thread, config(tmp_path)) as s:
-        client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode="stream",
-                               budget=BudgetRule.fixed(256),
-                               breaker=BreakerConfig(failure_threshold=1))  # fmt: skip
-        with client:
-            client.wait_ready()
+        breaker = BreakerConfig(failure_threshold=1)
+        with _giving_up_client(s, "stream", breaker=breaker) as client:
             _slow_first_step(client)
             assert client.breaker_state is BreakerState.OPEN
             cancelled = {"method": "DraftStream", "code": "CANCELLED"}
