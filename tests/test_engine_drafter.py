@@ -180,6 +180,34 @@ def test_no_drafter_means_no_drafts_and_no_error() -> None:
         engine.close(0.1)
 
 
+def test_a_row_that_cannot_be_read_costs_only_its_own_drafts(drafter: DrafterProcess) -> None:
+    engine = EngineDrafter(settings_for(drafter.target))
+    try:
+        good, flaky = [*PATTERN, *PATTERN], [7, 8, 9, 7, 8, 9, 7]
+        broken = {"flaky"}
+
+        def tokens(row: int, start: int, stop: int) -> list[int]:
+            if row == 1 and "flaky" in broken:
+                raise IndexError("the engine lost this row")
+            return (good, flaky)[row][start:stop]
+
+        trees = engine.draft(["good", "flaky"], [12, 7], [12, 7], tokens)
+        assert trees[0] is not None and trees[1] is None and engine.errors == 1
+        broken.clear()  # readable again: it starts cleanly, as if new
+        trees = engine.draft(["good", "flaky"], [12, 7], [12, 7], tokens)
+        assert trees[1] is not None and trees[1].best_chain(2) == [8, 9]
+        # A known row whose tail cannot be read keeps its length: the tail goes next time.
+        flaky += [8, 9]
+        broken.add("flaky")
+        engine.draft(["good", "flaky"], [12, 9], [12, 7], tokens)
+        broken.clear()
+        trees = engine.draft(["good", "flaky"], [12, 9], [12, 7], tokens)
+        assert trees[1] is not None and trees[1].best_chain(1) == [7]
+        assert engine.stats.resyncs == 0 and engine.errors == 2
+    finally:
+        engine.close()
+
+
 def test_an_engine_bug_costs_a_step_not_the_decode_loop(drafter: DrafterProcess) -> None:
     engine = EngineDrafter(settings_for(drafter.target))
     try:

@@ -221,12 +221,14 @@ class EngineDrafter:
             return []
         try:
             commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens)
+            if not commits:
+                return [None] * len(request_ids)
             start = perf_counter()
             result = self.client.step(commits)
             self.last_round_trip_s = perf_counter() - start
             self.round_trips_ms.append(self.last_round_trip_s * 1e3)
             self.last_result = result
-            return [result.drafts.get(key) for key in commits]
+            return [result.drafts.get(self.namespace + r) for r in request_ids]
         except Exception:  # never into the decode loop: this step has no drafts
             self._failed("drafting")
             return [None] * len(request_ids)
@@ -259,24 +261,36 @@ class EngineDrafter:
         prompt_lengths: Sequence[int],
         tokens: TokenSlice,
     ) -> dict[str, Sequence[int]]:
+        """Each row's tokens past what the client holds; a row whose tokens cannot be
+        read (an engine bug) or that the client refuses is left out of this step,
+        with nothing of it recorded, so the next step finds it as it was."""
         commits: dict[str, Sequence[int]] = {}
         lengths, client = self._lengths, self.client
+        failed = False
         for row, request_id in enumerate(request_ids):
             key = self.namespace + request_id
             length = int(num_tokens[row])
             known = lengths.get(key)
-            if known is not None and length < known:
-                # The engine's context shrank (the id was reused for a new request, or
-                # its tokens were rolled back): start over rather than draft from a
-                # context the engine no longer has.
-                client.abort(key)
-                known = None
-            if known is None:
-                client.add_request(key, tokens(row, 0, length), datastore=self.settings.datastore,
+            try:
+                if known is not None and length >= known:
+                    commits[key] = tokens(row, known, length) if length > known else ()
+                    lengths[key] = length
+                    continue
+                context = tokens(row, 0, length)
+                if known is not None:
+                    # The engine's context shrank (the id was reused for a new request,
+                    # or its tokens were rolled back): start over rather than draft from
+                    # a context the engine no longer has.
+                    del lengths[key]
+                    client.abort(key)
+                client.add_request(key, context, datastore=self.settings.datastore,
                                    prompt_length=min(int(prompt_lengths[row]), length))  # fmt: skip
-                commits[key] = ()
-            else:
-                commits[key] = tokens(row, known, length) if length > known else ()
+            except Exception:
+                if not failed:  # once a step: logged (once ever) and counted
+                    self._failed("reading a row's tokens")
+                failed = True
+                continue
+            commits[key] = ()
             lengths[key] = length
         return commits
 
