@@ -5,6 +5,7 @@ probes stay open, and one client's request ids cannot touch another's."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def _openssl(*args: str) -> None:
 
 def _certificates(root: Path) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1 and a client certificate (CN gamma)."""
+    root.mkdir(parents=True, exist_ok=True)
     files = {name: root / name for name in ("ca.key", "ca.pem", "server.key", "server.pem",
                                              "client.key", "client.pem")}  # fmt: skip
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
@@ -149,5 +151,68 @@ def test_mutual_tls_admits_only_certified_clients(tmp_path: Path) -> None:
             assert trees[0] is not None and trees[0].best_chain(2) == [10, 11]
         finally:
             engine.close()
+    finally:
+        server.stop()
+
+
+def test_a_changed_tokens_file_takes_effect_without_a_restart(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alpha {ALPHA}\n")
+    server = DrafterProcess(tmp_path / "data", "--grpc-tokens-file", str(tokens))
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = pb_grpc.DrafterServiceStub(channel)
+
+            def code(token: str) -> grpc.StatusCode:
+                bearer = (("authorization", f"Bearer {token}"),)
+                try:
+                    stub.GetServiceInfo(pb.GetServiceInfoRequest(), timeout=5, metadata=bearer)
+                except grpc.RpcError as err:
+                    return err.code()  # type: ignore[no-any-return]
+                return grpc.StatusCode.OK
+
+            ok, refused = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
+            assert (code(ALPHA), code(BETA)) == (ok, refused)
+            tokens.write_text(f"beta {BETA}\n")  # alpha revoked, beta added
+            time.sleep(1.2)  # the file is looked at again at most once a second
+            assert (code(ALPHA), code(BETA)) == (refused, ok)
+            tokens.write_text("garbage\n")  # a broken edit keeps the last good tokens
+            time.sleep(1.2)
+            assert code(BETA) == ok
+    finally:
+        server.stop()
+
+
+def test_renewed_certificates_are_served_without_a_restart(tmp_path: Path) -> None:
+    first, second = _certificates(tmp_path / "first"), _certificates(tmp_path / "second")
+    live = {name: tmp_path / f"live-{name}" for name in ("server.pem", "server.key", "ca.pem")}
+    for name, path in live.items():
+        path.write_bytes(first[name].read_bytes())
+    server = DrafterProcess(
+        tmp_path / "data", "--tls-cert-file", str(live["server.pem"]), "--tls-key-file",
+        str(live["server.key"]), "--tls-client-ca-file", str(live["ca.pem"]),
+    )  # fmt: skip
+
+    def ready(certs: dict[str, Path]) -> bool:
+        settings = DrafterSettings(
+            address=server.target, deadline_ms=1000, connect_timeout_s=0,
+            tls_ca_file=str(certs["ca.pem"]), tls_cert_file=str(certs["client.pem"]),
+            tls_key_file=str(certs["client.key"]),
+        )  # fmt: skip
+        tls, token = settings.credentials()
+        client = DrafterClient(server.target, credentials=tls, token=token)
+        try:
+            client.wait_ready(timeout_s=3)
+            return True
+        except grpc.RpcError:
+            return False
+        finally:
+            client.close(0.1)
+
+    try:
+        assert ready(first) and not ready(second)
+        for name, path in live.items():  # what cert-manager does when it renews
+            path.write_bytes(second[name].read_bytes())
+        assert ready(second) and not ready(first)
     finally:
         server.stop()

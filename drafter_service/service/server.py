@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from drafter_service.service.auth import ClientAuth, load_tokens
+from drafter_service.service.auth import ClientAuth, TokenFile, reloading_tls
 from drafter_service.service.config import DEFAULT_DATASTORE, ServeConfig
 from drafter_service.service.datastores import Catalog, open_catalog
 from drafter_service.service.drafting import DraftEngine
@@ -52,7 +52,7 @@ def package_version() -> str:
 
 def client_auth(config: ServeConfig) -> ClientAuth:
     """The authentication policy the settings ask for (ValueError names a bad file)."""
-    tokens = load_tokens(config.grpc_tokens_file) if config.grpc_tokens_file else None
+    tokens = TokenFile(config.grpc_tokens_file) if config.grpc_tokens_file else None
     auth = ClientAuth(tokens, mutual_tls=config.tls_client_ca_file is not None)
     if not auth.enabled and config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
@@ -64,17 +64,14 @@ def client_auth(config: ServeConfig) -> ClientAuth:
 
 
 def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
-    """TLS for the gRPC port (mutual when a client CA is set); None: plaintext."""
+    """TLS for the gRPC port (mutual when a client CA is set), following renewed files;
+    None: plaintext."""
     if config.tls_cert_file is None or config.tls_key_file is None:
         return None
     try:
-        cert, key = config.tls_cert_file.read_bytes(), config.tls_key_file.read_bytes()
-        ca = config.tls_client_ca_file.read_bytes() if config.tls_client_ca_file else None
+        return reloading_tls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
     except OSError as exc:
         raise ValueError(f"cannot read a TLS file: {exc}") from None
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-    )
 
 
 def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
