@@ -119,14 +119,17 @@ class IngestLog:
         if segments:
             self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
 
-    def _readable_after(self, data: bytes, offset: int) -> list[int]:
-        """Offsets of the readable records after an unreadable one at ``offset``: each
-        a header with the magic and a matching CRC (its seq past the last good one)."""
-        found, pos = [], data.find(_MAGIC_BYTES, offset + 1)
+    def _readable_after(
+        self, data: bytes, offset: int
+    ) -> list[tuple[int, tuple[int, npt.NDArray[np.int32], int]]]:
+        """The readable records after an unreadable one at ``offset``, each with its
+        offset: a header with the magic and a matching CRC (its seq past the last good one)."""
+        found = []
+        pos = data.find(_MAGIC_BYTES, offset + 1)
         while pos >= 0:
             record = self._parse(data, pos)
             if record is not None:
-                found.append(pos)
+                found.append((pos, record))
                 pos = record[2]
             else:
                 pos += 1
@@ -154,8 +157,7 @@ class IngestLog:
     ) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
         """--salvage: every readable record from ``offset`` on; the segment is moved aside
         and rewritten with its readable records only."""
-        spans = [(pos, self._parse(data, pos)) for pos in self._readable_after(data, offset)]
-        kept = [(pos, record) for pos, record in spans if record is not None]
+        kept = self._readable_after(data, offset)
         moved = move_aside(path, self.directory / "damaged")
         with open(path, "wb") as f:
             f.write(data[:offset] + b"".join(data[pos : record[2]] for pos, record in kept))
