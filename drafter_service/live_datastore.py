@@ -42,7 +42,7 @@ from drafter_service.snapshot import (
     load_snapshot,
     read_manifest,
     remove_stale_temporaries,
-    unreadable_snapshots,
+    scan_snapshots,
     write_snapshot,
 )
 from drafter_service.snapshot_files import DamagedDataError, move_aside
@@ -174,14 +174,14 @@ class LiveDatastore:
         corpora: tuple[Corpus, ...] = ()
         learned: tuple[SubIndex, ...] = ()
         covered, last_snapshot = 0, None
-        complete = list_snapshots(self._snapshots)
+        complete, damaged = scan_snapshots(self._snapshots)
         if complete:
             loaded, info = load_snapshot(complete[-1].path, expect_tokenizer=tokenizer)
             corpora, learned = _split_corpora(loaded, info)
             covered, last_snapshot = info.wal_position, info.created_unix
         datastore = Datastore(_join(corpora, learned), tokenizer.vocab_size)
         self._log = IngestLog(self.directory / "wal", covered_seq=covered, salvage=salvage)
-        self._check_damaged_snapshots(complete[-1] if complete else None, salvage)
+        self._check_damaged_snapshots(damaged, complete[-1] if complete else None, salvage)
 
         self._lock = threading.Lock()  # guards the fields below and the log
         self._rebuild_lock = threading.Lock()  # one rebuild or snapshot at a time
@@ -212,10 +212,12 @@ class LiveDatastore:
             self._thread = threading.Thread(target=self._run, name="live-datastore", daemon=True)
             self._thread.start()
 
-    def _check_damaged_snapshots(self, newest: SnapshotInfo | None, salvage: bool) -> None:
-        """Refuses to start from an older snapshot when a damaged newer one holds ingests
-        the log no longer has; ``salvage`` moves damaged snapshots aside instead."""
-        damaged = unreadable_snapshots(self._snapshots)
+    def _check_damaged_snapshots(
+        self, damaged: list[tuple[Path, str]], newest: SnapshotInfo | None, salvage: bool
+    ) -> None:
+        """Refuses to start from an older snapshot when a damaged newer one (``damaged``:
+        unreadable snapshot directories and why) holds ingests the log no longer has;
+        ``salvage`` moves damaged snapshots aside instead."""
         if not damaged:
             return
         covered = newest.wal_position if newest is not None else 0

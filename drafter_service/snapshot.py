@@ -49,6 +49,7 @@ __all__ = [
     "load_snapshot",
     "read_manifest",
     "remove_stale_temporaries",
+    "scan_snapshots",
     "write_snapshot",
 ]
 
@@ -184,14 +185,17 @@ def load_snapshot(
 def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
     """Complete snapshots directly under ``root`` (directories with a valid manifest),
     oldest first by ``created_unix`` then name. A missing ``root`` has none."""
-    found = [read for read in _scan_snapshots(root) if isinstance(read, SnapshotInfo)]
-    return sorted(found, key=lambda info: (info.created_unix, info.path.name))
+    return scan_snapshots(root)[0]
 
 
-def unreadable_snapshots(root: str | Path) -> list[tuple[Path, str]]:
-    """Directories under ``root`` that look like snapshots (not temporaries) but whose
-    manifest cannot be read, each with the reason; :func:`list_snapshots` skips them."""
-    return [read for read in _scan_snapshots(root) if isinstance(read, tuple)]
+def scan_snapshots(root: str | Path) -> tuple[list[SnapshotInfo], list[tuple[Path, str]]]:
+    """One pass over ``root``: the complete snapshots (as :func:`list_snapshots`), and the
+    directories that look like snapshots (not temporaries) but whose manifest cannot be
+    read, each with the reason."""
+    scanned = _scan_snapshots(root)
+    found = [read for read in scanned if isinstance(read, SnapshotInfo)]
+    unreadable = [read for read in scanned if isinstance(read, tuple)]
+    return sorted(found, key=lambda info: (info.created_unix, info.path.name)), unreadable
 
 
 def _scan_snapshots(root: str | Path) -> list[SnapshotInfo | tuple[Path, str]]:
