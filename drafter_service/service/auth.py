@@ -95,7 +95,6 @@ class _Reloading:
         self._read = read
         self._stamp = _stamp(self._paths)
         self.value = read()  # the first read raises: a bad file at startup refuses to start
-        self.reloads = 0
 
     def refresh(self) -> bool:
         """Reads the files again if they changed; True when the value did."""
@@ -110,7 +109,6 @@ class _Reloading:
         except (OSError, ValueError) as exc:
             return self._keep(stamp, str(exc))
         self.value, self._stamp = value, stamp
-        self.reloads += 1
         log.info("reloaded %s", ", ".join(str(p) for p in self._paths))
         return True
 
@@ -190,9 +188,9 @@ class ClientAuth:
         scheme, _, given = str(header).partition(" ")
         if scheme.lower() != "bearer" or not given:
             raise Unauthenticated("the authorization metadata must be 'Bearer TOKEN'")
-        found = None
+        presented, found = given.strip().encode(), None
         for name, token in self.tokens.current().items():  # all compared: no timing hint
-            if hmac.compare_digest(token.encode(), given.strip().encode()):
+            if hmac.compare_digest(token.encode(), presented):
                 found = name
         if found is None:
             raise Unauthenticated("unknown bearer token")

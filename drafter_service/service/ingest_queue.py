@@ -87,20 +87,19 @@ class GenerationIngester:
         while (item := self._queue.get()) is not None:
             tokens = np.concatenate(item.chunks) if item.chunks else np.zeros(0, np.int32)
             p = item.prompt_length
+            durable = False
             try:
                 item.live.ingest_generation(tokens[:p], tokens[p:])
             except DatastoreFull as exc:
                 self.refused_full += 1
                 log.warning("finished generation not stored: %s", exc)
-                item.stored.set_result(False)
             except ValueError as exc:
                 self.failed += 1
                 log.warning("finished generation not stored: %s", exc)
-                item.stored.set_result(False)
             except Exception:  # disk or closed datastore: keep draining
                 self.failed += 1
                 log.exception("finished generation not stored")
-                item.stored.set_result(False)
             else:
                 self.stored += 1
-                item.stored.set_result(True)  # ingest_generation fsynced the log
+                durable = True  # ingest_generation fsynced the log
+            item.stored.set_result(durable)

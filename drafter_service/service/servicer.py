@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -34,7 +35,7 @@ from drafter_service.service.validation import (
     parse_ingest_request,
     parse_packed_draft_request,
 )
-from drafter_service.service.wire import Undecodable, refuse_undecodable
+from drafter_service.service.wire import Undecodable, UndecodableRefusals
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
@@ -70,6 +71,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         auth: ClientAuth | None = None,
     ) -> None:
         self._auth = auth or ClientAuth()
+        self._undecodable = UndecodableRefusals()
         self._version = version
         self._max_message_bytes = max_message_bytes
         self._metrics = DrafterMetrics(version) if metrics is None else metrics
@@ -81,14 +83,15 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def Draft(
         self, request: pb.DraftRequest | Undecodable, context: Any
     ) -> pb.DraftResponse:
-        return await self._guard("Draft", context, request, self._draft_unary)
+        return await self._guard("Draft", context, request, partial(self._draft, "Draft"))
 
     async def DraftStream(
         self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
+        draft = partial(self._draft, "DraftStream")
         async for request in request_iterator:
-            yield await self._guard("DraftStream", context, request, self._draft_stream)
+            yield await self._guard("DraftStream", context, request, draft)
 
     async def Finish(
         self, request: pb.FinishRequest | Undecodable, context: Any
@@ -160,7 +163,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         try:
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
             if isinstance(request, Undecodable):
-                raise refuse_undecodable(request)
+                raise self._undecodable.refuse(request)
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
             result = await call(self._engine, request, namespace)
@@ -180,18 +183,8 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             return result
         raise AssertionError("context.abort returned")
 
-    async def _draft_unary(
-        self, engine: DraftEngine, request: pb.DraftRequest, namespace: str
-    ) -> pb.DraftResponse:
-        return await self._draft(engine, request, "Draft", namespace)
-
-    async def _draft_stream(
-        self, engine: DraftEngine, request: pb.DraftRequest, namespace: str
-    ) -> pb.DraftResponse:
-        return await self._draft(engine, request, "DraftStream", namespace)
-
     async def _draft(
-        self, engine: DraftEngine, request: pb.DraftRequest, method: str, namespace: str
+        self, method: str, engine: DraftEngine, request: pb.DraftRequest, namespace: str
     ) -> pb.DraftResponse:
         packed = request.HasField("packed")
         parse = parse_packed_draft_request if packed else parse_draft_request

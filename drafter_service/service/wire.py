@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError, Message
 from drafter_service.service.errors import InvalidArgument
 from sssd.drafter.v1 import drafter_pb2 as pb
 
-__all__ = ["SERVICE_NAME", "Undecodable", "add_drafter_service", "refuse_undecodable"]
+__all__ = ["SERVICE_NAME", "Undecodable", "UndecodableRefusals", "add_drafter_service"]
 
 log = logging.getLogger(__name__)
 
@@ -51,31 +51,28 @@ def _tolerant(message: type[Message]) -> Callable[[bytes], Message | Undecodable
     return parse
 
 
-class _RateLimitedLog:
-    """One line per ``_LOG_EVERY_S`` at most, saying how many were not logged."""
+class UndecodableRefusals:
+    """Refuses undecodable requests, logging one line per ``_LOG_EVERY_S`` at most (with
+    how many were not logged): a flood of garbage must not become a flood of log."""
 
     def __init__(self) -> None:
         self._next_s = 0.0
         self._suppressed = 0
 
-    def warn(self, what: str) -> None:
+    def refuse(self, request: Undecodable) -> InvalidArgument:
+        """The refusal of ``request`` (INVALID_ARGUMENT naming its type and size)."""
+        what = (
+            f"{request.size_bytes} bytes are not a valid {request.message_type} "
+            f"({request.error})"
+        )
         now = time.monotonic()
         if now < self._next_s:
             self._suppressed += 1
-            return
-        extra = f" ({self._suppressed} more since the last line)" if self._suppressed else ""
-        log.warning("refused an undecodable request: %s%s", what, extra)
-        self._next_s, self._suppressed = now + _LOG_EVERY_S, 0
-
-
-_undecodable_log = _RateLimitedLog()
-
-
-def refuse_undecodable(request: Undecodable) -> InvalidArgument:
-    """The refusal of an undecodable request (logged, rate-limited)."""
-    what = f"{request.size_bytes} bytes are not a valid {request.message_type} ({request.error})"
-    _undecodable_log.warn(what)
-    return InvalidArgument(what)
+        else:
+            extra = f" ({self._suppressed} more since the last line)" if self._suppressed else ""
+            log.warning("refused an undecodable request: %s%s", what, extra)
+            self._next_s, self._suppressed = now + _LOG_EVERY_S, 0
+        return InvalidArgument(what)
 
 
 def _serialize(message: Message) -> bytes:
