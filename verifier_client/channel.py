@@ -133,18 +133,19 @@ def _aio_details(d: Any, token: str) -> grpc.aio.ClientCallDetails:
     )
 
 
-class _AioBearerToken(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _AioToken:
+    # grpc.aio files each interceptor under the first kind it is an instance of, so one
+    # object cannot serve both kinds: one class per kind, sharing this.
     def __init__(self, token: str) -> None:
         self._token = token
 
+
+class _AioBearerToken(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(_aio_details(details, self._token), request)
 
 
-class _AioStreamBearerToken(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    def __init__(self, token: str) -> None:
-        self._token = token
-
+class _AioStreamBearerToken(_AioToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_stream(
         self, continuation: Any, details: Any, requests: Any
     ) -> Any:
