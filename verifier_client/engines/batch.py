@@ -23,7 +23,7 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from time import perf_counter
 from typing import Any, Literal
 
@@ -142,10 +142,6 @@ class DrafterSettings:
         """The budget rule the setting names."""
         return BudgetRule.parse(str(self.budget))
 
-    def with_budget(self, budget: str) -> DrafterSettings:
-        """A copy with another budget spec."""
-        return replace(self, budget=budget)
-
 
 def _check_positive(name: str, value: object, *, zero_ok: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -166,6 +162,7 @@ class EngineDrafter:
     :meth:`close` at shutdown. One thread (the engine's decode loop) owns it.
     ``tokenizer_fingerprint`` (sha256 of the engine's tokenizer.json): a drafter
     holding another tokenizer is refused at startup (ValueError), not drafted from.
+    ``budget`` replaces the settings' rule (an engine whose verify width caps it).
     """
 
     def __init__(
@@ -175,22 +172,23 @@ class EngineDrafter:
         client: DrafterClient | None = None,
         namespace: str | None = None,
         tokenizer_fingerprint: str = "",
+        budget: BudgetRule | None = None,
     ) -> None:
         self.settings = settings
         if client is None:
             tls, token = settings.credentials()
             client = DrafterClient(
                 settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
-                budget=settings.budget_rule(), tokenizer_fingerprint=tokenizer_fingerprint,
+                budget=budget or settings.budget_rule(),
+                tokenizer_fingerprint=tokenizer_fingerprint,
                 credentials=tls, token=token,
             )  # fmt: skip
         self.client = client
         self.namespace = namespace if namespace is not None else _instance_namespace()
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)
-        self.last_round_trip_s = 0.0
         self.round_trips_ms: deque[float] = deque(maxlen=65536)  # recent steps' drafter calls
-        self.last_result: StepResult | None = None
+        self.last_result: StepResult | None = None  # the last draft()'s, None if it failed
         self._error_logged = False
         if settings.connect_timeout_s > 0:
             self._connect(settings.connect_timeout_s)
@@ -199,6 +197,11 @@ class EngineDrafter:
     def stats(self) -> ClientStats:
         """The client's counters (steps, fallbacks by reason, resyncs, ...)."""
         return self.client.stats
+
+    @property
+    def last_round_trip_s(self) -> float:
+        """The last drafter call's duration (0 before the first)."""
+        return self.round_trips_ms[-1] / 1e3 if self.round_trips_ms else 0.0
 
     @property
     def live_requests(self) -> int:
@@ -217,6 +220,7 @@ class EngineDrafter:
         Row ``i`` is request ``request_ids[i]`` with a committed context of
         ``num_tokens[i]`` tokens, the first ``prompt_lengths[i]`` of them its prompt.
         """
+        self.last_result = None  # set again only if this call's answer arrives
         if not request_ids:
             return []
         try:
@@ -225,8 +229,7 @@ class EngineDrafter:
                 return [None] * len(request_ids)
             start = perf_counter()
             result = self.client.step(commits)
-            self.last_round_trip_s = perf_counter() - start
-            self.round_trips_ms.append(self.last_round_trip_s * 1e3)
+            self.round_trips_ms.append((perf_counter() - start) * 1e3)
             self.last_result = result
             return [result.drafts.get(self.namespace + r) for r in request_ids]
         except Exception:  # never into the decode loop: this step has no drafts

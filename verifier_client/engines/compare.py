@@ -182,8 +182,6 @@ def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) ->
     plugin = spec.plugin or {}
     output_tokens = sum(len(o) for o in spec.outputs)
     accepted = int(plugin.get("num_accepted_tokens", 0))
-    # Each request-step emits 1 + accepted tokens, so request-steps = tokens - accepted.
-    request_steps = output_tokens - accepted
     drafts = int(plugin.get("num_drafts", 0))
     return {
         "outputs_identical": base.outputs == spec.outputs,
@@ -198,7 +196,7 @@ def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) ->
         "drafter_ms_p99": plugin.get("drafter_ms_p99", 0.0),
         "draft_tokens": int(plugin.get("num_draft_tokens", 0)),
         "accepted_tokens": accepted,
-        "tau": round(output_tokens / request_steps, 4) if request_steps else 0.0,
+        "tau": _tau(output_tokens, accepted),
         "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else 1.0,
         "engine_accepted_tokens": int(spec.engine_counters.get("num_accepted_tokens") or 0),
         "step_ms_p50": round(statistics.median(spec.step_ms), 3) if spec.step_ms else 0.0,
@@ -209,12 +207,19 @@ def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) ->
     }
 
 
+def _tau(output_tokens: int, accepted: int) -> float:
+    """Tokens per request-step: each emits 1 + its accepted tokens, so request-steps =
+    output tokens - accepted."""
+    steps = output_tokens - accepted
+    return round(output_tokens / steps, 4) if steps > 0 else 0.0
+
+
 def _ngram_fields(base: EngineRun, ngram: EngineRun) -> dict[str, Any]:
     tokens = sum(len(o) for o in ngram.outputs)
     accepted = int(ngram.engine_counters.get("num_accepted_tokens") or 0)
     return {
         "outputs_identical_ngram": base.outputs == ngram.outputs,
-        "tau_ngram": round(tokens / (tokens - accepted), 4) if tokens > accepted else 0.0,
+        "tau_ngram": _tau(tokens, accepted),
         "draft_tokens_ngram": int(ngram.engine_counters.get("num_draft_tokens") or 0),
         "accepted_tokens_ngram": accepted,
         "step_ms_p50_ngram": round(statistics.median(ngram.step_ms), 3) if ngram.step_ms else 0.0,

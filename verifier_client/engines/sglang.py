@@ -40,7 +40,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..budget import BudgetRule
-from ..client import DrafterClient
 from .batch import DrafterSettings, EngineDrafter
 from .sglang_corpus import STORE_KEY, CorpusLayout, DraftCorpus
 
@@ -223,13 +222,9 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
     if tp_rank != 0:
         return DraftCorpus(None, num_draft_tokens)
     settings = DrafterSettings.resolve(None, where=_WHERE)
-    tls, token = settings.credentials()
-    client = DrafterClient(
-        settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
-        budget=capped_budget(settings.budget_rule(), num_draft_tokens - 1),
-        credentials=tls, token=token,
-    )  # fmt: skip
-    drafter = EngineDrafter(settings, client=client)
+    # The verify width holds D - 1 draft nodes: never ask the drafter for more.
+    budget = capped_budget(settings.budget_rule(), num_draft_tokens - 1)
+    drafter = EngineDrafter(settings, budget=budget)
     atexit.register(drafter.close, 2.0)  # send the last finishes
     on_draft: Callable[[EngineDrafter], None] | None = None
     if settings.metrics_port is not None:
@@ -245,7 +240,8 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
 
 
 def _record_call(metrics: WorkerMetrics, drafter: EngineDrafter) -> None:
-    metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
+    if drafter.last_result is not None:  # None: the call failed before an answer
+        metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
 
 
 def capped_budget(rule: BudgetRule, max_nodes: int) -> BudgetRule:

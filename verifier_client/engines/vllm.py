@@ -176,7 +176,7 @@ class SssdProposer:
             if tree is not None and len(tree):
                 room = min(self.num_speculative_tokens, self.max_model_len - length)
                 drafts[row] = tree.best_chain(room)
-        if self.metrics is not None:
+        if self.metrics is not None and drafter.last_result is not None:
             budget = self._budget_rule.draft_budget(len(rows))
             self.metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, budget)
         return drafts
