@@ -53,6 +53,7 @@ replay: setup
 test: setup setup-vllm setup-sglang
 	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 	$(MAKE) test-vllm
 	$(MAKE) test-sglang
@@ -103,7 +104,7 @@ proto: setup
 		proto/sssd/drafter/v1/drafter.proto
 
 stubs: setup
-	$(BIN)/python -m nanobind.stubgen -m drafter_service._core -o drafter_service/_core.pyi
+	$(BIN)/python -m nanobind.stubgen -m drafter_service.native._core -o drafter_service/native/_core.pyi
 
 # Full benchmark report (minutes): see docs/benchmarks.md.
 bench: setup

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datastore_builder.cli import main as build
-from drafter_service.bench.data import iter_records
-from drafter_service.snapshot import load_snapshot
+from benchmarks.token_records import iter_records
+from datastore_builder.builder_cli import main as build
+from drafter_service.snapshot.store import load_snapshot
 
 
 def main() -> None:

@@ -93,7 +93,7 @@ def main() -> None:
                                "--port", str(args.port)], stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None and server.stdout.readline().strip() == "ready"
     try:
-        subprocess.run([sys.executable, "-m", "drafter_service.bench.cli", "load", "--json",
+        subprocess.run([sys.executable, "-m", "benchmarks.bench_cli", "load", "--json",
                         "--target", f"127.0.0.1:{args.port}", "--data", args.data,
                         "--batch", str(args.batch), "--steps", str(args.steps),
                         "--mode", args.mode], check=True)

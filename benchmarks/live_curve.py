@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from run_all import DEV_SETS
+from benchmarks.run_all import DEV_SETS
 
 WINDOW = 50
 
 
 def run(data: Path, budget: int) -> list[dict[str, Any]]:
-    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "replay", "--json", "--live",
+    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--json", "--live",
            "--no-pld", "--sources", "input", "--sources", "both", "--budget", str(budget),
            "--curve", str(WINDOW), "--data", str(data)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.token_records import Record, iter_documents, read_records
 from drafter_service import Datastore, Drafter, SubIndex
-from drafter_service.bench.data import Record, iter_documents, read_records
-from drafter_service.datastore import concat_documents
-from drafter_service.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from drafter_service.datastore.sub_indices import concat_documents
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 
 VOCAB = 128256
 

@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     data, corpus = str(args.data_dir / CHAT), str(args.data_dir / CORPUS)
-    bench = [sys.executable, "-m", "drafter_service.bench.cli"]
+    bench = [sys.executable, "-m", "benchmarks.bench_cli"]
     batch = ["--batch", str(args.batch)]
     for round_ in range(args.rounds):
         parts: list[tuple[str, list[str]]] = [

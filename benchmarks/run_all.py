@@ -24,7 +24,7 @@ CORPUS = "corpus/datastore_llama3_family.jsonl.gz"
 
 
 def replay(args: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "replay", "--json", *args]
+    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--json", *args]
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.startswith("{")]

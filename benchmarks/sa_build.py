@@ -20,9 +20,9 @@ import time
 
 import numpy as np
 
+from benchmarks.token_records import iter_documents
 from drafter_service import SubIndex
-from drafter_service.bench.data import iter_documents
-from drafter_service.datastore import concat_documents
+from drafter_service.datastore.sub_indices import concat_documents
 
 VOCAB = 128256
 

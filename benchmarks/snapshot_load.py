@@ -21,7 +21,7 @@ def rss():
     for line in open('/proc/self/status'):
         if line.startswith('VmRSS:'):
             return int(line.split()[1]) * 1024
-from drafter_service.snapshot import load_snapshot
+from drafter_service.snapshot.store import load_snapshot
 before = rss()
 start = time.perf_counter()
 datastore, info = load_snapshot(sys.argv[1], verify_checksums=sys.argv[2] == '1')

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from verifier_client.results import Tree
-from verifier_client.tree_packing import best_chain, pack_trees, to_sglang
-from verifier_client.verification import accept, sample_targets
+from verifier_client.verification.tree_packing import best_chain, pack_trees, to_sglang
+from verifier_client.verification.tree_verification import accept, sample_targets
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 DEFAULT_DATA = DATA_DIR / "code_humaneval_llama31_8b.jsonl.gz"

@@ -3,10 +3,10 @@
 Reads JSONL(.gz), Parquet and plain-text corpora as a stream, tokenizes them with a
 Hugging Face ``tokenizers`` tokenizer (or takes token ids as they are), packs the
 documents into suffix-array sub-indices and writes one snapshot directory with
-:func:`drafter_service.snapshot.write_snapshot`. Command line: ``datastore-builder build``
-(:mod:`datastore_builder.cli`); from Python: :func:`datastore_builder.pipeline.build`.
+:func:`drafter_service.snapshot.store.write_snapshot`. Command line: ``datastore-builder build``
+(:mod:`datastore_builder.builder_cli`); from Python: :func:`drafter_service.corpus.pipeline.build`.
 """
 
-from datastore_builder.errors import BuildError
+from drafter_service.corpus.build_errors import BuildError
 
 __all__ = ["BuildError"]

@@ -74,7 +74,7 @@ if [[ -x $BIN/drafter-worker ]]; then
     WORKER=("$BIN/drafter-worker")
 else  # an install from before the console script existed
     WORKER=("$BIN/python" -c
-        "import sys; from verifier_client.worker_cli import run_cli; sys.exit(run_cli(sys.argv[1:]))")
+        "import sys; from verifier_client.reference_worker.worker_cli import run_cli; sys.exit(run_cli(sys.argv[1:]))")
 fi
 command -v prometheus >/dev/null && command -v promtool >/dev/null \
     || die "prometheus/promtool not found: run \`make tools\`"

@@ -12,8 +12,8 @@ Public API::
     drafter.stop("req-1")
 """
 
-from drafter_service.config import DraftConfig
-from drafter_service.datastore import Datastore, SubIndex
-from drafter_service.drafter import DraftBatch, Drafter, DraftTree
+from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.drafter import DraftBatch, Drafter, DraftTree
 
 __all__ = ["Datastore", "DraftBatch", "DraftConfig", "DraftTree", "Drafter", "SubIndex"]

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from drafter_service.service import DrafterServer, ServeConfig, start_server
+from drafter_service.service import DrafterServer, ServeConfig
+from drafter_service.serving import start_server
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 

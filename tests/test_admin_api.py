@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from service_support import VOCAB, LoopThread, Subprocess, config
 
-from drafter_service.datastore import Datastore
-from drafter_service.service import DrafterServer, ServeConfig, start_server
-from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.service import DrafterServer, ServeConfig
+from drafter_service.serving import drafter_server, start_server
+from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from verifier_client import BudgetRule, DrafterClient
 
 TOKEN = "test-admin-token-0123456789abcdef"
@@ -233,7 +234,7 @@ def test_datastore_stats(admin: Admin) -> None:
 def test_readyz_is_503_until_the_datastores_are_loaded(
     loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path
 ) -> None:
-    server = DrafterServer(server_config(tmp_path, corpora_dir))
+    server = drafter_server(server_config(tmp_path, corpora_dir))
     loop_thread.run(server.listen())  # serving, datastores not loaded yet
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{server.admin_port}") as http:
@@ -316,7 +317,7 @@ def test_without_a_configured_token_mutating_calls_are_refused(
 
 
 def test_bad_token_settings_fail_the_start(tmp_path: Path) -> None:
-    from drafter_service.admin.auth import load_token
+    from drafter_service.admin.bearer_auth import load_token
 
     short = tmp_path / "short"
     short.write_text("abc\n")

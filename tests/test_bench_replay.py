@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drafter_service.bench.cli import REPORT_KEYS, main
-from drafter_service.bench.data import DataError, Record, iter_records, read_records
-from drafter_service.bench.pld import PldIndex, propose
-from drafter_service.bench.replay import ReplaySettings, accepted_length, replay
-from drafter_service.datastore import SubIndex
+from benchmarks.bench_cli import REPORT_KEYS, main
+from benchmarks.pld import PldIndex, propose
+from benchmarks.replay import ReplaySettings, accepted_length, replay
+from benchmarks.token_records import DataError, Record, iter_records, read_records
+from drafter_service.datastore.sub_indices import SubIndex
 
 VOCAB = 128256
 
@@ -314,7 +314,7 @@ def test_cli_live_table_and_errors(
 
 def test_module_runs_as_a_script(files: tuple[Path, Path]) -> None:
     data, _ = files
-    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "replay", "--data", str(data),
+    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--data", str(data),
            "--sources", "input", "--no-pld", "--json"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
     (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -325,7 +325,7 @@ def test_snapshot_replays_like_the_corpus_it_holds(
     files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from drafter_service import Datastore
-    from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+    from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 
     data, corpus = files
     docs = [r.output_ids for r in read_records(corpus)]
@@ -350,7 +350,7 @@ def test_load_benchmark_drives_a_real_service_through_the_client(
     """`drafter-bench load` starts `drafter serve` with the corpus and replays the records
     through the real client: every step answered, deltas and finishes real, tau >= 1."""
     data, corpus = files
-    cmd = [sys.executable, "-m", "drafter_service.bench.cli", "load", "--data", str(data),
+    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "load", "--data", str(data),
            "--corpus", str(corpus), "--batch", "4", "--steps", "60", "--warmup", "5",
            "--vocab-size", "1000", "--deadline-ms", "0.001", "--json"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

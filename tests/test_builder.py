@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from datastore_builder.cli import main
-from drafter_service.datastore import SEPARATOR
-from drafter_service.snapshot import SnapshotInfo, TokenizerIdentity, load_snapshot
+from datastore_builder.builder_cli import main
+from drafter_service.datastore.sub_indices import SEPARATOR
+from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, load_snapshot
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 CORPUS_TEXT = DATA_DIR / "corpus" / "datastore_llama3_family.text.jsonl.gz"

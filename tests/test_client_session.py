@@ -6,15 +6,15 @@ import pytest
 from packed import pack_drafts, unpack_deltas
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-from verifier_client.background import (
+from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from verifier_client.budget import BudgetRule
+from verifier_client.pending_work import (
     MAX_INGEST_TOKENS_PER_CALL,
     FinishWork,
     IngestWork,
     batch_messages,
     reingest_unknown,
 )
-from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
-from verifier_client.budget import BudgetRule
 from verifier_client.results import Outcome, StepResult
 from verifier_client.session import DraftSession, StepPlan
 

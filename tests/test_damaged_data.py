@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess, drafter_command
 
-from drafter_service.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.snapshot import TokenizerIdentity, list_snapshots
-from drafter_service.snapshot_files import DamagedDataError
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.snapshot.array_files import DamagedDataError
+from drafter_service.snapshot.store import TokenizerIdentity, list_snapshots
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 

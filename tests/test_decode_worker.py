@@ -24,12 +24,12 @@ from client_servers import DrafterProcess
 from worker_support import NO_ADMIN, OracleDrafter, model64, plain_greedy, prompts
 
 from verifier_client import BudgetRule, DrafterClient, Tree
-from verifier_client.decode_worker import (
+from verifier_client.reference_worker.decode_loop import (
     DecodeWorker,
     GenerationRequest,
     SamplingParams,
-    main,
 )
+from verifier_client.reference_worker.worker_cli import main
 from verifier_client.results import Outcome, StepResult
 
 

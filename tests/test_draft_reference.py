@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from reference import assert_same_draft
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
-from drafter_service import Datastore, DraftConfig, SubIndex, _core
+from drafter_service import Datastore, DraftConfig, SubIndex
+from drafter_service.native import _core
 
 # --- helpers ------------------------------------------------------------------------------
 

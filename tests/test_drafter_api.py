@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs, token_lists
 
-from drafter_service import Datastore, DraftBatch, DraftConfig, Drafter, DraftTree, _core
+from drafter_service import Datastore, DraftBatch, DraftConfig, Drafter, DraftTree
+from drafter_service.native import _core
 
 
 def expected_tree(context: list[int], datastore: Datastore | None, config: DraftConfig,

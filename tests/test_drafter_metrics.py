@@ -20,10 +20,11 @@ from prometheus_client.samples import Sample
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore
-from drafter_service.live_datastore import LiveDatastore
-from drafter_service.service import ServeConfig, start_server
-from drafter_service.service.metrics import DrafterMetrics
-from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.service import ServeConfig
+from drafter_service.service.drafter_metrics import DrafterMetrics
+from drafter_service.serving import start_server
+from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client import (
     BreakerConfig,

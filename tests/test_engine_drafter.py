@@ -222,7 +222,7 @@ def test_an_engine_bug_costs_a_step_not_the_decode_loop(drafter: DrafterProcess)
 
 
 def test_the_engines_tokenizer_fingerprint_is_the_drafters_identity(tmp_path: Path) -> None:
-    from drafter_service.snapshot import TokenizerIdentity
+    from drafter_service.snapshot.store import TokenizerIdentity
 
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')

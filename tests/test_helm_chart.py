@@ -33,10 +33,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observability import ALERTS, DASHBOARDS
 from operator_schemas import OPERATOR_SCHEMAS
 
-from drafter_service.admin.auth import PUBLIC_PATHS
+from drafter_service.admin.bearer_auth import PUBLIC_PATHS
 from drafter_service.admin.routes import probes
-from drafter_service.service.config import ENV_PREFIX, ServeConfig
-from drafter_service.service.server import SERVICE_NAME
+from drafter_service.service.grpc_server import SERVICE_NAME
+from drafter_service.service.settings import ENV_PREFIX, ServeConfig
 from verifier_client.engines import DrafterSettings, EngineDrafter
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from reference import assert_same_draft
 from strategies import MAX_BUDGET, draft_configs, token_lists, vocab_sizes
 
-from drafter_service import DraftConfig, _core
+from drafter_service import DraftConfig
+from drafter_service.native import _core
 
 
 def input_draft(

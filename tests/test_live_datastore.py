@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from drafter_service import Drafter
-from drafter_service.live_datastore import DatastoreFull, LiveDatastore, LivePolicy
-from drafter_service.snapshot import (
+from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore, LivePolicy
+from drafter_service.snapshot.store import (
     SnapshotError,
     TokenizerIdentity,
     list_snapshots,
@@ -130,8 +130,8 @@ def test_drafting_uses_the_swapped_datastore(tmp_path: Path) -> None:
 
 CHILD = r"""
 import sys, numpy as np
-from drafter_service.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.snapshot import TokenizerIdentity
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.snapshot.store import TokenizerIdentity
 store = LiveDatastore(sys.argv[1], TokenizerIdentity("test", 1000, ""),
                       LivePolicy(rebuild_min_tokens=2000, rebuild_interval_s=0.05,
                                  snapshot_interval_s=0.1, max_sub_index_tokens=20000,

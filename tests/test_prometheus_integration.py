@@ -54,7 +54,8 @@ VOCAB_SIZE = 2048
 RATE_INTERVAL = "30s"
 STARTUP_TIMEOUT_S = 120.0
 WORKER_SCRIPT = (
-    "import sys; from verifier_client.worker_cli import run_cli; sys.exit(run_cli(sys.argv[1:]))"
+    "import sys; from verifier_client.reference_worker.worker_cli import main; "
+    "sys.exit(main(sys.argv[1:]))"
 )
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (make tools)")

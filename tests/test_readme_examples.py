@@ -28,9 +28,9 @@ from conftest import HUMANEVAL
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_support import Subprocess
 
-from datastore_builder.cli import main as builder_main
-from drafter_service.service.server import SERVICE_NAME
-from drafter_service.snapshot import TokenizerIdentity
+from datastore_builder.builder_cli import main as builder_main
+from drafter_service.service.grpc_server import SERVICE_NAME
+from drafter_service.snapshot.store import TokenizerIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

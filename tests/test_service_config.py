@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drafter_service.service.config import DEFAULT_VOCAB_SIZE, ServeConfig
-from drafter_service.service.datastores import resolve_tokenizer
+from drafter_service.service.catalog import resolve_tokenizer
 from drafter_service.service.request_table import RequestState, RequestTable
+from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
 
 
 def test_defaults_need_no_configuration(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ import grpc
 import pytest
 from service_support import VOCAB, Subprocess
 
-from drafter_service.live_datastore import LiveDatastore
-from drafter_service.service.cli import main
-from drafter_service.service.config import DEFAULT_VOCAB_SIZE, ServeConfig
-from drafter_service.service.datastores import TOKENIZER_RECORD, open_catalog, resolve_tokenizer
-from drafter_service.snapshot import TokenizerIdentity
+from drafter_service.drafter_cli import main
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.service.catalog import TOKENIZER_RECORD, open_catalog, resolve_tokenizer
+from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.snapshot.store import TokenizerIdentity
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 

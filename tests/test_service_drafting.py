@@ -14,8 +14,8 @@ from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore, Drafter
-from drafter_service.live_datastore import LiveDatastore
-from drafter_service.snapshot import TokenizerIdentity, load_snapshot, write_snapshot
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.snapshot.store import TokenizerIdentity, load_snapshot, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC

@@ -18,7 +18,7 @@ from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore
-from drafter_service.snapshot import TokenizerIdentity, write_snapshot
+from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 Code = grpc.StatusCode

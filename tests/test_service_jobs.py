@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 from drafter_service import Datastore, Drafter
-from drafter_service.service.datastores import Catalog, DatastoreSlot
-from drafter_service.service.jobs import (
+from drafter_service.service.catalog import Catalog, DatastoreSlot
+from drafter_service.service.draft_jobs import (
     BUDGET_PER_WEIGHT,
     STOPS_PER_WEIGHT,
     TOKENS_PER_WEIGHT,
     DrafterJob,
     JobRunner,
 )
-from drafter_service.snapshot import TokenizerIdentity
+from drafter_service.snapshot.store import TokenizerIdentity
 
 VOCAB = 50
 NAME = "default"

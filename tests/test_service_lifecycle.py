@@ -19,9 +19,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from service_support import VOCAB, LoopThread, Subprocess, config, delta, rpc_error, serving
 
+from drafter_service.drafter_cli import main
 from drafter_service.service import DrafterServer
-from drafter_service.service.cli import main
-from drafter_service.service.server import SERVICE_NAME
+from drafter_service.service.grpc_server import SERVICE_NAME
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 

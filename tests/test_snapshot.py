@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from drafter_service import Datastore, Drafter, SubIndex
-from drafter_service.snapshot import (
+from drafter_service.snapshot.store import (
     FORMAT_VERSION,
     SnapshotError,
     SnapshotInfo,
@@ -322,7 +322,7 @@ def test_list_snapshots_and_stale_temporaries(tmp_path: Path) -> None:
 
 CHILD = """
 import sys
-from drafter_service.snapshot import load_snapshot, write_snapshot
+from drafter_service.snapshot.store import load_snapshot, write_snapshot
 store, info = load_snapshot(sys.argv[1], verify_checksums=False)
 print("ready", flush=True)
 for k in range(1000):

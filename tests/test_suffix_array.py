@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import texts, token_lists, vocab_sizes
 
-from drafter_service import SubIndex, _core
-from drafter_service.datastore import concat_documents
+from drafter_service import SubIndex
+from drafter_service.datastore.sub_indices import concat_documents
+from drafter_service.native import _core
 
 
 def native_sa(text: list[int], vocab_size: int) -> list[int]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tree_reference import RefRow, batches, random_tree, ref_best_chain, ref_rows
 
 from verifier_client.results import Tree
-from verifier_client.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
+from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
 
 
 @dataclass

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from drafter_service import Datastore, DraftConfig, Drafter, SubIndex, _core
+from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
+from drafter_service.native import _core
 
 VOCAB = 10
 MAX_BUDGET = 12

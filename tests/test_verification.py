@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from tree_reference import batches, random_tree, ref_rows, ref_walk
 
 from verifier_client.results import Tree
-from verifier_client.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
-from verifier_client.verification import (
+from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
+from verifier_client.verification.tree_verification import (
     VerifyResult,
     accept,
     sample_targets,

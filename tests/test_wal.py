@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drafter_service.wal import IngestLog, WalCorruptError
+from drafter_service.live.ingest_log import IngestLog, WalCorruptError
 
 
 def docs(n: int, seed: int = 0) -> list[np.ndarray]:

@@ -1,5 +1,5 @@
-"""The worker's Prometheus exporter (verifier_client.metrics): the names of docs/metrics.md,
-scraped over HTTP after a real decode run, with values that agree with the run."""
+"""The worker's Prometheus exporter (verifier_client.acceptance_metrics): the names of
+docs/metrics.md, scraped over HTTP after a real decode run, with values that agree with the run."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker_support import NO_ADMIN, OracleDrafter, model64, plain_greedy, prompts
 
 from verifier_client import BudgetRule, DrafterClient, Tree
-from verifier_client.decode_worker import DecodeWorker, GenerationRequest
-from verifier_client.metrics import WorkerMetrics
+from verifier_client.acceptance_metrics import WorkerMetrics
+from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
 from verifier_client.results import Outcome, StepResult
-from verifier_client.tree_packing import pack_trees
-from verifier_client.verification import verify_greedy
+from verifier_client.verification.tree_packing import pack_trees
+from verifier_client.verification.tree_verification import verify_greedy
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

@@ -1,7 +1,7 @@
 """Plain-Python references for tree packing and verification, and random draft trees.
 
 Written node by node from the definitions (no numpy tricks, no torch), so the
-vectorized code in verifier_client.tree_packing / verification is checked
+vectorized code in verifier_client.verification.tree_packing / verification is checked
 against something simple enough to trust by reading.
 """
 

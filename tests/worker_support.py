@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from verifier_client.models import tiny_model
+from verifier_client.reference_worker.target_models import tiny_model
 from verifier_client.results import Outcome, StepResult, Tree
 
 VOCAB = 1000  # the test drafter's vocabulary (service_support.VOCAB, client_servers.VOCAB_SIZE)

@@ -11,11 +11,11 @@ so GPU worker images need no compiled drafter::
     client.finish("r1")                           # stored in the background
 """
 
-from .aio import AioDrafterClient
-from .breaker import BreakerConfig, BreakerState
-from .budget import PROFILES, BudgetRule, GpuProfile
-from .client import DrafterClient
-from .results import ClientStats, Outcome, StepResult, Tree
+from verifier_client.aio import AioDrafterClient
+from verifier_client.breaker import BreakerConfig, BreakerState
+from verifier_client.budget import PROFILES, BudgetRule, GpuProfile
+from verifier_client.client import DrafterClient
+from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
 __all__ = [
     "PROFILES",

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from .results import Outcome
+from verifier_client.results import Outcome
 
 __all__ = ["CallFailed", "ChannelOptions", "aio_channel", "channel_options", "outcome_of",
            "sync_channel"]  # fmt: skip

@@ -24,15 +24,14 @@ import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
-
-from .breaker import BreakerConfig, BreakerState, CircuitBreaker
-from .budget import BudgetRule
-from .channel import CallFailed, ChannelOptions, outcome_of, sync_channel
-from .channel import channel_options as merged_channel_options
-from .results import ClientStats, Outcome, StepResult
-from .session import DraftSession, StepPlan
-from .streams import SyncStream
-from .worker import BackgroundWorker
+from verifier_client.background_sender import BackgroundWorker
+from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from verifier_client.budget import BudgetRule
+from verifier_client.channel import CallFailed, ChannelOptions, outcome_of, sync_channel
+from verifier_client.channel import channel_options as merged_channel_options
+from verifier_client.results import ClientStats, Outcome, StepResult
+from verifier_client.session import DraftSession, StepPlan
+from verifier_client.streams import SyncStream
 
 __all__ = ["DrafterClient"]
 

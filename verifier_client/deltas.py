@@ -41,8 +41,7 @@ from itertools import accumulate
 from typing import Any, Literal, NoReturn
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-
-from .results import Tree
+from verifier_client.results import Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list"]
 

@@ -66,7 +66,7 @@ class Tree:
         """The chain for engines that verify chains: from the root, the highest-score
         child at each level, at most ``max_len`` tokens.
 
-        Same choice as :func:`verifier_client.tree_packing.best_chain` (ties go to the
+        Same choice as :func:`verifier_client.verification.tree_packing.best_chain` (ties go to the
         lower index; a sibling repeating an earlier sibling's token is skipped), in
         plain Python for one tree: no torch, nothing to pack. Scores only choose
         what to draft; verifying the chain stays lossless.

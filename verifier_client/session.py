@@ -20,12 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-
-from .background import IngestWork, Work, plan_abort, plan_finish
-from .breaker import Admission, CircuitBreaker
-from .budget import BudgetRule
-from .deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
-from .results import ClientStats, Outcome, StepResult
+from verifier_client.breaker import Admission, CircuitBreaker
+from verifier_client.budget import BudgetRule
+from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
+from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
+from verifier_client.results import ClientStats, Outcome, StepResult
 
 log = logging.getLogger(__name__)
 

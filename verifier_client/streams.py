@@ -19,9 +19,8 @@ from typing import Any
 import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-
-from .channel import CallFailed, outcome_of
-from .results import ClientStats, Outcome
+from verifier_client.channel import CallFailed, outcome_of
+from verifier_client.results import ClientStats, Outcome
 
 __all__ = ["AioStream", "SyncStream"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from drafter_service.admin.errors import error_response
+from drafter_service.admin.http_errors import error_response
 
 
 class BodyLimit:

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from drafter_service.admin.errors import conflict, not_found, unavailable
-from drafter_service.admin.jobs import JobRunner
-from drafter_service.live_datastore import LiveDatastore
-from drafter_service.service.config import ServeConfig
-from drafter_service.service.datastores import Catalog, DatastoreSlot
-
-Phase = Literal["loading", "ok", "stopping"]
+from drafter_service.admin.admin_jobs import JobRunner
+from drafter_service.admin.http_errors import conflict, not_found, unavailable
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.service.catalog import Catalog, DatastoreSlot
+from drafter_service.service.grpc_server import Phase
+from drafter_service.service.settings import ServeConfig
 
 
 @dataclass(frozen=True, slots=True)

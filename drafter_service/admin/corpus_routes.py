@@ -7,12 +7,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
 
-from drafter_service.admin.corpora import NAME_PATTERN, build_corpus, resolve_corpus_path
-from drafter_service.admin.corpora import scratch_dir as corpus_scratch_dir
-from drafter_service.admin.errors import AdminError, conflict, not_found
-from drafter_service.admin.models import CorpusAdd, CorpusInfo, CorpusList, JobInfo
+from drafter_service.admin.corpus_files import NAME_PATTERN, build_corpus, resolve_corpus_path
+from drafter_service.admin.corpus_files import scratch_dir as corpus_scratch_dir
+from drafter_service.admin.http_errors import AdminError, conflict, not_found
 from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
-from drafter_service.live_datastore import Corpus, DatastoreFull
+from drafter_service.admin.schemas import CorpusAdd, CorpusInfo, CorpusList, JobInfo
+from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
 CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
 router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])

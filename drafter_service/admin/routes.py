@@ -10,10 +10,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
 
+from drafter_service.admin.admin_jobs import Job
 from drafter_service.admin.context import AdminContext
-from drafter_service.admin.errors import AdminError, not_found
-from drafter_service.admin.jobs import Job
-from drafter_service.admin.models import (
+from drafter_service.admin.http_errors import AdminError, not_found
+from drafter_service.admin.schemas import (
     DatastoreDetail,
     DatastoreList,
     DatastoreSummary,
@@ -24,9 +24,9 @@ from drafter_service.admin.models import (
     Settings,
     SettingsPatch,
 )
-from drafter_service.live_datastore import LIVE_SETTINGS, LiveDatastore
-from drafter_service.service.config import DATASTORE_NAME
-from drafter_service.service.datastores import DatastoreSlot
+from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore
+from drafter_service.service.catalog import DatastoreSlot
+from drafter_service.service.settings import DATASTORE_NAME
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
 """Declares the scheme in the OpenAPI schema; ``auth.BearerAuth`` enforces it."""

@@ -7,18 +7,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
 
-from drafter_service.admin.corpora import NAME_PATTERN
-from drafter_service.admin.errors import conflict, not_found
-from drafter_service.admin.models import (
+from drafter_service.admin.corpus_files import NAME_PATTERN
+from drafter_service.admin.http_errors import conflict, not_found
+from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
+from drafter_service.admin.schemas import (
     JobInfo,
     SnapshotCreate,
     SnapshotDetail,
     SnapshotList,
     SnapshotSummary,
 )
-from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
-from drafter_service.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDatastore
-from drafter_service.snapshot import SnapshotError, SnapshotInfo
+from drafter_service.live.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDatastore
+from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
 
 SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot name")]
 router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])

@@ -1,13 +1,7 @@
-"""The drafting service (drafter.v1 over gRPC): ``drafter serve`` or, in process::
+"""The drafting service (drafter.v1 over gRPC). The process that also serves the admin
+API is assembled in ``drafter_service.serving`` (``start_server``)."""
 
-from drafter_service.service import ServeConfig, start_server
+from drafter_service.service.grpc_server import DrafterServer
+from drafter_service.service.settings import ServeConfig
 
-server = await start_server(ServeConfig(port=0, vocab_size=128256))
-...  # clients connect to server.address
-await server.stop()
-"""
-
-from drafter_service.service.config import ServeConfig
-from drafter_service.service.server import DrafterServer, start_server
-
-__all__ = ["DrafterServer", "ServeConfig", "start_server"]
+__all__ = ["DrafterServer", "ServeConfig"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.drafter import DraftBatch
+from drafter_service.drafting.drafter import DraftBatch
 from drafter_service.service.validation import MAX_REQUEST_ID_CHARS, CallLimits
 from sssd.drafter.v1 import drafter_pb2 as pb
 

@@ -12,9 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from drafter_service.service.auth import ClientAuth, Unauthenticated
-from drafter_service.service.drafting import DraftEngine
-from drafter_service.service.errors import (
+from drafter_service.service.call_errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -22,7 +20,9 @@ from drafter_service.service.errors import (
     ServiceError,
     Unavailable,
 )
-from drafter_service.service.metrics import DrafterMetrics
+from drafter_service.service.draft_engine import DraftEngine
+from drafter_service.service.drafter_metrics import DrafterMetrics
+from drafter_service.service.grpc_auth import ClientAuth, Unauthenticated
 from drafter_service.service.responses import (
     DatastoreSummary,
     draft_response,

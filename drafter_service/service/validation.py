@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.service.errors import FailedPrecondition, InvalidArgument, NotFound
+from drafter_service.service.call_errors import FailedPrecondition, InvalidArgument, NotFound
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 1024

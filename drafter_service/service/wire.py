@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from drafter_service.service.errors import InvalidArgument
+from drafter_service.service.call_errors import InvalidArgument
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Undecodable", "UndecodableRefusals", "add_drafter_service"]

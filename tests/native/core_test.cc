@@ -1,4 +1,4 @@
-// Standalone tests of the native core (drafter_service/csrc), built by CMake
+// Standalone tests of the native core (drafter_service/native/csrc), built by CMake
 // with DRAFTER_NATIVE_TESTS=ON under AddressSanitizer + UndefinedBehaviorSanitizer.
 //
 // No framework: the CHECK macros below record passes and failures (failures

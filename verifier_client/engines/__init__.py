@@ -6,6 +6,6 @@ id); ``vllm`` and ``sglang`` adapt it to each engine's extension points. Nothing
 here imports an engine until the engine loads the plug-in.
 """
 
-from .batch import DrafterSettings, EngineDrafter
+from verifier_client.engines.batch import DrafterSettings, EngineDrafter
 
 __all__ = ["DrafterSettings", "EngineDrafter"]

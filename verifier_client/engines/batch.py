@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 import grpc
 
-from ..budget import BudgetRule
-from ..client import DrafterClient
-from ..results import ClientStats, StepResult, Tree
+from verifier_client.budget import BudgetRule
+from verifier_client.client import DrafterClient
+from verifier_client.results import ClientStats, StepResult, Tree
 
 __all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter", "tokenizer_fingerprint"]
 

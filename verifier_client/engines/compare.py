@@ -163,7 +163,7 @@ def run_vllm(
         }  # fmt: skip
         plugin = None
         if drafter is not None:
-            from .vllm import worker_stats
+            from verifier_client.engines.vllm import worker_stats
 
             plugin = llm.collective_rpc(worker_stats)[0]
         if on_done is not None:

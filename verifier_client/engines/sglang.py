@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..budget import BudgetRule
-from .batch import DrafterSettings, EngineDrafter
-from .sglang_corpus import STORE_KEY, CorpusLayout, DraftCorpus
+from verifier_client.budget import BudgetRule
+from verifier_client.engines.batch import DrafterSettings, EngineDrafter
+from verifier_client.engines.sglang_corpus import STORE_KEY, CorpusLayout, DraftCorpus
 
 CorpusArray = npt.NDArray[np.int64]
 
 if TYPE_CHECKING:  # prometheus_client only where metrics are served
-    from ..metrics import WorkerMetrics
+    from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = [
     "ALGORITHM",
@@ -228,7 +228,7 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
     atexit.register(drafter.close, 2.0)  # send the last finishes
     on_draft: Callable[[EngineDrafter], None] | None = None
     if settings.metrics_port is not None:
-        from ..metrics import WorkerMetrics
+        from verifier_client.acceptance_metrics import WorkerMetrics
 
         metrics = WorkerMetrics()
         try:

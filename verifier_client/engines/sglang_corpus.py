@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..results import Tree
-from .batch import EngineDrafter
+from verifier_client.engines.batch import EngineDrafter
+from verifier_client.results import Tree
 
 __all__ = ["STORE_KEY", "CorpusLayout", "DraftCorpus", "corpus_layout", "store_verdict"]
 

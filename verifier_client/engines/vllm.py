@@ -45,8 +45,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..metrics import WorkerMetrics
-from .batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
+from verifier_client.acceptance_metrics import WorkerMetrics
+from verifier_client.engines.batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "STORE_KEY", "SssdProposer", "register", "worker_stats"]
 

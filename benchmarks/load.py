@@ -1,0 +1,184 @@
+"""``drafter-bench load``: step latency of the real drafting service under a decode-like load.
+
+Drives ``--batch`` concurrent requests through the real client
+(``verifier_client.DrafterClient``: one long-lived stream, or unary calls; one
+packed DraftRequest per decode step), exactly as a decode worker would: each
+request replays a real recorded generation, sends only the tokens committed
+since its last step, and advances by the accepted length of the tree it got
+back plus the bonus token (one token when a step has no tree), so trees and
+deltas are real. The step time is ``client.step()``: client → service → trees →
+client. Finished requests are finished (ingested in the background) and
+replaced by the next record.
+
+Without ``--target`` a service is started as a subprocess (``drafter serve``) on
+loopback, with a datastore prebuilt from ``--corpus`` if given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.replay import accepted_length
+from benchmarks.token_records import Record, iter_documents, read_records
+from verifier_client import DrafterClient
+
+
+def add_load_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("load", help="step latency of the gRPC service under load",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, metavar="FILE", help="records to replay (.jsonl[.gz])")
+    p.add_argument("--target", metavar="HOST:PORT", help="a running service (default: start one)")
+    p.add_argument("--corpus", metavar="FILE",
+                   help="without --target: the started service's datastore is prebuilt from "
+                        "these records' output_ids")
+    p.add_argument("--batch", type=int, default=64, help="concurrent requests (default 64)")
+    p.add_argument("--budget", type=int, default=16, help="draft budget per request (default 16)")
+    p.add_argument("--steps", type=int, default=2000, help="measured steps (default 2000)")
+    p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
+    p.add_argument("--deadline-ms", type=float, default=3.0,
+                   help="a step slower than this counts as a fallback (default 3)")
+    p.add_argument("--client-deadline-ms", type=float, default=1000.0,
+                   help="the client's own step deadline; large by default so that the "
+                        "measured latency is the real one (default 1000)")
+    p.add_argument("--mode", choices=("stream", "unary"), default="stream")
+    p.add_argument("--vocab-size", type=int, default=128256)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_load)
+
+
+@dataclass(slots=True)
+class _Lane:
+    request_id: str
+    record: Record
+    output: list[int]
+    p: int = 0  # output tokens committed
+    delta: list[int] = field(default_factory=list)  # committed since the last step
+
+
+def run_load(args: argparse.Namespace) -> int:
+    records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
+    if not records:
+        raise ValueError(f"{args.data}: no record with output tokens")
+    with tempfile.TemporaryDirectory(prefix="drafter-bench-load-") as tmp:
+        proc: subprocess.Popen[str] | None = None
+        target = args.target
+        if target is None:
+            proc, target = _start_server(args, Path(tmp))
+        try:
+            report = _drive(args, target, records)
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "drafter_service.drafter_cli", "serve", "--host", "127.0.0.1",
+           "--port", "0", "--metrics-port", "0", "--admin-port", "-1",
+           "--data-dir", str(tmp / "data"),
+           "--vocab-size", str(args.vocab_size)]
+    if args.corpus:
+        from drafter_service.datastore.sub_indices import Datastore, SubIndex
+        from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
+
+        index = SubIndex.build(iter_documents(args.corpus, vocab_size=args.vocab_size),
+                               args.vocab_size)
+        write_snapshot(tmp / "corpus", Datastore([index], args.vocab_size),
+                       TokenizerIdentity("bench", args.vocab_size, ""))
+        cmd += ["--snapshot", str(tmp / "corpus")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("drafter listening on "):
+        proc.kill()
+        raise RuntimeError(f"drafter serve did not start: {line!r}")
+    return proc, line.split()[-1]
+
+
+def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> dict[str, Any]:
+    """The decode loop of a worker, with the real client (verifier_client.DrafterClient):
+    delta tracking, packed calls, RESYNC handling, background finishes."""
+    client = DrafterClient(
+        target,
+        deadline_ms=args.client_deadline_ms,
+        mode=args.mode,
+        channel_options=[("grpc.max_receive_message_length", 64 << 20),
+                         ("grpc.max_send_message_length", 64 << 20)],
+    )  # fmt: skip
+    client.wait_ready(timeout_s=30)
+    serial = itertools.count()
+    source = itertools.cycle(records)
+
+    def new_lane() -> _Lane:
+        record = next(source)
+        lane = _Lane(f"load-{next(serial)}", record, record.output_ids.tolist())
+        client.add_request(lane.request_id, record.prompt_ids)
+        return lane
+
+    lanes = [new_lane() for _ in range(args.batch)]
+    latencies_ns: list[int] = []
+    accepted = committed = finished = failed = 0
+    resyncs_before = 0
+    wall_start = 0.0
+    for step in range(args.warmup + args.steps):
+        measured = step >= args.warmup
+        if step == args.warmup:
+            wall_start = time.perf_counter()
+            resyncs_before = client.stats.resyncs
+        commits = {lane.request_id: lane.delta for lane in lanes}
+        budgets = dict.fromkeys(commits, args.budget)
+        start = time.perf_counter_ns()
+        result = client.step(commits, budgets)
+        elapsed = time.perf_counter_ns() - start
+        if measured:
+            latencies_ns.append(elapsed)
+            failed += not result.ok
+        for i, lane in enumerate(lanes):
+            tree = result[lane.request_id]
+            got = 0  # no tree: the step decodes one token, as without speculation
+            if tree is not None:
+                got = accepted_length(tree.tokens.tolist(), tree.parents.tolist(), lane.output,
+                                      lane.p)  # fmt: skip
+            commit = min(got + 1, len(lane.output) - lane.p)
+            lane.delta = lane.output[lane.p : lane.p + commit]
+            lane.p += commit
+            if measured:
+                accepted, committed = accepted + got, committed + commit
+            if lane.p == len(lane.output):
+                client.finish(lane.request_id, lane.delta)
+                finished += 1
+                lanes[i] = new_lane()
+    wall = time.perf_counter() - wall_start
+    resyncs = client.stats.resyncs - resyncs_before
+    client.close()
+    lat_ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
+    return {
+        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
+        "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
+        "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
+        "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),
+        "step_ms_max": round(float(lat_ms.max()), 3),
+        "steps_per_s": round(len(lat_ms) / wall, 1),
+        "fallbacks": int(np.count_nonzero(lat_ms > args.deadline_ms)),
+        "deadline_ms": args.deadline_ms, "failed_steps": failed, "resyncs": resyncs,
+        "tau": round(committed / max(1, len(lat_ms) * args.batch), 4),
+        "accepted_tokens": accepted, "finished": finished,
+    }

@@ -1,0 +1,205 @@
+"""Greedy replay: how many tokens per step a drafter would give on recorded outputs.
+
+A record's output is taken as what the target model generates greedily. At
+each step, with ``p`` output tokens committed, the drafter proposes a tree;
+``accepted`` is the depth of the deepest root path whose tokens equal
+``output[p], output[p+1], ...``; the step commits ``accepted + 1`` tokens (the
+target's bonus token), capped at the end of the output. tau = output tokens /
+steps. ``batch`` records run in lockstep, one drafter call per step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from benchmarks.live_replay import ReplayLiveStore
+from benchmarks.proposers import (
+    ContextProposer,
+    DrafterProposer,
+    PldProposer,
+    Proposer,
+)
+from benchmarks.token_records import Record
+from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.drafter import Drafter
+from drafter_service.live.live_datastore import LivePolicy
+
+METHODS = ("pld", "input", "datastore", "both")
+"""pld: prompt lookup (vLLM ngram); input: input trie only; datastore: datastore
+tree only; both: SSSD (input trie fused with the datastore)."""
+
+USES_DATASTORE = frozenset({"datastore", "both"})
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySettings:
+    """One configuration to replay."""
+
+    method: str
+    budget: int
+    batch: int = 1
+    threads: int = 1
+    config: DraftConfig = field(default_factory=DraftConfig)
+    pld_min: int = 1
+    pld_max: int = 4
+    live: bool = False
+    live_policy: LivePolicy = field(default_factory=lambda: LivePolicy(rebuild_min_tokens=1))
+    """Rebuild policy of the live datastore; the default folds every finished record in
+    before the next one starts."""
+    vocab_size: int = 128256
+    datastore_via: str = "drafter"
+    """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
+    depth-1 input trie (its match node has no children, so the input adds nothing);
+    ``context`` = ``_core.draft_context(use_input=False)``. Same trees either way."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Counts and timings of one configuration."""
+
+    records: int = 0
+    steps: int = 0
+    output_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_ns: list[int] = field(default_factory=list)
+    """Per drafter call for one request (batch 1 only)."""
+    batch_ns: list[int] = field(default_factory=list)
+    """Per drafter call for the whole batch (batch > 1 only)."""
+    live_rebuilds: int = 0
+    live_rebuild_s: float = 0.0
+    finished: list[tuple[int, int]] = field(default_factory=list)
+    """(output tokens, steps) of each record, in the order records finished."""
+    datastore_tokens: int = 0
+    wall_s: float = 0.0
+
+    def tau_curve(self, window: int) -> list[tuple[int, float]]:
+        """(records finished so far, tau over the last ``window`` of them) per window."""
+        curve = []
+        for end in range(window, len(self.finished) + 1, window):
+            chunk = self.finished[end - window : end]
+            curve.append((end, sum(t for t, _ in chunk) / max(1, sum(s for _, s in chunk))))
+        return curve
+
+    @property
+    def tau(self) -> float:
+        return self.output_tokens / self.steps if self.steps else 0.0
+
+
+def accepted_length(
+    tokens: Sequence[int], parents: Sequence[int], output: Sequence[int], p: int
+) -> int:
+    """Depth of the deepest path of the tree matching ``output[p:]`` (parents precede children)."""
+    left = len(output) - p
+    depth = [0] * len(tokens)  # matched depth of each node, 0 = off the output
+    best = 0
+    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+        d = 1 if parent < 0 else depth[parent] + 1 if depth[parent] else 0
+        if d and d <= left and token == output[p + d - 1]:
+            depth[i] = d
+            best = max(best, d)
+    return best
+
+
+def make_proposer(settings: ReplaySettings, datastore: Datastore) -> Proposer:
+    """The proposer for ``settings.method`` over ``datastore`` (ignored by pld/input)."""
+    s = settings
+    if s.method == "pld":
+        return PldProposer(s.budget, s.pld_min, s.pld_max)
+    if s.method == "datastore" and s.datastore_via == "context":
+        return ContextProposer(datastore, s.config, s.budget)
+    if s.method == "datastore" and s.datastore_via == "drafter":
+        config = replace(s.config, input_max_prefix=1, input_max_depth=1)
+        return DrafterProposer(Drafter(s.vocab_size, config, datastore, s.threads), s.budget)
+    if s.method in ("input", "both"):
+        store = datastore if s.method == "both" else None
+        return DrafterProposer(Drafter(s.vocab_size, s.config, store, s.threads), s.budget)
+    raise ValueError(
+        f"unknown method {s.method!r} (datastore via {s.datastore_via!r}); "
+        f"expected one of {', '.join(METHODS)}"
+    )
+
+
+@dataclass(slots=True)
+class _Lane:
+    record: Record
+    output: list[int]
+    p: int = 0
+    steps: int = 0
+    delta: npt.NDArray[np.int32] = field(default_factory=lambda: _EMPTY)
+
+
+def replay(
+    records: Sequence[Record], settings: ReplaySettings, base: Sequence[SubIndex] = ()
+) -> ReplayResult:
+    """Replays ``records`` under ``settings`` over the datastore of ``base`` sub-indices.
+
+    With ``settings.live`` the datastore starts as ``base`` and each finished
+    record (last prompt tokens + output) is ingested at the step boundary,
+    before the next record starts. Methods that use no datastore ignore both.
+    """
+    if settings.batch < 1:
+        raise ValueError(f"batch must be >= 1, got {settings.batch}")
+    uses_store = settings.method in USES_DATASTORE
+    live = (
+        ReplayLiveStore(base, settings.vocab_size, settings.live_policy)
+        if settings.live and uses_store
+        else None
+    )
+    store = Datastore(base if uses_store else (), settings.vocab_size)
+    proposer = make_proposer(settings, store)
+    result = ReplayResult()
+    lanes: list[_Lane | None] = [None] * settings.batch
+    queue = iter(records)
+    wall_start = time.perf_counter()
+
+    def fill() -> None:
+        for slot, lane in enumerate(lanes):
+            while lane is None:
+                record = next(queue, None)
+                if record is None:
+                    return
+                result.records += 1
+                if len(record.output_ids):
+                    proposer.begin(slot, record)
+                    lane = lanes[slot] = _Lane(record, record.output_ids.tolist())
+
+    fill()
+    while active := [slot for slot, lane in enumerate(lanes) if lane is not None]:
+        trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
+        (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
+        finished: list[Record] = []
+        for slot, (tokens, parents) in zip(active, trees, strict=True):
+            lane = lanes[slot]
+            assert lane is not None
+            accepted = accepted_length(tokens, parents, lane.output, lane.p)
+            commit = min(accepted + 1, len(lane.output) - lane.p)
+            lane.delta = lane.record.output_ids[lane.p : lane.p + commit]
+            lane.p += commit
+            lane.steps += 1
+            result.steps += 1
+            result.accepted_tokens += accepted
+            result.output_tokens += commit
+            if lane.p == len(lane.output):
+                proposer.end(slot)
+                lanes[slot] = None
+                result.finished.append((len(lane.output), lane.steps))
+                finished.append(lane.record)
+        if live is not None and finished:
+            proposer.set_datastore(live.ingest(finished))
+        fill()
+    result.wall_s = time.perf_counter() - wall_start
+    final = live.datastore if live is not None else store
+    result.datastore_tokens = final.num_tokens
+    if live is not None:
+        stats = live.store.stats()
+        result.live_rebuilds, result.live_rebuild_s = stats.rebuilds, stats.rebuild_seconds_total
+        live.close()
+    return result

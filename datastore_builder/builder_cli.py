@@ -1,0 +1,237 @@
+"""``datastore-builder``: builds a datastore snapshot from text or token corpora.
+
+Example (the shared Llama-3 corpus, outputs only)::
+
+    datastore-builder build --input corpus.text.jsonl.gz \\
+        --prompt-field prompt_text --output-field output_text \\
+        --tokenizer llama3/tokenizer.json --output /srv/datastore/snap-001
+
+Errors (a missing file or field, bad JSON, an empty corpus, ...) print one line on
+stderr naming the file, line and field, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.pipeline import (
+    DEFAULT_BATCH_DOCS,
+    DEFAULT_MAX_SUB_INDEX_TOKENS,
+    BuildConfig,
+    build,
+)
+from drafter_service.corpus.readers import FORMATS, TEXT_SPLITS, Format, TextSplit
+from drafter_service.corpus.records import RECORD_KINDS, STORES, RecordKind, RecordSpec, Store
+
+PROG = "datastore-builder"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_build_parser(subparsers: Any) -> None:
+    """Registers ``build``."""
+    p = subparsers.add_parser(
+        "build",
+        help="tokenize a corpus and write a datastore snapshot",
+        description="Streams the inputs, tokenizes them (no special tokens added), packs the "
+        "documents into suffix-array sub-indices and writes one snapshot directory.",
+    )
+    io = p.add_argument_group("inputs and output")
+    io.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help="input file (.jsonl[.gz], .parquet, .txt[.gz]); repeatable",
+    )
+    io.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="format of every input (default: from each file's extension)",
+    )
+    io.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="snapshot directory to create (must not exist)",
+    )
+    rec = p.add_argument_group("records (JSONL / Parquet)")
+    rec.add_argument(
+        "--records",
+        choices=RECORD_KINDS,
+        help="what a record holds (default: chat with --messages-field, "
+        "prompt-output with --prompt-field/--output-field, else text)",
+    )
+    rec.add_argument("--text-field", metavar="NAME", help="text field (default 'text')")
+    rec.add_argument(
+        "--prompt-field",
+        metavar="NAME",
+        help="prompt field (default 'prompt', or 'prompt_ids' for token-ids)",
+    )
+    rec.add_argument(
+        "--output-field",
+        metavar="NAME",
+        help="output field (default 'output', or 'output_ids' for token-ids)",
+    )
+    rec.add_argument(
+        "--messages-field",
+        metavar="NAME",
+        help="chat messages field, a list of {role, content} (default 'messages')",
+    )
+    rec.add_argument(
+        "--store",
+        choices=STORES,
+        default="output",
+        help="which parts of prompt/output records become datastore text (default: output)",
+    )
+    rec.add_argument(
+        "--text-split",
+        choices=TEXT_SPLITS,
+        default="document",
+        help="plain-text inputs: one document per file (default), per paragraph "
+        "(blank-line) or per line",
+    )
+    tok = p.add_argument_group("tokenizer")
+    tok.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="a local Hugging Face tokenizer.json (never downloaded)",
+    )
+    tok.add_argument(
+        "--tokenizer-config",
+        type=Path,
+        metavar="PATH",
+        help="tokenizer_config.json with the chat template and special tokens "
+        "(default: beside --tokenizer)",
+    )
+    tok.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="PATH",
+        help="a Jinja chat template file (overrides the config's)",
+    )
+    tok.add_argument(
+        "--tokenizer-name",
+        metavar="NAME",
+        help="label recorded in the snapshot (default: the tokenizer's directory)",
+    )
+    tok.add_argument(
+        "--vocab-size",
+        type=_positive,
+        metavar="N",
+        help="vocabulary size (default: the tokenizer's, added tokens included; "
+        "required for token-ids records without --tokenizer)",
+    )
+    run = p.add_argument_group("build")
+    run.add_argument(
+        "--max-sub-index-tokens",
+        type=_positive,
+        metavar="N",
+        default=DEFAULT_MAX_SUB_INDEX_TOKENS,
+        help="most text positions per sub-index (default %(default)s)",
+    )
+    run.add_argument(
+        "--batch-docs",
+        type=_positive,
+        metavar="N",
+        default=DEFAULT_BATCH_DOCS,
+        help="documents per tokenizer batch (default %(default)s)",
+    )
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _record_spec(args: argparse.Namespace) -> RecordSpec:
+    kind: RecordKind | None = args.records
+    if kind is None:
+        if args.messages_field is not None:
+            kind = "chat"
+        elif args.prompt_field is not None or args.output_field is not None:
+            kind = "prompt-output"
+        else:
+            kind = "text"
+    ids = kind == "token-ids"
+    spec = RecordSpec(
+        kind=kind,
+        text_field=args.text_field or "text",
+        prompt_field=args.prompt_field or ("prompt_ids" if ids else "prompt"),
+        output_field=args.output_field or ("output_ids" if ids else "output"),
+        messages_field=args.messages_field or "messages",
+        store=cast(Store, args.store),
+    )
+    # --prompt-field with --store output is accepted (and unused): the same command line
+    # then works for both --store values.
+    unused = {
+        "--text-field": args.text_field is not None and kind != "text",
+        "--messages-field": args.messages_field is not None and kind != "chat",
+        "--prompt-field": args.prompt_field is not None
+        and kind not in ("prompt-output", "token-ids"),
+        "--output-field": args.output_field is not None
+        and kind not in ("prompt-output", "token-ids"),
+    }
+    for option, bad in unused.items():
+        if bad:
+            raise BuildError(f"{option} does not apply to {kind} records")
+    return spec
+
+
+def _config(args: argparse.Namespace) -> BuildConfig:
+    return BuildConfig(
+        inputs=list(args.input),
+        output=args.output,
+        spec=_record_spec(args),
+        format=cast(Format | None, args.format),
+        text_split=cast(TextSplit, args.text_split),
+        tokenizer=args.tokenizer,
+        tokenizer_config=args.tokenizer_config,
+        chat_template=args.chat_template,
+        tokenizer_name=args.tokenizer_name,
+        vocab_size=args.vocab_size,
+        max_sub_index_tokens=args.max_sub_index_tokens,
+        batch_docs=args.batch_docs,
+        quiet=args.quiet,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``datastore-builder``; returns the exit status (2 on any error)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Builds datastore snapshots from text or token corpora."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_build_parser(subparsers)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (status 2) and --help (status 0)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        report = build(_config(args))
+    except BuildError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    info = report.info
+    print(
+        f"wrote {info.path}: {report.tokens:,} tokens in {report.documents:,} documents "
+        f"({report.records:,} records, {report.empty_documents:,} empty skipped), "
+        f"{len(info.sub_indices)} sub-index(es), {report.seconds:.2f} s, "
+        f"{report.tokens_per_second / 1e6:.2f}M tokens/s"
+    )
+    return 0

@@ -1,0 +1,104 @@
+"""Asynchronous admin jobs (snapshot, rebuild, corpus add): queued, then run one at a
+time on a worker thread so that a long build never blocks the event loop that also
+serves gRPC; their status is kept in memory (the newest ``MAX_JOBS``)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from drafter_service.admin.http_errors import AdminError
+
+log = logging.getLogger(__name__)
+
+JobState = Literal["queued", "running", "succeeded", "failed"]
+MAX_JOBS = 256
+
+
+@dataclass(slots=True)
+class Job:
+    """One job; mutated only on the event loop."""
+
+    id: str
+    kind: str
+    datastore: str
+    state: JobState = "queued"
+    created_unix: float = field(default_factory=time.time)
+    started_unix: float | None = None
+    finished_unix: float | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class JobRunner:
+    """Runs jobs in submission order on one worker thread."""
+
+    def __init__(self) -> None:
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._ids = itertools.count(1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admin-job")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def submit(self, kind: str, datastore: str, work: Callable[[], dict[str, Any]]) -> Job:
+        """Queues ``work`` (blocking; returns the job's result) and returns its job."""
+        if self._closed:
+            raise AdminError(503, "shutting_down", "the service is shutting down")
+        job = Job(f"job-{next(self._ids):06d}", kind, datastore)
+        self._jobs[job.id] = job
+        while len(self._jobs) > MAX_JOBS:  # forget the oldest finished job
+            oldest = next(
+                (j for j in self._jobs.values() if j.state in ("succeeded", "failed")), None
+            )
+            if oldest is None:
+                break
+            del self._jobs[oldest.id]
+        task = asyncio.get_running_loop().create_task(self._run(job, work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    async def _run(self, job: Job, work: Callable[[], dict[str, Any]]) -> None:
+        loop = asyncio.get_running_loop()
+
+        def run() -> dict[str, Any]:
+            loop.call_soon_threadsafe(_mark_running, job)
+            return work()
+
+        try:
+            job.result = await loop.run_in_executor(self._executor, run)
+            job.state = "succeeded"
+        except asyncio.CancelledError:
+            job.state, job.error = "failed", "cancelled at shutdown"
+        except AdminError as exc:
+            job.state, job.error = "failed", exc.message
+        except Exception as exc:  # reported in the job's status, never raised
+            log.warning("admin job %s (%s) failed: %s", job.id, job.kind, exc)
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        job.finished_unix = time.time()
+
+    async def close(self) -> None:
+        """Refuses new jobs, drops queued ones, waits for the running one."""
+        self._closed = True
+        await asyncio.to_thread(self._executor.shutdown, True, cancel_futures=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _mark_running(job: Job) -> None:
+    if job.state == "queued":
+        job.state = "running"
+        job.started_unix = time.time()

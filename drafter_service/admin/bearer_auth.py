@@ -1,0 +1,107 @@
+"""Bearer-token authentication of the admin API, as an ASGI middleware.
+
+It runs before routing and body parsing, so an unauthenticated caller learns nothing
+(not even whether a route exists) and never makes the server read a body. Rules:
+
+* calls that change something (any method but GET/HEAD/OPTIONS) always need the
+  token; with no token configured they are refused (403) with how to configure one;
+* reads need it too when a token is configured, except the probes (``/healthz``,
+  ``/readyz``) and the API description (``/openapi.json``, ``/docs`` and its assets
+  under ``/docs/assets/``: public code, no server state), so the interactive docs
+  work in a browser;
+* a missing or wrong token is 401 with ``WWW-Authenticate: Bearer``; the comparison
+  is constant-time (``hmac.compare_digest`` over the UTF-8 bytes).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from pathlib import Path
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from drafter_service.admin.http_errors import error_response
+
+TOKEN_ENV = "DRAFTER_ADMIN_TOKEN"
+MIN_TOKEN_CHARS = 16
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
+DOCS_ASSETS_PATH = "/docs/assets"  # Swagger UI's files (static, the package's own copies)
+REALM = 'Bearer realm="drafter-admin"'
+NO_TOKEN_MESSAGE = (
+    "admin calls that change state are disabled: no admin token is configured; set "
+    f"--admin-token-file (DRAFTER_ADMIN_TOKEN_FILE) or the {TOKEN_ENV} environment variable"
+)
+
+
+def load_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The configured token: the file's content (stripped) if a file is given, else
+    ``DRAFTER_ADMIN_TOKEN``, else None. Raises ValueError for an unreadable file or a
+    token shorter than ``MIN_TOKEN_CHARS`` characters (guessable)."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"admin_token_file {token_file}: cannot read it: {exc}") from None
+        source = f"admin_token_file {token_file}"
+    elif environ.get(TOKEN_ENV, "").strip():
+        token, source = environ[TOKEN_ENV].strip(), TOKEN_ENV
+    else:
+        return None
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise ValueError(
+            f"{source}: the admin token must be at least {MIN_TOKEN_CHARS} characters "
+            "without whitespace"
+        )
+    return token
+
+
+class BearerAuth:
+    """ASGI middleware enforcing the rules of this module on HTTP requests."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self._token = token.encode("utf-8") if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        mutating = scope["method"] not in READ_METHODS
+        if not mutating and (self._token is None or _public(scope["path"])):
+            await self.app(scope, receive, send)
+            return
+        if self._token is None:
+            await error_response(403, "admin_disabled", NO_TOKEN_MESSAGE)(scope, receive, send)
+            return
+        presented = _bearer(scope)
+        if presented is None or not hmac.compare_digest(presented, self._token):
+            message = (
+                "missing bearer token (Authorization: Bearer <token>)"
+                if presented is None
+                else "invalid bearer token"
+            )
+            response = error_response(401, "unauthenticated", message)
+            response.headers["WWW-Authenticate"] = REALM
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _public(path: str) -> bool:
+    """Whether ``path`` is readable without the token (no ``..``: the prefix is no way out)."""
+    if path in PUBLIC_PATHS:
+        return True
+    return path.startswith(DOCS_ASSETS_PATH + "/") and ".." not in path.split("/")
+
+
+def _bearer(scope: Scope) -> bytes | None:
+    """The token of the ``Authorization: Bearer <token>`` header, or None."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credentials = value.partition(b" ")
+            if scheme.lower() == b"bearer" and credentials.strip():
+                return bytes(credentials.strip())
+            return None
+    return None

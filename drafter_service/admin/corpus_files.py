@@ -1,0 +1,152 @@
+"""Corpus files on the server's storage: resolving a client-given path safely inside
+``corpora_dir``, and building the file into sub-indices with the datastore builder.
+
+No HTTP here. Kinds: ``token-ids`` (JSONL/Parquet records with token-id lists, the
+builder's ``--records token-ids``), ``text`` and ``prompt-output`` (text records or
+plain text files, tokenized with the service's ``tokenizer.json``), and ``npy`` (a 1-D
+integer array of token ids, ``-1`` between documents, the sub-index text layout).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import numpy as np
+
+from drafter_service.admin.http_errors import bad_request, conflict, not_found
+from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.pipeline import BuildConfig, build
+from drafter_service.corpus.readers import TextSplit
+from drafter_service.corpus.records import RecordKind, RecordSpec, Store
+from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
+from drafter_service.live.live_datastore import Corpus
+from drafter_service.snapshot.store import SnapshotError, TokenizerIdentity, load_snapshot
+
+CorpusKind = Literal["token-ids", "text", "prompt-output", "npy"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+"""Snapshot and corpus names: no dots, slashes or leading dash, so never a path."""
+_PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
+
+
+def resolve_corpus_path(corpora_dir: Path | None, relative: str) -> Path:
+    """``relative`` (a POSIX path) inside ``corpora_dir``, symlinks resolved. Refuses
+    absolute paths, ``..``, hidden or odd components, and anything resolving outside."""
+    if corpora_dir is None:
+        raise conflict(
+            "no corpora directory is configured: start the service with --corpora-dir "
+            "(DRAFTER_CORPORA_DIR) and put corpus files there"
+        )
+    parts = PurePosixPath(relative).parts
+    if (
+        not relative
+        or relative.startswith("/")
+        or "\\" in relative
+        or not parts
+        or not all(_PATH_PART.fullmatch(p) for p in parts)
+    ):
+        raise bad_request(
+            f"path {relative!r} must be relative to the corpora directory, with components "
+            "of letters, digits and _.+- (not starting with a dot)"
+        )
+    root = corpora_dir.resolve()
+    try:
+        path = root.joinpath(*parts).resolve(strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise not_found(f"no corpus file {relative!r} in the corpora directory") from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise bad_request(f"path {relative!r} cannot be resolved: {exc}") from None
+    if not path.is_relative_to(root):
+        raise bad_request(f"path {relative!r} leads outside the corpora directory")
+    if not path.is_file():
+        raise bad_request(f"path {relative!r} is not a regular file")
+    return path
+
+
+def build_corpus(
+    name: str,
+    path: Path,
+    kind: CorpusKind,
+    tokenizer: TokenizerIdentity,
+    tokenizer_file: Path | None,
+    scratch_dir: Path,
+    *,
+    store: Store = "output",
+    text_field: str = "text",
+    prompt_field: str | None = None,
+    output_field: str | None = None,
+    text_split: TextSplit = "document",
+    max_sub_index_tokens: int = 512_000_000,
+) -> Corpus:
+    """Builds ``path`` into a :class:`Corpus` (blocking). Raises AdminError (400 for a
+    bad file, 409 when text needs a tokenizer the service does not have)."""
+    source = {"path": str(path), "kind": kind, "bytes": path.stat().st_size}
+    if kind == "npy":
+        return Corpus(name, (_npy_sub_index(path, tokenizer.vocab_size),), source)
+    if kind != "token-ids" and tokenizer_file is None:
+        raise conflict(
+            f"corpus kind {kind!r} needs the service's tokenizer.json: start it with --tokenizer"
+        )
+    ids = kind == "token-ids"
+    record_kind: RecordKind = "token-ids" if ids else kind
+    spec = RecordSpec(
+        kind=record_kind,
+        text_field=text_field,
+        prompt_field=prompt_field or ("prompt_ids" if ids else "prompt"),
+        output_field=output_field or ("output_ids" if ids else "output"),
+        store=store,
+    )
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=scratch_dir))
+    try:
+        report = build(
+            BuildConfig(
+                inputs=[path],
+                output=work / name,
+                spec=spec,
+                text_split=text_split,
+                tokenizer=None if ids else tokenizer_file,
+                vocab_size=tokenizer.vocab_size,
+                max_sub_index_tokens=max_sub_index_tokens,
+                quiet=True,
+            )
+        )
+        # Mapped read-only: the mapping outlives the files, removed below.
+        datastore, _ = load_snapshot(report.info.path, expect_tokenizer=tokenizer)
+    except (BuildError, SnapshotError) as exc:
+        raise bad_request(f"corpus {name!r}: {exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta = {**source, "documents": report.documents, "tokens": report.tokens}
+    return Corpus(name, datastore.sub_indices, meta)
+
+
+def _npy_sub_index(path: Path, vocab_size: int) -> SubIndex:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise bad_request(f"{path.name}: not a readable .npy array: {exc}") from None
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer) or len(array) == 0:
+        raise bad_request(
+            f"{path.name}: expected a non-empty 1-D integer array, got {array.ndim}-D "
+            f"{array.dtype} of {array.size} values"
+        )
+    low, high = int(array.min()), int(array.max())
+    if low < SEPARATOR or high >= vocab_size:
+        raise bad_request(
+            f"{path.name}: values must be token ids in [0, {vocab_size}) or {SEPARATOR} "
+            f"between documents; found [{low}, {high}]"
+        )
+    text = np.ascontiguousarray(array, dtype=np.int32)
+    try:
+        return SubIndex.from_text(text, vocab_size)
+    except ValueError as exc:
+        raise bad_request(f"{path.name}: {exc}") from None
+
+
+def scratch_dir(data_dir: Path) -> Path:
+    """Where corpus builds write their temporary snapshot (same filesystem as data)."""
+    return data_dir / "corpus-builds"

@@ -1,0 +1,166 @@
+"""Records from all inputs grouped into batches of documents, and a thread that
+produces them ahead of the consumer.
+
+Reading, JSON parsing and chat rendering hold the GIL; tokenization and suffix-array
+builds do not. :func:`prefetch` runs the batching on its own thread so the two overlap.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.readers import TEXT_KEY, Format, TextSplit, iter_records
+from drafter_service.corpus.records import RecordSpec, Renderer, id_parts, text_parts
+
+T = TypeVar("T")
+_PLAIN_TEXT = RecordSpec(kind="text", text_field=TEXT_KEY)
+
+
+@dataclass(slots=True)
+class InputFile:
+    """One input and what was read from it."""
+
+    path: Path
+    format: Format
+    size: int  # bytes on disk
+    records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Documents to tokenize (``texts``) or already tokenized (``ids``): each document
+    is ``parts_per_doc`` consecutive entries."""
+
+    texts: list[str] | None
+    ids: list[npt.NDArray[np.int32]] | None
+    parts_per_doc: int
+    wheres: list[str]
+    consumed: int  # input bytes read since the previous batch
+
+
+def iter_batches(
+    inputs: list[InputFile],
+    spec: RecordSpec,
+    text_split: TextSplit,
+    render: Renderer | None,
+    vocab_size: int,
+    *,
+    batch_docs: int,
+    batch_chars: int = 32 << 20,
+) -> Iterator[Batch]:
+    """Batches of at most ``batch_docs`` documents (and about ``batch_chars`` characters
+    of text), in input order. A batch never mixes parts-per-document shapes."""
+    texts: list[str] = []
+    arrays: list[npt.NDArray[np.int32]] = []
+    wheres: list[str] = []
+    size = 0
+    consumed = 0
+    shape = (False, 0)  # (token ids?, parts per document) of the batch being filled
+
+    def advance(n: int) -> None:
+        nonlocal consumed
+        consumed += n
+
+    def flush() -> Batch:
+        nonlocal texts, arrays, wheres, size, consumed
+        ids = shape[0]
+        batch = Batch(
+            texts=None if ids else texts,
+            ids=arrays if ids else None,
+            parts_per_doc=shape[1],
+            wheres=wheres,
+            consumed=consumed,
+        )
+        texts, arrays, wheres, size, consumed = [], [], [], 0, 0
+        return batch
+
+    for item in inputs:
+        file_spec = _PLAIN_TEXT if item.format == "text" else spec
+        file_shape = (file_spec.kind == "token-ids", len(file_spec.fields))
+        if file_shape != shape and wheres:
+            yield flush()
+        shape = file_shape
+        records = iter_records(item.path, item.format, file_spec.fields, text_split, advance)
+        for where, record in records:
+            item.records += 1
+            if shape[0]:
+                new_arrays = id_parts(file_spec, record, where, vocab_size)
+                arrays.extend(new_arrays)
+                size += sum(len(a) for a in new_arrays)
+            else:
+                new_texts = text_parts(file_spec, record, where, render)
+                texts.extend(new_texts)
+                size += sum(len(t) for t in new_texts)
+            wheres.append(where)
+            if len(wheres) >= batch_docs or size >= batch_chars:
+                yield flush()
+    if wheres or consumed:
+        yield flush()
+
+
+_DONE = object()
+
+
+def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Yields ``items`` produced on a background thread, at most ``depth`` ahead.
+
+    An exception in the producer is re-raised in the consumer; when the consumer
+    stops early (or fails), the producer is told to stop and is joined.
+    """
+    slots: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(value: object) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, re-raised there
+            put(exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # stops a chained prefetch's thread too
+
+    thread = threading.Thread(target=produce, name="builder-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            value = slots.get()
+            if value is _DONE:
+                return
+            if isinstance(value, BaseException):
+                raise value
+            yield cast(T, value)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def check_kinds(inputs: list[InputFile], spec: RecordSpec) -> None:
+    """Plain-text files hold text: they cannot feed a ``token-ids`` build."""
+    for item in inputs:
+        if item.format == "text" and spec.kind == "token-ids":
+            raise BuildError(
+                f"{item.path}: a plain-text input cannot hold token ids "
+                "(--records token-ids needs JSONL or Parquet inputs)"
+            )

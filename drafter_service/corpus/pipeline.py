@@ -1,0 +1,263 @@
+"""The build: inputs -> batches -> token chunks -> sub-indices -> one snapshot.
+
+Memory stays bounded by the token arrays of the datastore (int32) plus a few batches:
+input is streamed; a reader thread parses batches ahead while two batches at a time are
+tokenized (the Rust tokenizer releases the GIL and spreads each batch over every core)
+and the main thread packs their ids; suffix arrays are built on a worker thread as
+sub-indices fill up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drafter_service.corpus.batching import Batch, InputFile, check_kinds, iter_batches, prefetch
+from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.build_progress import Progress
+from drafter_service.corpus.chunks import Chunk, TextTokenizer, make_chunk
+from drafter_service.corpus.packer import SubIndexPacker
+from drafter_service.corpus.readers import Format, TextSplit, detect_format, input_size
+from drafter_service.corpus.records import RecordSpec
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.snapshot.store import (
+    SnapshotError,
+    SnapshotInfo,
+    TokenizerIdentity,
+    write_snapshot,
+)
+
+if TYPE_CHECKING:
+    from drafter_service.corpus.chat import ChatTemplate
+
+DEFAULT_MAX_SUB_INDEX_TOKENS = 512_000_000
+DEFAULT_BATCH_DOCS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class BuildConfig:
+    """Everything one build needs (the command line's options)."""
+
+    inputs: list[Path]
+    output: Path
+    spec: RecordSpec = field(default_factory=RecordSpec)
+    format: Format | None = None  # None: from each file's extension
+    text_split: TextSplit = "document"
+    tokenizer: Path | None = None  # tokenizer.json; needed unless spec.kind == "token-ids"
+    tokenizer_config: Path | None = None  # default: tokenizer_config.json beside tokenizer
+    chat_template: Path | None = None
+    tokenizer_name: str | None = None
+    vocab_size: int | None = None  # default: the tokenizer's, added tokens included
+    max_sub_index_tokens: int = DEFAULT_MAX_SUB_INDEX_TOKENS
+    batch_docs: int = DEFAULT_BATCH_DOCS
+    quiet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BuildReport:
+    """What a build wrote and how fast."""
+
+    info: SnapshotInfo
+    records: int
+    documents: int
+    empty_documents: int
+    tokens: int  # token ids, separators excluded
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+def build(config: BuildConfig) -> BuildReport:
+    """Runs one build; raises :class:`BuildError` naming the file, line or field at fault."""
+    start = time.perf_counter()
+    if not config.inputs:
+        raise BuildError("no input: give at least one --input")
+    _check_output(config.output)
+    if config.batch_docs < 1:
+        raise BuildError(f"--batch-docs must be >= 1, got {config.batch_docs}")
+    inputs = [
+        InputFile(path, config.format or detect_format(path), input_size(path))
+        for path in config.inputs
+    ]
+    check_kinds(inputs, config.spec)
+    tokenizer, identity, vocab_size = _tokenizer(config, inputs)
+    template = None
+    if config.spec.kind == "chat" and any(i.format != "text" for i in inputs):
+        config_path = config.tokenizer_config
+        if config_path is None and tokenizer is not None:
+            config_path = tokenizer.path.parent / "tokenizer_config.json"
+        from drafter_service.corpus.chat import ChatTemplate  # deferred: only chat needs jinja2
+
+        template = ChatTemplate.load(config_path, config.chat_template)
+
+    packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
+    # Token-id records are read, not tokenized: the bar says which work it measures.
+    first_stage = "reading token ids" if _ids_only(config, inputs) else "tokenizing"
+    progress = Progress(sum(i.size for i in inputs), config.quiet, first_stage)
+    documents = empty = 0
+    try:
+        batches = iter_batches(
+            inputs,
+            config.spec,
+            config.text_split,
+            template.render if template is not None else None,
+            vocab_size,
+            batch_docs=config.batch_docs,
+        )
+        # Stages on their own threads: read/parse -> tokenize (x2) -> pack (+ SA builds).
+        for batch, chunk in _chunks(prefetch(batches), tokenizer, vocab_size):
+            packer.add(chunk)
+            documents += chunk.num_documents
+            empty += chunk.empty
+            progress.update(batch.consumed, chunk.num_tokens)
+        records = sum(i.records for i in inputs)
+        if progress.tokens == 0:
+            raise BuildError(
+                f"empty corpus: {records} records in {len(inputs)} input file(s) gave no "
+                f"tokens (fields {', '.join(map(repr, config.spec.fields))})"
+            )
+        progress.stage("suffix arrays")
+        sub_indices = packer.finish()
+    except BaseException:
+        packer.abort()
+        progress.close()
+        raise
+    progress.stage("writing")
+    meta = _metadata(config, inputs, template, packer.documents, documents, empty, progress.tokens)
+    try:
+        info = write_snapshot(
+            config.output, Datastore(sub_indices, vocab_size), identity, metadata=meta
+        )
+    except SnapshotError as exc:
+        raise BuildError(str(exc)) from None
+    finally:
+        progress.close()
+    seconds = time.perf_counter() - start
+    return BuildReport(info, records, documents, empty, progress.tokens, seconds)
+
+
+def _check_output(path: Path) -> None:
+    """Refuses, before any work, an output that write_snapshot would refuse at the end."""
+    if path.exists() or path.is_symlink():
+        raise BuildError(f"{path}: already exists; the builder never overwrites")
+    if not path.name or path.name.startswith("."):
+        raise BuildError(f"{path}: the snapshot directory name must not be empty or hidden")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"{path}: cannot create its parent directory: {exc}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BuildError(f"{path}: its parent directory {parent} is not writable")
+
+
+def _chunks(
+    batches: Iterator[Batch], tokenizer: TextTokenizer | None, vocab_size: int, workers: int = 2
+) -> Iterator[tuple[Batch, Chunk]]:
+    """Each batch with its documents as a token chunk, in order. ``workers`` batches are
+    tokenized at once, so the tokenizer's thread pool always has work queued while a
+    finished batch's ids are converted (which needs the GIL)."""
+
+    def work(batch: Batch) -> Chunk:
+        if batch.texts is not None:
+            assert tokenizer is not None  # _tokenizer ensures it for text inputs
+            parts: Sequence[Any] = tokenizer.encode(batch.texts)
+        else:
+            parts = batch.ids or []
+        return make_chunk(parts, batch.parts_per_doc, batch.wheres, vocab_size)
+
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
+    pending: deque[tuple[Batch, Future[Chunk]]] = deque()
+    try:
+        for batch in batches:
+            pending.append((batch, pool.submit(work, batch)))
+            if len(pending) > workers:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ids_only(config: BuildConfig, inputs: list[InputFile]) -> bool:
+    """Whether every input holds token ids (nothing to tokenize: plain text files are
+    text whatever the record kind)."""
+    return not config.spec.needs_tokenizer and all(i.format != "text" for i in inputs)
+
+
+def _tokenizer(
+    config: BuildConfig, inputs: list[InputFile]
+) -> tuple[TextTokenizer | None, TokenizerIdentity, int]:
+    """The text tokenizer (None when every input holds token ids), the identity written
+    to the snapshot, and the vocabulary size."""
+    needs = not _ids_only(config, inputs)
+    if config.tokenizer is None:
+        if needs:
+            raise BuildError("text records need a tokenizer: give --tokenizer PATH/tokenizer.json")
+        if config.vocab_size is None:
+            raise BuildError("token-id records without --tokenizer need --vocab-size")
+        name = config.tokenizer_name or "unknown"
+        return None, TokenizerIdentity(name, config.vocab_size), config.vocab_size
+    tokenizer = TextTokenizer(config.tokenizer)
+    vocab_size = config.vocab_size or tokenizer.vocab_size
+    try:
+        identity = TokenizerIdentity.from_file(
+            config.tokenizer, name=config.tokenizer_name, vocab_size=vocab_size
+        )
+    except SnapshotError as exc:
+        raise BuildError(str(exc)) from None
+    return tokenizer, identity, vocab_size
+
+
+def _metadata(
+    config: BuildConfig,
+    inputs: list[InputFile],
+    template: ChatTemplate | None,
+    sub_index_documents: list[int],
+    documents: int,
+    empty: int,
+    tokens: int,
+) -> dict[str, object]:
+    try:
+        version = importlib_metadata.version("sssd-drafter")
+    except importlib_metadata.PackageNotFoundError:
+        version = "unknown"
+    meta: dict[str, object] = {
+        "tool": "datastore-builder",
+        "tool_version": version,
+        "records": config.spec.kind,
+        "fields": list(config.spec.fields),
+        "inputs": [
+            {
+                "path": str(i.path.resolve()),
+                "format": i.format,
+                "bytes": i.size,
+                "records": i.records,
+            }
+            for i in inputs
+        ],
+        "documents": documents,
+        "empty_documents_skipped": empty,
+        "tokens": tokens,
+        "sub_index_documents": sub_index_documents,
+        "max_sub_index_tokens": config.max_sub_index_tokens,
+        "tokenizer_file": str(config.tokenizer.resolve()) if config.tokenizer else None,
+    }
+    if config.spec.kind in ("prompt-output", "token-ids"):
+        meta["store"] = config.spec.store
+    if any(i.format == "text" for i in inputs):
+        meta["text_split"] = config.text_split
+    if template is not None:
+        meta["chat_template"] = {"origin": template.origin, "sha256": template.sha256}
+    return meta

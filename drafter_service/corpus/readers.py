@@ -1,0 +1,220 @@
+"""Streaming readers of the input files: JSONL(.gz), Parquet and plain text.
+
+Every reader yields ``(where, record)`` pairs, one at a time: ``where`` names the file
+and line (or Parquet row) for error messages, ``record`` maps field names to values.
+Memory stays bounded by one record (JSONL, text lines), one record batch (Parquet)
+or one document (a whole text file). Each reader reports the input bytes it has
+consumed through ``advance`` so the caller can show progress against the file size.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from drafter_service.corpus.build_errors import BuildError
+
+Format = Literal["jsonl", "parquet", "text"]
+TextSplit = Literal["document", "blank-line", "line"]
+Advance = Callable[[int], None]
+"""Called with the number of input bytes consumed since the previous call."""
+
+FORMATS: tuple[Format, ...] = ("jsonl", "parquet", "text")
+TEXT_SPLITS: tuple[TextSplit, ...] = ("document", "blank-line", "line")
+TEXT_KEY = "text"
+"""Field name of the records that plain-text files yield."""
+
+_SUFFIXES: dict[str, Format] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+}
+_PROGRESS_EVERY = 512  # records between two progress reports
+_PARQUET_BATCH_ROWS = 2048
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def detect_format(path: Path) -> Format:
+    """The format named by the file's extension (``.gz`` is looked through)."""
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    fmt = _SUFFIXES.get(Path(name).suffix)
+    if fmt is None:
+        known = ", ".join(sorted(_SUFFIXES))
+        raise BuildError(
+            f"{path}: cannot tell the format from the extension (known: {known}, each "
+            f"optionally .gz); name it with --format {'|'.join(FORMATS)}"
+        )
+    if fmt == "parquet" and path.name.lower().endswith(".gz"):
+        raise BuildError(f"{path}: gzip-compressed Parquet is not supported; decompress it")
+    return fmt
+
+
+def input_size(path: Path) -> int:
+    """Size in bytes of a readable input file; refuses missing and unreadable ones."""
+    try:
+        st = path.stat()
+        if not path.is_file():
+            raise BuildError(f"{path}: not a regular file")
+        with open(path, "rb"):
+            pass
+    except FileNotFoundError:
+        raise BuildError(f"{path}: no such input file") from None
+    except OSError as exc:
+        raise BuildError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    return st.st_size
+
+
+def _open_binary(path: Path) -> tuple[gzip.GzipFile | io.BufferedReader, io.BufferedReader]:
+    """``(stream, raw)``: the decompressed stream and the raw file, whose position
+    is the number of input bytes consumed."""
+    try:
+        raw = open(path, "rb")  # closed by the caller
+    except OSError as exc:
+        raise BuildError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    if raw.peek(2)[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    return raw, raw
+
+
+def _iter_lines(path: Path, advance: Advance) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a possibly gzipped file, reporting progress."""
+    stream, raw = _open_binary(path)
+    with raw, stream:
+        lineno = 0
+        reported = 0
+        while True:
+            try:
+                line = stream.readline()
+            except _READ_ERRORS as exc:
+                raise BuildError(f"{path}:{lineno + 1}: cannot read: {exc}") from None
+            if not line:
+                break
+            lineno += 1
+            yield lineno, line
+            if lineno % _PROGRESS_EVERY == 0:
+                pos = raw.tell()
+                advance(pos - reported)
+                reported = pos
+        advance(os.fstat(raw.fileno()).st_size - reported)
+
+
+def iter_jsonl(path: Path, advance: Advance) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """One JSON object per non-blank line."""
+    for lineno, line in _iter_lines(path, advance):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BuildError(
+                f"{where}: bad JSON on line {lineno}: {exc.msg} (column {exc.colno})"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise BuildError(f"{where}: line {lineno} is not UTF-8 text: {exc.reason}") from None
+        if not isinstance(obj, dict):
+            raise BuildError(
+                f"{where}: line {lineno} is a JSON {type(obj).__name__}, not an object"
+            )
+        yield where, obj
+
+
+def iter_parquet(
+    path: Path, columns: Sequence[str], advance: Advance
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Rows of ``columns``, read one record batch at a time."""
+    import pyarrow.parquet as pq  # deferred: only Parquet inputs need pyarrow
+
+    try:
+        pf = pq.ParquetFile(str(path))
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise BuildError(f"{path}: not a readable Parquet file: {exc}") from None
+    names = list(pf.schema_arrow.names)
+    for column in columns:
+        if column not in names:
+            raise BuildError(
+                f"{path}: Parquet file has no column {column!r} "
+                f"(its columns: {', '.join(map(repr, names)) or 'none'})"
+            )
+    size, total_rows = os.path.getsize(path), max(1, pf.metadata.num_rows)
+    row, reported = 0, 0
+    try:
+        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=list(columns)):
+            values = [batch.column(i).to_pylist() for i in range(len(columns))]
+            for i in range(batch.num_rows):
+                row += 1
+                yield f"{path}: row {row}", {c: v[i] for c, v in zip(columns, values, strict=True)}
+            done = size * row // total_rows
+            advance(done - reported)
+            reported = done
+    except BuildError:
+        raise
+    except Exception as exc:
+        raise BuildError(f"{path}: cannot read Parquet row group after row {row}: {exc}") from None
+    advance(size - reported)
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        at = f" at line {line} of the document" if b"\n" in data.rstrip(b"\r\n") else ""
+        raise BuildError(f"{where}: not UTF-8 text ({exc.reason}{at})") from None
+
+
+def iter_text(
+    path: Path, split: TextSplit, advance: Advance
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Plain text: the whole file as one document, or one per paragraph / line."""
+    if split == "document":
+        stream, raw = _open_binary(path)
+        with raw, stream:
+            try:
+                data = stream.read()
+            except _READ_ERRORS as exc:
+                raise BuildError(f"{path}: cannot read: {exc}") from None
+            advance(os.fstat(raw.fileno()).st_size)
+        yield str(path), {TEXT_KEY: _decode(data, str(path))}
+        return
+    paragraph: list[bytes] = []
+    first = 0
+    for lineno, line in _iter_lines(path, advance):
+        if split == "line":
+            if line.strip():
+                where = f"{path}:{lineno}"
+                yield where, {TEXT_KEY: _decode(line.rstrip(b"\r\n"), where)}
+        elif line.strip():
+            first = first or lineno
+            paragraph.append(line)
+        elif paragraph:
+            where = f"{path}:{first}"
+            yield where, {TEXT_KEY: _decode(b"".join(paragraph).rstrip(b"\r\n"), where)}
+            paragraph, first = [], 0
+    if paragraph:
+        where = f"{path}:{first}"
+        yield where, {TEXT_KEY: _decode(b"".join(paragraph).rstrip(b"\r\n"), where)}
+
+
+def iter_records(
+    path: Path, fmt: Format, columns: Sequence[str], split: TextSplit, advance: Advance
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """The records of one input file in format ``fmt``."""
+    if fmt == "jsonl":
+        return iter_jsonl(path, advance)
+    if fmt == "parquet":
+        return iter_parquet(path, columns, advance)
+    return iter_text(path, split, advance)

@@ -1,0 +1,141 @@
+"""Which fields of a record become datastore text, and their validation.
+
+A record yields one document made of one or two *parts* (the prompt and the output
+are tokenized separately and their ids joined, exactly as the token files hold them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.corpus.build_errors import BuildError
+
+RecordKind = Literal["text", "prompt-output", "chat", "token-ids"]
+Store = Literal["output", "prompt+output"]
+RECORD_KINDS: tuple[RecordKind, ...] = ("text", "prompt-output", "chat", "token-ids")
+STORES: tuple[Store, ...] = ("output", "prompt+output")
+
+Renderer = Callable[[list[Mapping[str, Any]], str], str]
+"""Renders a conversation (``messages``, ``where``) into one text."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    """How records become documents.
+
+    * ``text``: the string field ``text_field``;
+    * ``prompt-output``: the string fields ``output_field`` (``store="output"``) or
+      ``prompt_field`` then ``output_field`` (``store="prompt+output"``);
+    * ``chat``: the list of ``{role, content}`` objects in ``messages_field``, rendered
+      with the tokenizer's chat template;
+    * ``token-ids``: like ``prompt-output`` but the fields hold lists of token ids.
+    """
+
+    kind: RecordKind = "text"
+    text_field: str = "text"
+    prompt_field: str = "prompt"
+    output_field: str = "output"
+    messages_field: str = "messages"
+    store: Store = "output"
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields read from each record, in the order of the document's parts."""
+        if self.kind == "text":
+            return (self.text_field,)
+        if self.kind == "chat":
+            return (self.messages_field,)
+        if self.store == "output":
+            return (self.output_field,)
+        return (self.prompt_field, self.output_field)
+
+    @property
+    def needs_tokenizer(self) -> bool:
+        return self.kind != "token-ids"
+
+    def describe(self) -> str:
+        """Short description for the snapshot metadata and messages."""
+        return f"{self.kind} records, fields {', '.join(map(repr, self.fields))}"
+
+
+def _field(record: Mapping[str, Any], name: str, where: str) -> Any:
+    try:
+        value = record[name]
+    except KeyError:
+        have = ", ".join(map(repr, list(record)[:12])) or "none"
+        raise BuildError(f"{where}: missing field {name!r} (the record has: {have})") from None
+    if value is None:
+        raise BuildError(f"{where}: field {name!r} is null")
+    return value
+
+
+def text_parts(
+    spec: RecordSpec, record: Mapping[str, Any], where: str, render: Renderer | None
+) -> list[str]:
+    """The texts to tokenize for one record (``text``, ``prompt-output``, ``chat``)."""
+    if spec.kind == "chat":
+        messages = _field(record, spec.messages_field, where)
+        _check_messages(messages, spec.messages_field, where)
+        if render is None:
+            raise BuildError("chat records need a chat template")
+        return [render(messages, where)]
+    parts = []
+    for name in spec.fields:
+        value = _field(record, name, where)
+        if not isinstance(value, str):
+            raise BuildError(
+                f"{where}: field {name!r} must be a string, got {type(value).__name__}"
+            )
+        parts.append(value)
+    return parts
+
+
+def _check_messages(messages: Any, name: str, where: str) -> None:
+    if not isinstance(messages, list):
+        raise BuildError(
+            f"{where}: field {name!r} must be a list of {{role, content}} objects, "
+            f"got {type(messages).__name__}"
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BuildError(
+                f"{where}: field {name!r}: message {i} must be an object with a string "
+                f"'role' (and a 'content'), got {message!r:.80}"
+            )
+
+
+def id_parts(
+    spec: RecordSpec, record: Mapping[str, Any], where: str, vocab_size: int
+) -> list[npt.NDArray[np.int32]]:
+    """The token-id lists of one ``token-ids`` record, validated against ``vocab_size``."""
+    return [_ids(_field(record, name, where), name, where, vocab_size) for name in spec.fields]
+
+
+def _ids(value: Any, name: str, where: str, vocab_size: int) -> npt.NDArray[np.int32]:
+    if not isinstance(value, list | tuple | np.ndarray):
+        raise BuildError(
+            f"{where}: field {name!r} must be a list of token ids, got {type(value).__name__}"
+        )
+    if len(value) == 0:
+        return np.zeros(0, dtype=np.int32)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):
+        arr = np.zeros((0, 0))
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
+        what = f"holds a non-integer value {bad!r:.40}" if bad is not None else "is too large"
+        raise BuildError(f"{where}: field {name!r} must be a flat list of token ids; it {what}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        i = int(np.argmax((arr < 0) | (arr >= vocab_size)))
+        raise BuildError(
+            f"{where}: field {name!r}: token id {int(arr[i])} at index {i} is outside "
+            f"[0, {vocab_size})"
+        )
+    return arr.astype(np.int32, copy=False)

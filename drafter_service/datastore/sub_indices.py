@@ -1,0 +1,177 @@
+"""The datastore: immutable suffix-array sub-indices over token documents (SSSD §3.1.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.datastore.tokens import as_token_array
+from drafter_service.native import _core
+
+SEPARATOR = -1
+"""Token value between documents in a sub-index; sorts below every token id."""
+
+
+def concat_documents(
+    documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
+) -> npt.NDArray[np.int32]:
+    """Joins documents into one int32 text with ``SEPARATOR`` between them."""
+    parts: list[npt.NDArray[np.int32]] = []
+    sep = np.array([SEPARATOR], dtype=np.int32)
+    for i, doc in enumerate(documents):
+        arr = as_token_array(doc, vocab_size, what=f"document {i}")
+        if parts:
+            parts.append(sep)
+        parts.append(arr)
+    if not parts:
+        return np.zeros(0, dtype=np.int32)
+    return np.concatenate(parts)
+
+
+class SubIndex:
+    """One suffix array over a text of documents. Immutable once built."""
+
+    __slots__ = ("_native", "origin")
+
+    def __init__(self, native: _core.SubIndex) -> None:
+        self._native = native
+        self.origin: tuple[Path, object] | None = None
+        """A snapshot directory and manifest entry whose files hold exactly this
+        sub-index (set when loaded or written), so a later snapshot can hardlink
+        them instead of writing them again."""
+
+    @classmethod
+    def build(
+        cls, documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
+    ) -> SubIndex:
+        """Builds the suffix array (SA-IS, linear time) over ``documents``."""
+        _check_vocab_size(vocab_size)
+        return cls.from_text(concat_documents(documents, vocab_size), vocab_size)
+
+    @classmethod
+    def from_text(cls, text: npt.NDArray[np.int32], vocab_size: int) -> SubIndex:
+        """Builds the suffix array over an already joined text: token ids in
+        ``[0, vocab_size)`` with ``SEPARATOR`` between documents. The text is copied."""
+        _check_vocab_size(vocab_size)
+        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
+            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
+        if len(text) >= 2**31 - 2:
+            raise ValueError(f"sub-index of {len(text)} tokens exceeds the 2^31 - 2 limit")
+        return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
+
+    def extended(self, text: npt.NDArray[np.int32]) -> SubIndex:
+        """A new sub-index over this one's text, a separator and ``text`` (joined
+        documents, as for :meth:`from_text`). Copies and builds without holding the
+        GIL, so drafting threads keep running during a live rebuild."""
+        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
+            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
+        if self.num_tokens + 1 + len(text) >= 2**31 - 2:
+            raise ValueError(
+                f"sub-index of {self.num_tokens + 1 + len(text)} tokens exceeds the 2^31 - 2 limit"
+            )
+        return SubIndex(_core.SubIndex.build_extended(self._native, np.ascontiguousarray(text)))
+
+    @classmethod
+    def from_arrays(
+        cls,
+        tokens: npt.NDArray[np.int32],
+        suffix_array: npt.NDArray[np.int32],
+        vocab_size: int,
+    ) -> SubIndex:
+        """Wraps existing arrays (e.g. memory-mapped snapshot files) without copying."""
+        _check_vocab_size(vocab_size)
+        for name, arr in (("tokens", tokens), ("suffix_array", suffix_array)):
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
+                raise ValueError(f"{name} must be a 1-D int32 array, got {_describe(arr)}")
+            if not arr.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
+        return cls(_core.SubIndex.wrap(tokens, suffix_array, vocab_size, (tokens, suffix_array)))
+
+    @property
+    def num_tokens(self) -> int:
+        """Text positions, separators included."""
+        return self._native.num_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self._native.vocab_size
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes kept in memory: 4 per token, 4 per suffix, and a first-token table."""
+        return self._native.resident_bytes
+
+    def tokens(self) -> npt.NDArray[np.int32]:
+        """Read-only view of the text (no copy)."""
+        return self._native.tokens()
+
+    def suffix_array(self) -> npt.NDArray[np.int32]:
+        """Read-only view of the suffix array (no copy)."""
+        return self._native.suffix_array()
+
+    def find_range(self, prefix: Sequence[int] | npt.NDArray[np.integer]) -> tuple[int, int]:
+        """Rows ``[begin, end)`` of the suffix array whose suffixes start with ``prefix``."""
+        arr = as_token_array(prefix, self.vocab_size, what="prefix")
+        return self._native.find_range(arr)
+
+
+class Datastore:
+    """An immutable set of sub-indices (oldest first) sharing one vocabulary."""
+
+    __slots__ = ("_native", "_sub_indices", "vocab_size")
+
+    def __init__(self, sub_indices: Sequence[SubIndex], vocab_size: int) -> None:
+        _check_vocab_size(vocab_size)
+        for i, s in enumerate(sub_indices):
+            if s.vocab_size != vocab_size:
+                raise ValueError(
+                    f"sub-index {i} has vocab_size {s.vocab_size}, expected {vocab_size}"
+                )
+        self._sub_indices = tuple(sub_indices)
+        self.vocab_size = vocab_size
+        self._native = _core.Datastore([s._native for s in self._sub_indices])
+
+    @classmethod
+    def empty(cls, vocab_size: int) -> Datastore:
+        return cls([], vocab_size)
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Iterable[Sequence[int] | npt.NDArray[np.integer]],
+        vocab_size: int,
+    ) -> Datastore:
+        """One sub-index over all ``documents``."""
+        return cls([SubIndex.build(documents, vocab_size)], vocab_size)
+
+    @property
+    def sub_indices(self) -> tuple[SubIndex, ...]:
+        return self._sub_indices
+
+    @property
+    def num_tokens(self) -> int:
+        return self._native.num_tokens
+
+    @property
+    def resident_bytes(self) -> int:
+        return self._native.resident_bytes
+
+    @property
+    def native(self) -> _core.Datastore:
+        return self._native
+
+
+def _check_vocab_size(vocab_size: int) -> None:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
+    if not 1 <= vocab_size <= 2**30:
+        raise ValueError(f"vocab_size {vocab_size} is outside [1, 2^30]")
+
+
+def _describe(arr: object) -> str:
+    if isinstance(arr, np.ndarray):
+        return f"{arr.ndim}-D {arr.dtype} array"
+    return type(arr).__name__

@@ -1,0 +1,78 @@
+"""``drafter serve``: run the drafting service until SIGTERM or SIGINT.
+
+Prints exactly one line to stdout, ``drafter listening on HOST:PORT``, once the service
+is SERVING; logs go to stderr. Exit status: 0 after a graceful shutdown, 2 for a bad
+setting or snapshot, 1 when the port cannot be bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.serving import start_server
+from drafter_service.snapshot.array_files import DamagedDataError
+
+log = logging.getLogger("drafter")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="drafter", description="SSSD drafting service.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="run the gRPC drafting service",
+        description="Every flag also reads DRAFTER_<NAME> (e.g. DRAFTER_VOCAB_SIZE); "
+        "a flag wins. Default: an empty live datastore in ./drafter-data with the "
+        f"Llama-3 vocabulary ({DEFAULT_VOCAB_SIZE} token ids).",
+    )
+    ServeConfig.add_arguments(serve)
+    return parser
+
+
+async def serve(config: ServeConfig) -> None:
+    """Runs until SIGTERM/SIGINT, then shuts down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before loading: a signal then stops cleanly
+        loop.add_signal_handler(sig, stop.set)
+    server = await start_server(config)
+    print(f"drafter listening on {server.address}", flush=True)
+    await stop.wait()
+    log.info("signal received: shutting down (grace %.1f s)", config.grace_period_s)
+    await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = ServeConfig.from_namespace(args)
+    except ValueError as exc:
+        print(f"drafter serve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(serve(config))
+    except DamagedDataError as exc:  # refuses rather than serve less than it acknowledged
+        print(f"drafter serve: error: damaged data: {exc}", file=sys.stderr)
+        return 3
+    except ValueError as exc:  # SnapshotError included
+        print(f"drafter serve: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"drafter serve: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Batched SSSD drafting over per-request input tries and a shared datastore.
+
+Lifecycle per request: ``start`` (prompt) → ``draft_batch``/``speculate`` at every
+decode step (committed tokens in, a candidate tree out) → ``stop``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.datastore.tokens import as_token_array
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.native import _core
+
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftTree:
+    """One request's candidate tree in breadth-first order.
+
+    ``parents[i] < i`` indexes this tree; -1 means a child of the root (the
+    last committed token, which is not part of the tree).
+    """
+
+    tokens: npt.NDArray[np.int32]
+    parents: npt.NDArray[np.int32]
+    scores: npt.NDArray[np.float32]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBatch:
+    """Trees of a whole batch as flat arrays: tree ``i`` is rows ``offsets[i]:offsets[i+1]``."""
+
+    tokens: npt.NDArray[np.int32]
+    parents: npt.NDArray[np.int32]
+    scores: npt.NDArray[np.float32]
+    offsets: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def tree(self, i: int) -> DraftTree:
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return DraftTree(self.tokens[lo:hi], self.parents[lo:hi], self.scores[lo:hi])
+
+
+class Drafter:
+    """Drafts candidate trees for many concurrent requests.
+
+    Thread-safe: several Python threads may call any method at once; a native
+    batch call releases the GIL and spreads requests over ``num_threads``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        config: DraftConfig | None = None,
+        datastore: Datastore | None = None,
+        num_threads: int = 1,
+    ) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
+        if not 1 <= vocab_size <= 2**30:
+            raise ValueError(f"vocab_size {vocab_size} is outside [1, 2^30]")
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int):
+            raise TypeError(f"num_threads must be an int, got {num_threads!r}")
+        if not 1 <= num_threads <= 1024:
+            raise ValueError(f"num_threads {num_threads} is outside [1, 1024]")
+        self.config = config if config is not None else DraftConfig()
+        self.vocab_size = vocab_size
+        self._native = _core.Drafter(self.config.to_native(), vocab_size, num_threads)
+        self._lock = threading.Lock()
+        self._handles: dict[str, int] = {}
+        self._next_handle = itertools.count(1)
+        self._datastore = Datastore.empty(vocab_size)
+        if datastore is not None:
+            self.set_datastore(datastore)
+
+    @property
+    def num_threads(self) -> int:
+        return self._native.num_threads
+
+    @property
+    def datastore(self) -> Datastore:
+        return self._datastore
+
+    def set_datastore(self, datastore: Datastore) -> None:
+        """Swaps the datastore atomically; calls already running keep the old one."""
+        if datastore.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"datastore vocab_size {datastore.vocab_size} does not match the drafter's "
+                f"{self.vocab_size}"
+            )
+        self._native.set_datastore(datastore.native)
+        self._datastore = datastore
+
+    def start(self, request_id: str, prompt_ids: TokenIds) -> None:
+        """Creates the state of ``request_id`` from its prompt (O(len * depth))."""
+        _check_request_id(request_id)
+        prompt = as_token_array(prompt_ids, self.vocab_size, what="prompt_ids")
+        with self._lock:
+            if request_id in self._handles:
+                raise ValueError(f"request {request_id!r} is already started")
+            handle = next(self._next_handle)
+            self._handles[request_id] = handle
+        try:
+            self._native.start(handle, prompt)
+        except BaseException:
+            with self._lock:
+                self._handles.pop(request_id, None)
+            raise
+        with self._lock:
+            stopped = self._handles.get(request_id) != handle
+        if stopped:  # stop() ran before the native state existed: free it here
+            self._native.stop(handle)
+
+    def add(self, request_id: str, token_ids: TokenIds) -> None:
+        """Appends committed tokens without drafting."""
+        tokens = as_token_array(token_ids, self.vocab_size, what="token_ids")
+        handle = self._handle(request_id)
+        try:
+            self._native.add(handle, tokens)
+        except IndexError:
+            raise KeyError(f"unknown request {request_id!r}") from None
+
+    def stop(self, request_id: str) -> bool:
+        """Frees the state of ``request_id``; False if it was not started."""
+        with self._lock:
+            handle = self._handles.pop(request_id, None)
+        return handle is not None and self._native.stop(handle)
+
+    def __contains__(self, request_id: object) -> bool:
+        with self._lock:
+            return request_id in self._handles
+
+    @property
+    def num_requests(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens the drafter holds for ``request_id`` (prompt + committed)."""
+        try:
+            return self._native.num_tokens(self._handle(request_id))
+        except IndexError:
+            raise KeyError(f"unknown request {request_id!r}") from None
+
+    def request_bytes(self, request_id: str) -> int:
+        """Memory held for ``request_id`` (trie + token history)."""
+        try:
+            return self._native.request_bytes(self._handle(request_id))
+        except IndexError:
+            raise KeyError(f"unknown request {request_id!r}") from None
+
+    def speculate(
+        self,
+        request_ids: Sequence[str],
+        new_tokens: Sequence[TokenIds],
+        budgets: int | Sequence[int],
+    ) -> DraftBatch:
+        """One decode step: appends each request's newly committed tokens and
+        drafts a tree of at most ``budgets[i]`` nodes for it."""
+        if len(new_tokens) != len(request_ids):
+            raise ValueError(
+                f"got {len(new_tokens)} token lists for {len(request_ids)} requests"
+            )
+        arrays = [
+            as_token_array(t, self.vocab_size, what=f"new_tokens[{i}]", check_range=False)
+            for i, t in enumerate(new_tokens)
+        ]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
+        return self.draft_batch(request_ids, flat, offsets, budgets)
+
+    def draft_batch(
+        self,
+        request_ids: Sequence[str],
+        tokens: npt.NDArray[np.int32],
+        offsets: npt.NDArray[np.int64],
+        budgets: int | Sequence[int] | npt.NDArray[np.integer],
+    ) -> DraftBatch:
+        """Flat form of :meth:`speculate`: request ``i`` commits
+        ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
+        # Token ids, offsets and budgets are range-checked by the native call,
+        # before any state changes, with the bad value and its index named.
+        flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
+        offs = _int_array(offsets, np.int64, "offsets")
+        if len(offs) != len(request_ids) + 1:
+            raise ValueError(
+                f"offsets has {len(offs)} entries, expected {len(request_ids) + 1} "
+                f"for {len(request_ids)} requests"
+            )
+        if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
+            if not 0 <= budgets <= self.config.max_budget:
+                raise ValueError(f"budget {budgets} is outside [0, {self.config.max_budget}]")
+            budget_arr = np.full(len(request_ids), int(budgets), dtype=np.int32)
+        else:
+            budget_arr = _int_array(budgets, np.int32, "budgets")
+            if len(budget_arr) != len(request_ids):
+                raise ValueError(
+                    f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
+                )
+        seen: set[str] = set()
+        for r in request_ids:
+            if r in seen:
+                raise ValueError(f"request {r!r} appears twice in one batch")
+            seen.add(r)
+        with self._lock:
+            try:
+                handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
+            except KeyError as exc:
+                raise KeyError(f"unknown request {exc.args[0]!r}") from None
+        try:
+            out_tokens, parents, scores, out_offsets = self._native.draft_batch(
+                handles, flat, offs, budget_arr
+            )
+        except IndexError as exc:
+            raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
+        return DraftBatch(out_tokens, parents, scores, out_offsets)
+
+    def _handle(self, request_id: str) -> int:
+        with self._lock:
+            handle = self._handles.get(request_id)
+        if handle is None:
+            raise KeyError(f"unknown request {request_id!r}")
+        return handle
+
+
+def _check_request_id(request_id: object) -> None:
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+
+
+def _int_array(values: object, dtype: type[np.integer[Any]], what: str) -> npt.NDArray[Any]:
+    if type(values) is np.ndarray and values.dtype == dtype and values.ndim == 1:
+        return np.ascontiguousarray(values)
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise ValueError(f"{what} must be integers, got {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+    if arr.size and (arr.min() < np.iinfo(dtype).min or arr.max() > np.iinfo(dtype).max):
+        bad = arr.min() if arr.min() < np.iinfo(dtype).min else arr.max()
+        raise ValueError(f"{what} has value {bad} outside the {np.dtype(dtype).name} range")
+    return np.ascontiguousarray(arr, dtype=dtype)

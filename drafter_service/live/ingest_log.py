@@ -1,0 +1,248 @@
+"""Append-only ingest log (write-ahead log) of the live datastore.
+
+Every ingested token sequence is appended and fsynced before ``append``
+returns, so an acknowledged ingest survives ``kill -9`` and power loss. The
+log is a directory of segments named by the sequence number of their first
+record; a new segment starts whenever the datastore has folded everything so
+far into its sub-indices (``roll``), and a segment is deleted once a snapshot
+covers all of its records (``discard_through``).
+
+Record layout (little-endian)::
+
+    magic u32 = 0x314C4157 ("WAL1") | seq u64 | n_tokens u32 | crc32 u32 | n_tokens x int32
+
+The CRC covers seq, n_tokens and the payload. A crash can only tear the tail
+of the newest segment: the last record, cut short or left unwritten, with no
+readable record after it. Recovery moves those bytes aside (``<segment>.torn-<offset>``,
+never deleted: they are evidence) and truncates the segment there; they were never
+acknowledged. A bad record anywhere else, or one that readable records follow, is
+corruption: opening refuses (:class:`WalCorruptError`), naming the file, the offset
+and the records that would be lost, unless ``salvage`` is set, in which case the
+damaged segment is moved aside into ``damaged/`` and a copy holding every readable
+record replaces it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.snapshot.array_files import DamagedDataError, fsync_dir, move_aside
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<IQII")
+_MAGIC = 0x314C4157
+_MAGIC_BYTES = struct.pack("<I", _MAGIC)
+_SUFFIX = ".log"
+
+
+class WalCorruptError(DamagedDataError):
+    """A log record outside the torn tail is unreadable."""
+
+
+def _crc(seq: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(struct.pack("<QI", seq, len(payload) // 4)))
+
+
+def _segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{_SUFFIX}"
+
+
+class IngestLog:
+    """The log in ``directory``. Not thread-safe: the live datastore serialises calls."""
+
+    def __init__(
+        self, directory: str | Path, *, covered_seq: int = 0, salvage: bool = False
+    ) -> None:
+        """Opens (or creates) the log. ``covered_seq`` is the position the newest
+        snapshot covers: numbering continues after it even if every segment was
+        discarded, and only later records are returned by :meth:`recovered`.
+        ``salvage``: keep every readable record of a corrupt segment instead of
+        refusing to open (the segment itself is moved aside, never deleted)."""
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._salvage = salvage
+        self._last_seq = 0
+        self._file: int | None = None  # fd of the newest segment, opened for appending
+        self._records = [r for r in self._recover() if r[0] > covered_seq]
+        self._last_seq = max(self._last_seq, covered_seq)
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def _segments(self) -> list[Path]:
+        return sorted(p for p in self.directory.iterdir() if p.name.endswith(_SUFFIX))
+
+    @property
+    def first_seq(self) -> int | None:
+        """Sequence number the oldest segment starts at (None: no segment)."""
+        segments = self._segments()
+        return int(segments[0].name[: -len(_SUFFIX)]) if segments else None
+
+    def _recover(self) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
+        segments = self._segments()
+        for i, path in enumerate(segments):
+            newest = i == len(segments) - 1
+            data = path.read_bytes()
+            offset = 0
+            while offset < len(data):
+                record = self._parse(data, offset)
+                if record is None:
+                    after = self._readable_after(data, offset)
+                    if newest and not after:
+                        self._cut_torn_tail(path, data, offset)
+                        break
+                    later = len(segments) - 1 - i
+                    if not self._salvage:
+                        raise WalCorruptError(
+                            f"ingest log {path}: unreadable record at byte {offset} of "
+                            f"{len(data)}, followed by {len(after)} readable record(s) in this "
+                            f"segment and {later} later segment(s): it is corruption, not a "
+                            "torn tail, and starting would drop acknowledged ingests (the "
+                            "damaged record and everything after it). Restore the file, or "
+                            "start with --salvage to keep every readable record and move "
+                            f"{path.name} aside into {self.directory / 'damaged'}"
+                        )
+                    yield from self._salvaged(path, data, offset)
+                    break
+                seq, tokens, offset = record
+                self._last_seq = seq
+                yield seq, tokens
+        if segments:
+            self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
+
+    def _readable_after(
+        self, data: bytes, offset: int
+    ) -> list[tuple[int, tuple[int, npt.NDArray[np.int32], int]]]:
+        """The readable records after an unreadable one at ``offset``, each with its
+        offset: a header with the magic and a matching CRC (its seq past the last good one)."""
+        found = []
+        pos = data.find(_MAGIC_BYTES, offset + 1)
+        while pos >= 0:
+            record = self._parse(data, pos)
+            if record is not None:
+                found.append((pos, record))
+                pos = record[2]
+            else:
+                pos += 1
+            pos = data.find(_MAGIC_BYTES, pos)
+        return found
+
+    def _cut_torn_tail(self, path: Path, data: bytes, offset: int) -> None:
+        """An append a crash interrupted (never acknowledged): its bytes are kept beside
+        the segment, then the segment is truncated at the last whole record."""
+        torn = path.with_name(f"{path.name}.torn-{offset}")
+        with open(torn, "wb") as f:
+            f.write(data[offset:])
+            os.fsync(f.fileno())
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        log.warning(
+            "ingest log %s: torn tail at byte %d (%d bytes of an unacknowledged append) "
+            "cut off; the bytes are kept in %s", path, offset, len(data) - offset, torn.name,
+        )  # fmt: skip
+
+    def _salvaged(
+        self, path: Path, data: bytes, offset: int
+    ) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
+        """--salvage: every readable record from ``offset`` on; the segment is moved aside
+        and rewritten with its readable records only."""
+        kept = self._readable_after(data, offset)
+        moved = move_aside(path, self.directory / "damaged")
+        with open(path, "wb") as f:
+            f.write(data[:offset] + b"".join(data[pos : record[2]] for pos, record in kept))
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        log.error(
+            "ingest log %s: unreadable record at byte %d; --salvage kept %d later readable "
+            "record(s) and moved the damaged segment to %s", path, offset, len(kept), moved,
+        )  # fmt: skip
+        for _, (seq, tokens, _) in kept:
+            self._last_seq = seq
+            yield seq, tokens
+
+    def _parse(
+        self, data: bytes, offset: int
+    ) -> tuple[int, npt.NDArray[np.int32], int] | None:
+        if offset + _HEADER.size > len(data):
+            return None
+        magic, seq, n, crc = _HEADER.unpack_from(data, offset)
+        end = offset + _HEADER.size + 4 * n
+        if magic != _MAGIC or end > len(data) or seq <= self._last_seq:
+            return None
+        payload = data[offset + _HEADER.size : end]
+        if _crc(seq, payload) != crc:
+            return None
+        return seq, np.frombuffer(payload, dtype="<i4").astype(np.int32), end
+
+    def recovered(self) -> list[tuple[int, npt.NDArray[np.int32]]]:
+        """Records found on open, in order (consumed once by the live datastore)."""
+        records, self._records = self._records, []
+        return records
+
+    # -- appending --------------------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the newest record (0 when the log has never held one)."""
+        return self._last_seq
+
+    def append(self, tokens: npt.NDArray[np.int32]) -> int:
+        """Appends one record and fsyncs it; returns its sequence number."""
+        seq = self._last_seq + 1
+        payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+        record = _HEADER.pack(_MAGIC, seq, len(payload) // 4, _crc(seq, payload)) + payload
+        if self._file is None:
+            self._open_segment(seq)
+        assert self._file is not None
+        written = os.write(self._file, record)
+        if written != len(record):  # a short write on a full disk: undo and fail
+            os.ftruncate(self._file, os.fstat(self._file).st_size - written)
+            raise OSError(f"ingest log: short write ({written} of {len(record)} bytes)")
+        os.fsync(self._file)
+        self._last_seq = seq
+        return seq
+
+    def _open_segment(self, first_seq: int) -> None:
+        path = self.directory / _segment_name(first_seq)
+        self._file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        fsync_dir(self.directory)
+
+    def roll(self) -> None:
+        """Starts a new segment at the next record."""
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
+
+    def discard_through(self, seq: int) -> int:
+        """Deletes segments whose records all have sequence numbers <= ``seq``
+        (they are covered by a snapshot); returns how many were deleted."""
+        segments = self._segments()
+        deleted = 0
+        for path, nxt in itertools.pairwise(segments):
+            if int(nxt.name[: -len(_SUFFIX)]) - 1 <= seq:
+                path.unlink()
+                deleted += 1
+        if segments and self._file is None and self._last_seq <= seq:
+            segments[-1].unlink()  # closed newest segment, fully covered
+            deleted += 1
+        if deleted:
+            fsync_dir(self.directory)
+        return deleted
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self._segments())
+
+    def close(self) -> None:
+        self.roll()

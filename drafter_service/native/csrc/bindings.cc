@@ -1,0 +1,311 @@
+// Python bindings of the drafting core (module drafter_service.native._core).
+// Arrays cross as flat NumPy arrays; long-running calls release the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "draft.h"
+#include "drafter.h"
+#include "input_trie.h"
+#include "sub_index.h"
+#include "suffix_array.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace drafter {
+namespace {
+
+template <typename T>
+using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using Out = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+
+// Hands a vector to NumPy without copying.
+template <typename T>
+Out<T> to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  size_t shape[1] = {heap->size()};
+  return Out<T>(heap->data(), 1, shape, owner);
+}
+
+// Keeps Python objects (arrays backing a wrapped sub-index) alive from C++;
+// the last reference may drop on any thread, so it takes the GIL to release.
+struct PyOwner {
+  nb::object obj;
+  ~PyOwner() {
+    if (Py_IsInitialized()) {
+      nb::gil_scoped_acquire gil;
+      obj.reset();
+    } else {
+      obj.release();
+    }
+  }
+};
+
+struct PySubIndex {
+  std::shared_ptr<const SubIndex> index;
+};
+
+struct PyDatastore {
+  std::shared_ptr<const Datastore> datastore;
+};
+
+std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubIndex*>& subs) {
+  auto ds = std::make_shared<Datastore>();
+  for (const PySubIndex* s : subs) {
+    if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
+    if (!ds->sub_indices.empty() && s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
+      throw std::invalid_argument("sub-indices disagree on vocab_size: " +
+                                  std::to_string(s->index->vocab_size()) + " vs " +
+                                  std::to_string(ds->sub_indices[0]->vocab_size()));
+    }
+    ds->sub_indices.push_back(s->index);
+  }
+  return ds;
+}
+
+// Builds a fresh input trie over `context` (when use_input) and drafts once.
+std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
+    In<int32_t> context, const PyDatastore* datastore, const DraftConfig& config, int32_t budget,
+    bool use_input, int32_t vocab_size) {
+  validate(config);
+  if (budget < 0 || budget > config.max_budget) {
+    throw std::invalid_argument("budget " + std::to_string(budget) + " is outside [0, " +
+                                std::to_string(config.max_budget) + "]");
+  }
+  Draft draft;
+  {
+    nb::gil_scoped_release release;
+    const int32_t* ctx = context.data();
+    const auto n = static_cast<int64_t>(context.shape(0));
+    for (int64_t i = 0; i < n; ++i) {
+      if (ctx[i] < 0 || ctx[i] >= vocab_size) {
+        throw std::invalid_argument("token id " + std::to_string(ctx[i]) + " at index " +
+                                    std::to_string(i) + " is outside [0, " +
+                                    std::to_string(vocab_size) + ")");
+      }
+    }
+    std::unique_ptr<InputTrie> trie;
+    if (use_input) {
+      trie = std::make_unique<InputTrie>(config.input_max_depth);
+      for (int64_t i = 0; i < n; ++i) trie->append(ctx[i]);
+    }
+    DraftScratch scratch;
+    draft_one(trie.get(), ctx, n, datastore ? datastore->datastore.get() : nullptr, config,
+              budget, scratch, draft);
+  }
+  return {to_numpy(std::move(draft.tokens)), to_numpy(std::move(draft.parents)),
+          to_numpy(std::move(draft.scores))};
+}
+
+}  // namespace
+}  // namespace drafter
+
+NB_MODULE(_core, m) {
+  using namespace drafter;
+  m.doc() = "Native SSSD drafting core: suffix-array sub-indices, input tries, tree fusion.";
+
+  m.def(
+      "build_suffix_array",
+      [](In<int32_t> tokens, int32_t vocab_size) {
+        std::vector<int32_t> sa;
+        {
+          nb::gil_scoped_release release;
+          sa = build_suffix_array(tokens.data(), static_cast<int64_t>(tokens.shape(0)),
+                                  vocab_size);
+        }
+        return to_numpy(std::move(sa));
+      },
+      "tokens"_a, "vocab_size"_a);
+
+  nb::class_<DraftConfig>(m, "DraftConfig")
+      .def(nb::init<>())
+      .def_rw("input_max_prefix", &DraftConfig::input_max_prefix)
+      .def_rw("input_max_depth", &DraftConfig::input_max_depth)
+      .def_rw("datastore_max_prefix", &DraftConfig::datastore_max_prefix)
+      .def_rw("datastore_min_prefix", &DraftConfig::datastore_min_prefix)
+      .def_rw("datastore_samples", &DraftConfig::datastore_samples)
+      .def_rw("datastore_max_continuation", &DraftConfig::datastore_max_continuation)
+      .def_rw("datastore_min_tree_nodes", &DraftConfig::datastore_min_tree_nodes)
+      .def_rw("input_weight", &DraftConfig::input_weight)
+      .def_rw("input_child_discount_base", &DraftConfig::input_child_discount_base)
+      .def_rw("input_child_discount_per_match", &DraftConfig::input_child_discount_per_match)
+      .def_rw("datastore_weight", &DraftConfig::datastore_weight)
+      .def_rw("datastore_child_discount", &DraftConfig::datastore_child_discount)
+      .def_rw("max_budget", &DraftConfig::max_budget)
+      .def_rw("input_smoothing", &DraftConfig::input_smoothing)
+      .def_rw("datastore_smoothing", &DraftConfig::datastore_smoothing)
+      .def("validate", [](const DraftConfig& c) { validate(c); });
+
+  nb::class_<PySubIndex>(m, "SubIndex")
+      .def_static(
+          "build",
+          [](In<int32_t> tokens, int32_t vocab_size) {
+            // Copy and build without the GIL: drafting threads keep running.
+            nb::gil_scoped_release release;
+            std::vector<int32_t> copy(tokens.data(), tokens.data() + tokens.shape(0));
+            return PySubIndex{SubIndex::build(std::move(copy), vocab_size)};
+          },
+          "tokens"_a, "vocab_size"_a)
+      .def_static(
+          "build_extended",
+          [](const PySubIndex& base, In<int32_t> tokens) {
+            // base's text + separator + tokens, copied and built without the GIL.
+            const SubIndex& old = *base.index;
+            nb::gil_scoped_release release;
+            std::vector<int32_t> text;
+            text.reserve(static_cast<size_t>(old.num_tokens()) + 1 + tokens.shape(0));
+            text.insert(text.end(), old.tokens(), old.tokens() + old.num_tokens());
+            if (old.num_tokens() > 0 && tokens.shape(0) > 0) text.push_back(kSeparator);
+            text.insert(text.end(), tokens.data(), tokens.data() + tokens.shape(0));
+            return PySubIndex{SubIndex::build(std::move(text), old.vocab_size())};
+          },
+          "base"_a, "tokens"_a)
+      .def_static(
+          "wrap",
+          [](In<int32_t> tokens, In<int32_t> suffix_array, int32_t vocab_size, nb::object keep) {
+            if (tokens.shape(0) != suffix_array.shape(0)) {
+              throw std::invalid_argument(
+                  "tokens has " + std::to_string(tokens.shape(0)) +
+                  " entries but suffix_array has " + std::to_string(suffix_array.shape(0)));
+            }
+            auto owner = std::make_shared<PyOwner>();
+            owner->obj = std::move(keep);
+            const int32_t* t = tokens.data();
+            const int32_t* s = suffix_array.data();
+            const auto n = static_cast<int64_t>(tokens.shape(0));
+            nb::gil_scoped_release release;
+            return PySubIndex{SubIndex::wrap(t, s, n, vocab_size, std::move(owner))};
+          },
+          "tokens"_a, "suffix_array"_a, "vocab_size"_a, "keep_alive"_a)
+      .def_prop_ro("num_tokens", [](const PySubIndex& s) { return s.index->num_tokens(); })
+      .def_prop_ro("vocab_size", [](const PySubIndex& s) { return s.index->vocab_size(); })
+      .def_prop_ro("resident_bytes", [](const PySubIndex& s) { return s.index->resident_bytes(); })
+      .def("tokens",
+           [](nb::handle self) {
+             const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
+             size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
+             return nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>>(s.tokens(), 1, shape,
+                                                                        self);
+           })
+      .def("suffix_array",
+           [](nb::handle self) {
+             const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
+             size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
+             return nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>>(s.suffix_array(), 1,
+                                                                        shape, self);
+           })
+      .def(
+          "find_range",
+          [](const PySubIndex& s, In<int32_t> prefix) {
+            if (prefix.shape(0) > (1u << 20)) throw std::invalid_argument("prefix too long");
+            const SaRange r =
+                s.index->find_range(prefix.data(), static_cast<int32_t>(prefix.shape(0)));
+            return std::make_tuple(r.begin, r.end);
+          },
+          "prefix"_a);
+
+  nb::class_<PyDatastore>(m, "Datastore")
+      .def("__init__",
+           [](PyDatastore* self, const std::vector<const PySubIndex*>& subs) {
+             new (self) PyDatastore{make_datastore(subs)};
+           },
+           "sub_indices"_a)
+      .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
+      .def_prop_ro("resident_bytes",
+                   [](const PyDatastore& d) { return d.datastore->resident_bytes(); })
+      .def_prop_ro("num_sub_indices", [](const PyDatastore& d) {
+        return static_cast<int64_t>(d.datastore->sub_indices.size());
+      });
+
+  m.def(
+      "retrieve_datastore",
+      [](const PyDatastore& ds, In<int32_t> context, const DraftConfig& config, int32_t max_len) {
+        validate(config);
+        DraftScratch scratch;
+        retrieve_datastore(*ds.datastore, context.data(), static_cast<int64_t>(context.shape(0)),
+                           config, max_len, scratch);
+        const CandidateTree& tree = scratch.datastore_tree;
+        // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
+        std::vector<int32_t> tokens, parents;
+        std::vector<int64_t> counts;
+        std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
+        for (int32_t n = 0; n < tree.num_nodes(); ++n) {
+          for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {
+            parent_of[static_cast<size_t>(c)] = n;
+          }
+        }
+        for (int32_t n = 0; n < tree.num_nodes(); ++n) {
+          tokens.push_back(tree.token(n));
+          parents.push_back(parent_of[static_cast<size_t>(n)]);
+          counts.push_back(tree.count(n));
+        }
+        return std::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)),
+                               to_numpy(std::move(counts)));
+      },
+      "datastore"_a, "context"_a, "config"_a, "max_len"_a);
+
+  m.def("draft_context", &draft_context, "context"_a, "datastore"_a.none(), "config"_a,
+        "budget"_a, "use_input"_a, "vocab_size"_a);
+
+  nb::class_<Drafter>(m, "Drafter")
+      .def(nb::init<const DraftConfig&, int32_t, int32_t>(), "config"_a, "vocab_size"_a,
+           "num_threads"_a)
+      .def_prop_ro("vocab_size", &Drafter::vocab_size)
+      .def_prop_ro("num_threads", &Drafter::num_threads)
+      .def_prop_ro("num_requests", &Drafter::num_requests)
+      .def_prop_ro("config", &Drafter::config)
+      .def("set_datastore",
+           [](Drafter& d, const PyDatastore& ds) { d.set_datastore(ds.datastore); },
+           "datastore"_a)
+      .def(
+          "start",
+          [](Drafter& d, int64_t handle, In<int32_t> tokens) {
+            nb::gil_scoped_release release;
+            d.start(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
+          },
+          "handle"_a, "tokens"_a)
+      .def(
+          "add",
+          [](Drafter& d, int64_t handle, In<int32_t> tokens) {
+            nb::gil_scoped_release release;
+            d.add(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
+          },
+          "handle"_a, "tokens"_a)
+      .def("stop", &Drafter::stop, "handle"_a)
+      .def("num_tokens", &Drafter::num_tokens, "handle"_a)
+      .def("request_bytes", &Drafter::request_bytes, "handle"_a)
+      .def(
+          "draft_batch",
+          [](Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
+             In<int32_t> budgets) {
+            const auto batch = static_cast<int64_t>(handles.shape(0));
+            if (offsets.shape(0) != handles.shape(0) + 1 || budgets.shape(0) != handles.shape(0)) {
+              throw std::invalid_argument(
+                  "for a batch of " + std::to_string(batch) + " requests, offsets needs " +
+                  std::to_string(batch + 1) + " entries (got " +
+                  std::to_string(offsets.shape(0)) + ") and budgets " + std::to_string(batch) +
+                  " (got " + std::to_string(budgets.shape(0)) + ")");
+            }
+            BatchDrafts out;
+            {
+              nb::gil_scoped_release release;
+              out = d.draft_batch(handles.data(), batch, tokens.data(),
+                                  static_cast<int64_t>(tokens.shape(0)), offsets.data(),
+                                  budgets.data());
+            }
+            return std::make_tuple(to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
+                                   to_numpy(std::move(out.scores)),
+                                   to_numpy(std::move(out.offsets)));
+          },
+          "handles"_a, "tokens"_a, "offsets"_a, "budgets"_a);
+}

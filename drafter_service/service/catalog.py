@@ -1,0 +1,221 @@
+"""The service's datastores: the live default one and read-only named snapshots, each
+with its own Drafter (request state) and the one worker thread its calls run on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafter_service.drafting.drafter import Drafter
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.service.settings import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.snapshot.array_files import fsync_dir, write_file
+from drafter_service.snapshot.store import (
+    SnapshotInfo,
+    TokenizerIdentity,
+    list_snapshots,
+    load_snapshot,
+    read_manifest,
+    write_snapshot,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DatastoreStats:
+    num_tokens: int  # text positions (tokens plus document separators)
+    sub_indices: int
+    resident_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DatastoreSlot:
+    """One datastore and the drafter that holds the state of the requests using it."""
+
+    name: str
+    drafter: Drafter
+    live: LiveDatastore | None  # None: read-only
+    executor: ThreadPoolExecutor  # one worker: this drafter's calls run in call order
+
+    def stats(self) -> DatastoreStats:
+        if self.live is not None:
+            s = self.live.stats()
+            return DatastoreStats(s.num_tokens, s.sub_indices, s.resident_bytes)
+        ds = self.drafter.datastore
+        return DatastoreStats(ds.num_tokens, len(ds.sub_indices), ds.resident_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Every datastore of the service, by name; ``DEFAULT_DATASTORE`` is the live one."""
+
+    tokenizer: TokenizerIdentity
+    slots: dict[str, DatastoreSlot]
+
+    def close(self) -> None:
+        """Waits for queued drafting work, then closes the live datastore (its waiting
+        documents stay in the ingest log)."""
+        for slot in self.slots.values():
+            slot.executor.shutdown(wait=True)
+        for slot in self.slots.values():
+            if slot.live is not None:
+                slot.live.close()
+
+
+TOKENIZER_RECORD = "tokenizer-identity.json"
+"""File in the data directory recording the tokenizer identity it was opened with (the
+snapshots record it too, but a directory may hold only an ingest log so far)."""
+
+
+def read_tokenizer_record(data_dir: Path) -> TokenizerIdentity | None:
+    """The identity ``write_tokenizer_record`` left in ``data_dir``, or None."""
+    path = data_dir / TOKENIZER_RECORD
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    try:
+        return TokenizerIdentity.from_json(json.loads(text))
+    except ValueError as exc:  # bad JSON, SnapshotError
+        raise ValueError(f"{path} is not a tokenizer record: {exc}") from None
+
+
+def write_tokenizer_record(data_dir: Path, tokenizer: TokenizerIdentity) -> None:
+    """Records ``tokenizer`` in ``data_dir`` (atomically; a no-op when already there)."""
+    path = data_dir / TOKENIZER_RECORD
+    text = json.dumps(tokenizer.to_json(), sort_keys=True) + "\n"
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return
+    except FileNotFoundError:
+        pass
+    temporary = path.with_name(f".{TOKENIZER_RECORD}.{os.getpid()}.tmp")
+    temporary.unlink(missing_ok=True)
+    write_file(temporary, [text.encode("utf-8")])
+    os.replace(temporary, path)
+    fsync_dir(data_dir)
+
+
+def _has_ingest_log(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds logged ingests (a directory from before the record)."""
+    try:
+        return any(p.stat().st_size > 0 for p in (data_dir / "wal").glob("*.log"))
+    except OSError:
+        return False
+
+
+def resolve_tokenizer(config: ServeConfig) -> TokenizerIdentity:
+    """From --tokenizer, else the seed snapshot's, else the data directory's (its newest
+    snapshot's, else its tokenizer record's), else (``tokenizer_name`` or "unknown",
+    --vocab-size, no fingerprint), else the embedded default: ``DEFAULT_VOCAB_SIZE``
+    (logged). A data directory without a snapshot whose record disagrees is refused."""
+    data_snapshots = list_snapshots(config.data_dir / "snapshots")
+    recorded = None if data_snapshots else read_tokenizer_record(config.data_dir)
+    resolved = _resolve(config, data_snapshots, recorded)
+    if recorded is not None and not recorded.matches(resolved):
+        raise ValueError(
+            f"tokenizer {resolved.describe()} differs from {recorded.describe()} recorded "
+            f"in {config.data_dir / TOKENIZER_RECORD} (use another --data-dir)"
+        )
+    return resolved
+
+
+def _resolve(
+    config: ServeConfig, data_snapshots: list[SnapshotInfo], recorded: TokenizerIdentity | None
+) -> TokenizerIdentity:
+    if config.tokenizer is not None:
+        return TokenizerIdentity.from_file(
+            config.tokenizer, config.tokenizer_name, config.vocab_size
+        )
+    known: TokenizerIdentity | None = None
+    source = "the snapshot tokenizer"
+    if config.snapshot is not None:
+        known = read_manifest(config.snapshot).tokenizer
+    elif data_snapshots:
+        known = data_snapshots[-1].tokenizer
+    elif recorded is not None:
+        known = recorded
+        source = f"the tokenizer recorded in {config.data_dir / TOKENIZER_RECORD}"
+    if known is not None:
+        if config.vocab_size is not None and config.vocab_size != known.vocab_size:
+            raise ValueError(
+                f"vocab_size {config.vocab_size} differs from {source} {known.describe()}"
+            )
+        return known
+    if config.vocab_size is not None:
+        return TokenizerIdentity(config.tokenizer_name or "unknown", config.vocab_size, "")
+    if _has_ingest_log(config.data_dir):
+        raise ValueError(
+            f"the vocabulary size is unknown: {config.data_dir} holds logged ingests but "
+            "records no vocabulary; pass --vocab-size (DRAFTER_VOCAB_SIZE) or --tokenizer"
+        )
+    log.warning(
+        "no vocabulary given: using the default, %d token ids (the Llama-3 vocabulary); "
+        "choose another with --vocab-size N (DRAFTER_VOCAB_SIZE) or --tokenizer "
+        "tokenizer.json",
+        DEFAULT_VOCAB_SIZE,
+    )
+    return TokenizerIdentity(config.tokenizer_name or "unknown", DEFAULT_VOCAB_SIZE, "")
+
+
+def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> bool:
+    """Copies ``snapshot`` into ``data_dir``/snapshots when that holds none yet (sub-index
+    files are hardlinked where possible, the copy written atomically). Returns whether
+    it seeded; a live directory that already has a snapshot keeps its own."""
+    target_root = data_dir / "snapshots"
+    if list_snapshots(target_root):
+        log.info("%s already has a snapshot: --snapshot %s is not used", data_dir, snapshot)
+        return False
+    datastore, info = load_snapshot(snapshot, expect_tokenizer=tokenizer)
+    metadata = dict(info.metadata)
+    metadata["seeded_from"] = str(Path(snapshot).resolve())
+    write_snapshot(
+        target_root / info.path.resolve().name,
+        datastore,
+        info.tokenizer,
+        wal_position=0,
+        metadata=metadata,
+    )
+    log.info("seeded %s from snapshot %s (%d positions)", data_dir, snapshot, datastore.num_tokens)
+    return True
+
+
+def open_catalog(config: ServeConfig) -> Catalog:
+    """Opens every datastore (blocking: snapshot loads, log replay). Raises ValueError
+    (SnapshotError included) for a bad setting or snapshot."""
+    tokenizer = resolve_tokenizer(config)
+    draft_config = config.draft_settings()
+    slots: dict[str, DatastoreSlot] = {}
+
+    def new_slot(name: str) -> tuple[Drafter, ThreadPoolExecutor]:
+        drafter = Drafter(tokenizer.vocab_size, draft_config, num_threads=config.draft_threads)
+        return drafter, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
+
+    try:
+        if config.snapshot is not None:
+            seed_snapshot(config.snapshot, config.data_dir, tokenizer)
+        drafter, executor = new_slot(DEFAULT_DATASTORE)
+        slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
+        live = LiveDatastore(
+            config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
+            salvage=config.salvage,
+        )  # fmt: skip
+        slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
+        write_tokenizer_record(config.data_dir, tokenizer)
+        for name, directory in config.datastores:
+            datastore, _ = load_snapshot(directory, expect_tokenizer=tokenizer)
+            drafter, executor = new_slot(name)
+            drafter.set_datastore(datastore)
+            slots[name] = DatastoreSlot(name, drafter, None, executor)
+            log.info("datastore %r: %s (%d positions)", name, directory, datastore.num_tokens)
+    except BaseException:
+        Catalog(tokenizer, slots).close()
+        raise
+    return Catalog(tokenizer, slots)

@@ -1,0 +1,273 @@
+"""The service's work: deltas in, trees out; finish; ingest. No gRPC here.
+
+A call is planned on the event loop: the request table says what each request needs
+(a start, an append, or a RESYNC) and is updated at once; the drafters catch up when
+the call's jobs run (see ``jobs``), in call order per datastore, so the table always
+describes the drafters once every queued job has run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.drafting.drafter import DraftBatch
+from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.service.call_errors import ResourceExhausted
+from drafter_service.service.catalog import Catalog
+from drafter_service.service.draft_jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
+from drafter_service.service.drafter_metrics import DrafterMetrics
+from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.request_table import (
+    STATE_BYTES_PER_TOKEN,
+    RequestState,
+    RequestTable,
+)
+from drafter_service.service.responses import DraftAnswer
+from drafter_service.service.validation import CallLimits, DraftCall, Finished
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)
+Place = tuple[str, int]  # (datastore, row in its batch)
+
+
+class DraftEngine:
+    """Request state and drafting over a catalog of datastores. Use from one event loop.
+
+    ``max_inflight_calls`` bounds the calls whose work has not finished (queued or
+    running, including those whose caller gave up); beyond it calls are refused.
+    Per-batch numbers go to ``metrics`` (a private one when not given). Light calls
+    run their native work on the loop thread when nothing else is queued
+    (``inline_max_work``, see :class:`~drafter_service.service.draft_jobs.JobRunner`).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        limits: CallLimits,
+        table: RequestTable,
+        ingester: GenerationIngester,
+        max_inflight_calls: int,
+        metrics: DrafterMetrics | None = None,
+        inline_max_work: int = 0,
+        finish_durable: bool = False,
+    ) -> None:
+        self.catalog = catalog
+        self.finish_durable = finish_durable  # every Finish waits for durability
+        self.limits = limits
+        self.table = table
+        self.ingester = ingester
+        self.max_inflight_calls = max_inflight_calls
+        self.metrics = DrafterMetrics() if metrics is None else metrics
+        self._inflight = 0
+        self._runner = JobRunner(catalog, inline_max_work)
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
+
+    async def draft(self, call: DraftCall) -> DraftAnswer:
+        """Applies each request's delta and drafts; RESYNC where the state is not the
+        one the client assumed."""
+        self._admit()
+        try:
+            now = time.monotonic()
+            jobs: dict[str, DrafterJob] = {}
+            self._stop_all(self.table.expire(now), jobs)
+            self._check_state_bytes(call)
+            places: list[Place | None] = []
+            lengths: list[int] = []
+            for i in range(len(call.request_ids)):
+                place, length = self._plan(call, i, now, jobs)
+                places.append(place)
+                lengths.append(length)
+            self._stop_all(self.table.trim(keep=call.request_ids), jobs)
+            future = self._runner.run(jobs, lambda results: self._settled(jobs, results))
+        except BaseException:
+            self._release()
+            raise
+        batches = await future
+        for name, batch in batches.items():
+            if batch is not None:
+                self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
+        trees: list[tuple[DraftBatch, int] | None] = []
+        for place in places:
+            batch = batches[place[0]] if place is not None else None
+            trees.append((batch, place[1]) if batch is not None and place is not None else None)
+        return DraftAnswer(call.request_ids, lengths, trees)
+
+    def _plan(
+        self, call: DraftCall, i: int, now: float, jobs: dict[str, DrafterJob]
+    ) -> tuple[Place | None, int]:
+        request_id, budget = call.request_ids[i], call.budgets[i]
+        tokens = call.new_tokens(i)
+        state = self.table.get(request_id)
+        if call.known_lengths[i] == 0:  # (re)start: the tokens are the whole context
+            if state is not None:
+                jobs_for(jobs, state.datastore).stops.append(request_id)
+            name = call.datastores[i]
+            # A live datastore stores the generation on finish: keep its tokens (a copy,
+            # so the call's message-sized array is not kept alive by one request).
+            history = [tokens.copy()] if self.catalog.slots[name].live is not None else None
+            state = RequestState(name, len(tokens), call.prompt_lengths[i], history, now)
+            self.table.put(request_id, state)
+            job = jobs_for(jobs, name)
+            job.starts.append((request_id, tokens))
+            return (name, job.add(request_id, _NO_TOKENS, budget)), state.length
+        if state is None or state.length != call.known_lengths[i]:  # the client's view is stale
+            self.metrics.count_resync("unknown" if state is None else "length_mismatch")
+            if state is not None:
+                self.table.pop(request_id)
+                jobs_for(jobs, state.datastore).stops.append(request_id)
+            return None, 0
+        self.table.append(request_id, tokens.copy() if state.history is not None else tokens)
+        self.table.touch(request_id, now)
+        job = jobs_for(jobs, state.datastore)
+        return (state.datastore, job.add(request_id, tokens, budget)), state.length
+
+    async def finish(
+        self, items: Sequence[Finished], wait_durable: bool = False
+    ) -> tuple[int, list[str], int]:
+        """Frees the requests and queues finished generations for storing. Returns how
+        many were queued, the ids the service did not hold, and how many of the queued
+        are durable (in the ingest log): all that were stored when ``wait_durable``
+        (the call then waits for them), else 0."""
+        self._admit()
+        tickets: list[concurrent.futures.Future[bool]] = []
+        try:
+            jobs: dict[str, DrafterJob] = {}
+            self._stop_all(self.table.expire(time.monotonic()), jobs)
+            queued, unknown = 0, []
+            for item in items:
+                state = self.table.pop(item.request_id)
+                if state is None:
+                    unknown.append(item.request_id)
+                    continue
+                jobs_for(jobs, state.datastore).stops.append(item.request_id)
+                live = self.catalog.slots[state.datastore].live
+                generated = state.length + len(item.final_tokens) - state.prompt_length
+                if item.store and live is not None and state.history is not None and generated:
+                    chunks = [*state.history, item.final_tokens]
+                    ticket = self.ingester.offer(live, chunks, state.prompt_length)
+                    if ticket is not None:
+                        queued += 1
+                        tickets.append(ticket)
+            future = self._runner.run(jobs, lambda results: self._settled(jobs, results))
+        except BaseException:
+            self._release()
+            raise
+        await future
+        if not (wait_durable or self.finish_durable) or not tickets:
+            return queued, unknown, 0
+        # Once queued, a generation is stored whether or not this caller still waits.
+        stored = await asyncio.shield(asyncio.gather(*map(asyncio.wrap_future, tickets)))
+        return queued, unknown, sum(stored)
+
+    async def ingest(
+        self, datastore: str, sequences: list[npt.NDArray[np.int32]]
+    ) -> tuple[int, int]:
+        """Stores ``sequences`` durably; returns (accepted, ingest-log position)."""
+        live = self.catalog.slots[datastore].live
+        assert live is not None, "parse_ingest_request admits live datastores only"
+        self._admit()
+        try:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._io, _ingest_all, live, datastore, sequences)
+        except BaseException:
+            self._release()
+            raise
+        future.add_done_callback(self._release)
+        future.add_done_callback(_retrieve)
+        return await asyncio.shield(future)  # once started, an ingest completes
+
+    def expire_idle(self) -> int:
+        """Drops request states idle past the TTL (also done at every call)."""
+        jobs: dict[str, DrafterJob] = {}
+        expired = self.table.expire(time.monotonic())
+        self._stop_all(expired, jobs)
+        if jobs:
+            self._inflight += 1  # released when settled, like a call's
+            self._runner.run(jobs, lambda results: self._settled(jobs, results)).add_done_callback(
+                _retrieve
+            )
+        return len(expired)
+
+    async def close(self) -> None:
+        """Waits for the work in flight, then stores the queued generations."""
+        await self._runner.wait_idle()
+        await asyncio.to_thread(self._io.shutdown, True)
+        await asyncio.to_thread(self.ingester.close)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        if self._inflight >= self.max_inflight_calls:
+            raise ResourceExhausted(
+                f"{self._inflight} calls in flight: at max_inflight_calls "
+                f"({self.max_inflight_calls}); retry later"
+            )
+        self._inflight += 1
+
+    def _check_state_bytes(self, call: DraftCall) -> None:
+        """Refuses a call whose own requests would hold more state than the whole byte
+        budget: evicting every other request would not make room. (A call that fits
+        evicts the least recently used other states instead, in ``trim``.)"""
+        table = self.table
+        tokens = len(call.tokens)
+        if table.bytes + tokens * STATE_BYTES_PER_TOKEN <= table.max_bytes:
+            return  # the usual case: everything held plus this call fits (no per-request loop)
+        for i, request_id in enumerate(call.request_ids):
+            state, known = table.get(request_id), call.known_lengths[i]
+            if known and state is not None and state.length == known:
+                tokens += state.length
+        if tokens * STATE_BYTES_PER_TOKEN > table.max_bytes:
+            raise ResourceExhausted(
+                f"this call's {len(call.request_ids)} requests would hold {tokens} context "
+                f"tokens ({tokens * STATE_BYTES_PER_TOKEN} bytes of request state), over the "
+                f"budget of {table.max_bytes} bytes (--max-request-state-bytes); send fewer "
+                "or shorter requests per call"
+            )
+
+    def _release(self, _: object = None) -> None:
+        self._inflight -= 1
+
+    def _settled(self, jobs: dict[str, DrafterJob], results: dict[str, JobOutcome]) -> None:
+        """A call's jobs have all run: end its admission; forget requests whose job failed
+        (the job stopped them, so they answer RESYNC next time)."""
+        self._release()
+        for name, result in results.items():
+            if isinstance(result, BaseException):
+                for request_id in jobs[name].request_ids:
+                    state = self.table.get(request_id)
+                    if state is not None and state.datastore == name:
+                        self.table.pop(request_id)
+
+    def _stop_all(
+        self, states: Iterable[tuple[str, RequestState]], jobs: dict[str, DrafterJob]
+    ) -> None:
+        for request_id, state in states:
+            jobs_for(jobs, state.datastore).stops.append(request_id)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Marks an outcome nobody awaits as read (no 'exception never retrieved' noise)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _ingest_all(
+    live: LiveDatastore, name: str, sequences: list[npt.NDArray[np.int32]]
+) -> tuple[int, int]:
+    position = live.stats().wal_position
+    for i, tokens in enumerate(sequences):
+        try:
+            position = live.ingest(tokens)
+        except DatastoreFull as exc:
+            raise ResourceExhausted(
+                f"datastore {name!r} is full after {i} of {len(sequences)} sequences "
+                f"(those are stored): {exc}"
+            ) from None
+    return len(sequences), position

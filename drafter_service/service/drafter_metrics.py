@@ -1,0 +1,368 @@
+"""The drafter's Prometheus metrics (docs/metrics.md, section Drafter): one collector
+per server, registered in that server's own registry (see ``metrics_http``).
+
+Two kinds of numbers. What only the serving path knows (batch and request latency,
+trees and their sizes, RESYNCs, errors) is recorded per call under one lock into plain
+counters and histogram state (``histograms``): a batch of 64 requests costs one numpy
+``bincount`` for its tree sizes, never 64 ``observe`` calls (about 5 us per batch in
+all; benchmarks/metrics_overhead.py). What is already state elsewhere (request states,
+datastore sizes, ingest counters, queue depth, snapshot age, log size) is read when
+Prometheus scrapes, so serving pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from drafter_service.live.live_datastore import LiveStats
+from drafter_service.service.catalog import Catalog, DatastoreStats
+from drafter_service.service.histograms import Buckets, SizeCounts
+from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.request_table import RequestTable
+
+PREFIX = "sssd_drafter_"
+BATCH_METHODS = ("Draft", "DraftStream")
+RPC_METHODS = ("Draft", "DraftStream", "Finish", "Ingest", "GetServiceInfo")
+RESYNC_REASONS = ("unknown", "length_mismatch")
+# Status names the servicer can answer with (see servicer._CODES), pre-created at zero
+# so that rate() and alert rules see a series before the first failure.
+ERROR_CODES = (
+    "INVALID_ARGUMENT",
+    "FAILED_PRECONDITION",
+    "NOT_FOUND",
+    "RESOURCE_EXHAUSTED",
+    "UNAVAILABLE",
+    "INTERNAL",
+    "CANCELLED",
+    "UNAUTHENTICATED",
+)
+
+# Bucket upper bounds. A decode step's drafting budget is about 1 ms, so batch latency
+# is resolved finely below 10 ms; per-request time is that divided by up to ~1000.
+BATCH_SECONDS: tuple[float, ...] = (
+    *(5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 7.5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3),
+    *(0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+REQUEST_SECONDS: tuple[float, ...] = (
+    *(1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 0.01, 0.1),
+)
+BATCH_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TREE_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # le="0": empty trees
+REBUILD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+@dataclass(slots=True)
+class _DatastoreCounts:
+    requests: int  # drafted, one per request per step
+    trees: int  # non-empty trees
+    tree_nodes: SizeCounts
+    request_seconds: Buckets
+
+    def copy(self) -> _DatastoreCounts:
+        return _DatastoreCounts(
+            self.requests, self.trees, self.tree_nodes.copy(), self.request_seconds.copy()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """A copy of the numbers recorded while serving, taken under the lock at a scrape
+    (the metric families are then built without holding it)."""
+
+    batch_seconds: dict[str, Buckets]
+    batch_requests: dict[str, Buckets]
+    datastores: dict[str, _DatastoreCounts]
+    resyncs: dict[str, int]
+    errors: dict[tuple[str, str], int]
+    rebuilds: dict[str, Buckets]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sources:
+    """Where scrape-time values are read from; set once the datastores are open."""
+
+    catalog: Catalog
+    table: RequestTable
+    ingester: GenerationIngester
+
+
+class DrafterMetrics(Collector):
+    """Every ``sssd_drafter_*`` metric of one server. Recording methods are called from
+    the event loop (``record_rebuild`` from a rebuild thread); ``collect`` from the
+    HTTP exporter's threads. One lock guards the recorded numbers."""
+
+    def __init__(self, version: str = "unknown") -> None:
+        self._version = version
+        self._started_unix = time.time()
+        self._lock = threading.Lock()
+        self._batch_seconds = {m: Buckets(BATCH_SECONDS) for m in BATCH_METHODS}
+        self._batch_requests = {m: Buckets(BATCH_REQUESTS) for m in BATCH_METHODS}
+        self._datastores: dict[str, _DatastoreCounts] = {}
+        self._resyncs = dict.fromkeys(RESYNC_REASONS, 0)
+        self._errors = {(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES}
+        self._rebuilds: dict[str, Buckets] = {}
+        self._sources: _Sources | None = None
+
+    def attach(self, catalog: Catalog, table: RequestTable, ingester: GenerationIngester) -> None:
+        """Starts reporting the service's state (once its datastores are open) and
+        listens to the live datastores' rebuilds."""
+        with self._lock:
+            for name, slot in catalog.slots.items():
+                self._datastore(name)
+                if slot.live is not None:
+                    self._rebuilds.setdefault(name, Buckets(REBUILD_SECONDS))
+        for name, slot in catalog.slots.items():
+            if slot.live is not None:
+                slot.live.add_rebuild_listener(functools.partial(self.record_rebuild, name))
+        self._sources = _Sources(catalog, table, ingester)
+
+    # -- recording (the serving path) -------------------------------------------------
+
+    def record_call(self, method: str, seconds: float) -> None:
+        """A call answered: its latency for the drafting methods, nothing for others."""
+        buckets = self._batch_seconds.get(method)
+        if buckets is not None:
+            with self._lock:
+                buckets.add(seconds)
+
+    def record_batch(self, method: str, requests: int) -> None:
+        """A Draft batch of ``requests`` requests (RESYNCs included)."""
+        buckets = self._batch_requests.get(method)
+        if buckets is not None:
+            with self._lock:
+                buckets.add(requests)
+
+    def record_trees(
+        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
+    ) -> None:
+        """One datastore's native batch: tree ``i`` has ``offsets[i + 1] - offsets[i]``
+        nodes; ``job_seconds``, the job's time, is shared equally by its requests."""
+        n = len(offsets) - 1
+        if n <= 0:
+            return
+        sizes = offsets[1:] - offsets[:-1]  # cheaper than np.diff
+        with self._lock:
+            counts = self._datastore(datastore)
+            empty = counts.tree_nodes.add_all(sizes, int(offsets[-1] - offsets[0]))
+            counts.requests += n
+            counts.trees += n - empty
+            counts.request_seconds.add(job_seconds / n, n)
+
+    def count_resync(self, reason: str) -> None:
+        with self._lock:
+            self._resyncs[reason] += 1
+
+    def count_error(self, method: str, code: str) -> None:
+        with self._lock:
+            self._errors[method, code] = self._errors.get((method, code), 0) + 1
+
+    def record_rebuild(self, datastore: str, seconds: float) -> None:
+        with self._lock:
+            self._rebuilds.setdefault(datastore, Buckets(REBUILD_SECONDS)).add(seconds)
+
+    def _datastore(self, name: str) -> _DatastoreCounts:  # with the lock held
+        counts = self._datastores.get(name)
+        if counts is None:
+            counts = _DatastoreCounts(0, 0, SizeCounts(TREE_NODES), Buckets(REQUEST_SECONDS))
+            self._datastores[name] = counts
+        return counts
+
+    # -- scraping ---------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            recorded = _Recorded(
+                {method: b.copy() for method, b in self._batch_seconds.items()},
+                {method: b.copy() for method, b in self._batch_requests.items()},
+                {name: c.copy() for name, c in self._datastores.items()},
+                dict(self._resyncs),
+                dict(self._errors),
+                {name: b.copy() for name, b in self._rebuilds.items()},
+            )
+        yield from _recorded_families(recorded)
+        yield from self._state()
+
+    def _state(self) -> Iterator[Metric]:
+        """Read from the service's own state at scrape time."""
+        sources = self._sources
+        active = GaugeMetricFamily(PREFIX + "active_requests", "Request states held.")
+        state_bytes = GaugeMetricFamily(
+            PREFIX + "request_state_bytes", "Memory the request states hold (8 B per token)."
+        )
+        budget = GaugeMetricFamily(
+            PREFIX + "request_state_budget_bytes", "Bound on request_state_bytes."
+        )
+        evicted: dict[str, int] = {}
+        depth = GaugeMetricFamily(
+            PREFIX + "ingest_queue_depth", "Finished generations waiting for ingestion."
+        )
+        info = GaugeMetricFamily(
+            PREFIX + "info",
+            "Build and tokenizer identity (=1).",
+            labels=["version", "tokenizer_fingerprint"],
+        )
+        dropped: dict[str, int] = {}
+        stores: dict[str, LiveStats | DatastoreStats] = {}
+        if sources is not None:
+            active.add_metric([], len(sources.table))
+            state_bytes.add_metric([], sources.table.bytes)
+            budget.add_metric([], sources.table.max_bytes)
+            evicted = dict(sources.table.evicted)
+            ingester = sources.ingester
+            depth.add_metric([], ingester.depth)
+            dropped = {
+                "queue_full": ingester.dropped,
+                "datastore_full": ingester.refused_full,
+                "error": ingester.failed,
+            }
+            info.add_metric([self._version, sources.catalog.tokenizer.fingerprint], 1)
+            for name, slot in sources.catalog.slots.items():
+                stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
+        yield active
+        yield state_bytes
+        yield budget
+        yield _counter(
+            "request_states_evicted",
+            "Request states dropped before their request finished, by the bound that "
+            "dropped them (their client resends the context: RESYNC).",
+            "reason",
+            evicted,
+        )
+        yield depth
+        yield _counter("ingest_dropped", "Finished generations not ingested.", "reason", dropped)
+        yield info
+        yield from _datastore_families(stores, self._started_unix)
+
+
+def _recorded_families(r: _Recorded) -> Iterator[Metric]:
+    stores = r.datastores
+    yield _histogram(
+        "batch_duration_seconds",
+        "One decode step's batch in the server: request received to response ready.",
+        "method",
+        r.batch_seconds,
+    )
+    yield _histogram("batch_requests", "Requests per batch.", "method", r.batch_requests)
+    yield _histogram(
+        "request_duration_seconds",
+        "Drafting time per request (the native batch job's time divided by its requests).",
+        "datastore",
+        {name: c.request_seconds for name, c in stores.items()},
+    )
+    yield _counter(
+        "requests",
+        "Requests drafted (one per request per step).",
+        "datastore",
+        {name: c.requests for name, c in stores.items()},
+    )
+    yield _counter(
+        "trees",
+        "Non-empty trees served.",
+        "datastore",
+        {name: c.trees for name, c in stores.items()},
+    )
+    yield _histogram(
+        "tree_nodes",
+        "Draft nodes per tree served (empty trees included).",
+        "datastore",
+        {name: c.tree_nodes for name, c in stores.items()},
+    )
+    yield _counter("resyncs", "RESYNC answers.", "reason", r.resyncs)
+    errors = CounterMetricFamily(
+        PREFIX + "rpc_errors", "Calls that failed.", labels=["method", "code"]
+    )
+    for (method, code), value in r.errors.items():
+        errors.add_metric([method, code], value)
+    yield errors
+    yield _counter(
+        "rebuilds",
+        "Background rebuilds finished.",
+        "datastore",
+        {name: b.count for name, b in r.rebuilds.items()},
+    )
+    yield _histogram(
+        "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
+    )
+
+
+def _datastore_families(
+    stores: dict[str, LiveStats | DatastoreStats], started_unix: float
+) -> Iterator[Metric]:
+    """Per-datastore state; the ingest, snapshot and log series exist for live ones."""
+    live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
+    now = time.time()
+    yield _gauge(
+        "datastore_tokens", "Tokens indexed.", {n: s.num_tokens for n, s in stores.items()}
+    )
+    yield _gauge(
+        "datastore_resident_bytes",
+        "Bytes of the datastore's arrays (accounted).",
+        {n: s.resident_bytes for n, s in stores.items()},
+    )
+    yield _gauge(
+        "datastore_sub_indices", "Sub-indices.", {n: s.sub_indices for n, s in stores.items()}
+    )
+    yield _counter(
+        "ingested_tokens",
+        "Tokens ingested (durable).",
+        "datastore",
+        {n: s.ingested_tokens for n, s in live.items()},
+    )
+    yield _counter(
+        "ingested_sequences",
+        "Sequences ingested.",
+        "datastore",
+        {n: s.ingested_sequences for n, s in live.items()},
+    )
+    yield _gauge(
+        "snapshot_age_seconds",
+        "Seconds since the newest snapshot was written (since start when none).",
+        {
+            n: now - (started_unix if s.last_snapshot_unix is None else s.last_snapshot_unix)
+            for n, s in live.items()
+        },
+    )
+    yield _gauge(
+        "wal_bytes",
+        "Ingest-log bytes not yet covered by a snapshot.",
+        {n: s.wal_bytes for n, s in live.items()},
+    )
+
+
+def _histogram(
+    name: str, documentation: str, label: str, series: Mapping[str, Buckets | SizeCounts]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(PREFIX + name, documentation, labels=[label])
+    for value, buckets in series.items():
+        cumulative, total = buckets.sample()
+        family.add_metric([value], cumulative, total)
+    return family
+
+
+def _counter(
+    name: str, documentation: str, label: str, series: dict[str, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(PREFIX + name, documentation, labels=[label])
+    for value, count in series.items():
+        family.add_metric([value], count)
+    return family
+
+
+def _gauge(name: str, documentation: str, series: dict[str, float]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, documentation, labels=["datastore"])
+    for value, level in series.items():
+        family.add_metric([value], level)
+    return family

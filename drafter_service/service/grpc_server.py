@@ -1,0 +1,263 @@
+"""The grpc.aio server: DrafterService, health checking, reflection, graceful shutdown.
+
+Lifecycle: :meth:`DrafterServer.listen` binds and serves health (NOT_SERVING; drafting
+calls answer UNAVAILABLE) and Prometheus metrics, :meth:`DrafterServer.load` opens the
+datastores and turns SERVING, :meth:`DrafterServer.stop` turns NOT_SERVING, lets calls
+in flight finish within the grace period (streams are cancelled after it), stops the
+metrics endpoint, waits for queued work, stores queued generations and closes the live
+datastore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from drafter_service.service.catalog import Catalog, open_catalog
+from drafter_service.service.draft_engine import DraftEngine
+from drafter_service.service.drafter_metrics import DrafterMetrics
+from drafter_service.service.grpc_auth import ClientAuth, TokenFile, reloading_tls
+from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.metrics_http import MetricsExporter
+from drafter_service.service.request_table import RequestTable
+from drafter_service.service.servicer import DrafterServicer
+from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
+from drafter_service.service.validation import CallLimits
+from drafter_service.service.wire import SERVICE_NAME, add_drafter_service
+
+log = logging.getLogger(__name__)
+
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("sssd-drafter")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def client_auth(config: ServeConfig) -> ClientAuth:
+    """The authentication policy the settings ask for (ValueError names a bad file)."""
+    tokens = TokenFile(config.grpc_tokens_file) if config.grpc_tokens_file else None
+    auth = ClientAuth(tokens, mutual_tls=config.tls_client_ca_file is not None)
+    if not auth.enabled and config.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "gRPC on %s has no authentication: any process that reaches the port can ingest "
+            "and touch any request; set --grpc-tokens-file and/or --tls-client-ca-file",
+            config.host,
+        )
+    return auth
+
+
+def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
+    """TLS for the gRPC port (mutual when a client CA is set), following renewed files;
+    None: plaintext."""
+    if config.tls_cert_file is None or config.tls_key_file is None:
+        return None
+    try:
+        return reloading_tls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+    except OSError as exc:
+        raise ValueError(f"cannot read a TLS file: {exc}") from None
+
+
+def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
+    """Channel arguments: message sizes, keepalive, and no silent port sharing."""
+    return [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.keepalive_time_ms", round(config.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", round(config.keepalive_timeout_s * 1000)),
+        # Recent gRPC cores time a keepalive ping out with the general ping timeout
+        # (default 60 s) rather than keepalive_timeout_ms alone: set both.
+        ("grpc.http2.ping_timeout_ms", round(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", int(config.keepalive_permit_without_calls)),
+        (
+            "grpc.http2.min_recv_ping_interval_without_data_ms",
+            round(config.keepalive_min_ping_interval_s * 1000),
+        ),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+    ]
+
+
+Phase = Literal["loading", "ok", "stopping"]
+"""Where the service is in its life: datastores loading, serving, shutting down."""
+
+
+class Sidecar(Protocol):
+    """A server that runs beside the gRPC service on its event loop (the REST admin API):
+    started once the gRPC port is bound, stopped before the datastores close."""
+
+    async def start(self) -> int:
+        """Binds and serves; returns the bound port."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+SidecarFactory = Callable[[Callable[[], Catalog | None], Callable[[], Phase]], Sidecar]
+"""Makes the sidecar from two views of the server: its catalog once loaded, its phase."""
+
+
+class DrafterServer:
+    """One drafter service on one port. Use :func:`start_server`, or ``listen`` then ``load``."""
+
+    def __init__(self, config: ServeConfig, admin: SidecarFactory | None = None) -> None:
+        self.config = config
+        self._admin_factory = admin
+        self.port = 0
+        self.metrics_port: int | None = None  # bound by listen(); None: disabled
+        self.admin_port: int | None = None  # REST admin API, bound by listen(); None: disabled
+        self._admin: Sidecar | None = None
+        self.health = health.aio.HealthServicer()
+        self.metrics = DrafterMetrics(package_version())
+        self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
+        self.registry.register(self.metrics)
+        self.auth = client_auth(config)
+        self._servicer = DrafterServicer(
+            package_version(), config.max_message_bytes, self.metrics, self.auth
+        )
+        self._exporter: MetricsExporter | None = None
+        self._server: grpc.aio.Server | None = None
+        self._catalog: Catalog | None = None
+        self._engine: DraftEngine | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
+
+    @property
+    def engine(self) -> DraftEngine | None:
+        """The drafting engine once loaded (introspection: request table, datastores)."""
+        return self._engine
+
+    @property
+    def address(self) -> str:
+        host = self.config.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"{host}:{self.port}"
+
+    async def listen(self) -> None:
+        """Binds the port and starts serving health (NOT_SERVING) and reflection."""
+        server = grpc.aio.server(options=grpc_options(self.config))
+        add_drafter_service(self._servicer, server)  # requests that do not parse: INVALID_ARGUMENT
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, _NOT_SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        self._server = server
+        target = f"{self.config.host}:{self.config.port}"  # port 0: the kernel picks one
+        try:
+            credentials = server_credentials(self.config)
+            if credentials is None:
+                self.port = server.add_insecure_port(target)
+            else:
+                self.port = server.add_secure_port(target, credentials)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {target}: {exc}") from None
+        if self.port == 0:
+            raise OSError(f"cannot listen on {target}")
+        await server.start()
+        if self.config.metrics_port >= 0:
+            host = self.config.metrics_host or self.config.host
+            try:
+                self._exporter = await asyncio.to_thread(
+                    MetricsExporter, self.registry, host, self.config.metrics_port
+                )
+            except OSError as exc:
+                raise OSError(
+                    f"cannot serve metrics on {host}:{self.config.metrics_port}: {exc}"
+                ) from None
+            self.metrics_port = self._exporter.port
+            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+        if self._admin_factory is not None:
+            self._admin = self._admin_factory(lambda: self._catalog, self._phase)
+            self.admin_port = await self._admin.start()
+
+    async def load(self) -> None:
+        """Opens the datastores (in a thread: snapshot loads, log replay) and turns SERVING."""
+        config = self.config
+        catalog = await asyncio.to_thread(open_catalog, config)
+        self._catalog = catalog
+        limits = CallLimits(
+            vocab_size=catalog.tokenizer.vocab_size,
+            fingerprint=catalog.tokenizer.fingerprint,
+            max_requests_per_call=config.max_requests_per_call,
+            max_tokens_per_request=config.max_tokens_per_request,
+            max_budget=config.max_budget,
+            datastores=frozenset(catalog.slots),
+            live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
+            default_datastore=DEFAULT_DATASTORE,
+        )
+        table = RequestTable(
+            config.request_ttl_s, config.max_request_states, config.max_request_state_bytes
+        )
+        ingester = GenerationIngester(config.ingest_queue_size)
+        self._engine = DraftEngine(
+            catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
+            inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
+        )
+        self.metrics.attach(catalog, table, ingester)
+        self._servicer.attach(self._engine)
+        self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, _SERVING)
+        log.info(
+            "serving on %s: datastores %s, vocab_size %d",
+            self.address,
+            sorted(catalog.slots),
+            catalog.tokenizer.vocab_size,
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (``grace`` defaults to the configured period). Idempotent."""
+        if self._stopping is not None:
+            return await asyncio.shield(self._stopping)
+        self._stopping = asyncio.get_running_loop().create_future()
+        try:
+            await self.health.enter_graceful_shutdown()
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sweeper
+            if self._admin is not None:  # before the datastores close: waits for its job
+                await self._admin.stop()
+            if self._server is not None:
+                await self._server.stop(self.config.grace_period_s if grace is None else grace)
+            if self._exporter is not None:
+                await asyncio.to_thread(self._exporter.stop)
+            if self._engine is not None:
+                await self._engine.close()
+            if self._catalog is not None:
+                await asyncio.to_thread(self._catalog.close)
+        finally:
+            self._stopping.set_result(None)
+        log.info("stopped")
+
+    def _phase(self) -> Phase:
+        if self._stopping is not None:
+            return "stopping"
+        return "loading" if self._engine is None else "ok"
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def _sweep(self) -> None:
+        # Idle requests are also dropped at every call; this frees memory when calls stop.
+        interval_s = min(max(self.config.request_ttl_s / 4, 0.05), 10.0)
+        while True:
+            await asyncio.sleep(interval_s)
+            if self._engine is not None:
+                self._engine.expire_idle()

@@ -1,0 +1,44 @@
+"""The drafter process as one unit: the gRPC service with the REST admin API beside it.
+
+In process::
+
+    from drafter_service.serving import start_server
+    from drafter_service.service import ServeConfig
+
+    server = await start_server(ServeConfig(port=0, vocab_size=128256))
+    ...  # clients connect to server.address
+    await server.stop()
+
+The service knows the admin API only as a sidecar it starts and stops
+(``service.grpc_server.Sidecar``); this module is where the two meet.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from drafter_service.admin.http_server import AdminServer
+from drafter_service.service.grpc_server import DrafterServer
+from drafter_service.service.settings import ServeConfig
+
+__all__ = ["drafter_server", "start_server"]
+
+
+def drafter_server(config: ServeConfig) -> DrafterServer:
+    """The server, not yet listening, with the admin API wired in when ``admin_port >= 0``."""
+    admin = partial(AdminServer, config) if config.admin_port >= 0 else None
+    return DrafterServer(config, admin=admin)
+
+
+async def start_server(config: ServeConfig) -> DrafterServer:
+    """Starts a drafter service and returns once it is SERVING (see ``DrafterServer.port``,
+    ``.address``, ``await .stop(grace)``). Raises ValueError for a bad setting or snapshot
+    (nothing is left running)."""
+    server = drafter_server(config)
+    try:
+        await server.listen()
+        await server.load()
+    except BaseException:
+        await server.stop(0)
+        raise
+    return server

@@ -1,0 +1,1 @@
+"""Datastore snapshots on disk: manifest, checksummed array files, save and load."""

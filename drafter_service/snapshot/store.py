@@ -1,0 +1,308 @@
+"""Datastore snapshots: atomic, checksummed directories of raw int32 arrays, loaded memory-mapped.
+
+Layout, manifest fields and the crash-safety protocol are in docs/snapshot-format.md.
+Every refusal raises ``SnapshotError`` (a ``ValueError``) naming the file and why; I/O
+errors are reported the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from drafter_service.datastore.sub_indices import SEPARATOR, Datastore, SubIndex
+from drafter_service.snapshot.array_files import (
+    CHUNK_TOKENS,
+    fsync_dir,
+    le_chunks,
+    map_array,
+    process_alive,
+    write_file,
+)
+from drafter_service.snapshot.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    SnapshotError,
+    SnapshotInfo,
+    SubIndexEntry,
+    TokenizerIdentity,
+    manifest_bytes,
+    parse_manifest,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SnapshotError",
+    "SnapshotInfo",
+    "SubIndexEntry",
+    "TokenizerIdentity",
+    "delete_snapshot",
+    "list_snapshots",
+    "load_snapshot",
+    "read_manifest",
+    "remove_stale_temporaries",
+    "scan_snapshots",
+    "write_snapshot",
+]
+
+_TEMP_PID = re.compile(r"\.tmp-(\d+)-")
+
+
+def write_snapshot(
+    directory: str | Path,
+    datastore: Datastore,
+    tokenizer: TokenizerIdentity,
+    *,
+    wal_position: int = 0,
+    metadata: Mapping[str, object] | None = None,
+) -> SnapshotInfo:
+    """Writes ``datastore`` to the new directory ``directory``, atomically.
+
+    Everything goes into a temporary sibling (``.{name}.tmp-{pid}-{random}``), each
+    file fsynced, manifest.json last (a sub-index loaded from or written to an
+    earlier snapshot is hardlinked from there instead of written again); then the
+    temporary directory is fsynced, renamed to ``directory`` and the parent fsynced.
+    A crash leaves either no ``directory`` or a complete one (plus a temporary for
+    ``remove_stale_temporaries``).
+    """
+    directory = Path(directory)
+    if not isinstance(datastore, Datastore):
+        raise TypeError(f"datastore must be a Datastore, got {type(datastore).__name__}")
+    if not isinstance(tokenizer, TokenizerIdentity):
+        raise TypeError(f"tokenizer must be a TokenizerIdentity, got {type(tokenizer).__name__}")
+    if datastore.vocab_size != tokenizer.vocab_size:
+        raise SnapshotError(
+            f"cannot write {directory}: datastore vocab_size {datastore.vocab_size} differs from "
+            f"tokenizer {tokenizer.describe()}"
+        )
+    if isinstance(wal_position, bool) or not isinstance(wal_position, int) or wal_position < 0:
+        raise SnapshotError(f"cannot write {directory}: wal_position {wal_position!r} is invalid")
+    meta = dict(metadata or {})
+    if any(not isinstance(k, str) for k in meta):
+        raise SnapshotError(f"cannot write {directory}: metadata keys must be strings")
+    info = SnapshotInfo(directory, FORMAT_VERSION, tokenizer, (), wal_position, time.time(), meta)
+    manifest_bytes(info)  # refuse unserializable metadata before touching the disk
+    if not directory.name or directory.name.startswith("."):
+        raise SnapshotError(f"cannot write {directory}: the name must not be empty or hidden")
+    if os.path.lexists(directory):
+        raise SnapshotError(f"cannot write {directory}: it already exists")
+    parent = directory.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        temp = parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        temp.mkdir()
+    except OSError as exc:
+        raise SnapshotError(f"cannot write {directory}: {exc}") from exc
+    try:
+        entries = tuple(
+            _write_sub_index(temp, f"sub-{i:03d}", sub)
+            for i, sub in enumerate(datastore.sub_indices)
+        )
+        info = SnapshotInfo(
+            directory, FORMAT_VERSION, tokenizer, entries, wal_position, info.created_unix, meta
+        )
+        write_file(temp / MANIFEST_NAME, [manifest_bytes(info)])
+        fsync_dir(temp)
+        if os.path.lexists(directory):
+            raise SnapshotError(f"cannot write {directory}: it was created meanwhile")
+        os.rename(temp, directory)  # refuses a non-empty target
+        fsync_dir(parent)
+        for sub, entry in zip(datastore.sub_indices, entries, strict=True):
+            sub.origin = (directory, entry)
+    except BaseException as exc:
+        shutil.rmtree(temp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise SnapshotError(f"cannot write {directory}: {exc}") from exc
+        raise
+    return info
+
+
+def read_manifest(directory: str | Path) -> SnapshotInfo:
+    """Parses and validates ``directory``/manifest.json (format version, fields, types)."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        what = "is missing" if directory.is_dir() else "is missing (no such snapshot directory)"
+        raise SnapshotError(f"{path} {what}") from None
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {path}: {exc}") from exc
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise SnapshotError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        return parse_manifest(data, directory)
+    except SnapshotError as exc:
+        raise SnapshotError(f"{path}: {exc}") from None
+
+
+def load_snapshot(
+    directory: str | Path,
+    *,
+    expect_tokenizer: TokenizerIdentity | None = None,
+    verify_checksums: bool = True,
+) -> tuple[Datastore, SnapshotInfo]:
+    """Loads a snapshot with every array memory-mapped read-only (no copies: processes
+    that load the same snapshot share the page cache).
+
+    Refuses a tokenizer that does not match ``expect_tokenizer``, a missing, truncated
+    or too long file, a checksum mismatch (when ``verify_checksums``), and token or
+    suffix-array values out of range (always checked, O(n), by ``SubIndex.from_arrays``).
+    """
+    info = read_manifest(directory)
+    if expect_tokenizer is not None and not expect_tokenizer.matches(info.tokenizer):
+        raise SnapshotError(
+            f"{info.path / MANIFEST_NAME}: snapshot tokenizer {info.tokenizer.describe()} does "
+            f"not match the expected tokenizer {expect_tokenizer.describe()}"
+        )
+    vocab_size = info.tokenizer.vocab_size
+    subs = []
+    for entry in info.sub_indices:
+        tokens_path, sa_path = info.path / entry.tokens_file, info.path / entry.sa_file
+        sha = (entry.tokens_sha256, entry.sa_sha256) if verify_checksums else (None, None)
+        tokens = map_array(tokens_path, entry.num_tokens, sha[0])
+        sa = map_array(sa_path, entry.num_tokens, sha[1])
+        try:
+            sub = SubIndex.from_arrays(tokens, sa, vocab_size)
+        except ValueError as exc:
+            # The native check names the array: "token ..." or "suffix array entry ...".
+            bad = sa_path if "suffix array" in str(exc) else tokens_path
+            raise SnapshotError(f"{bad} is corrupt: {exc}") from None
+        sub.origin = (info.path, entry)
+        subs.append(sub)
+    return Datastore(subs, vocab_size), info
+
+
+def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
+    """Complete snapshots directly under ``root`` (directories with a valid manifest),
+    oldest first by ``created_unix`` then name. A missing ``root`` has none."""
+    return scan_snapshots(root)[0]
+
+
+def scan_snapshots(root: str | Path) -> tuple[list[SnapshotInfo], list[tuple[Path, str]]]:
+    """One pass over ``root``: the complete snapshots (as :func:`list_snapshots`), and the
+    directories that look like snapshots (not temporaries) but whose manifest cannot be
+    read, each with the reason."""
+    scanned = _scan_snapshots(root)
+    found = [read for read in scanned if isinstance(read, SnapshotInfo)]
+    unreadable = [read for read in scanned if isinstance(read, tuple)]
+    return sorted(found, key=lambda info: (info.created_unix, info.path.name)), unreadable
+
+
+def _scan_snapshots(root: str | Path) -> list[SnapshotInfo | tuple[Path, str]]:
+    """Every non-temporary directory under ``root``, by name: its manifest, or (path,
+    why it cannot be read)."""
+    root = Path(root)
+    try:
+        children = sorted(os.scandir(root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
+    scanned: list[SnapshotInfo | tuple[Path, str]] = []
+    for child in children:
+        if _is_temporary(child.name) or not child.is_dir():
+            continue
+        try:
+            scanned.append(read_manifest(root / child.name))
+        except SnapshotError as exc:
+            scanned.append((root / child.name, str(exc)))
+    return scanned
+
+
+def remove_stale_temporaries(root: str | Path) -> int:
+    """Deletes temporary directories under ``root`` left by crashed writes; returns how many.
+
+    A temporary whose writer process is still alive on this host is kept (it may be
+    mid-write); on a filesystem shared between hosts, call this only while no
+    other host writes snapshots into ``root``.
+    """
+    root = Path(root)
+    try:
+        children = list(os.scandir(root))
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise SnapshotError(f"cannot list {root}: {exc}") from exc
+    removed = 0
+    for child in children:
+        if not _is_temporary(child.name) or not child.is_dir(follow_symlinks=False):
+            continue
+        match = _TEMP_PID.search(child.name)
+        if match and process_alive(int(match.group(1))):
+            continue
+        try:
+            shutil.rmtree(child.path)
+        except FileNotFoundError:
+            continue  # removed concurrently
+        except OSError as exc:
+            raise SnapshotError(f"cannot remove stale temporary {child.path}: {exc}") from exc
+        removed += 1
+    return removed
+
+
+def delete_snapshot(directory: str | Path) -> None:
+    """Deletes a snapshot atomically: it is renamed to a temporary name first, so a
+    crash mid-delete never leaves a directory that looks complete but lacks files
+    (the temporary is removed here, or later by :func:`remove_stale_temporaries`)."""
+    directory = Path(directory)
+    doomed = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.rename(directory, doomed)
+        fsync_dir(directory.parent)
+        shutil.rmtree(doomed)
+    except OSError as exc:
+        raise SnapshotError(f"cannot delete snapshot {directory}: {exc}") from exc
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".") and ".tmp" in name
+
+
+def _link_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry | None:
+    """Hardlinks the files of a sub-index that an earlier snapshot already holds
+    (sub-index files are immutable), or returns None when that is not possible."""
+    if sub.origin is None:
+        return None
+    source, entry = sub.origin
+    if not isinstance(entry, SubIndexEntry) or entry.num_tokens != sub.num_tokens:
+        return None
+    linked: list[Path] = []
+    try:
+        pairs = ((entry.tokens_file, f"{name}.tokens.i32"), (entry.sa_file, f"{name}.sa.i32"))
+        for old, new in pairs:
+            os.link(source / old, directory / new)
+            linked.append(directory / new)
+    except OSError:  # gone, another filesystem, no hardlinks: write instead
+        for path in linked:
+            path.unlink(missing_ok=True)
+        return None
+    return SubIndexEntry(name, entry.num_tokens, entry.num_documents, entry.tokens_sha256,
+                         entry.sa_sha256)
+
+
+def _write_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry:
+    reused = _link_sub_index(directory, name, sub)
+    if reused is not None:
+        return reused
+    tokens, sa = sub.tokens(), sub.suffix_array()
+    separators = 0
+    for lo in range(0, len(tokens), CHUNK_TOKENS):
+        separators += int(np.count_nonzero(tokens[lo : lo + CHUNK_TOKENS] == SEPARATOR))
+    entry_docs = separators + 1 if len(tokens) else 0
+    return SubIndexEntry(
+        name=name,
+        num_tokens=len(tokens),
+        num_documents=entry_docs,
+        tokens_sha256=write_file(directory / f"{name}.tokens.i32", le_chunks(tokens)),
+        sa_sha256=write_file(directory / f"{name}.sa.i32", le_chunks(sa)),
+    )

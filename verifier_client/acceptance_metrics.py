@@ -1,0 +1,194 @@
+"""Decode-worker metrics (docs/metrics.md): acceptance as vLLM exports it, prefix ``sssd:``.
+
+vLLM dashboards port by replacing ``vllm:`` with ``sssd:``. Mean acceptance length
+(tokens per verified draft, bonus included) over 5 minutes::
+
+    1 + rate(sssd:spec_decode_num_accepted_tokens_total[5m])
+      / rate(sssd:spec_decode_num_drafts_total[5m])
+
+Acceptance rate: ``rate(…num_accepted_tokens_total[5m]) / rate(…num_draft_tokens_total[5m])``
+(low for trees by design: only one path of a tree can be accepted).
+
+Recording aggregates per step (a few tensor reductions and one counter update
+per metric and per accepted position), never per node, so it is cheap next to
+a forward pass. Usable from any engine: :meth:`WorkerMetrics.record_step` takes
+per-request draft sizes and acceptance, whatever did the packing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from verifier_client.results import Outcome, StepResult
+
+if TYPE_CHECKING:  # torch stays optional for importers of this module's types
+    from torch import Tensor
+
+    from verifier_client.verification.tree_verification import VerifyResult
+
+__all__ = ["ROUND_TRIP_BUCKETS_S", "WorkerMetrics"]
+
+ROUND_TRIP_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1,
+    0.25, 0.5, 1.0,
+)  # fmt: skip
+"""Histogram buckets of the drafter round trip: dense around the usual 2-5 ms deadline."""
+
+_FALLBACK_REASONS = (Outcome.DEADLINE, Outcome.UNAVAILABLE, Outcome.BREAKER_OPEN, Outcome.ERROR)
+
+
+class WorkerMetrics:
+    """The worker's Prometheus metrics, in their own registry unless one is given."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        r = self.registry
+        self.num_drafts = Counter(
+            "sssd:spec_decode_num_drafts",
+            "Drafts verified (one per request per step with a non-empty tree).",
+            registry=r,
+        )
+        self.num_draft_tokens = Counter(
+            "sssd:spec_decode_num_draft_tokens",
+            "Draft tokens proposed (tree nodes, root excluded).",
+            registry=r,
+        )
+        self.num_accepted_tokens = Counter(
+            "sssd:spec_decode_num_accepted_tokens",
+            "Draft tokens accepted (bonus token excluded).",
+            registry=r,
+        )
+        self.num_accepted_tokens_per_pos = Counter(
+            "sssd:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted draft tokens at each position (depth - 1) of the accepted path.",
+            ["position"],
+            registry=r,
+        )
+        self.round_trip = Histogram(
+            "sssd:drafter_round_trip_seconds",
+            "One step's drafter call as the worker sees it (fallbacks at the deadline included).",
+            buckets=ROUND_TRIP_BUCKETS_S,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "sssd:drafter_fallbacks",
+            "Steps decoded without drafts, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.resyncs = Counter(
+            "sssd:drafter_resyncs", "Requests the drafter answered RESYNC for.", registry=r
+        )
+        self.budget = Gauge(
+            "sssd:draft_budget", "Draft budget (nodes per request) of the last step.",
+            registry=r)  # fmt: skip
+        # Label children resolved once: a step touches them without a lookup.
+        self._fallback = {o: self.fallbacks.labels(reason=o.value) for o in _FALLBACK_REASONS}
+        self._positions: list[Counter] = []
+
+    def record_step(
+        self,
+        result: VerifyResult,
+        draft_sizes: Tensor | Sequence[int],
+        drafts: StepResult | None = None,
+        round_trip_s: float | None = None,
+        budget: int | None = None,
+    ) -> None:
+        """Records one verified decode step of a batch.
+
+        Args:
+            result: the step's verification (accept lengths and per-position sums).
+            draft_sizes: draft nodes per request (root excluded; 0 = no tree).
+            drafts: the drafter's answer for the step (outcome, resyncs); None when
+                the worker has no drafter.
+            round_trip_s: the drafter call's duration as the worker measured it.
+            budget: the budget the step asked for.
+        """
+        self.record_acceptance(
+            draft_sizes, int(result.accept_lengths.sum()), result.accepted_per_position.tolist()
+        )
+        self.record_drafter_call(drafts, round_trip_s, budget)
+
+    def record_acceptance(
+        self,
+        draft_sizes: Tensor | Sequence[int],
+        accepted_tokens: int,
+        accepted_per_position: Sequence[int],
+    ) -> None:
+        """Records one step's verification, whatever verified it (an engine plug-in, say).
+
+        Args:
+            draft_sizes: draft tokens per request (root excluded; 0 = no draft).
+            accepted_tokens: draft tokens accepted in the step (bonus excluded).
+            accepted_per_position: requests whose accepted path reached each position.
+        """
+        tolist = getattr(draft_sizes, "tolist", None)
+        sizes: list[int] = tolist() if callable(tolist) else [int(s) for s in draft_sizes]
+        self.num_drafts.inc(sum(1 for s in sizes if s > 0))
+        self.num_draft_tokens.inc(sum(sizes))
+        self.num_accepted_tokens.inc(accepted_tokens)
+        for position, count in enumerate(accepted_per_position):
+            if count:
+                self._position(position).inc(count)
+
+    def record_drafter_call(
+        self, drafts: StepResult | None, round_trip_s: float | None, budget: int | None
+    ) -> None:
+        """Records one step's drafter call: its outcome, duration and budget (None = unknown)."""
+        if drafts is not None:
+            if drafts.outcome in self._fallback:
+                self._fallback[drafts.outcome].inc()
+            if drafts.request_outcomes:  # empty in most steps: skip the scan
+                self.resyncs.inc(len(drafts.resynced))
+        if round_trip_s is not None:
+            self.round_trip.observe(round_trip_s)
+        if budget is not None:
+            self.budget.set(budget)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+        """Serves ``/metrics`` on ``port`` in a daemon thread (0 = any free port: read
+        ``server.server_port``); stop it with ``server.shutdown()``.
+
+        Always in the Prometheus text format, never OpenMetrics: Prometheus asks
+        for OpenMetrics, and prometheus-client then writes ``sssd:x`` as ``sssd_x``
+        (prometheus/client_python#1177), which would break every vLLM-style query.
+        """
+        if not 0 <= port <= 65535:
+            raise ValueError(f"metrics port must be in [0, 65535], got {port}")
+        registry = self.registry
+
+        def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+            body = generate_latest(registry)
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
+                                      ("Content-Length", str(len(body)))])  # fmt: skip
+            return [body]
+
+        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="worker-metrics-http",
+                         daemon=True).start()  # fmt: skip
+        return server
+
+    def _position(self, position: int) -> Counter:
+        while len(self._positions) <= position:
+            self._positions.append(
+                self.num_accepted_tokens_per_pos.labels(position=str(len(self._positions)))
+            )
+        return self._positions[position]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """No access log on stderr: Prometheus scrapes every few seconds."""

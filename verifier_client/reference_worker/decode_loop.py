@@ -1,0 +1,322 @@
+"""Reference decode worker: a batched speculative decode loop over a ``transformers`` causal LM.
+
+Each request is prefilled alone (its prompt minus the last token goes into the KV
+cache; the last token is the root of the first tree). Then every :meth:`step`:
+
+1. admit pending requests up to ``max_batch`` (prefill, ``add_request`` to the drafter);
+2. one drafter call for the whole batch with the tokens each request committed in
+   the previous step (``DrafterClient.step``; None trees on deadline or outage);
+3. pack the trees (root = last committed token, positions = cache length + depth);
+4. ONE forward pass over every request's tree, attending to the cache and to
+   each node's ancestors (4D mask, explicit position ids);
+5. verify (greedy, or sampling with the request's own generator), keep the
+   accepted path's KV and discard the rest, commit accepted + bonus tokens;
+6. finish requests at EOS or ``max_new_tokens`` (``finish`` sends them to ingest).
+
+The drafter only proposes: verification decides every token from the target
+model's own logits, so output never depends on the drafter's answers or timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from verifier_client.acceptance_metrics import WorkerMetrics
+from verifier_client.budget import BudgetRule
+from verifier_client.reference_worker.generation import (
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    StepTimings,
+    WorkerStats,
+)
+from verifier_client.reference_worker.kv_cache import BatchKVCache, tree_attention_mask
+from verifier_client.results import Outcome, StepResult, Tree
+from verifier_client.verification.tree_packing import PackedTrees, pack_trees
+from verifier_client.verification.tree_verification import (
+    VerifyResult,
+    accept,
+    sample_targets,
+    verify_greedy,
+)
+
+__all__ = [
+    "DecodeWorker", "DraftSource", "Generation", "GenerationRequest", "SamplingParams",
+    "StepTimings", "WorkerStats",
+]  # fmt: skip
+
+
+class DraftSource(Protocol):
+    """What the worker needs from a drafter (``DrafterClient`` is one)."""
+
+    def add_request(self, request_id: str, prompt_ids: Iterable[int]) -> None: ...
+
+    def step(self, commits: Mapping[str, Iterable[int]]) -> StepResult: ...
+
+    def finish(self, request_id: str, final_tokens: Iterable[int] = ()) -> bool: ...
+
+
+@dataclass(slots=True)
+class _Active:
+    request: GenerationRequest
+    context: list[int]  # prompt + output; the last token is the next tree's root
+    output: list[int] = field(default_factory=list)
+    unsent: list[int] = field(default_factory=list)  # committed, not yet told to the drafter
+    steps: int = 0
+    generator: torch.Generator | None = None
+
+
+class DecodeWorker:
+    """Batched speculative decoding of ``model`` with drafts from ``drafter``.
+
+    Args:
+        drafter: the draft source (None: plain decoding through the same path).
+        max_batch: requests decoded together; later ones wait in a queue.
+        eos_token_ids: a committed token in this set ends its request.
+        metrics: where each step's acceptance is recorded (``WorkerMetrics``).
+        budget: the rule the drafter client sizes trees with (for the budget gauge).
+
+    Not thread-safe: one loop calls :meth:`submit` and :meth:`step` (or :meth:`run`).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        drafter: DraftSource | None = None,
+        *,
+        max_batch: int = 8,
+        eos_token_ids: Iterable[int] = (),
+        metrics: WorkerMetrics | None = None,
+        budget: BudgetRule | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        model.train(False)  # inference: no dropout
+        self.model = model
+        self.drafter = drafter
+        self.max_batch = max_batch
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.metrics = metrics
+        self.budget = budget
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.config.vocab_size)  # rows of the output embedding
+        self.dtype: torch.dtype = model.dtype
+        self.kv = BatchKVCache(model.config)
+        self.stats = WorkerStats()
+        self._pending: deque[GenerationRequest] = deque()
+        self._active: list[_Active] = []
+        self._live_ids: set[str] = set()
+
+    @property
+    def idle(self) -> bool:
+        """No request is running or waiting."""
+        return not self._pending and not self._active
+
+    def submit(self, request: GenerationRequest) -> None:
+        """Queues a request; it joins the batch at the next step with room."""
+        rid, prompt = request.request_id, request.prompt_ids
+        if not isinstance(rid, str) or not rid or rid in self._live_ids:
+            raise ValueError(f"request_id must be a new non-empty str, got {rid!r}")
+        if not prompt:
+            raise ValueError(f"prompt of {rid!r} is empty")
+        bad = next((t for t in prompt if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt of {rid!r}: token id {bad} outside [0, {self.vocab_size})")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens of {rid!r} must be >= 1, "
+                             f"got {request.max_new_tokens}")  # fmt: skip
+        self._live_ids.add(rid)
+        self._pending.append(request)
+
+    def run(self, requests: Iterable[GenerationRequest]) -> list[Generation]:
+        """Decodes ``requests`` to the end; generations in the order given."""
+        order = []
+        for request in requests:
+            self.submit(request)
+            order.append(request.request_id)
+        done: dict[str, Generation] = {}
+        while not self.idle:
+            done.update((g.request_id, g) for g in self.step())
+        return [done[rid] for rid in order if rid in done]
+
+    @torch.inference_mode()
+    def step(self) -> list[Generation]:
+        """One decode step of the whole batch; returns the requests it finished."""
+        self._admit()
+        active = self._active
+        if not active:
+            return []
+        timings = self.stats.timings
+        drafts, round_trip_s = self._draft()
+        start = self._clock()
+        packed = self._pack([None if drafts is None else drafts[a.request.request_id]
+                             for a in active])  # fmt: skip
+        tree_start = self.kv.physical_len
+        mask = tree_attention_mask(torch.tensor(self.kv.lens, device=self.device), tree_start,
+                                   packed.attention_mask, self.dtype)  # fmt: skip
+        packed_at = self._clock()
+        logits = self.model(input_ids=packed.tokens, position_ids=packed.positions,
+                            attention_mask=mask, past_key_values=self.kv.cache,
+                            use_cache=True).logits  # fmt: skip
+        forward_at = self._clock()
+        result = self._verify(packed, logits)
+        verified_at = self._clock()
+        self.kv.keep_accepted(tree_start, result.accepted_nodes, result.accept_lengths + 1)
+        kept_at = self._clock()
+        timings.pack_s += packed_at - start
+        timings.forward_s += forward_at - packed_at
+        timings.verify_s += verified_at - forward_at
+        timings.kv_s += kept_at - verified_at
+        draft_sizes = packed.num_nodes - 1
+        self._count(result, draft_sizes)
+        if self.metrics is not None:
+            budget = None if self.budget is None else self.budget.draft_budget(len(active))
+            self.metrics.record_step(result, draft_sizes, drafts, round_trip_s, budget)
+        return self._commit(result)
+
+    # --- the phases of a step
+
+    def _admit(self) -> None:
+        """Prefills waiting requests into free batch rows, all in one forward pass.
+
+        Each prompt but its last token (the first tree's root) goes in, right-padded
+        to the longest: causal attention keeps every real token from seeing the padding
+        after it, and the padding's K/V lands in columns past the row's length, which
+        later steps mask out."""
+        joining: list[GenerationRequest] = []
+        while self._pending and len(self._active) + len(joining) < self.max_batch:
+            joining.append(self._pending.popleft())
+        if not joining:
+            return
+        start = self._clock()
+        contexts = [[int(t) for t in r.prompt_ids] for r in joining]
+        lengths = [len(c) - 1 for c in contexts]
+        cache = None
+        if max(lengths) > 0:
+            ids = torch.zeros((len(joining), max(lengths)), dtype=torch.long)
+            for row, context in enumerate(contexts):
+                ids[row, : lengths[row]] = torch.tensor(context[:-1])
+            cache = self.kv.new_request_cache()
+            self.model.base_model(input_ids=ids.to(self.device), past_key_values=cache,
+                                  use_cache=True)  # fmt: skip
+        self.kv.append_rows(cache, lengths)
+        for request, context in zip(joining, contexts, strict=True):
+            generator = None
+            if not request.sampling.greedy:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(request.sampling.seed)
+            self._active.append(_Active(request, context, generator=generator))
+            if self.drafter is not None:
+                self.drafter.add_request(request.request_id, context)
+        self.stats.timings.prefill_s += self._clock() - start
+
+    def _draft(self) -> tuple[StepResult | None, float]:
+        """The batch's trees from one drafter call (None without a drafter)."""
+        if self.drafter is None:
+            return None, 0.0
+        commits = {}
+        for a in self._active:
+            commits[a.request.request_id], a.unsent = a.unsent, []
+        start = time.perf_counter()
+        drafts = self.drafter.step(commits)
+        round_trip_s = time.perf_counter() - start
+        self.stats.timings.draft_s += round_trip_s
+        if drafts.outcome is not Outcome.OK:
+            reason = drafts.outcome.value
+            self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
+        return drafts, round_trip_s
+
+    def _pack(self, trees: list[Tree | None]) -> PackedTrees:
+        roots = [a.context[-1] for a in self._active]
+        try:
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        except ValueError:  # a malformed tree (parents not before their node, ids < 0)
+            trees = [self._well_formed(tree, root) for tree, root in zip(trees, roots, strict=True)]
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        # A drafter must not be able to crash decoding: trees with ids the model does not
+        # have are dropped (the request decodes this step without a draft).
+        bad = ((packed.tokens < 0) | (packed.tokens >= self.vocab_size)) & packed.valid
+        if bool(bad.any()):
+            rows = set(bad.any(dim=1).nonzero().flatten().tolist())
+            self.stats.rejected_trees += len(rows)
+            trees = [None if b in rows else t for b, t in enumerate(trees)]
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        return packed
+
+    def _well_formed(self, tree: Tree | None, root: int) -> Tree | None:
+        """``tree`` if it packs, else None (counted): that request decodes without a draft."""
+        if tree is None:
+            return None
+        try:
+            pack_trees([tree], [root], [0])
+        except ValueError:
+            self.stats.rejected_trees += 1
+            return None
+        return tree
+
+    def _verify(self, packed: PackedTrees, logits: Tensor) -> VerifyResult:
+        """Greedy rows take the argmax at every node; sampling rows draw one token per
+        node from their own generator (lossless: see verification.py)."""
+        if all(a.generator is None for a in self._active):
+            return verify_greedy(packed, logits)
+        targets = logits.argmax(dim=-1)
+        for b, a in enumerate(self._active):
+            if a.generator is not None:
+                p = a.request.sampling
+                targets[b] = sample_targets(logits[b : b + 1], temperature=p.temperature,
+                                            top_k=p.top_k, top_p=p.top_p,
+                                            generator=a.generator)[0]  # fmt: skip
+        return accept(packed, targets)
+
+    def _commit(self, result: VerifyResult) -> list[Generation]:
+        """Appends each request's accepted tokens and bonus; retires finished requests."""
+        tokens = result.accepted_tokens.tolist()
+        lengths = result.accept_lengths.tolist()
+        keep, finished = [], []
+        for b, a in enumerate(self._active):
+            new = tokens[b][: lengths[b] + 1]
+            reason: Literal["eos", "length"] | None = None
+            eos_at = next((i for i, t in enumerate(new) if t in self.eos_token_ids), None)
+            room = a.request.max_new_tokens - len(a.output)
+            if eos_at is not None and eos_at < room:
+                new, reason = new[: eos_at + 1], "eos"
+            elif len(new) >= room:
+                new, reason = new[:room], "length"
+            a.output += new
+            a.context += new
+            a.unsent += new
+            a.steps += 1
+            self.stats.output_tokens += len(new)
+            if reason is None:
+                keep.append(b)
+                continue
+            rid = a.request.request_id
+            finished.append(Generation(rid, a.output, reason, a.steps))
+            self._live_ids.discard(rid)
+            if self.drafter is not None:
+                self.drafter.finish(rid, a.unsent)
+        if len(keep) < len(self._active):
+            self._active = [self._active[b] for b in keep]
+            self.kv.keep_rows(keep)
+        return finished
+
+    def _count(self, result: VerifyResult, draft_sizes: Tensor) -> None:
+        stats = self.stats
+        stats.steps += 1
+        stats.request_steps += len(self._active)
+        stats.drafts += int((draft_sizes > 0).sum())
+        stats.draft_tokens += int(draft_sizes.sum())
+        stats.accepted_tokens += int(result.accept_lengths.sum())
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()

@@ -1,0 +1,465 @@
+"""Draft trees as verification inputs: packed batch, SGLang's layout, best chain (torch).
+
+Imported explicitly (``from verifier_client.verification.tree_packing import pack_trees``): the
+package itself does not import torch, so the gRPC client runs without it.
+
+Packing happens in numpy on the host (small arrays: a few dozen numpy calls cost
+less than as many device kernel launches) and crosses to ``device`` in a few
+copies (the int64 planes together, the boolean planes together, the mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from verifier_client.results import Tree
+
+__all__ = [
+    "ChainInputs",
+    "PackedTrees",
+    "SglangTreeInputs",
+    "best_chain",
+    "pack_trees",
+    "to_sglang",
+]
+
+_I64 = npt.NDArray[np.int64]
+_BITS = 64  # ancestor sets fit one uint64 per node up to this many columns
+_MAX_TOKEN = 2**31 - 1  # token ids are int32 on the wire
+
+
+@dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
+class PackedTrees:
+    """A batch of trees as ``[B, T]`` planes: column 0 is the root, then the nodes in order.
+
+    ``T = 1 +`` the most draft nodes of any row. The root is the request's last
+    committed token, the node whose target output is the first new token; a
+    request without a tree is a row with the root only (a plain decoding step).
+    """
+
+    tokens: torch.Tensor  # [B, T] int64; column 0 = root, then draft nodes; padding 0
+    parents: torch.Tensor  # [B, T] int64; column of the parent in the row; root, padding -1
+    depth: torch.Tensor  # [B, T] int64; root 0, its children 1; padding 0
+    positions: torch.Tensor  # [B, T] int64; cache_lens[b] + depth (padding: cache_lens[b])
+    attention_mask: torch.Tensor  # [B, T, T] bool; [b, i, j] = j is i or an ancestor of i
+    valid: torch.Tensor  # [B, T] bool; root and draft nodes (not padding)
+    num_nodes: torch.Tensor  # [B] int64; root included
+    # [B, T] bool: an earlier sibling has the same token. Never descended into: the
+    # first of equal siblings is the one verification visits (the drafter sends
+    # unique siblings; this keeps any other source safe).
+    duplicate: torch.Tensor
+    scores: torch.Tensor | None  # [B, T] float32 drafter scores (root, padding 0); if asked
+    max_depth: int  # deepest node of the batch (0 when no row has a draft)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def width(self) -> int:
+        """T: columns per row, root included."""
+        return int(self.tokens.shape[1])
+
+
+def pack_trees(
+    trees: Sequence[Tree | None],
+    roots: Sequence[int] | torch.Tensor,
+    cache_lens: Sequence[int] | torch.Tensor,
+    *,
+    max_nodes: int | None = None,
+    device: torch.device | str | None = None,
+    scores: bool = False,
+) -> PackedTrees:
+    """Packs one tree per request (None or empty: the root alone) for one verify pass.
+
+    ``roots[b]`` is request b's last committed token and ``cache_lens[b]`` the
+    tokens already in its KV cache (its length without the root), so the root
+    sits at position ``cache_lens[b]`` and a node at ``cache_lens[b] + depth``.
+    ``max_nodes`` keeps each tree's first draft nodes (parents precede children,
+    so any prefix is a tree). ``scores=True`` also packs the drafter's scores
+    (for :func:`best_chain`; verification never reads them). ``device`` defaults
+    to that of ``roots`` when it is a tensor, else the CPU.
+    """
+    batch = len(trees)
+    roots_np = _int_vector(roots, "roots", batch)
+    cache_np = _int_vector(cache_lens, "cache_lens", batch)
+    if max_nodes is not None and (
+        not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 0
+    ):
+        raise ValueError(f"max_nodes must be a non-negative int or None, got {max_nodes!r}")
+    if device is None:
+        device = roots.device if isinstance(roots, torch.Tensor) else "cpu"
+    tokens, parents, node_scores, counts = _concatenate(trees, max_nodes, scores)
+    offsets = np.cumsum(counts) - counts
+    rows = np.repeat(np.arange(batch), counts)
+    local = np.arange(len(tokens)) - np.repeat(offsets, counts)  # node index within its tree
+    _check_nodes(tokens, parents, rows, local)
+
+    width = 1 + int(counts.max()) if batch else 1
+    planes = np.zeros((4, batch, width), np.int64)  # tokens, parents, depth, positions
+    cols = local + 1
+    planes[0, :, 0] = roots_np
+    planes[0, rows, cols] = tokens
+    planes[1].fill(-1)
+    planes[1, rows, cols] = parents + 1  # draft index -> column (the root's -1 -> 0)
+    mask, planes[2] = _ancestor_mask(planes[1])
+    planes[3] = cache_np[:, None] + planes[2]
+    flags = np.zeros((2, batch, width), bool)  # valid, duplicate
+    flags[0] = np.arange(width) < (counts + 1)[:, None]
+    flags[1, rows, cols] = _duplicates(rows * width + parents + 1, tokens)
+
+    dev = torch.device(device)
+    ints = torch.from_numpy(planes).to(dev)
+    bools = torch.from_numpy(flags).to(dev)
+    packed_scores = None
+    if scores:
+        score_plane = np.zeros((batch, width), np.float32)
+        score_plane[rows, cols] = node_scores
+        packed_scores = torch.from_numpy(score_plane).to(dev)
+    return PackedTrees(
+        tokens=ints[0],
+        parents=ints[1],
+        depth=ints[2],
+        positions=ints[3],
+        attention_mask=torch.from_numpy(mask).to(dev),
+        valid=bools[0],
+        num_nodes=torch.from_numpy(counts + 1).to(dev),
+        duplicate=bools[1],
+        scores=packed_scores,
+        max_depth=int(planes[2].max()) if batch else 0,
+    )
+
+
+def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> _I64:
+    """A [batch] int64 host array of non-negative ints, or ValueError/TypeError naming it."""
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got {values.dtype}")
+        array = values.detach().cpu().numpy().astype(np.int64)
+    else:
+        raw = np.asarray(values)
+        if raw.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {raw.shape}")
+        if raw.size and raw.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers, got {raw.dtype}")
+        array = raw.astype(np.int64)
+    if len(array) != batch:
+        raise ValueError(f"{name} has {len(array)} entries for {batch} trees")
+    if array.size and array.min() < 0:
+        b = int(np.argmin(array))
+        raise ValueError(f"{name}[{b}] = {array[b]} is negative")
+    return array
+
+
+def _concatenate(
+    trees: Sequence[Tree | None], max_nodes: int | None, with_scores: bool
+) -> tuple[_I64, _I64, npt.NDArray[np.float32], _I64]:
+    """Every tree's (first max_nodes) nodes end to end, and the node count of each.
+
+    The loop over requests only collects references; numpy converts everything
+    in one concatenation per field (the hot path: a few dozen trees per step).
+    """
+    counts = [0] * len(trees)
+    tokens: list[npt.ArrayLike] = []
+    parents: list[npt.ArrayLike] = []
+    scores: list[npt.ArrayLike] = []
+    for b, tree in enumerate(trees):
+        if tree is None:
+            continue
+        try:
+            tok, par = tree.tokens, tree.parents
+        except AttributeError:
+            raise TypeError(
+                f"trees[{b}] must be a Tree or None, got {type(tree).__name__}"
+            ) from None
+        n = len(tok)
+        if len(par) != n:
+            raise ValueError(f"trees[{b}] has {n} tokens but {len(par)} parents")
+        if with_scores and len(tree.scores) != n:
+            raise ValueError(f"trees[{b}] has {n} tokens but {len(tree.scores)} scores")
+        if max_nodes is not None and n > max_nodes:
+            n = max_nodes
+            tok, par = tok[:n], par[:n]
+        if n:
+            counts[b] = n
+            tokens.append(tok)
+            parents.append(par)
+            if with_scores:
+                scores.append(tree.scores[:n])
+    count_array = np.array(counts, dtype=np.int64)
+    if not tokens:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, np.zeros(0, np.float32), count_array
+    total = int(count_array.sum())
+    flat_tokens = _flat_ints(tokens, total, "tokens", trees)
+    flat_parents = _flat_ints(parents, total, "parents", trees)
+    node_scores = (
+        np.concatenate(scores).astype(np.float32) if with_scores else np.zeros(0, np.float32)
+    )
+    return flat_tokens, flat_parents, node_scores, count_array
+
+
+def _flat_ints(
+    parts: list[npt.ArrayLike], total: int, what: str, trees: Sequence[Tree | None]
+) -> _I64:
+    """One field of every tree end to end as int64; the error names the first bad tree."""
+    try:
+        flat = np.concatenate(parts)
+    except ValueError:  # a part of another rank
+        flat = np.zeros(0)
+    if flat.shape == (total,) and flat.dtype.kind in "iu":
+        return flat.astype(np.int64, copy=False)
+    for b, tree in enumerate(trees):  # the error path only: find the culprit
+        values = np.asarray(getattr(tree, what, ()))
+        if values.ndim != 1:
+            raise ValueError(f"trees[{b}].{what} must be 1-D, got shape {values.shape}")
+        if len(values) and values.dtype.kind not in "iu":
+            raise TypeError(f"trees[{b}].{what} must hold integers, got {values.dtype}")
+    raise TypeError(f"tree {what} must be 1-D integer sequences, got {flat.dtype}")
+
+
+def _check_nodes(tokens: _I64, parents: _I64, rows: _I64, local: _I64) -> None:
+    bad = np.flatnonzero((tokens < 0) | (tokens > _MAX_TOKEN))
+    if len(bad):
+        k = bad[0]
+        raise ValueError(
+            f"trees[{rows[k]}].tokens[{local[k]}] = {tokens[k]}: token ids are in 0..{_MAX_TOKEN}"
+        )
+    bad = np.flatnonzero((parents < -1) | (parents >= local))
+    if len(bad):
+        k = bad[0]
+        raise ValueError(
+            f"trees[{rows[k]}].parents[{local[k]}] = {parents[k]}: "
+            f"must be -1 (the root) or an earlier node (0..{local[k] - 1})"
+        )
+
+
+def _ancestor_mask(parents: _I64) -> tuple[npt.NDArray[np.bool_], _I64]:
+    """[B, T, T]: j is i or an ancestor of i (root and padding see themselves only); depth."""
+    batch, width = parents.shape
+    cols = np.arange(width)
+    # Parent column of every column, the root and padding pointing at themselves:
+    # following it reaches the root (or stays put) after at most T - 1 steps.
+    up = np.where(parents >= 0, parents, cols)
+    if width > _BITS:
+        mask = np.zeros((batch, width, width), bool)
+        mask[:, cols, cols] = True
+        rows = np.arange(batch)
+        for c in range(1, width):  # parents precede children: row up[c] is final
+            mask[:, c] |= mask[rows, up[:, c]]
+        return mask, mask.sum(axis=2) - 1  # ancestors and itself, less the root
+    # Pointer doubling on bit sets: after round k, bits[i] holds the ancestors of i
+    # at most 2**k - 1 steps up (itself included) and jump[i] the one 2**k steps up.
+    self_bits = np.left_shift(np.uint64(1), cols.astype(np.uint64))
+    bits = np.tile(self_bits, batch)
+    jump = (up + (np.arange(batch) * width)[:, None]).ravel()
+    span = 1
+    while span < width:
+        bits |= bits[jump]
+        jump = jump[jump]
+        span *= 2
+    as_bytes = bits.astype("<u8").view(np.uint8).reshape(batch, width, 8)
+    mask = np.unpackbits(as_bytes, axis=2, count=width, bitorder="little").view(bool)
+    popcount = getattr(np, "bitwise_count", None)  # numpy >= 2.0
+    if popcount is None:
+        return mask, mask.sum(axis=2) - 1
+    return mask, popcount(bits).astype(np.int64).reshape(batch, width) - 1
+
+
+def _duplicates(siblings: _I64, tokens: _I64) -> npt.NDArray[np.bool_]:
+    """Per node: an earlier node with the same ``siblings`` group and token exists."""
+    key = siblings * (1 << 31) + tokens  # tokens < 2**31: one int64 per (group, token)
+    order = np.argsort(key, kind="stable")  # equal keys stay in node order
+    ordered = key[order]
+    dup = np.zeros(len(key), bool)
+    dup[order[1:]] = ordered[1:] == ordered[:-1]
+    return dup
+
+
+@dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
+class SglangTreeInputs:
+    """SGLang's EAGLE verify inputs (``build_tree_kernel_efficient``'s outputs).
+
+    Matches: ``draft_tokens`` is ``[B * D]`` with each request's root (SGLang's
+    ``verified_id``, the last committed token) then its D - 1 draft tokens;
+    ``positions`` is ``[B * D]`` = seq_len + depth; ``tree_mask`` is the
+    QLEN_ONLY layout, ``[B * D * D]`` flattened ``[b, i, j]`` = j is i or an
+    ancestor (the root column always true for real nodes);
+    ``retrive_index[b, i] = b * D + i``; ``retrive_next_token[b, i]`` = the
+    first (lowest-index) child of i and ``retrive_next_sibling[b, i]`` = the
+    next higher-index child of i's parent, -1 for none, so SGLang's
+    ``verify_tree_greedy`` walks children lowest index first, as
+    :func:`verifier_client.verification.tree_verification.accept` does. :meth:`full_tree_mask`
+    gives the FULL_MASK layout.
+
+    Differs: SGLang's trees always hold D - 1 nodes; here a request with fewer
+    is padded (token 0, position seq_len, attending to itself only, linked from
+    no node, so the verify kernels never reach it). Nodes need not come from
+    EAGLE's top-k expansion (any tree, parents before children). Equal sibling
+    tokens are never reached past the first (also true of SGLang's walk).
+    """
+
+    draft_tokens: torch.Tensor  # [B * D] int64
+    positions: torch.Tensor  # [B * D] int64
+    tree_mask: torch.Tensor  # [B * D * D] bool, QLEN_ONLY
+    retrive_index: torch.Tensor  # [B, D] int64
+    retrive_next_token: torch.Tensor  # [B, D] int64
+    retrive_next_sibling: torch.Tensor  # [B, D] int64
+    seq_lens: torch.Tensor  # [B] int64: tokens before the root (SGLang's seq_lens)
+    num_draft_tokens: int  # D, root included (SGLang's num_draft_tokens)
+
+    def full_tree_mask(self) -> torch.Tensor:
+        """FULL_MASK: per request ``[D, seq_len + D]`` flattened, the prefix all true.
+
+        Loops over the batch (a ragged concatenation); prefer QLEN_ONLY.
+        """
+        d = self.num_draft_tokens
+        qlen = self.tree_mask.view(-1, d, d)
+        parts = [
+            torch.cat([qlen.new_ones((d, n)), qlen[b]], dim=1).reshape(-1)
+            for b, n in enumerate(self.seq_lens.tolist())
+        ]
+        return torch.cat(parts) if parts else qlen.new_zeros(0)
+
+
+def to_sglang(packed: PackedTrees, *, num_draft_tokens: int | None = None) -> SglangTreeInputs:
+    """SGLang's tree layout, padded to ``num_draft_tokens`` (D, default T) columns."""
+    if not isinstance(packed, PackedTrees):
+        raise TypeError(f"packed must be PackedTrees, got {type(packed).__name__}")
+    width = packed.width
+    d = width if num_draft_tokens is None else num_draft_tokens
+    if not isinstance(d, int) or isinstance(d, bool) or d < width:
+        raise ValueError(
+            f"num_draft_tokens must be an int >= the packed width {width} "
+            f"(truncate with pack_trees(max_nodes=...)), got {num_draft_tokens!r}"
+        )
+    batch, pad = packed.batch_size, d - width
+    dev = packed.tokens.device
+    parents = torch.nn.functional.pad(packed.parents, (0, pad), value=-1)
+    tokens = torch.nn.functional.pad(packed.tokens, (0, pad), value=0)
+    seq_lens = packed.positions[:, 0]
+    positions = torch.nn.functional.pad(packed.positions, (0, pad))
+    if pad:
+        positions[:, width:] = seq_lens[:, None]
+    mask = torch.nn.functional.pad(packed.attention_mask, (0, pad, 0, pad))
+    diag = torch.arange(width, d, device=dev)
+    mask[:, diag, diag] = True
+    cols = torch.arange(d, device=dev)
+    none = torch.full((batch, d), -1, dtype=torch.int64, device=dev)
+    # child[b, p, c]: c is a child of p; the first child is the lowest such c.
+    child = parents[:, None, :] == cols[None, :, None]
+    next_token = torch.where(child.any(2), child.to(torch.uint8).argmax(2), none)
+    # later[b, c, s]: s is a later child of c's parent.
+    later = (
+        (parents[:, None, :] == parents[:, :, None])
+        & (cols[None, None, :] > cols[None, :, None])
+        & (parents >= 0)[:, :, None]
+    )
+    next_sibling = torch.where(later.any(2), later.to(torch.uint8).argmax(2), none)
+    return SglangTreeInputs(
+        draft_tokens=tokens.reshape(-1),
+        positions=positions.reshape(-1),
+        tree_mask=mask.reshape(-1),
+        retrive_index=(torch.arange(batch, device=dev)[:, None] * d + cols).contiguous(),
+        retrive_next_token=next_token,
+        retrive_next_sibling=next_sibling,
+        seq_lens=seq_lens.clone(),
+        num_draft_tokens=d,
+    )
+
+
+@dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
+class ChainInputs:
+    """One chain per request for engines that verify chains only."""
+
+    tokens: torch.Tensor  # [B, L] int64: the chain's draft tokens, padding 0
+    lengths: torch.Tensor  # [B] int64: draft tokens in each chain
+    nodes: torch.Tensor  # [B, L] int64: their columns in the tree packing, padding -1
+    packed: PackedTrees  # the chains as trees (column k + 1 = chain token k)
+
+
+def best_chain(
+    packed_or_trees: PackedTrees | Sequence[Tree | None],
+    max_len: int,
+    *,
+    roots: Sequence[int] | torch.Tensor | None = None,
+    cache_lens: Sequence[int] | torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> ChainInputs:
+    """Per request, the path from the root through the highest-score child at each level.
+
+    Scores only choose what to draft; verifying the chain stays lossless. Ties
+    go to the lower column; equal-token later siblings are skipped. Trees need
+    ``roots`` and ``cache_lens``; a packing must have been made with
+    ``scores=True``. ``L`` = the longest chain (at most ``max_len``).
+    """
+    if isinstance(packed_or_trees, PackedTrees):
+        packed = packed_or_trees
+    else:
+        if roots is None or cache_lens is None:
+            raise ValueError("best_chain of trees needs roots and cache_lens")
+        packed = pack_trees(packed_or_trees, roots, cache_lens, device=device, scores=True)
+    if packed.scores is None:
+        raise ValueError("best_chain needs scores: pack with pack_trees(..., scores=True)")
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    batch, dev = packed.batch_size, packed.tokens.device
+    steps = min(max_len, packed.max_depth)
+    eligible = packed.valid & ~packed.duplicate
+    eligible[:, 0] = False
+    low = torch.tensor(float("-inf"), device=dev)
+    current = torch.zeros(batch, dtype=torch.int64, device=dev)
+    alive = torch.ones(batch, dtype=torch.bool, device=dev)
+    nodes = torch.full((batch, steps), -1, dtype=torch.int64, device=dev)
+    for level in range(steps):  # one level down per iteration, all rows at once
+        children = eligible & (packed.parents == current[:, None])
+        best = torch.where(children, packed.scores, low).argmax(1)
+        alive &= children.any(1)
+        current = torch.where(alive, best, current)
+        nodes[:, level] = torch.where(alive, best, -1)
+    lengths = (nodes >= 0).sum(1)
+    nodes = nodes[:, : int(lengths.max()) if batch else 0]  # rows may end above max_depth
+    chain_tokens = torch.where(nodes >= 0, packed.tokens.gather(1, nodes.clamp(min=0)), 0)
+    return ChainInputs(
+        tokens=chain_tokens,
+        lengths=lengths,
+        nodes=nodes,
+        packed=_chain_packing(packed, chain_tokens, nodes, lengths),
+    )
+
+
+def _chain_packing(
+    packed: PackedTrees, chain_tokens: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor
+) -> PackedTrees:
+    batch, steps = chain_tokens.shape
+    dev = chain_tokens.device
+    cols = torch.arange(steps + 1, device=dev)
+    valid = cols[None, :] <= lengths[:, None]
+    depth = torch.where(valid, cols, 0)
+    parents = torch.where(valid & (cols > 0), cols - 1, -1)
+    lower = cols[None, :, None] >= cols[None, None, :]  # a chain's ancestors are all before
+    mask = (lower & valid[:, :, None] & valid[:, None, :]) | torch.eye(
+        steps + 1, dtype=torch.bool, device=dev
+    )
+    assert packed.scores is not None  # checked by best_chain
+    scores = torch.zeros((batch, steps + 1), dtype=torch.float32, device=dev)
+    scores[:, 1:] = torch.where(nodes >= 0, packed.scores.gather(1, nodes.clamp(min=0)), 0.0)
+    return PackedTrees(
+        tokens=torch.cat([packed.tokens[:, :1], chain_tokens], dim=1),
+        parents=parents,
+        depth=depth,
+        positions=packed.positions[:, :1] + depth,
+        attention_mask=mask,
+        valid=valid,
+        num_nodes=lengths + 1,
+        duplicate=torch.zeros_like(valid),
+        scores=scores,
+        max_depth=steps,
+    )
