@@ -1,0 +1,94 @@
+"""Where a document enters the live datastore: checked, made durable, then buffered.
+
+:func:`accept_document` is the one way in. Under the state lock it checks the memory
+bound, appends the document to the ingest log (fsynced: from here on the ingest is
+acknowledged and survives a crash) and then adds it to the in-memory buffer that the
+next rebuild folds into the sub-indices, so the buffer is always in log order and the
+log holds everything the buffer does. :func:`checked_document` validates what a caller
+hands in; :func:`generation_document` is the policy's ``store`` rule for a finished
+generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.datastore.tokens import as_token_array
+from drafter_service.live.live_policy import DatastoreFull, LivePolicy
+from drafter_service.live.live_state import LiveState
+
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+
+
+def checked_document(
+    tokens: TokenIds, policy: LivePolicy, vocab_size: int
+) -> npt.NDArray[np.int32]:
+    """``tokens`` as a document to ingest; ValueError for bad ids, an empty document or
+    one longer than a sub-index holds."""
+    doc = as_token_array(tokens, vocab_size, what="tokens")
+    if len(doc) == 0:
+        raise ValueError("tokens: an ingested document must not be empty")
+    if len(doc) > policy.max_sub_index_tokens:
+        raise ValueError(
+            f"tokens: document of {len(doc)} tokens exceeds max_sub_index_tokens "
+            f"({policy.max_sub_index_tokens})"
+        )
+    return doc
+
+
+def generation_document(
+    prompt_ids: TokenIds, output_ids: TokenIds, policy: LivePolicy, vocab_size: int
+) -> npt.NDArray[np.int32]:
+    """What a finished generation stores: the output after the policy's few trailing
+    prompt tokens (``store="output"``), or prompt + output."""
+    prompt = as_token_array(prompt_ids, vocab_size, what="prompt_ids")
+    output = as_token_array(output_ids, vocab_size, what="output_ids")
+    if policy.store == "output":
+        k = policy.prompt_context_tokens
+        prompt = prompt[max(0, len(prompt) - k) :] if k else prompt[:0]
+    return np.concatenate([prompt, output])
+
+
+def accept_document(state: LiveState, doc: npt.NDArray[np.int32]) -> tuple[int, bool]:
+    """Appends ``doc`` (checked) to the log, then to the buffer. Returns its log sequence
+    number and whether the buffer now holds enough for a rebuild (the background thread
+    has been woken). Raises DatastoreFull past the memory bound, RuntimeError once
+    closed, OSError when the log cannot be written (nothing is buffered then)."""
+    with state.lock:
+        if state.closed:
+            raise RuntimeError("live datastore is closed")
+        _check_room(state, len(doc))
+        seq = state.log.append(doc)
+        state.pending.append((seq, doc))
+        state.pending_tokens += len(doc)
+        state.ingested_sequences += 1
+        state.ingested_tokens += len(doc)
+        due = state.pending_tokens >= state.policy.rebuild_min_tokens
+        if due:
+            state.wake.notify()
+    return seq, due
+
+
+def _check_room(state: LiveState, n_tokens: int) -> None:
+    """Raises DatastoreFull when ``n_tokens`` more could not stay resident (caller holds
+    the state lock)."""
+    policy = state.policy
+    bound = policy.max_resident_bytes
+    if bound is None:
+        return
+    # What must stay resident after the next rebuild, when every older
+    # sub-index has been dropped: the sub-index the waiting documents land in.
+    waiting = state.pending_tokens + n_tokens
+    subs = state.learned
+    if subs and subs[-1].num_tokens + 1 + waiting <= policy.max_sub_index_tokens:
+        waiting += subs[-1].num_tokens + 1  # they extend the newest
+    needed = 8 * waiting + 4 * (state.tokenizer.vocab_size + 1)  # text + SA + token table
+    needed += sum(c.resident_bytes for c in state.corpora)  # never dropped
+    if needed > bound:
+        raise DatastoreFull(
+            f"ingest of {n_tokens} tokens refused: it needs {needed} bytes, over the "
+            f"max_resident_bytes bound of {bound}"
+        )

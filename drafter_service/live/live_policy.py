@@ -1,0 +1,62 @@
+"""The live datastore's policy: when to rebuild, rotate and snapshot, what a finished
+generation stores, and the memory bound (:class:`DatastoreFull` when it refuses)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LIVE_SETTINGS = (
+    "rebuild_min_tokens",
+    "rebuild_interval_s",
+    "snapshot_interval_s",
+    "keep_snapshots",
+)
+"""The policy fields :meth:`LiveDatastore.update_policy` may change while serving: they
+only say *when* maintenance runs, never what a datastore holds."""
+
+
+class DatastoreFull(RuntimeError):
+    """An ingest was refused because it would exceed the memory bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class LivePolicy:
+    """When to rebuild, rotate and snapshot, and what a finished generation stores."""
+
+    max_sub_indices: int = 8
+    """Sub-indices kept; past this the oldest is dropped."""
+    max_sub_index_tokens: int = 512_000_000
+    """Text positions per sub-index; a full one is left as is and a new one started."""
+    rebuild_min_tokens: int = 1_000_000
+    """Rebuild once this many tokens are waiting..."""
+    rebuild_interval_s: float = 60.0
+    """...or once this long has passed since the last rebuild with anything waiting."""
+    snapshot_interval_s: float = 900.0
+    """Write a snapshot this often when the datastore changed (0 = only on request)."""
+    keep_snapshots: int = 2
+    """Complete snapshots kept on disk (newest first)."""
+    max_resident_bytes: int | None = None
+    """Bound on accounted datastore bytes (8 per token); oldest sub-indices are
+    dropped to stay under it, and an ingest that cannot fit is refused."""
+    store: Literal["output", "prompt+output"] = "output"
+    """What :meth:`LiveDatastore.ingest_generation` stores."""
+    prompt_context_tokens: int = 3
+    """With ``store="output"``, this many trailing prompt tokens precede the output
+    so that the start of an answer can be matched."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_sub_indices": self.max_sub_indices >= 1,
+            "max_sub_index_tokens": 1 <= self.max_sub_index_tokens < 2**31 - 2,
+            "rebuild_min_tokens": self.rebuild_min_tokens >= 1,
+            "rebuild_interval_s": self.rebuild_interval_s > 0,
+            "snapshot_interval_s": self.snapshot_interval_s >= 0,
+            "keep_snapshots": self.keep_snapshots >= 1,
+            "max_resident_bytes": self.max_resident_bytes is None or self.max_resident_bytes > 0,
+            "store": self.store in ("output", "prompt+output"),
+            "prompt_context_tokens": self.prompt_context_tokens >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"LivePolicy.{name} = {getattr(self, name)!r} is out of range")

@@ -1,0 +1,122 @@
+"""Corpora: static sub-indices an operator pins before the learned ones.
+
+A corpus is built offline (e.g. by the admin API from a file), is never rebuilt,
+rotated or dropped, and is written into every later snapshot. The datastore holds the
+corpora's sub-indices first, in corpus order, then the learned ones
+(:func:`joined_datastore`); the snapshot manifest's ``metadata.corpora`` lists each
+corpus with its sub-index count (:func:`corpora_listing`), which is how
+:func:`split_corpora` tells them apart again on load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.live.live_policy import DatastoreFull
+from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
+
+CORPORA_KEY = "corpora"
+"""Snapshot metadata key listing the corpora (name, sub-index count, metadata), in
+datastore order; their sub-indices come first, the learned ones after them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Corpus:
+    """Static sub-indices added by an operator; kept across rebuilds and snapshots."""
+
+    name: str
+    sub_indices: tuple[SubIndex, ...]
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.sub_indices)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(s.resident_bytes for s in self.sub_indices)
+
+
+def joined_datastore(
+    corpora: Sequence[Corpus], learned: Sequence[SubIndex], vocab_size: int
+) -> Datastore:
+    """The datastore of every corpus's sub-indices, in order, then the learned ones."""
+    return Datastore([s for c in corpora for s in c.sub_indices] + list(learned), vocab_size)
+
+
+def corpora_listing(corpora: Sequence[Corpus]) -> list[dict[str, object]]:
+    """The manifest's ``metadata.corpora`` for a datastore holding ``corpora``."""
+    return [
+        {"name": c.name, "sub_indices": len(c.sub_indices), "metadata": dict(c.metadata)}
+        for c in corpora
+    ]
+
+
+def split_corpora(
+    datastore: Datastore, info: SnapshotInfo
+) -> tuple[tuple[Corpus, ...], tuple[SubIndex, ...]]:
+    """The corpora named in a snapshot's metadata and the learned sub-indices after them.
+    A snapshot without that metadata (e.g. from the builder) holds learned data only."""
+    subs = datastore.sub_indices
+    listed = info.metadata.get(CORPORA_KEY, [])
+    corpora: list[Corpus] = []
+    start = 0
+    ok = isinstance(listed, list)
+    for item in listed if isinstance(listed, list) else []:
+        count = item.get("sub_indices") if isinstance(item, dict) else None
+        name = item.get("name") if isinstance(item, dict) else None
+        meta = item.get("metadata", {}) if isinstance(item, dict) else None
+        if (
+            not isinstance(name, str)
+            or not isinstance(count, int)
+            or isinstance(count, bool)
+            or not isinstance(meta, dict)
+            or count < 0
+            or start + count > len(subs)
+        ):
+            ok = False
+            break
+        corpora.append(Corpus(name, subs[start : start + count], meta))
+        start += count
+    if not ok:
+        raise SnapshotError(f"{info.path}: manifest metadata.{CORPORA_KEY} is malformed")
+    return tuple(corpora), subs[start:]
+
+
+def check_corpus_vocabulary(corpus: Corpus, vocab_size: int) -> None:
+    """Raises ValueError when a sub-index of ``corpus`` has another vocabulary."""
+    for sub in corpus.sub_indices:
+        if sub.vocab_size != vocab_size:
+            raise ValueError(
+                f"corpus {corpus.name!r}: vocab_size {sub.vocab_size} differs from the "
+                f"datastore's {vocab_size}"
+            )
+
+
+def with_corpus(
+    corpora: tuple[Corpus, ...],
+    corpus: Corpus,
+    datastore_bytes: int,
+    max_resident_bytes: int | None,
+) -> tuple[Corpus, ...]:
+    """``corpora`` with ``corpus`` added last, for a datastore of ``datastore_bytes``.
+    Raises ValueError for a name in use, DatastoreFull past ``max_resident_bytes``."""
+    if any(c.name == corpus.name for c in corpora):
+        raise ValueError(f"corpus {corpus.name!r} already exists")
+    total = datastore_bytes + corpus.resident_bytes
+    if max_resident_bytes is not None and total > max_resident_bytes:
+        raise DatastoreFull(
+            f"corpus {corpus.name!r} needs {corpus.resident_bytes} bytes: the "
+            f"datastore would hold {total}, over max_resident_bytes ({max_resident_bytes})"
+        )
+    return (*corpora, corpus)
+
+
+def without_corpus(corpora: tuple[Corpus, ...], name: str) -> tuple[Corpus, ...]:
+    """``corpora`` without corpus ``name`` (KeyError when absent)."""
+    kept = tuple(c for c in corpora if c.name != name)
+    if len(kept) == len(corpora):
+        raise KeyError(f"no corpus {name!r}")
+    return kept

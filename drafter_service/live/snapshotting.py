@@ -1,0 +1,143 @@
+"""The live datastore's snapshots: writing, listing, deleting, restoring.
+
+A snapshot holds the sub-indices as of a log position (``wal_position``: the newest
+ingest folded in); once it is written and read back from disk, the log segments it
+covers are deleted, so the newest complete snapshot plus the log after it is the whole
+datastore (``startup`` opens it so). Everything a manifest's ``metadata`` holds
+besides the content goes through :func:`manifest_metadata`. Directory layout:
+docs/snapshot-format.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.live.live_state import LiveState
+from drafter_service.live.pinned_corpora import (
+    CORPORA_KEY,
+    Corpus,
+    corpora_listing,
+    split_corpora,
+)
+from drafter_service.snapshot.store import (
+    SnapshotError,
+    SnapshotInfo,
+    delete_snapshot,
+    list_snapshots,
+    load_snapshot,
+    read_manifest,
+    write_snapshot,
+)
+
+log = logging.getLogger(__name__)
+
+PINNED_KEY = "pinned"
+"""Snapshot metadata flag: never deleted by the ``keep_snapshots`` rotation."""
+
+
+def manifest_metadata(corpora: Sequence[Corpus], extra: Mapping[str, object]) -> dict[str, object]:
+    """A live snapshot's manifest ``metadata``: ``extra`` (what the writer records
+    beside the content: ``pinned``, a restore's origin; state read under the lock
+    together with the content belongs here too), then the corpus listing, which an
+    ``extra`` key can never replace."""
+    return {**extra, CORPORA_KEY: corpora_listing(corpora)}
+
+
+class LiveSnapshots:
+    """The snapshots under ``root`` of the live datastore whose state is ``state``."""
+
+    def __init__(self, state: LiveState, root: Path) -> None:
+        self._state = state
+        self.root = root
+
+    def complete(self) -> list[SnapshotInfo]:
+        """The complete snapshots, oldest first; the last one is where a restart begins."""
+        return list_snapshots(self.root)
+
+    def take(self, name: str | None, *, pinned: bool) -> SnapshotInfo:
+        """:meth:`write` under the rebuild lock."""
+        with self._state.rebuild_lock:
+            return self.write(name, {PINNED_KEY: True} if pinned else {})
+
+    def write(self, name: str | None, extra: Mapping[str, object]) -> SnapshotInfo:
+        """Writes the current sub-indices (``name`` defaults to ``snapshot-<position>-<ms>``),
+        deletes the log they cover and rotates unpinned snapshots past ``keep_snapshots``.
+        The caller holds the rebuild lock, so nothing swaps the datastore meanwhile."""
+        state = self._state
+        with state.lock:  # read together: the manifest describes exactly this content
+            datastore, covered, corpora = state.datastore, state.covered, state.corpora
+        name = name or _stamped("snapshot", covered)
+        info = self._write_covering(name, datastore, covered, manifest_metadata(corpora, extra))
+        with state.lock:
+            state.log.discard_through(covered)
+            state.snapshot_covered = covered
+            state.last_snapshot_unix = info.created_unix
+        rotating = [s for s in list_snapshots(self.root) if not s.metadata.get(PINNED_KEY)]
+        for old in rotating[: -state.policy.keep_snapshots]:
+            delete_snapshot(old.path)
+        return info
+
+    def delete(self, name: str) -> None:
+        """Deletes snapshot ``name``; refuses the newest (a restart begins from it)."""
+        with self._state.rebuild_lock:
+            names = [s.path.name for s in list_snapshots(self.root)]
+            if name not in names:
+                raise KeyError(f"no snapshot {name!r}")
+            if name == names[-1]:
+                raise SnapshotError(
+                    f"snapshot {name!r} is the newest: a restart begins from it, so it cannot "
+                    "be deleted (write a newer snapshot first)"
+                )
+            delete_snapshot(self.root / name)
+
+    def restore(self, name: str) -> SnapshotInfo:
+        """Rolls the datastore back to snapshot ``name`` (see LiveDatastore.restore): the
+        content is written as a new snapshot covering the newest acknowledged ingest,
+        then swapped in, then the log through that ingest is deleted."""
+        state = self._state
+        with state.rebuild_lock:
+            if name not in {s.path.name for s in list_snapshots(self.root)}:
+                raise KeyError(f"no snapshot {name!r}")
+            loaded, source = load_snapshot(self.root / name, expect_tokenizer=state.tokenizer)
+            corpora, learned = split_corpora(loaded, source)
+            with state.lock:
+                position = state.log.last_seq
+                state.log.roll()  # the segments through `position` can all be deleted
+            extra = {"restored_from": name, "discarded_through": position}
+            info = self._write_covering(
+                _stamped("restored", position), loaded, position, manifest_metadata(corpora, extra)
+            )
+            with state.lock:
+                state.datastore, state.corpora, state.learned = loaded, corpora, learned
+                state.pending = [(seq, doc) for seq, doc in state.pending if seq > position]
+                state.pending_tokens = sum(len(doc) for _, doc in state.pending)
+                state.covered = state.snapshot_covered = position
+                state.last_snapshot_unix = info.created_unix
+                state.log.discard_through(position)
+            state.publish(loaded)
+            log.info("restored snapshot %s (log through %d discarded)", name, position)
+            return info
+
+    def _write_covering(
+        self, name: str, datastore: Datastore, position: int, metadata: Mapping[str, object]
+    ) -> SnapshotInfo:
+        """Writes ``datastore`` as snapshot ``name`` covering log ``position`` and reads its
+        manifest back: only then may the log it covers be deleted."""
+        info = write_snapshot(
+            self.root / name,
+            datastore,
+            self._state.tokenizer,
+            wal_position=position,
+            metadata=metadata,
+        )
+        read_manifest(info.path)  # readable back from disk before the log it covers goes
+        return info
+
+
+def _stamped(prefix: str, position: int) -> str:
+    """A snapshot name that sorts by log position, then by time."""
+    return f"{prefix}-{position:012d}-{time.time_ns() // 1_000_000}"
