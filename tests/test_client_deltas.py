@@ -87,13 +87,20 @@ def test_requests_join_and_leave_at_different_steps() -> None:
     assert state.tokens == [9, 9, 9, 8, 8] and "b" not in tracker and len(tracker) == 1
 
 
-def test_resync_sends_the_whole_context_next_time() -> None:
+def synced_then_sent() -> tuple[DeltaTracker, list[RequestState]]:
+    """Request "a": [1, 2, 3] held by the drafter (answered OK), then [4] committed and
+    sent; returns the tracker and the states of that last send, whose answer is due."""
     tracker = DeltaTracker()
     tracker.add("a", [1, 2, 3])
     _, sent = build(tracker, "a")
     tracker.apply(answer(1, ("a", OK, 3)), sent)
     tracker.commit("a", [4])
     _, sent = build(tracker, "a")
+    return tracker, sent
+
+
+def test_resync_sends_the_whole_context_next_time() -> None:
+    tracker, sent = synced_then_sent()
     trees, resynced = tracker.apply(answer(2, ("a", RESYNC, 0)), sent)
     assert trees == {} and resynced == ["a"]
     message, _ = build(tracker, "a")
@@ -105,12 +112,7 @@ def test_resync_sends_the_whole_context_next_time() -> None:
 
 
 def test_a_lost_answer_means_a_whole_resend() -> None:
-    tracker = DeltaTracker()
-    tracker.add("a", [1, 2, 3])
-    _, sent = build(tracker, "a")
-    tracker.apply(answer(1, ("a", OK, 3)), sent)
-    tracker.commit("a", [4])
-    _, sent = build(tracker, "a")
+    tracker, sent = synced_then_sent()
     assert sent[0].in_flight
     tracker.mark_unsynced(sent)  # deadline: the drafter may or may not have applied it
     message, _ = build(tracker, "a")

@@ -1,10 +1,14 @@
-"""The clients' background workers: they send finish, abort and ingest work.
+"""The clients' background senders: they send finish, abort and ingest work.
 
 The decode loop drops planned work into a bounded queue and never waits: when
-the queue is full the work is dropped and counted. One thread drains the
-queue, merges what is waiting into as few calls as the drafter allows, and
-sends them with ``wait_for_ready`` so that a short drafter restart delays the
-work instead of losing it. The asyncio worker is the same with a task.
+the queue is full the work is dropped and counted. One thread (a task, for the
+asyncio client) drains the queue, merges what is waiting into as few calls as
+the drafter allows, and sends them with ``wait_for_ready`` so that a short
+drafter restart delays the work instead of losing it.
+
+What is merged, which calls send it, in which order, and what is counted lives
+once in :class:`WorkSenderCore` (no I/O); :class:`BackgroundSender` and
+:class:`AioBackgroundSender` only wait on their queue and make the calls.
 """
 
 from __future__ import annotations
@@ -14,22 +18,45 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 
 from verifier_client.pending_work import Work, batch_messages, reingest_unknown
 from verifier_client.results import ClientStats
 
-__all__ = ["AioBackgroundWorker", "BackgroundWorker"]
+__all__ = ["AioBackgroundSender", "BackgroundSender", "WorkSenderCore"]
 
 log = logging.getLogger(__name__)
 _DRAIN_MAX_ITEMS = 4096  # queue entries merged into one round of calls
 
 
-class BackgroundWorker:
-    """A bounded work queue and the thread that sends it through ``stub``."""
+class _WorkQueue(Protocol):
+    """What the core needs of a queue.Queue or an asyncio.Queue (None: the stop mark)."""
+
+    def put_nowait(self, item: list[Work], /) -> None: ...
+    def get_nowait(self) -> list[Work] | None: ...
+    def task_done(self) -> None: ...
+
+
+@dataclass(slots=True)
+class BackgroundCall:
+    """One Finish or Ingest call of a round; the sender makes it and sets ``answer``."""
+
+    method: Any  # the stub's Finish or Ingest
+    message: Any  # its FinishRequest or IngestRequest
+    answer: Any = None  # the response, or the grpc.RpcError the call failed with
+
+
+class WorkSenderCore(ABC):
+    """The pure half of a background sender: the bounded queue's use and the calls that
+    send what it holds. Subclasses create the queue and drain it (``_start``)."""
+
+    _queue: _WorkQueue
 
     def __init__(
         self,
@@ -46,9 +73,11 @@ class BackgroundWorker:
         self._stats = stats
         self._timeout_s = timeout_s
         self._max_per_call = max_per_call
-        self._queue: queue.Queue[list[Work] | None] = queue.Queue(maxsize=queue_size)
-        self._thread = threading.Thread(target=self._run, name="drafter-work", daemon=True)
-        self._thread.start()
+        self._start(queue_size)
+
+    @abstractmethod
+    def _start(self, queue_size: int) -> None:
+        """Creates the queue (``queue_size`` entries) and starts draining it."""
 
     def offer(self, work: list[Work]) -> bool:
         """Queues ``work`` without waiting; False (and counted) when the queue is full."""
@@ -56,10 +85,77 @@ class BackgroundWorker:
             return True
         try:
             self._queue.put_nowait(work)
-        except queue.Full:
+        except (queue.Full, asyncio.QueueFull):
             self._stats.ingest_drops += 1
             return False
         return True
+
+    def _merge(self, first: list[Work] | None) -> tuple[list[Work], int, bool]:
+        """``first`` and the entries already waiting behind it, up to _DRAIN_MAX_ITEMS:
+        the work, how many queue entries it took, and whether the stop mark was one."""
+        last = first is None
+        work, taken = list(first or ()), 1
+        while not last and len(work) < _DRAIN_MAX_ITEMS:
+            try:
+                more = self._queue.get_nowait()
+            except (queue.Empty, asyncio.QueueEmpty):
+                break
+            taken += 1
+            last = more is None
+            work.extend(more or ())
+        return work, taken, last
+
+    @contextmanager
+    def _round(self, taken: int) -> Iterator[None]:
+        """Around one round of calls: marks its ``taken`` queue entries done, and logs
+        what went wrong instead of raising, since a dead thread or task would leave
+        later work piling up unsent."""
+        try:
+            yield
+        except Exception:
+            log.exception("drafter background work failed")
+        finally:
+            for _ in range(taken):
+                self._queue.task_done()
+
+    def _calls(self, work: list[Work]) -> Iterator[BackgroundCall]:
+        """The calls that send ``work``, in order: the Finish calls, then the Ingest calls
+        with the generations that a Finish answer says the drafter had lost. Each call's
+        ``answer`` must be set before the next is taken."""
+        max_per_call = self._max_per_call()
+        finishes, ingests = batch_messages(work, max_per_call)
+        for message, sent in finishes:
+            call = BackgroundCall(self._stub.Finish, message)
+            yield call
+            lost = reingest_unknown(call.answer, sent) if self._count(call) else []
+            if lost:
+                self._stats.reingested += len(lost)
+                ingests.extend(batch_messages(lost, max_per_call)[1])
+        for ingest in ingests:
+            call = BackgroundCall(self._stub.Ingest, ingest)
+            yield call
+            self._count(call)
+
+    def _count(self, call: BackgroundCall) -> bool:
+        """Counts a call that was made; True when it succeeded."""
+        if isinstance(call.answer, grpc.RpcError):
+            self._stats.background_failures += 1
+            log.warning("drafter %s failed: %s", type(call.message).__name__,
+                        call.answer.details())  # fmt: skip
+            return False
+        self._stats.background_sent += 1
+        return True
+
+
+class BackgroundSender(WorkSenderCore):
+    """A bounded work queue and the thread that sends it through ``stub``."""
+
+    _queue: queue.Queue[list[Work] | None]
+
+    def _start(self, queue_size: int) -> None:
+        self._queue = queue.Queue(maxsize=queue_size)
+        self._thread = threading.Thread(target=self._run, name="drafter-work", daemon=True)
+        self._thread.start()
 
     def flush(self, timeout_s: float) -> bool:
         """Waits until everything queued so far is sent; False on timeout."""
@@ -81,81 +177,28 @@ class BackgroundWorker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        stop = False
-        while not stop:
-            first = self._queue.get()
-            stop = first is None
-            work, taken = list(first or ()), 1
-            while not stop and len(work) < _DRAIN_MAX_ITEMS:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                taken += 1
-                stop = more is None
-                work.extend(more or ())
-            try:
-                self._send(work)
-            except Exception:  # never let the thread die: later work would pile up unsent
-                log.exception("drafter background work failed")
-            finally:
-                for _ in range(taken):
-                    self._queue.task_done()
+        last = False
+        while not last:
+            work, taken, last = self._merge(self._queue.get())
+            with self._round(taken):
+                for call in self._calls(work):
+                    call.answer = self._make(call)
 
-    def _send(self, work: list[Work]) -> None:
-        max_per_call = self._max_per_call()
-        finishes, ingests = batch_messages(work, max_per_call)
-        for message, sent in finishes:
-            answer = self._call(self._stub.Finish, message)
-            lost = reingest_unknown(answer, sent) if answer is not None else []
-            if lost:
-                self._stats.reingested += len(lost)
-                ingests.extend(batch_messages(lost, max_per_call)[1])
-        for ingest in ingests:
-            self._call(self._stub.Ingest, ingest)
-
-    def _call(self, method: Any, message: Any) -> Any:
+    def _make(self, call: BackgroundCall) -> Any:
         try:
-            answer = method(message, timeout=self._timeout_s, wait_for_ready=True)
+            return call.method(call.message, timeout=self._timeout_s, wait_for_ready=True)
         except grpc.RpcError as error:
-            self._stats.background_failures += 1
-            log.warning("drafter %s failed: %s", type(message).__name__, error.details())
-            return None
-        self._stats.background_sent += 1
-        return answer
+            return error
 
 
-class AioBackgroundWorker:
-    """BackgroundWorker for grpc.aio: an asyncio.Queue and a task on the running loop."""
+class AioBackgroundSender(WorkSenderCore):
+    """BackgroundSender for grpc.aio: an asyncio.Queue and a task on the running loop."""
 
-    def __init__(
-        self,
-        stub: Any,
-        stats: ClientStats,
-        *,
-        queue_size: int,
-        timeout_s: float,
-        max_per_call: Callable[[], int],
-    ) -> None:
-        if queue_size < 1:
-            raise ValueError(f"ingest_queue_size must be >= 1, got {queue_size}")
-        self._stub = stub
-        self._stats = stats
-        self._timeout_s = timeout_s
-        self._max_per_call = max_per_call
-        self._queue: asyncio.Queue[list[Work]] = asyncio.Queue(maxsize=queue_size)
+    _queue: asyncio.Queue[list[Work]]
+
+    def _start(self, queue_size: int) -> None:
+        self._queue = asyncio.Queue(maxsize=queue_size)
         self._task = asyncio.get_running_loop().create_task(self._run())
-
-    def offer(self, work: list[Work]) -> bool:
-        """Queues ``work`` without waiting; False (and counted) when the queue is full."""
-        if not work:
-            return True
-        try:
-            self._queue.put_nowait(work)
-        except asyncio.QueueFull:
-            self._stats.ingest_drops += 1
-            return False
-        return True
 
     async def flush(self, timeout_s: float) -> bool:
         """Waits until everything queued so far is sent; False on timeout."""
@@ -173,37 +216,14 @@ class AioBackgroundWorker:
         return flushed
 
     async def _run(self) -> None:
-        while True:
-            work, taken = list(await self._queue.get()), 1
-            while len(work) < _DRAIN_MAX_ITEMS and not self._queue.empty():
-                work.extend(self._queue.get_nowait())
-                taken += 1
-            try:
-                await self._send(work)
-            except Exception:  # never let the task die: later work would pile up unsent
-                log.exception("drafter background work failed")
-            finally:
-                for _ in range(taken):
-                    self._queue.task_done()
+        while True:  # until close() cancels it
+            work, taken, _ = self._merge(await self._queue.get())
+            with self._round(taken):
+                for call in self._calls(work):
+                    call.answer = await self._make(call)
 
-    async def _send(self, work: list[Work]) -> None:
-        max_per_call = self._max_per_call()
-        finishes, ingests = batch_messages(work, max_per_call)
-        for message, sent in finishes:
-            answer = await self._call(self._stub.Finish, message)
-            lost = reingest_unknown(answer, sent) if answer is not None else []
-            if lost:
-                self._stats.reingested += len(lost)
-                ingests.extend(batch_messages(lost, max_per_call)[1])
-        for ingest in ingests:
-            await self._call(self._stub.Ingest, ingest)
-
-    async def _call(self, method: Any, message: Any) -> Any:
+    async def _make(self, call: BackgroundCall) -> Any:
         try:
-            answer = await method(message, timeout=self._timeout_s, wait_for_ready=True)
+            return await call.method(call.message, timeout=self._timeout_s, wait_for_ready=True)
         except grpc.RpcError as error:
-            self._stats.background_failures += 1
-            log.warning("drafter %s failed: %s", type(message).__name__, error.details())
-            return None
-        self._stats.background_sent += 1
-        return answer
+            return error

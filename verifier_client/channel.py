@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
@@ -10,8 +11,8 @@ import grpc
 
 from verifier_client.results import Outcome
 
-__all__ = ["CallFailed", "ChannelOptions", "aio_channel", "channel_options", "outcome_of",
-           "sync_channel"]  # fmt: skip
+__all__ = ["CallFailed", "ChannelOptions", "aio_channel", "channel_options", "failure_of",
+           "outcome_of", "sync_channel"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -59,6 +60,10 @@ def outcome_of(error: grpc.RpcError) -> Outcome:
     return Outcome.ERROR
 
 
+def failure_of(error: grpc.RpcError) -> CallFailed:
+    """A failed call as the CallFailed that the step reports, with gRPC's details."""
+    return CallFailed(outcome_of(error), str(error.details()))
+
 
 def sync_channel(
     target: str,
@@ -83,7 +88,9 @@ def aio_channel(
     credentials: grpc.ChannelCredentials | None,
     token: str | None,
 ) -> grpc.aio.Channel:
-    """:func:`sync_channel` for grpc.aio."""
+    """:func:`sync_channel` for grpc.aio, inside the running event loop that will use it
+    (RuntimeError without one: now, rather than on the client's first call)."""
+    asyncio.get_running_loop()
     interceptors = [_AioBearerToken(token), _AioStreamBearerToken(token)] if token else None
     if credentials is not None:
         return grpc.aio.secure_channel(target, credentials, options=options,

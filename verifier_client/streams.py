@@ -1,10 +1,18 @@
 """The long-lived DraftStream of each client, with a deadline on every exchange.
 
 Answers carry their message's ``step``: an answer for an earlier message (its
-step gave up) is discarded and counted. A reader runs beside the caller and
-hands answers over, because waiting on the call itself cannot time out safely:
-gRPC's sync API reads by blocking iteration, and in grpc.aio cancelling a
-``read()`` cancels the whole call.
+step gave up) is discarded and counted; one for a later message than was sent
+means the stream lost its order, and it is not used again. A reader runs
+beside the caller and queues the answers, because waiting on the call itself
+cannot time out safely: gRPC's sync API reads by blocking iteration, and in
+grpc.aio cancelling a ``read()`` cancels the whole call. ``exchange`` sends a
+message, then takes answers from that queue until its own comes or the
+deadline passes.
+
+Which answer is the one waited for, and why a stream ended, is decided once,
+without I/O, in :class:`StreamAnswers`; :class:`SyncStream` (a thread and a
+SimpleQueue) and :class:`AioStream` (a task and an asyncio.Queue) only wait.
+Neither raises for a failed exchange: it returns the CallFailed.
 """
 
 from __future__ import annotations
@@ -19,50 +27,74 @@ from typing import Any
 import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-from verifier_client.channel import CallFailed, outcome_of
+from verifier_client.channel import CallFailed, failure_of
 from verifier_client.results import ClientStats, Outcome
 
-__all__ = ["AioStream", "SyncStream"]
+__all__ = ["AioStream", "StreamAnswers", "SyncStream"]
 
 _END = None  # ends the request iterator
 
+Answer = pb.DraftResponse | CallFailed  # what the reader queues: an answer or the call's end
 
-class SyncStream:
+
+class StreamAnswers:
+    """The pure half of a DraftStream call: matches answers to the message waiting for
+    one, counts late ones, and says when the stream may no longer be used."""
+
+    def __init__(self, stats: ClientStats) -> None:
+        self._stats = stats
+        self.broken = False  # set once the call has ended or lost its order: reopen
+
+    def _refuse_if_broken(self) -> CallFailed | None:
+        """Why nothing can be sent, if the stream is already broken."""
+        return CallFailed(Outcome.UNAVAILABLE, "stream ended") if self.broken else None
+
+    def _take(self, answer: Answer, step: int) -> Answer | None:
+        """``answer`` if it ends the wait of message ``step`` (its answer, or the call's
+        failure); None for the late answer of an earlier message, which is counted."""
+        if isinstance(answer, CallFailed) or answer.step == step:
+            return answer
+        if answer.step > step:
+            self.broken = True
+            return CallFailed(Outcome.ERROR, f"answer for step {answer.step}, sent {step}")
+        self._stats.late_responses += 1  # its step already fell back
+        return None
+
+    def _ended(self, error: grpc.RpcError | None) -> CallFailed:
+        """The reader's last word: the call ended, by ``error`` or by the drafter."""
+        self.broken = True
+        if error is None:
+            return CallFailed(Outcome.UNAVAILABLE, "stream closed by the drafter")
+        return failure_of(error)
+
+
+class SyncStream(StreamAnswers):
     """One DraftStream call: ``exchange`` sends a message and waits for its answer."""
 
     def __init__(self, stub: Any, stats: ClientStats) -> None:
-        self._stats = stats
+        super().__init__(stats)
         self._requests: queue.SimpleQueue[pb.DraftRequest | None] = queue.SimpleQueue()
-        self._answers: queue.SimpleQueue[pb.DraftResponse | CallFailed] = queue.SimpleQueue()
-        self.broken = False  # set once the call has ended; a new stream is needed
+        self._answers: queue.SimpleQueue[Answer] = queue.SimpleQueue()
         self._call = stub.DraftStream(self._outgoing())
         self._reader = threading.Thread(
             target=self._read, name="drafter-stream-reader", daemon=True
         )
         self._reader.start()
 
-    def exchange(self, message: pb.DraftRequest, deadline_s: float) -> pb.DraftResponse:
-        """Sends ``message``; its answer, or CallFailed by ``deadline_s`` (perf_counter)."""
-        if self.broken:
-            raise CallFailed(Outcome.UNAVAILABLE, "stream ended")
+    def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
+        """Sends ``message``; its answer, or why there is none by ``deadline_s``
+        (perf_counter)."""
+        if (failure := self._refuse_if_broken()) is not None:
+            return failure
         self._requests.put(message)
-        want = message.step
-        while True:
-            left_s = deadline_s - perf_counter()
-            if left_s <= 0:
-                raise CallFailed(Outcome.DEADLINE)
+        while (left_s := deadline_s - perf_counter()) > 0:
             try:
                 answer = self._answers.get(timeout=left_s)
             except queue.Empty:
-                raise CallFailed(Outcome.DEADLINE) from None
-            if isinstance(answer, CallFailed):
-                raise answer
-            if answer.step == want:
-                return answer
-            if answer.step > want:
-                self.close()
-                raise CallFailed(Outcome.ERROR, f"answer for step {answer.step}, sent {want}")
-            self._stats.late_responses += 1  # its step already fell back
+                break
+            if (mine := self._take(answer, message.step)) is not None:
+                return mine
+        return CallFailed(Outcome.DEADLINE)
 
     def close(self) -> None:
         """Ends the call (the server drops whatever it still had queued)."""
@@ -75,45 +107,43 @@ class SyncStream:
             yield message
 
     def _read(self) -> None:
-        failure = CallFailed(Outcome.UNAVAILABLE, "stream closed by the drafter")
+        error = None
         try:
             for answer in self._call:
                 self._answers.put(answer)
-        except grpc.RpcError as error:
-            failure = CallFailed(outcome_of(error), str(error.details()))
-        self.broken = True
-        self._answers.put(failure)
+        except grpc.RpcError as failed:
+            error = failed
+        self._answers.put(self._ended(error))
 
 
-class AioStream:
+class AioStream(StreamAnswers):
     """One grpc.aio DraftStream call; ``exchange`` is a coroutine with the same contract."""
 
     def __init__(self, stub: Any, stats: ClientStats) -> None:
-        self._stats = stats
-        self._pending: dict[int, asyncio.Future[pb.DraftResponse]] = {}
-        self.broken = False
+        super().__init__(stats)
+        self._answers: asyncio.Queue[Answer] = asyncio.Queue()
         self._call = stub.DraftStream()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> pb.DraftResponse:
-        """Sends ``message``; its answer, or CallFailed by ``deadline_s`` (perf_counter)."""
-        if self.broken:
-            raise CallFailed(Outcome.UNAVAILABLE, "stream ended")
-        answer: asyncio.Future[pb.DraftResponse] = asyncio.get_running_loop().create_future()
-        self._pending[message.step] = answer
+    async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
+        """Sends ``message``; its answer, or why there is none by ``deadline_s``
+        (perf_counter)."""
+        if (failure := self._refuse_if_broken()) is not None:
+            return failure
         try:
             async with asyncio.timeout(deadline_s - perf_counter()):
                 await self._call.write(message)
-                return await answer
+                mine = None
+                while mine is None:
+                    mine = self._take(await self._answers.get(), message.step)
+                return mine
         except TimeoutError:
-            raise CallFailed(Outcome.DEADLINE) from None
+            return CallFailed(Outcome.DEADLINE)
         except grpc.RpcError as error:
-            raise CallFailed(outcome_of(error), str(error.details())) from None
+            return failure_of(error)
         except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:  # write after the end
             self.broken = True
-            raise CallFailed(Outcome.UNAVAILABLE, str(error)) from None
-        finally:
-            self._pending.pop(message.step, None)
+            return CallFailed(Outcome.UNAVAILABLE, str(error))
 
     def close(self) -> None:
         """Ends the call (the server drops whatever it still had queued)."""
@@ -122,19 +152,11 @@ class AioStream:
         self._reader.cancel()
 
     async def _read(self) -> None:
-        failure = CallFailed(Outcome.UNAVAILABLE, "stream closed by the drafter")
+        error = None
         try:
             while (answer := await self._call.read()) is not grpc.aio.EOF:
-                waiter = self._pending.pop(answer.step, None)
-                if waiter is None or waiter.done():
-                    self._stats.late_responses += 1  # its step already fell back
-                else:
-                    waiter.set_result(answer)
-        except grpc.RpcError as error:
-            failure = CallFailed(outcome_of(error), str(error.details()))
+                self._answers.put_nowait(answer)
+        except grpc.RpcError as failed:
+            error = failed
         finally:  # also on cancellation by close()
-            self.broken = True
-            for waiter in self._pending.values():
-                if not waiter.done():
-                    waiter.set_exception(failure)
-            self._pending.clear()
+            self._answers.put_nowait(self._ended(error))

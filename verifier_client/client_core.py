@@ -1,0 +1,254 @@
+"""What DrafterClient and AioDrafterClient share, without I/O: their surface and the logic
+of a step, of the stream and of the breaker probe.
+
+A step is ``_begin_step`` (the commits are recorded, the circuit breaker asked,
+the message planned) → the client sends the plan over ``_stream_to_send()``, or
+as one Draft call in unary mode, and waits for the answer until the plan's
+deadline → ``_end_call`` with the answer or the CallFailed, which returns the
+step's result, or the resync resend to make within the same step. A failed
+call that opens the circuit drops the stream; a broken stream is reopened
+before the next send. While the circuit is open, a step that the breaker lets
+probe starts one GetServiceInfo in the background; its outcome is applied by
+the next step.
+
+Subclasses only do I/O: they name their channel, stream and background sender
+kinds, start the probe (``_launch_probe``), and make the calls that block or
+await (``wait_ready``, ``step``, ``flush``, ``close``).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from time import perf_counter
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import grpc
+
+from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from verifier_client.budget import BudgetRule
+from verifier_client.channel import CallFailed, ChannelOptions
+from verifier_client.channel import channel_options as merged_channel_options
+from verifier_client.pending_work import Work
+from verifier_client.results import ClientStats, StepResult
+from verifier_client.session import DraftSession, StepPlan
+
+__all__ = ["ClientCore"]
+
+log = logging.getLogger(__name__)
+
+
+class DraftStreamCall(Protocol):
+    """What the core needs of a SyncStream or an AioStream."""
+
+    broken: bool
+
+    def close(self) -> None: ...
+
+
+class WorkSender(Protocol):
+    """What the core needs of a BackgroundSender or an AioBackgroundSender."""
+
+    def offer(self, work: list[Work]) -> bool: ...
+
+
+class ProbeCall(Protocol):
+    """A GetServiceInfo running in the background: a gRPC future or an asyncio task."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+    def cancel(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def exception(self) -> BaseException | None: ...
+
+
+StreamT = TypeVar("StreamT", bound=DraftStreamCall)
+
+
+class ClientCore(ABC, Generic[StreamT]):
+    """A drafter client but for its I/O, which subclasses bring (see the module
+    docstring); arguments as documented on DrafterClient."""
+
+    # The I/O each subclass brings: sync_channel or aio_channel (a staticmethod),
+    # SyncStream or AioStream, BackgroundSender or AioBackgroundSender.
+    _open_channel: Callable[[str, ChannelOptions, grpc.ChannelCredentials | None, str | None], Any]
+    _stream_type: Callable[[Any, ClientStats], StreamT]
+    _sender_type: Callable[..., WorkSender]
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        deadline_ms: float = 3.0,
+        mode: Literal["stream", "unary"] = "stream",
+        budget: BudgetRule | None = None,
+        tokenizer_fingerprint: str = "",
+        channel_options: ChannelOptions = (),
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        ingest_queue_size: int = 1024,
+        breaker: BreakerConfig | None = None,
+        resync_retry: bool = True,
+        background_timeout_s: float = 5.0,
+        probe_timeout_s: float = 1.0,
+    ) -> None:
+        if mode not in ("stream", "unary"):
+            raise ValueError(f"mode must be 'stream' or 'unary', got {mode!r}")
+        self._session = DraftSession(
+            deadline_s=deadline_ms / 1e3,
+            budget=budget or BudgetRule.for_gpu("h100-sxm"),
+            breaker=CircuitBreaker(breaker),
+            tokenizer_fingerprint=tokenizer_fingerprint,
+            resync_retry=resync_retry,
+        )
+        self.stats: ClientStats = self._session.stats
+        self._mode = mode
+        self._stream: StreamT | None = None
+        self._streams_opened = 0
+        self._probe: ProbeCall | None = None
+        self._probe_result: bool | None = None  # set when a probe ends, applied by step()
+        self._probe_timeout_s = probe_timeout_s
+        self._closed = False
+        options = merged_channel_options(channel_options)
+        self._channel = self._open_channel(target, options, credentials, token)
+        self._stub = pb_grpc.DrafterServiceStub(self._channel)
+        self._sender = self._sender_type(
+            self._stub, self.stats, queue_size=ingest_queue_size,
+            timeout_s=background_timeout_s, max_per_call=lambda: self._session.max_per_call,
+        )  # fmt: skip
+
+    @abstractmethod
+    def _launch_probe(self) -> ProbeCall:
+        """Starts GetServiceInfo (``_probe_timeout_s``, wait_for_ready) in the background."""
+
+    # --- the decode loop's surface that needs no waiting
+
+    @property
+    def breaker_state(self) -> BreakerState:
+        """The circuit breaker's state."""
+        return self._session.breaker.state
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Iterable[int],
+        *,
+        datastore: str = "",
+        prompt_length: int | None = None,
+    ) -> None:
+        """Starts tracking a request; ``prompt_ids`` is its context so far (see deltas.py)."""
+        self._session.add(request_id, prompt_ids, datastore, prompt_length)
+
+    def finish(
+        self,
+        request_id: str,
+        final_tokens: Iterable[int] = (),
+        store: bool = True,
+        durable: bool = False,
+    ) -> bool:
+        """Ends a finished request in the background (stored unless ``store=False``).
+        False when the work queue was full and the work was dropped (counted).
+        ``durable``: the drafter acknowledges it only once the generation is in its
+        ingest log, so a ``flush`` that returns True means it survives a crash."""
+        return self._sender.offer(self._session.finish(request_id, final_tokens, store, durable))
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a cancelled request in the background; nothing is stored."""
+        return self._sender.offer(self._session.abort(request_id))
+
+    def ingest(self, sequences: Iterable[Iterable[int]], datastore: str = "") -> bool:
+        """Adds token sequences to a datastore in the background."""
+        return self._sender.offer(self._session.ingest(sequences, datastore))
+
+    # --- a step, around the call the subclass makes
+
+    def _adopt(self, info: pb.GetServiceInfoResponse) -> None:
+        """wait_ready's answer: checks the tokenizer, takes the drafter's limits, and opens
+        the stream so that the first step need not."""
+        self._session.adopt_service_info(info)
+        if self._mode == "stream" and self._stream is None:
+            self._open_stream()
+
+    def _begin_step(
+        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None
+    ) -> StepPlan | StepResult:
+        """Records the commits; the plan to send, or the step's result when nothing goes
+        out (circuit open, nothing to draft), after starting a probe if one is due."""
+        if self._closed:
+            raise RuntimeError(f"step() on a closed {type(self).__name__}")
+        now_s = perf_counter()
+        session = self._session
+        if self._probe_result is not None:
+            reachable, self._probe_result = self._probe_result, None
+            session.apply_probe(reachable, now_s)
+        plan = session.begin(commits, budgets, now_s)
+        if not isinstance(plan, StepPlan) and session.pop_probe_due():
+            self._start_probe()
+        return plan
+
+    def _end_call(
+        self, plan: StepPlan, answer: pb.DraftResponse | CallFailed
+    ) -> StepPlan | StepResult:
+        """Applies the answer to ``plan``, or its failure: the step's result, or the resync
+        resend to make next, within the same step."""
+        session = self._session
+        if isinstance(answer, CallFailed):
+            result = session.fail(plan, answer.outcome, perf_counter())
+            if session.breaker.state is BreakerState.OPEN:
+                log.warning("drafter circuit open after %s", answer)
+                self._drop_stream()
+            return result
+        result, resend = session.complete(plan, answer, perf_counter())
+        return result if resend is None else resend
+
+    def _stream_to_send(self) -> StreamT | None:
+        """The stream for the next message, reopened if it broke; None in unary mode."""
+        if self._mode == "unary":
+            return None
+        stream = self._stream
+        if stream is None or stream.broken:
+            stream = self._open_stream()
+        return stream
+
+    def _open_stream(self) -> StreamT:
+        self._drop_stream()
+        if self._streams_opened:
+            self.stats.reconnects += 1
+        self._streams_opened += 1
+        self._stream = self._stream_type(self._stub, self.stats)
+        return self._stream
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    # --- breaker probe (its result is applied by the next step)
+
+    def _start_probe(self) -> None:
+        self.stats.probes += 1
+        self._drop_stream()
+        self._probe = self._launch_probe()
+        self._probe.add_done_callback(self._probe_ended)
+
+    def _probe_ended(self, probe: ProbeCall) -> None:
+        # On gRPC's thread (sync) or the event loop; unreachable, refused, or cancelled
+        # by close() all count as a failed probe.
+        self._probe_result = not probe.cancelled() and probe.exception() is None
+
+    # --- close
+
+    def _mark_closed(self) -> bool:
+        """Marks the client closed; False when it already was."""
+        was_closed, self._closed = self._closed, True
+        return not was_closed
+
+    def _release(self, all_sent: bool) -> None:
+        """After the background sender stopped: ends the stream and the probe."""
+        if not all_sent:
+            log.warning("drafter client closed with background work unsent")
+        self._drop_stream()
+        if self._probe is not None:
+            self._probe.cancel()
