@@ -8,7 +8,6 @@ lists of token ids in ``[0, vocab_size)``. Every problem is reported as a
 from __future__ import annotations
 
 import gzip
-import json
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from typing import IO
 
 import numpy as np
 import numpy.typing as npt
+
+from drafter_service.corpus.record_checks import parse_json_line, token_id_array
 
 LLAMA3_VOCAB_SIZE = 128256
 """Vocabulary of the Llama-3 family tokenizer (the development data)."""
@@ -50,29 +51,7 @@ def _token_field(
 ) -> npt.NDArray[np.int32]:
     if name not in obj:
         raise DataError(f"{where}: missing field {name!r}")
-    value = obj[name]
-    if not isinstance(value, list):
-        raise DataError(
-            f"{where}: field {name!r} must be a list of token ids, got {type(value).__name__}"
-        )
-    if not value:
-        return _EMPTY
-    try:
-        arr = np.array(value)
-    except (TypeError, ValueError, OverflowError):
-        arr = np.zeros((0, 0))
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
-        what = f"holds a non-integer value {bad!r}" if bad is not None else "is too large"
-        raise DataError(f"{where}: field {name!r} must be a flat list of token ids; it {what}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_size:
-        i = int(np.argmax((arr < 0) | (arr >= vocab_size)))
-        raise DataError(
-            f"{where}: field {name!r}: token id {int(arr[i])} at index {i} is outside "
-            f"[0, {vocab_size})"
-        )
-    return arr.astype(np.int32)
+    return token_id_array(obj[name], name, where, vocab_size, DataError)
 
 
 def iter_records(
@@ -112,12 +91,7 @@ def iter_records(
                 return
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: bad JSON on line {lineno}: {exc.msg} (column {exc.colno})"
-                ) from None
+            obj = parse_json_line(line, where, lineno, DataError)
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: line {lineno} is not a JSON object")
             arrays = {name: _token_field(obj, name, vocab_size, where) for name in fields}

@@ -4,7 +4,8 @@
 #   drafter serve      gRPC drafting, /metrics, REST admin, an empty live datastore
 #   drafter-worker     the reference decode worker (a tiny random Llama on CPU) decoding
 #                      prompts against the drafter, again and again, with /metrics
-#   prometheus         scraping both every 5 s, with deploy/prometheus/alerts.yaml loaded
+#   prometheus         scraping both every 5 s, with the alert rules loaded
+#                      (helm/sssd-drafter/files/alerts.yaml, the chart's PrometheusRule)
 #
 # and prints where to look. Ctrl-C stops everything it started. Needs `make setup`
 # (.venv) and the prometheus package (`make tools`).
@@ -123,7 +124,7 @@ global:
   scrape_interval: 5s
   evaluation_interval: 5s
 rule_files:
-  - $ROOT/deploy/prometheus/alerts.yaml
+  - $ROOT/helm/sssd-drafter/files/alerts.yaml
 scrape_configs:
   - job_name: sssd-drafter
     static_configs:
@@ -166,8 +167,8 @@ The loop is running. Where to look:
   drafter gRPC       127.0.0.1:$GRPC_PORT (health, reflection)
   admin API          http://127.0.0.1:$ADMIN_PORT/docs
                      token: $RUN_DIR/admin-token (Authorization: Bearer ...)
-  dashboards         import deploy/grafana/*.json into Grafana with a Prometheus data
-                     source at http://127.0.0.1:$PROMETHEUS_PORT
+  dashboards         import helm/sssd-drafter/files/dashboards/*.json into Grafana
+                     with a Prometheus data source at http://127.0.0.1:$PROMETHEUS_PORT
   logs and data      $RUN_DIR
 
 EOF

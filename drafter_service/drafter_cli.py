@@ -27,9 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the gRPC drafting service",
-        description="Every flag also reads DRAFTER_<NAME> (e.g. DRAFTER_VOCAB_SIZE); "
-        "a flag wins. Default: an empty live datastore in ./drafter-data with the "
-        f"Llama-3 vocabulary ({DEFAULT_VOCAB_SIZE} token ids).",
+        description="Every flag also reads DRAFTER_<NAME> (e.g. DRAFTER_VOCAB_SIZE) and the "
+        "key <name> of the TOML file given by --config-file (e.g. vocab_size = 32000); a "
+        "flag wins over the variable, the variable over the file. Default: an empty live "
+        f"datastore in ./drafter-data with the Llama-3 vocabulary ({DEFAULT_VOCAB_SIZE} "
+        "token ids).",
     )
     ServeConfig.add_arguments(serve)
     return parser

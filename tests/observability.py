@@ -1,4 +1,5 @@
-"""What the dashboards and alert rules in deploy/ query, for the tests that check them.
+"""What the dashboards and alert rules query, for the tests that check them. Their one copy
+is the Helm chart's files/ (which deploy/local-run.sh loads too).
 
 Pure helpers: the PromQL of every dashboard panel and template variable, of every alert
 rule, the metric names an expression reads, the metric contract of docs/metrics.md, the
@@ -18,9 +19,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
-ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
-ALERTS_TEST = ROOT / "deploy" / "prometheus" / "alerts_test.yaml"
+CHART_FILES = ROOT / "helm" / "sssd-drafter" / "files"
+DASHBOARDS = sorted((CHART_FILES / "dashboards").glob("*.json"))
+ALERTS = CHART_FILES / "alerts.yaml"
+ALERTS_TEST = CHART_FILES / "alerts_test.yaml"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 
 # Suffixes Prometheus adds to a histogram's series; the contract names the histogram.
@@ -41,25 +43,30 @@ class EngineMetric:
     defined_as: str  # the name passed to prometheus_client (counters lack "_total")
 
 
+_VLLM_SPEC = "vllm/v1/spec_decode/metrics.py"
+_SGLANG_COLLECTOR = "sglang/srt/observability/metrics_collector.py"
+
+
+def _defined_in(
+    engine: str, source: str, names: tuple[str, ...], exported_suffix: str = ""
+) -> dict[str, EngineMetric]:
+    """The series ``source`` defines under ``names``, keyed by the name Prometheus scrapes:
+    prometheus_client appends "_total" to a counter's name, so counters pass that suffix."""
+    return {name + exported_suffix: EngineMetric(engine, source, name) for name in names}
+
+
 # The engines' own series: not ours, so not in docs/metrics.md's contract, but the
 # acceptance dashboard shows them beside the plug-ins' sssd: series so that a user sees the
 # two agree. No engine runs in the Prometheus integration test, so queries over these
 # return no data there; it checks only that Prometheus evaluates them (ENGINE_PREFIXES).
-_VLLM_SPEC = "vllm/v1/spec_decode/metrics.py"
-_SGLANG_COLLECTOR = "sglang/srt/observability/metrics_collector.py"
 ENGINE_METRICS: dict[str, EngineMetric] = {
-    "vllm:spec_decode_num_drafts_total":
-        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_drafts"),
-    "vllm:spec_decode_num_draft_tokens_total":
-        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_draft_tokens"),
-    "vllm:spec_decode_num_accepted_tokens_total":
-        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_accepted_tokens"),
-    "vllm:spec_decode_num_accepted_tokens_per_pos_total":
-        EngineMetric("vllm", _VLLM_SPEC, "vllm:spec_decode_num_accepted_tokens_per_pos"),
-    "sglang:spec_accept_length":
-        EngineMetric("sglang", _SGLANG_COLLECTOR, "sglang:spec_accept_length"),
-    "sglang:spec_accept_rate":
-        EngineMetric("sglang", _SGLANG_COLLECTOR, "sglang:spec_accept_rate"),
+    **_defined_in("vllm", _VLLM_SPEC, (
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos",
+    ), exported_suffix="_total"),
+    **_defined_in("sglang", _SGLANG_COLLECTOR, (
+        "sglang:spec_accept_length", "sglang:spec_accept_rate",
+    )),
 }  # fmt: skip
 ENGINE_PREFIXES = ("vllm:", "sglang:")
 
@@ -101,7 +108,7 @@ def dashboard_queries(path: Path) -> list[Query]:
 
 
 def alert_rules() -> list[dict[str, Any]]:
-    """The rules of deploy/prometheus/alerts.yaml, each with its group's name."""
+    """The rules of the alert file (ALERTS), each with its group's name."""
     document = yaml.safe_load(ALERTS.read_text())
     rules = []
     for group in document["groups"]:

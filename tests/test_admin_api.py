@@ -530,20 +530,20 @@ def test_a_bad_corpus_file_fails_its_job(admin: Admin, corpora_dir: Path) -> Non
 def test_text_corpora_need_a_tokenizer_and_corpora_need_a_directory(
     loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path
 ) -> None:
-    admin = start(loop_thread, server_config(tmp_path, corpora_dir, tokenizer=None))
-    try:
-        body = {"name": "words", "path": "words.txt", "kind": "text"}
-        r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
-        assert r.status_code == 409 and "--tokenizer" in r.json()["error"]["message"]
-    finally:
-        admin.close()
-    admin = start(loop_thread, server_config(tmp_path, corpora_dir, corpora_dir=None))
-    try:
-        body = {"name": "ids", "path": "ids.jsonl", "kind": "token-ids"}
-        r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
-        assert r.status_code == 409 and "--corpora-dir" in r.json()["error"]["message"]
-    finally:
-        admin.close()
+    # (what the server is started without, a corpus that needs it, the option the 409 names)
+    refusals = [
+        ({"tokenizer": None}, {"name": "words", "path": "words.txt", "kind": "text"},
+         "--tokenizer"),
+        ({"corpora_dir": None}, {"name": "ids", "path": "ids.jsonl", "kind": "token-ids"},
+         "--corpora-dir"),
+    ]  # fmt: skip
+    for without, body, option in refusals:
+        admin = start(loop_thread, server_config(tmp_path, corpora_dir, **without))
+        try:
+            r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+            assert r.status_code == 409 and option in r.json()["error"]["message"]
+        finally:
+            admin.close()
 
 
 # -- path traversal ----------------------------------------------------------------------

@@ -82,9 +82,16 @@ def build(command: str, capsys: Capsys) -> tuple[int, str]:
 
 def build_ok(command: str, out: Path, capsys: Capsys) -> list[list[int]]:
     """Builds into ``out``, expecting success; returns the snapshot's documents."""
+    return [d for sub in build_snapshot(command, out, capsys)[0] for d in sub]
+
+
+def build_snapshot(
+    command: str, out: Path, capsys: Capsys
+) -> tuple[list[list[list[int]]], SnapshotInfo]:
+    """Builds into ``out``, expecting success; returns ``documents(out)``."""
     code, err = build(f"{command} --output {out}", capsys)
     assert code == 0, err
-    return docs_of(out)
+    return documents(out)
 
 
 def documents(snapshot: Path) -> tuple[list[list[list[int]]], SnapshotInfo]:
@@ -282,14 +289,12 @@ def test_documents_are_packed_into_bounded_sub_indices(
     rng = np.random.default_rng(7)
     docs = [rng.integers(0, 40, size=int(rng.integers(1, 9))).tolist() for _ in range(40)]
     src = write_jsonl(tmp_path / "ids.jsonl", [{"output_ids": d} for d in docs])
-    out = tmp_path / "snap"
-    code, _ = build(
+    subs, info = build_snapshot(
         f"--input {src} --records token-ids --vocab-size 40 --max-sub-index-tokens 20 "
-        f"--batch-docs {batch_docs} --output {out}",
+        f"--batch-docs {batch_docs}",
+        tmp_path / "snap",
         capsys,
     )
-    assert code == 0
-    subs, info = documents(out)
     assert [d for sub in subs for d in sub] == docs  # order kept, no document split
     assert len(subs) > 1 and len(subs) == len(info.sub_indices)
     sizes = [e.num_tokens for e in info.sub_indices]
@@ -407,14 +412,12 @@ def test_llama3_tokenization_matches_the_token_files(tmp_path: Path, capsys: Cap
         ]
     sample = write_jsonl(tmp_path / "sample.jsonl.gz", [text for text, _ in pairs])
     for store, field in [("output", "output_ids"), ("prompt+output", None)]:
-        out = tmp_path / store
-        code, _ = build(
+        docs, info = build_snapshot(
             f"--input {sample} --prompt-field prompt_text --output-field output_text "
-            f"--store {store} --tokenizer {tokenizer} --output {out}",
+            f"--store {store} --tokenizer {tokenizer}",
+            tmp_path / store,
             capsys,
         )
-        assert code == 0
-        docs, info = documents(out)
         assert info.tokenizer.vocab_size == 128257  # 128,256 + <|image|> (Llama 3.2 vision)
         for doc, (text, ref) in zip([d for sub in docs for d in sub], pairs, strict=True):
             assert text["id"] == ref["id"]

@@ -1,5 +1,6 @@
-"""The Grafana dashboards and Prometheus alert rules in deploy/: valid, on the metric
-contract (docs/metrics.md), and the alerts fire exactly when their unit tests say.
+"""The Grafana dashboards and Prometheus alert rules (their one copy, the Helm chart's
+files/): valid, on the metric contract (docs/metrics.md), and the alerts fire exactly when
+their unit tests say.
 
 The one exception to the contract: the acceptance dashboard shows the engines' own
 acceptance series (observability.ENGINE_METRICS) beside the plug-ins' sssd: ones. They
@@ -23,6 +24,7 @@ import yaml
 from observability import (
     ALERTS,
     ALERTS_TEST,
+    CHART_FILES,
     DASHBOARDS,
     ENGINE_METRICS,
     ENGINE_PREFIXES,
@@ -118,7 +120,7 @@ def test_every_vllm_query_is_overlaid_with_the_plugins() -> None:
     """Each vLLM query shares its panel with the same query over the plug-in's sssd:
     series (the plug-in mirrors vLLM's names and counting), so the two lines compare
     like with like."""
-    board = load_dashboard(ROOT / "deploy" / "grafana" / "sssd-acceptance.json")
+    board = load_dashboard(CHART_FILES / "dashboards" / "sssd-acceptance.json")
     overlaid = 0
     for panel in panels(board):
         exprs = [t["expr"] for t in panel.get("targets", [])]

@@ -347,5 +347,5 @@ def test_local_run_script_parses_and_is_executable() -> None:
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
     text = script.read_text()
     for needle in ("drafter\" serve", "--metrics-port", "prometheus --config.file",
-                   "deploy/prometheus/alerts.yaml", "trap cleanup EXIT"):  # fmt: skip
+                   "helm/sssd-drafter/files/alerts.yaml", "trap cleanup EXIT"):  # fmt: skip
         assert needle in text, needle

@@ -14,10 +14,10 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import fields
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import pytest
 import yaml
 from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from observability import ALERTS, DASHBOARDS
+from observability import ALERTS, ALERTS_TEST, DASHBOARDS
 from operator_schemas import OPERATOR_SCHEMAS
 
 from drafter_service.admin.bearer_auth import PUBLIC_PATHS
@@ -216,7 +216,7 @@ def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
 def test_values_schema_names_only_real_drafter_settings() -> None:
     schema = (CHART / "values.schema.json").read_text()
     settings = yaml.safe_load(schema)["properties"]["settings"]["properties"]
-    serve_fields = {f.name for f in fields(ServeConfig)}
+    serve_fields = set(ServeConfig.model_fields)
     assert set(settings) <= serve_fields, sorted(set(settings) - serve_fields)
 
 
@@ -227,7 +227,7 @@ def test_values_schema_names_only_real_drafter_settings() -> None:
 def test_configmap_is_a_valid_drafter_configuration(name: str) -> None:
     """Every DRAFTER_* variable is a `drafter serve` setting, and together they parse."""
     data = settings_map(rendered(name))["data"]
-    serve_fields = {f.name for f in fields(ServeConfig)}
+    serve_fields = set(ServeConfig.model_fields)
     for key in data:
         assert key.startswith("DRAFTER_") and key[8:].lower() in serve_fields, key
     config = ServeConfig.from_env_and_args([], environ=data)
@@ -369,7 +369,7 @@ def test_credentials_are_mounted_and_named_exactly_when_enabled(
     the variable `drafter serve` reads for that setting, and the file is the right key
     of the right Secret, mounted read-only; no credential volume is left unused."""
     objects = rendered(name)
-    assert set(CREDENTIAL_FIELDS) <= {f.name for f in fields(ServeConfig)}
+    assert set(CREDENTIAL_FIELDS) <= set(ServeConfig.model_fields)
     assert credential_files(objects) == expected
     data = settings_map(objects)["data"]
     config = ServeConfig.from_env_and_args([], environ=data)
@@ -591,14 +591,22 @@ def test_explicit_memory_wins() -> None:
 # --- monitoring objects -------------------------------------------------------------------
 
 
-def test_dashboard_and_alert_copies_match_deploy() -> None:
-    """The chart is self-contained (Helm reads only files inside it), so it carries copies
-    of deploy/'s dashboards and alert rules: they must stay byte-for-byte identical."""
-    assert (CHART / "files" / "alerts.yaml").read_bytes() == ALERTS.read_bytes()
-    copies = sorted((CHART / "files" / "dashboards").glob("*.json"))
-    assert [c.name for c in copies] == [d.name for d in DASHBOARDS]
-    for copy, original in zip(copies, DASHBOARDS, strict=True):
-        assert copy.read_bytes() == original.read_bytes(), f"{copy.name}: copy differs"
+def test_the_chart_holds_the_one_copy_of_dashboards_and_alerts(tmp_path: Path) -> None:
+    """Helm reads only files inside a chart, so files/ is the one copy of the dashboards
+    and alert rules that the other tests check: Helm loads and packages exactly these
+    (their promtool unit tests left out by .helmignore), the unit tests and
+    deploy/local-run.sh use the same rule file, and deploy/ keeps no copy."""
+    shipped = {str(p.relative_to(CHART)): p.read_text() for p in [ALERTS, *DASHBOARDS]}
+    with helm.Chart.load(CHART) as chart:
+        loaded = {f["name"]: f["data"] for f in chart.files if f["name"].startswith("files/")}
+    assert loaded == shipped
+    with tarfile.open(helm.package(CHART, destination=tmp_path)) as archive:
+        packaged = {name.removeprefix(f"{CHART.name}/") for name in archive.getnames()}
+    assert {name for name in packaged if name.startswith("files/")} == set(shipped)
+    assert yaml.safe_load(ALERTS_TEST.read_text())["rule_files"] == [ALERTS.name]
+    assert str(ALERTS.relative_to(ROOT)) in (ROOT / "deploy" / "local-run.sh").read_text()
+    names = {p.name for p in [ALERTS, ALERTS_TEST, *DASHBOARDS]}
+    assert [p for p in (ROOT / "deploy").rglob("*") if p.name in names] == []
 
 
 def test_dashboard_configmaps() -> None:

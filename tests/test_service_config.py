@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ def test_defaults_need_no_configuration(tmp_path: Path) -> None:
     config = ServeConfig.from_env_and_args([], environ={})
     assert config.host == "127.0.0.1" and config.port == 50051
     assert config.vocab_size is None and config.tokenizer is None  # resolved at open:
-    resolved = resolve_tokenizer(replace(config, data_dir=tmp_path / "drafter-data"))
+    resolved = resolve_tokenizer(config.model_copy(update={"data_dir": tmp_path / "drafter-data"}))
     assert resolved.vocab_size == DEFAULT_VOCAB_SIZE == 128256
     assert config.data_dir == Path("drafter-data") and config.snapshot is None
     assert config.draft_threads == (os.cpu_count() or 1) and config.max_budget == 256
@@ -55,10 +54,10 @@ def test_every_setting_has_a_flag_and_a_variable() -> None:
     parser = argparse.ArgumentParser()
     ServeConfig.add_arguments(parser)
     help_text = parser.format_help()
-    for f in fields(ServeConfig):
-        flag = "--datastore" if f.name == "datastores" else "--" + f.name.replace("_", "-")
+    for name in ServeConfig.model_fields:
+        flag = "--datastore" if name == "datastores" else "--" + name.replace("_", "-")
         assert flag in parser._option_string_actions, flag
-        assert f"DRAFTER_{f.name.upper()}" in help_text.replace("\n", " ").replace("  ", " ")
+        assert f"DRAFTER_{name.upper()}" in help_text.replace("\n", " ").replace("  ", " ")
 
 
 @pytest.mark.parametrize(
@@ -87,6 +86,38 @@ def test_bad_settings_name_the_flag_or_variable(
     with pytest.raises(ValueError) as info:
         ServeConfig.from_env_and_args(args, environ)
     assert message in str(info.value)
+
+
+def test_a_settings_file_is_below_variables_and_flags(tmp_path: Path) -> None:
+    settings = tmp_path / "drafter.toml"
+    settings.write_text(
+        'port = 7001\nmax_budget = 32\nlog_level = "debug"\n'
+        'datastores = {code = "/srv/code"}\ndraft_config = ["input_weight=0.5"]\n'
+        "keepalive_permit_without_calls = false\n"
+    )
+    config = ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+    assert config.port == 7001 and config.max_budget == 32 and config.log_level == "debug"
+    assert config.datastores == (("code", Path("/srv/code")),)
+    assert config.draft_settings().input_weight == 0.5
+    assert config.keepalive_permit_without_calls is False
+    environ = {"DRAFTER_CONFIG_FILE": str(settings), "DRAFTER_MAX_BUDGET": "16"}
+    config = ServeConfig.from_env_and_args(["--port", "0"], environ)
+    assert config.port == 0 and config.max_budget == 16 and config.log_level == "debug"
+
+
+def test_a_bad_settings_file_names_the_file_and_the_key(tmp_path: Path) -> None:
+    settings = tmp_path / "drafter.toml"
+    settings.write_text("port = 70000\nmax_budgte = 8\n")
+    with pytest.raises(ValueError) as info:
+        ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+    assert f"{settings}: port: bad value 70000: ServeConfig.port = 70000" in str(info.value)
+    assert f"{settings}: max_budgte: not a setting of drafter serve" in str(info.value)
+    settings.write_text("port = \n")
+    with pytest.raises(ValueError, match="--config-file: cannot read"):
+        ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+    missing = {"DRAFTER_CONFIG_FILE": str(tmp_path / "none.toml")}
+    with pytest.raises(ValueError, match=r"DRAFTER_CONFIG_FILE: .*none\.toml' is not a file"):
+        ServeConfig.from_env_and_args([], missing)
 
 
 def state(now: float) -> RequestState:

@@ -18,18 +18,11 @@ per-request draft sizes and acceptance, whatever did the packing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from verifier_client.results import Outcome, StepResult
@@ -47,6 +40,9 @@ ROUND_TRIP_BUCKETS_S = (
 )  # fmt: skip
 """Histogram buckets of the drafter round trip: dense around the usual 2-5 ms deadline."""
 
+WORKER_METRIC_PREFIX = "sssd:"
+"""vLLM's metric names with ``vllm:`` replaced: its dashboards port by the same replacement."""
+
 _FALLBACK_REASONS = (Outcome.DEADLINE, Outcome.UNAVAILABLE, Outcome.BREAKER_OPEN, Outcome.ERROR)
 
 
@@ -55,46 +51,42 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
-        r = self.registry
-        self.num_drafts = Counter(
-            "sssd:spec_decode_num_drafts",
+
+        def counter(name: str, documentation: str, *labels: str) -> Counter:
+            return Counter(
+                WORKER_METRIC_PREFIX + name, documentation, labels, registry=self.registry
+            )
+
+        self.num_drafts = counter(
+            "spec_decode_num_drafts",
             "Drafts verified (one per request per step with a non-empty tree).",
-            registry=r,
         )
-        self.num_draft_tokens = Counter(
-            "sssd:spec_decode_num_draft_tokens",
-            "Draft tokens proposed (tree nodes, root excluded).",
-            registry=r,
+        self.num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Draft tokens proposed (tree nodes, root excluded)."
         )
-        self.num_accepted_tokens = Counter(
-            "sssd:spec_decode_num_accepted_tokens",
-            "Draft tokens accepted (bonus token excluded).",
-            registry=r,
+        self.num_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted (bonus token excluded)."
         )
-        self.num_accepted_tokens_per_pos = Counter(
-            "sssd:spec_decode_num_accepted_tokens_per_pos",
+        self.num_accepted_tokens_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
             "Accepted draft tokens at each position (depth - 1) of the accepted path.",
-            ["position"],
-            registry=r,
+            "position",
         )
         self.round_trip = Histogram(
-            "sssd:drafter_round_trip_seconds",
+            WORKER_METRIC_PREFIX + "drafter_round_trip_seconds",
             "One step's drafter call as the worker sees it (fallbacks at the deadline included).",
             buckets=ROUND_TRIP_BUCKETS_S,
-            registry=r,
+            registry=self.registry,
         )
-        self.fallbacks = Counter(
-            "sssd:drafter_fallbacks",
-            "Steps decoded without drafts, by reason.",
-            ["reason"],
-            registry=r,
+        self.fallbacks = counter(
+            "drafter_fallbacks", "Steps decoded without drafts, by reason.", "reason"
         )
-        self.resyncs = Counter(
-            "sssd:drafter_resyncs", "Requests the drafter answered RESYNC for.", registry=r
-        )
+        self.resyncs = counter("drafter_resyncs", "Requests the drafter answered RESYNC for.")
         self.budget = Gauge(
-            "sssd:draft_budget", "Draft budget (nodes per request) of the last step.",
-            registry=r)  # fmt: skip
+            WORKER_METRIC_PREFIX + "draft_budget",
+            "Draft budget (nodes per request) of the last step.",
+            registry=self.registry,
+        )
         # Label children resolved once: a step touches them without a lookup.
         self._fallback = {o: self.fallbacks.labels(reason=o.value) for o in _FALLBACK_REASONS}
         self._positions: list[Counter] = []
@@ -159,24 +151,32 @@ class WorkerMetrics:
             self.budget.set(budget)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
-        """Serves ``/metrics`` on ``port`` in a daemon thread (0 = any free port: read
-        ``server.server_port``); stop it with ``server.shutdown()``.
+        """Serves ``/metrics`` on ``addr:port`` in a daemon thread (0 = any free port: read
+        ``server.server_port``); stop it with ``server.shutdown()`` then
+        ``server.server_close()``. Raises OSError naming ``addr:port`` when it cannot bind.
 
-        Always in the Prometheus text format, never OpenMetrics: Prometheus asks
-        for OpenMetrics, and prometheus-client then writes ``sssd:x`` as ``sssd_x``
-        (prometheus/client_python#1177), which would break every vLLM-style query.
+        Always in the Prometheus text format, never OpenMetrics: Prometheus asks for
+        OpenMetrics, and prometheus-client then writes ``sssd:x`` as ``sssd_x``
+        (prometheus/client_python#1177), which would break every vLLM-style query. That
+        is why this is not prometheus_client's ``start_http_server``, whose server answers
+        in the format asked for: the app is prometheus_client's, told that the scraper
+        asked for the text format.
         """
         if not 0 <= port <= 65535:
             raise ValueError(f"metrics port must be in [0, 65535], got {port}")
-        registry = self.registry
+        metrics_app = make_wsgi_app(self.registry)
 
-        def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-            body = generate_latest(registry)
-            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
-                                      ("Content-Length", str(len(body)))])  # fmt: skip
-            return [body]
+        def text_format_app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            body: Iterable[bytes] = metrics_app({**environ, "HTTP_ACCEPT": "text/plain"},
+                                                start_response)  # fmt: skip
+            return body
 
-        server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        try:
+            server = make_server(
+                addr, port, text_format_app, ThreadingWSGIServer, handler_class=_QuietHandler
+            )
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
         threading.Thread(target=server.serve_forever, name="worker-metrics-http",
                          daemon=True).start()  # fmt: skip
         return server

@@ -1,5 +1,5 @@
 """The admin API's FastAPI application: routes, the JSON error shape for every failure,
-authentication and the request size limit (see ``auth`` and ``body_limit``)."""
+authentication and the request size limit (see ``bearer_auth`` and ``body_limit``)."""
 
 from __future__ import annotations
 

@@ -5,39 +5,38 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response, Security
+from fastapi import Path, Request, Response
 
+from drafter_service.admin import routes
 from drafter_service.admin.corpus_files import NAME_PATTERN, build_corpus, resolve_corpus_path
 from drafter_service.admin.corpus_files import scratch_dir as corpus_scratch_dir
-from drafter_service.admin.http_errors import AdminError, conflict, not_found
-from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
+from drafter_service.admin.http_errors import AdminError, conflict
 from drafter_service.admin.schemas import CorpusAdd, CorpusInfo, CorpusList, JobInfo
 from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
 CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
-router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+router = routes.v1_router()
 
 
 @router.get("/datastores/{name}/corpora", response_model=CorpusList, tags=["corpora"])
-async def list_corpora(request: Request, name: DatastoreName) -> CorpusList:
-    live = context(request).live(name)
+async def list_corpora(request: Request, name: routes.DatastoreName) -> CorpusList:
+    live = routes.context(request).live(name)
     return CorpusList(corpora=[_info(c) for c in live.corpora])
 
 
-@router.post(
+@routes.job_route(
+    router,
     "/datastores/{name}/corpora",
-    response_model=JobInfo,
-    status_code=202,
-    tags=["corpora"],
+    tag="corpora",
     summary="build a corpus file into static sub-indices of the datastore (a job)",
     description="The file lies under the server's --corpora-dir. The corpus is kept across "
     "rebuilds (never rotated out), is written into every later snapshot, and is durable "
     "once the job succeeds (the job writes a snapshot).",
 )
 async def add_corpus(
-    request: Request, response: Response, name: DatastoreName, body: CorpusAdd
+    request: Request, response: Response, name: routes.DatastoreName, body: CorpusAdd
 ) -> JobInfo:
-    ctx = context(request)
+    ctx = routes.context(request)
     live = ctx.live(name)
     if any(c.name == body.name for c in live.corpora):
         raise conflict(f"datastore {name!r} already has a corpus {body.name!r}")
@@ -77,16 +76,15 @@ async def add_corpus(
             "snapshot": info.path.name,
         }
 
-    return start_job(ctx, response, "corpus-add", name, work)
+    return routes.start_job(request, response, "corpus-add", name, work)
 
 
 @router.delete("/datastores/{name}/corpora/{corpus}", status_code=204, tags=["corpora"])
-async def remove_corpus(request: Request, name: DatastoreName, corpus: CorpusName) -> None:
-    live = context(request).live(name)
-    try:
-        await asyncio.to_thread(live.remove_corpus, corpus)
-    except KeyError:
-        raise not_found(f"datastore {name!r} has no corpus {corpus!r}") from None
+async def remove_corpus(request: Request, name: routes.DatastoreName, corpus: CorpusName) -> None:
+    live = routes.context(request).live(name)
+    await routes.remove_or_404(
+        live.remove_corpus, corpus, f"datastore {name!r} has no corpus {corpus!r}"
+    )
 
 
 def _info(corpus: Corpus) -> CorpusInfo:

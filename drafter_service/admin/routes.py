@@ -1,4 +1,5 @@
-"""Probes, datastore stats, live settings and jobs."""
+"""Probes, datastore stats, live settings and jobs, and what every route module shares:
+the bearer scheme, the datastore name, the context, job routes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
+from fastapi.types import DecoratedCallable
 
 from drafter_service.admin.admin_jobs import Job
 from drafter_service.admin.context import AdminContext
@@ -29,18 +31,67 @@ from drafter_service.service.catalog import DatastoreSlot
 from drafter_service.service.settings import DATASTORE_NAME
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
-"""Declares the scheme in the OpenAPI schema; ``auth.BearerAuth`` enforces it."""
+"""Declares the scheme in the OpenAPI schema; ``bearer_auth.BearerAuth`` enforces it."""
 DatastoreName = Annotated[
     str, Path(pattern=f"^{DATASTORE_NAME.pattern}$", description="datastore name")
 ]
 
+
+def v1_router() -> APIRouter:
+    """A router for ``/v1`` routes: every one of them needs the bearer token."""
+    return APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+
+
 probes = APIRouter(tags=["probes"])
-v1 = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+v1 = v1_router()
 
 
 def context(request: Request) -> AdminContext:
+    """What the routes see of the service (``create_app`` puts it on the app)."""
     ctx: AdminContext = request.app.state.admin
     return ctx
+
+
+def job_info(job: Job) -> JobInfo:
+    """A job as the API shows it."""
+    return JobInfo(**dataclasses.asdict(job))
+
+
+def job_route(
+    router: APIRouter, path: str, *, tag: str, summary: str, description: str | None = None
+) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """Declares ``POST path`` on ``router`` as a route that queues a job: documented as
+    answering 202 with the job (``start_job``), the same for every such route."""
+    return router.post(
+        path,
+        response_model=JobInfo,
+        status_code=202,
+        tags=[tag],
+        summary=summary,
+        description=description,
+    )
+
+
+async def remove_or_404(remove: Callable[[str], object], item: str, missing: str) -> None:
+    """Runs ``remove(item)`` off the event loop (it touches the disk); its ``KeyError``, no
+    such item, answers 404 saying ``missing``."""
+    try:
+        await asyncio.to_thread(remove, item)
+    except KeyError:
+        raise not_found(missing) from None
+
+
+def start_job(
+    request: Request,
+    response: Response,
+    kind: str,
+    datastore: str,
+    work: Callable[[], dict[str, Any]],
+) -> JobInfo:
+    """Queues ``work`` as a job; the 202 answer points at it (``Location``)."""
+    job = context(request).jobs.submit(kind, datastore, work)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job_info(job)
 
 
 @probes.get("/healthz", response_model=Health, summary="the process is alive")
@@ -87,22 +138,20 @@ async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDeta
     )
 
 
-@v1.post(
+@job_route(
+    v1,
     "/datastores/{name}/rebuild",
-    response_model=JobInfo,
-    status_code=202,
-    tags=["datastores"],
+    tag="datastores",
     summary="fold the waiting ingests into the sub-indices now (a job)",
 )
 async def rebuild(request: Request, response: Response, name: DatastoreName) -> JobInfo:
-    ctx = context(request)
-    live = ctx.live(name)
+    live = context(request).live(name)
 
     def work() -> dict[str, object]:
         rebuilt = live.rebuild()
         return {"rebuilt": rebuilt, "num_tokens": live.stats().num_tokens}
 
-    return start_job(ctx, response, "rebuild", name, work)
+    return start_job(request, response, "rebuild", name, work)
 
 
 @v1.get("/datastores/{name}/settings", response_model=Settings, tags=["settings"])
@@ -142,23 +191,6 @@ async def show_job(
     job = context(request).jobs.get(job_id)
     if job is None:
         raise not_found(f"no job {job_id!r}")
-    return job_info(job)
-
-
-def job_info(job: Job) -> JobInfo:
-    return JobInfo(**dataclasses.asdict(job))
-
-
-def start_job(
-    ctx: AdminContext,
-    response: Response,
-    kind: str,
-    datastore: str,
-    work: Callable[[], dict[str, Any]],
-) -> JobInfo:
-    """Queues ``work`` as a job; the 202 answer points at it (``Location``)."""
-    job = ctx.jobs.submit(kind, datastore, work)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job_info(job)
 
 

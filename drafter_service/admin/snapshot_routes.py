@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response, Security
+from fastapi import Path, Request, Response
 
+from drafter_service.admin import routes
 from drafter_service.admin.corpus_files import NAME_PATTERN
 from drafter_service.admin.http_errors import conflict, not_found
-from drafter_service.admin.routes import BEARER, DatastoreName, context, start_job
 from drafter_service.admin.schemas import (
     JobInfo,
     SnapshotCreate,
@@ -21,28 +21,29 @@ from drafter_service.live.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDat
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
 
 SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot name")]
-router = APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+router = routes.v1_router()
 
 
 @router.get("/datastores/{name}/snapshots", response_model=SnapshotList, tags=["snapshots"])
-async def list_snapshots(request: Request, name: DatastoreName) -> SnapshotList:
-    live = context(request).live(name)
+async def list_snapshots(request: Request, name: routes.DatastoreName) -> SnapshotList:
+    live = routes.context(request).live(name)
     infos = await asyncio.to_thread(live.snapshots)
     return SnapshotList(snapshots=[_summary(i, i is infos[-1]) for i in infos])
 
 
-@router.post(
+@routes.job_route(
+    router,
     "/datastores/{name}/snapshots",
-    response_model=JobInfo,
-    status_code=202,
-    tags=["snapshots"],
+    tag="snapshots",
     summary="write a snapshot (a job; see /v1/jobs/{job_id})",
 )
 async def create_snapshot(
-    request: Request, response: Response, name: DatastoreName, body: SnapshotCreate | None = None
+    request: Request,
+    response: Response,
+    name: routes.DatastoreName,
+    body: SnapshotCreate | None = None,
 ) -> JobInfo:
-    ctx = context(request)
-    live = ctx.live(name)
+    live = routes.context(request).live(name)
     body = body or SnapshotCreate()
     wanted = body.name
     if wanted is not None and await asyncio.to_thread(_find, live, wanted) is not None:
@@ -58,16 +59,16 @@ async def create_snapshot(
             "num_tokens": info.num_tokens,
         }
 
-    return start_job(ctx, response, "snapshot", name, work)
+    return routes.start_job(request, response, "snapshot", name, work)
 
 
 @router.get(
     "/datastores/{name}/snapshots/{snapshot}", response_model=SnapshotDetail, tags=["snapshots"]
 )
 async def show_snapshot(
-    request: Request, name: DatastoreName, snapshot: SnapshotName
+    request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> SnapshotDetail:
-    live = context(request).live(name)
+    live = routes.context(request).live(name)
     infos = await asyncio.to_thread(live.snapshots)
     info = next((i for i in infos if i.path.name == snapshot), None)
     if info is None:
@@ -79,11 +80,10 @@ async def show_snapshot(
     )
 
 
-@router.post(
+@routes.job_route(
+    router,
     "/datastores/{name}/snapshots/{snapshot}/restore",
-    response_model=JobInfo,
-    status_code=202,
-    tags=["snapshots"],
+    tag="snapshots",
     summary="roll the datastore back to a snapshot (a job)",
     description="The snapshot's content (corpora included) replaces the datastore; "
     "drafting goes on during the swap. Ingests acknowledged before the restore that the "
@@ -91,10 +91,9 @@ async def show_snapshot(
     "written as a new snapshot so that a restart keeps it.",
 )
 async def restore_snapshot(
-    request: Request, response: Response, name: DatastoreName, snapshot: SnapshotName
+    request: Request, response: Response, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> JobInfo:
-    ctx = context(request)
-    live = ctx.live(name)
+    live = routes.context(request).live(name)
     if await asyncio.to_thread(_find, live, snapshot) is None:
         raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
 
@@ -107,17 +106,18 @@ async def restore_snapshot(
             "num_tokens": info.num_tokens,
         }
 
-    return start_job(ctx, response, "restore", name, work)
+    return routes.start_job(request, response, "restore", name, work)
 
 
 @router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204, tags=["snapshots"])
-async def delete_snapshot(request: Request, name: DatastoreName, snapshot: SnapshotName) -> None:
-    live = context(request).live(name)
+async def delete_snapshot(
+    request: Request, name: routes.DatastoreName, snapshot: SnapshotName
+) -> None:
+    live = routes.context(request).live(name)
+    missing = f"datastore {name!r} has no snapshot {snapshot!r}"
     try:
-        await asyncio.to_thread(live.delete_snapshot, snapshot)
-    except KeyError:
-        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}") from None
-    except SnapshotError as exc:
+        await routes.remove_or_404(live.delete_snapshot, snapshot, missing)
+    except SnapshotError as exc:  # the newest snapshot: a restart needs it
         raise conflict(str(exc)) from None
 
 

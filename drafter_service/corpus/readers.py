@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import json
 import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.record_checks import parse_json_line
 
 Format = Literal["jsonl", "parquet", "text"]
 TextSplit = Literal["document", "blank-line", "line"]
@@ -118,11 +118,7 @@ def iter_jsonl(path: Path, advance: Advance) -> Iterator[tuple[str, Mapping[str,
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BuildError(
-                f"{where}: bad JSON on line {lineno}: {exc.msg} (column {exc.colno})"
-            ) from None
+            obj = parse_json_line(line, where, lineno, BuildError)
         except UnicodeDecodeError as exc:
             raise BuildError(f"{where}: line {lineno} is not UTF-8 text: {exc.reason}") from None
         if not isinstance(obj, dict):

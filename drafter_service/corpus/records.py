@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.record_checks import token_id_array
 
 RecordKind = Literal["text", "prompt-output", "chat", "token-ids"]
 Store = Literal["output", "prompt+output"]
@@ -113,29 +114,7 @@ def id_parts(
     spec: RecordSpec, record: Mapping[str, Any], where: str, vocab_size: int
 ) -> list[npt.NDArray[np.int32]]:
     """The token-id lists of one ``token-ids`` record, validated against ``vocab_size``."""
-    return [_ids(_field(record, name, where), name, where, vocab_size) for name in spec.fields]
-
-
-def _ids(value: Any, name: str, where: str, vocab_size: int) -> npt.NDArray[np.int32]:
-    if not isinstance(value, list | tuple | np.ndarray):
-        raise BuildError(
-            f"{where}: field {name!r} must be a list of token ids, got {type(value).__name__}"
-        )
-    if len(value) == 0:
-        return np.zeros(0, dtype=np.int32)
-    try:
-        arr = np.asarray(value)
-    except (TypeError, ValueError, OverflowError):
-        arr = np.zeros((0, 0))
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
-        what = f"holds a non-integer value {bad!r:.40}" if bad is not None else "is too large"
-        raise BuildError(f"{where}: field {name!r} must be a flat list of token ids; it {what}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_size:
-        i = int(np.argmax((arr < 0) | (arr >= vocab_size)))
-        raise BuildError(
-            f"{where}: field {name!r}: token id {int(arr[i])} at index {i} is outside "
-            f"[0, {vocab_size})"
-        )
-    return arr.astype(np.int32, copy=False)
+    return [
+        token_id_array(_field(record, name, where), name, where, vocab_size, BuildError)
+        for name in spec.fields
+    ]

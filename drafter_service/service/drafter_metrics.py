@@ -1,5 +1,5 @@
 """The drafter's Prometheus metrics (docs/metrics.md, section Drafter): one collector
-per server, registered in that server's own registry (see ``metrics_http``).
+per server, registered in that server's own registry (served by ``metrics_http``).
 
 Two kinds of numbers. What only the serving path knows (batch and request latency,
 trees and their sizes, RESYNCs, errors) is recorded per call under one lock into plain
@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,7 @@ REQUEST_SECONDS: tuple[float, ...] = (
 BATCH_REQUESTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TREE_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # le="0": empty trees
 REBUILD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
 
 @dataclass(slots=True)
 class _DatastoreCounts:
@@ -234,7 +236,8 @@ class DrafterMetrics(Collector):
         yield active
         yield state_bytes
         yield budget
-        yield _counter(
+        yield _family(
+            CounterMetricFamily,
             "request_states_evicted",
             "Request states dropped before their request finished, by the bound that "
             "dropped them (their client resends the context: RESYNC).",
@@ -242,7 +245,13 @@ class DrafterMetrics(Collector):
             evicted,
         )
         yield depth
-        yield _counter("ingest_dropped", "Finished generations not ingested.", "reason", dropped)
+        yield _family(
+            CounterMetricFamily,
+            "ingest_dropped",
+            "Finished generations not ingested.",
+            "reason",
+            dropped,
+        )
         yield info
         yield from _datastore_families(stores, self._started_unix)
 
@@ -262,40 +271,58 @@ def _recorded_families(r: _Recorded) -> Iterator[Metric]:
         "datastore",
         {name: c.request_seconds for name, c in stores.items()},
     )
-    yield _counter(
+    yield _by_datastore(
+        CounterMetricFamily,
         "requests",
         "Requests drafted (one per request per step).",
-        "datastore",
-        {name: c.requests for name, c in stores.items()},
+        stores,
+        "requests",
     )
-    yield _counter(
-        "trees",
-        "Non-empty trees served.",
-        "datastore",
-        {name: c.trees for name, c in stores.items()},
-    )
+    yield _by_datastore(CounterMetricFamily, "trees", "Non-empty trees served.", stores, "trees")
     yield _histogram(
         "tree_nodes",
         "Draft nodes per tree served (empty trees included).",
         "datastore",
         {name: c.tree_nodes for name, c in stores.items()},
     )
-    yield _counter("resyncs", "RESYNC answers.", "reason", r.resyncs)
+    yield _family(CounterMetricFamily, "resyncs", "RESYNC answers.", "reason", r.resyncs)
     errors = CounterMetricFamily(
         PREFIX + "rpc_errors", "Calls that failed.", labels=["method", "code"]
     )
     for (method, code), value in r.errors.items():
         errors.add_metric([method, code], value)
     yield errors
-    yield _counter(
-        "rebuilds",
-        "Background rebuilds finished.",
-        "datastore",
-        {name: b.count for name, b in r.rebuilds.items()},
+    yield _by_datastore(
+        CounterMetricFamily, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count"
     )
     yield _histogram(
         "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
     )
+
+
+_FamilyKind = type[CounterMetricFamily] | type[GaugeMetricFamily]
+
+# Per-datastore state read at a scrape: (kind, name, help, attribute of the stats).
+_DATASTORE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (GaugeMetricFamily, "datastore_tokens", "Tokens indexed.", "num_tokens"),
+    (
+        GaugeMetricFamily,
+        "datastore_resident_bytes",
+        "Bytes of the datastore's arrays (accounted).",
+        "resident_bytes",
+    ),
+    (GaugeMetricFamily, "datastore_sub_indices", "Sub-indices.", "sub_indices"),
+)
+_LIVE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (CounterMetricFamily, "ingested_tokens", "Tokens ingested (durable).", "ingested_tokens"),
+    (CounterMetricFamily, "ingested_sequences", "Sequences ingested.", "ingested_sequences"),
+    (
+        GaugeMetricFamily,
+        "wal_bytes",
+        "Ingest-log bytes not yet covered by a snapshot.",
+        "wal_bytes",
+    ),
+)
 
 
 def _datastore_families(
@@ -303,42 +330,20 @@ def _datastore_families(
 ) -> Iterator[Metric]:
     """Per-datastore state; the ingest, snapshot and log series exist for live ones."""
     live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
+    for kind, name, documentation, attribute in _DATASTORE_STATE:
+        yield _by_datastore(kind, name, documentation, stores, attribute)
+    for kind, name, documentation, attribute in _LIVE_STATE:
+        yield _by_datastore(kind, name, documentation, live, attribute)
     now = time.time()
-    yield _gauge(
-        "datastore_tokens", "Tokens indexed.", {n: s.num_tokens for n, s in stores.items()}
-    )
-    yield _gauge(
-        "datastore_resident_bytes",
-        "Bytes of the datastore's arrays (accounted).",
-        {n: s.resident_bytes for n, s in stores.items()},
-    )
-    yield _gauge(
-        "datastore_sub_indices", "Sub-indices.", {n: s.sub_indices for n, s in stores.items()}
-    )
-    yield _counter(
-        "ingested_tokens",
-        "Tokens ingested (durable).",
-        "datastore",
-        {n: s.ingested_tokens for n, s in live.items()},
-    )
-    yield _counter(
-        "ingested_sequences",
-        "Sequences ingested.",
-        "datastore",
-        {n: s.ingested_sequences for n, s in live.items()},
-    )
-    yield _gauge(
+    yield _family(
+        GaugeMetricFamily,
         "snapshot_age_seconds",
         "Seconds since the newest snapshot was written (since start when none).",
+        "datastore",
         {
             n: now - (started_unix if s.last_snapshot_unix is None else s.last_snapshot_unix)
             for n, s in live.items()
         },
-    )
-    yield _gauge(
-        "wal_bytes",
-        "Ingest-log bytes not yet covered by a snapshot.",
-        {n: s.wal_bytes for n, s in live.items()},
     )
 
 
@@ -352,17 +357,19 @@ def _histogram(
     return family
 
 
-def _counter(
-    name: str, documentation: str, label: str, series: dict[str, int]
-) -> CounterMetricFamily:
-    family = CounterMetricFamily(PREFIX + name, documentation, labels=[label])
-    for value, count in series.items():
-        family.add_metric([value], count)
+def _family(
+    kind: _FamilyKind, name: str, documentation: str, label: str, series: Mapping[str, float]
+) -> Metric:
+    """A counter or gauge family with one series per ``label`` value."""
+    family = kind(PREFIX + name, documentation, labels=[label])
+    for value, number in series.items():
+        family.add_metric([value], number)
     return family
 
 
-def _gauge(name: str, documentation: str, series: dict[str, float]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(PREFIX + name, documentation, labels=["datastore"])
-    for value, level in series.items():
-        family.add_metric([value], level)
-    return family
+def _by_datastore(
+    kind: _FamilyKind, name: str, documentation: str, stats: Mapping[str, Any], attribute: str
+) -> Metric:
+    """A family with one series per datastore: ``attribute`` of that datastore's ``stats``."""
+    series = {datastore: getattr(s, attribute) for datastore, s in stats.items()}
+    return _family(kind, name, documentation, "datastore", series)

@@ -27,7 +27,7 @@ from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.service.grpc_auth import ClientAuth, TokenFile, reloading_tls
 from drafter_service.service.ingest_queue import GenerationIngester
-from drafter_service.service.metrics_http import MetricsExporter
+from drafter_service.service.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
 from drafter_service.service.request_table import RequestTable
 from drafter_service.service.servicer import DrafterServicer
 from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
@@ -128,7 +128,7 @@ class DrafterServer:
         self._servicer = DrafterServicer(
             package_version(), config.max_message_bytes, self.metrics, self.auth
         )
-        self._exporter: MetricsExporter | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
         self._engine: DraftEngine | None = None
@@ -171,15 +171,10 @@ class DrafterServer:
         await server.start()
         if self.config.metrics_port >= 0:
             host = self.config.metrics_host or self.config.host
-            try:
-                self._exporter = await asyncio.to_thread(
-                    MetricsExporter, self.registry, host, self.config.metrics_port
-                )
-            except OSError as exc:
-                raise OSError(
-                    f"cannot serve metrics on {host}:{self.config.metrics_port}: {exc}"
-                ) from None
-            self.metrics_port = self._exporter.port
+            self._metrics_endpoint = await asyncio.to_thread(
+                serve_metrics, self.registry, host, self.config.metrics_port
+            )
+            self.metrics_port = self._metrics_endpoint[0].server_port
             log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
         if self._admin_factory is not None:
             self._admin = self._admin_factory(lambda: self._catalog, self._phase)
@@ -207,7 +202,7 @@ class DrafterServer:
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
-        )
+        )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)
         self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
@@ -235,8 +230,8 @@ class DrafterServer:
                 await self._admin.stop()
             if self._server is not None:
                 await self._server.stop(self.config.grace_period_s if grace is None else grace)
-            if self._exporter is not None:
-                await asyncio.to_thread(self._exporter.stop)
+            if self._metrics_endpoint is not None:
+                await asyncio.to_thread(stop_metrics, self._metrics_endpoint)
             if self._engine is not None:
                 await self._engine.close()
             if self._catalog is not None:

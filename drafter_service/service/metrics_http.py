@@ -1,51 +1,39 @@
-"""``/metrics`` over HTTP from a thread, for one server's own registry."""
+"""``/metrics`` over HTTP for one server's own registry, by prometheus_client's server."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, start_http_server
 
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        """No access log on stderr: Prometheus scrapes every few seconds."""
+MetricsEndpoint = tuple[WSGIServer, threading.Thread]
+"""prometheus_client's ``/metrics`` server and the daemon thread serving it."""
 
 
-class _Server4(ThreadingWSGIServer):
-    address_family = socket.AF_INET
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+    """Serves ``registry`` on ``host:port`` (0: a free port, then read ``server_port``)
+    with prometheus_client's ``start_http_server``: a thread per scrape, no access log.
+    Raises OSError naming ``host:port`` when it cannot bind."""
+    try:  # prometheus_client picks the address family from the bare address
+        return start_http_server(port, addr=host.strip("[]"), registry=registry)
+    except OSError as exc:
+        raise OSError(f"cannot serve metrics on {host}:{port}: {exc}") from None
 
 
-class _Server6(ThreadingWSGIServer):
-    address_family = socket.AF_INET6
-
-
-class MetricsExporter:
-    """``/metrics`` of one registry over HTTP, served from a thread (thread per scrape)."""
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        """Binds ``host:port`` (0: a free port) and starts serving; raises OSError."""
-        bare = host.strip("[]")
-        family = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0][0]
-        server_class = _Server6 if family == socket.AF_INET6 else _Server4
-        self._httpd = make_server(
-            bare, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
-        )
-        self.port: int = self._httpd.server_port
-        # A short poll interval keeps stop() quick (shutdown waits for the poll loop).
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="metrics-http",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stops serving and closes the socket (blocks for up to one poll interval)."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+def stop_metrics(endpoint: MetricsEndpoint) -> None:
+    """Stops serving, then closes the socket: a scrape after this is refused."""
+    server, thread = endpoint
+    stopping = threading.Thread(target=server.shutdown, name="metrics-http-stop")
+    stopping.start()
+    # The serving loop looks at the shutdown flag between 0.5 s selects, a poll interval
+    # prometheus_client does not let a caller shorten; a connection ends the select now.
+    address = server.socket.getsockname()[:2]
+    while stopping.is_alive():
+        with contextlib.suppress(OSError):
+            socket.create_connection(address, timeout=1).close()
+        stopping.join(0.01)
+    server.server_close()
+    thread.join()

@@ -1,7 +1,22 @@
-"""Settings of ``drafter serve``: one frozen value, every field a flag and an environment variable.
+"""Settings of ``drafter serve``: one frozen pydantic-settings model whose every field is a
+flag, an environment variable and a key of an optional TOML settings file.
 
-A field ``max_budget`` is ``--max-budget`` and ``DRAFTER_MAX_BUDGET``; a flag wins over
-the variable, the variable over the default. Nothing is read at import.
+A field ``max_budget`` is ``--max-budget``, ``DRAFTER_MAX_BUDGET`` and ``max_budget = 64``
+in the file named by ``--config-file`` or ``DRAFTER_CONFIG_FILE``. A flag wins over the
+variable, the variable over the file, the file over the default; each wins as a whole
+(two ``--datastore`` flags replace ``DRAFTER_DATASTORES``, they are not merged with it).
+
+Nothing is read at import, nor when a ``ServeConfig`` is built directly (tests, embedding:
+only its arguments count). :meth:`ServeConfig.from_namespace` reads the three layers
+(``settings_layers``: the environment through pydantic-settings' ``EnvSettingsSource``,
+from any mapping, the file through its ``TomlConfigSettingsSource``); the model validates.
+
+The flags stay with argparse, not pydantic-settings' CLI source: ``drafter serve`` is a
+subcommand of an argparse program, ``--datastore``/``--draft-config`` repeat under a name
+that is not the field's, and every bad value must be reported as coming from the flag,
+the variable or the file that gave it (``--port: bad value 'http': ...``), which needs
+the layers kept apart until validation; the CLI source merges them and reports a
+pydantic error without its origin, and formats ``--help`` its own way.
 """
 
 from __future__ import annotations
@@ -9,309 +24,312 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.live.live_datastore import LivePolicy
+from drafter_service.service.settings_layers import (
+    CONFIG_FILE_ENV,
+    ENV_PREFIX,
+    REPEATED_FLAGS,
+    SettingLayers,
+    env_name,
+    flag_name,
+)
 
-ENV_PREFIX = "DRAFTER_"
 DATASTORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 DEFAULT_DATASTORE = "default"
 DEFAULT_VOCAB_SIZE = 128256
 """The embedded default vocabulary: Llama 3's 128256 token ids. ``drafter serve`` uses it
 when no --vocab-size, --tokenizer, --snapshot or existing data directory gives one."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
+# --- how text becomes a value (flags and variables are text; a file or Python give values)
+
+
+def _bounds(low: float, high: float | None = None, *, low_open: bool = False) -> AfterValidator:
+    """A number within [low, high] (above low with ``low_open``), checked once parsed so that
+    the message shows the number: ``ServeConfig.port = 70000 is out of range [0, 65535]``."""
+    if high is not None:
+        shown = f"{'(' if low_open else '['}{low}, {high}]"
+    else:
+        shown = f"({'>' if low_open else '>='} {low})"
+
+    def check(value: float, info: ValidationInfo) -> float:
+        above = value > low if low_open else value >= low
+        if not (above and (high is None or value <= high)):
+            raise ValueError(f"ServeConfig.{info.field_name} = {value!r} is out of range {shown}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _bool_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # a file's true/false, or Python's
+    lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{text!r} is not a boolean (true/false)")
+    raise ValueError(f"{value!r} is not a boolean (true/false)")
 
 
-def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    return lambda text: None if text.strip().lower() in ("", "none") else parse(text)
+def _none_text(value: Any) -> Any:
+    """``""`` or ``none`` (any case) is None, for the settings whose default is None."""
+    return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
 
 
-def _datastores(text: str) -> tuple[tuple[str, Path], ...]:
-    """``NAME=DIR[,NAME=DIR...]`` (the environment form; the flag repeats instead)."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, directory = item.partition("=")
-        if not sep or not directory:
-            raise ValueError(f"{item!r} is not NAME=DIR")
-        pairs.append((name, Path(directory)))
-    return tuple(pairs)
+def _pairs(form: str) -> BeforeValidator:
+    """``A=B`` pairs from a variable's ``A=B[,A=B...]``, the repeated flag's list of ``A=B``,
+    a file's table ``{A = B}`` or Python's tuple of pairs; a pair needs both sides."""
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return tuple((key, str(item)) for key, item in value.items())
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value  # not pairs: the type check says so
+        pairs = []
+        for item in items:
+            if not isinstance(item, str):
+                pairs.append(item)
+                continue
+            if not item.strip():
+                continue
+            key, sep, text = item.partition("=")
+            if not sep or not key.strip() or not text.strip():
+                raise ValueError(f"{item.strip()!r} is not {form}")
+            pairs.append((key.strip(), text.strip()))
+        return tuple(pairs)
+
+    return BeforeValidator(parse)
 
 
-def _key_values(text: str) -> tuple[tuple[str, str], ...]:
-    """``KEY=VALUE[,KEY=VALUE...]`` (the environment form; the flag repeats instead)."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"{item!r} is not KEY=VALUE")
-        pairs.append((key.strip(), value.strip()))
-    return tuple(pairs)
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise ValueError(f"ServeConfig.log_level = {value!r} is out of range {LOG_LEVELS}")
+    return value
 
 
-def _meta(help: str, parse: Callable[[str], Any]) -> dict[str, Any]:
-    """Field metadata: the flag's help text and how to parse a flag or variable value."""
-    return {"help": help, "parse": parse}
+def _live_store(value: Any) -> Any:
+    LivePolicy(store=value)  # LivePolicy owns what may be stored, and says so when it is not
+    return value
+
+
+def _unique_datastore_names(pairs: tuple[tuple[str, Path], ...]) -> tuple[tuple[str, Path], ...]:
+    seen = {DEFAULT_DATASTORE}
+    for name, _ in pairs:
+        if not DATASTORE_NAME.fullmatch(name) or name in seen:
+            raise ValueError(
+                f"ServeConfig.datastores: name {name!r} is invalid, reserved or repeated "
+                f"(expected {DATASTORE_NAME.pattern}, not {DEFAULT_DATASTORE!r})"
+            )
+        seen.add(name)
+    return pairs
 
 
 def _cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-@dataclass(frozen=True, slots=True)
-class ServeConfig:
-    """Everything ``drafter serve`` needs; the defaults run an empty live datastore in
-    ./drafter-data with the Llama-3 vocabulary (``DEFAULT_VOCAB_SIZE``)."""
+_Bool = Annotated[bool, BeforeValidator(_bool_text)]
+_Host = Annotated[str, Field(min_length=1)]
+_Port = Annotated[int, _bounds(0, 65535)]
+_OptionalPort = Annotated[int, _bounds(-1, 65535)]  # -1: that endpoint is off
+_AtLeastOne = Annotated[int, _bounds(1)]
+_Seconds = Annotated[float, _bounds(0)]
+_PositiveSeconds = Annotated[float, _bounds(0, low_open=True)]
+_Pairs = tuple[tuple[str, str], ...]
 
-    host: str = field(default="127.0.0.1", metadata=_meta("address to listen on", str))
-    port: int = field(
-        default=50051, metadata=_meta("port to listen on (0 = pick a free port)", int)
+
+class ServeConfig(BaseSettings):
+    """Everything ``drafter serve`` needs; the defaults run an empty live datastore in
+    ./drafter-data with the Llama-3 vocabulary (``DEFAULT_VOCAB_SIZE``). Frozen."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    host: _Host = Field("127.0.0.1", description="address to listen on")
+    port: _Port = Field(50051, description="port to listen on (0 = pick a free port)")
+    data_dir: Path = Field(Path("drafter-data"), description="live datastore directory")
+    snapshot: Path | None = Field(
+        None, description="snapshot that seeds the live datastore when data_dir has none yet"
     )
-    data_dir: Path = field(
-        default=Path("drafter-data"), metadata=_meta("live datastore directory", Path)
-    )
-    snapshot: Path | None = field(
-        default=None,
-        metadata=_meta("snapshot that seeds the live datastore when data_dir has none yet", Path),
-    )
-    tokenizer: Path | None = field(
-        default=None, metadata=_meta("tokenizer.json giving the tokenizer identity", Path)
-    )
-    tokenizer_name: str | None = field(
-        default=None, metadata=_meta("tokenizer label (default: from the file)", str)
-    )
-    vocab_size: int | None = field(
-        default=None,
-        metadata=_meta(
-            "vocabulary size (default: from --tokenizer, the seed snapshot or the data "
-            f"directory, else {DEFAULT_VOCAB_SIZE}, the Llama-3 vocabulary)",
-            int,
-        ),
+    tokenizer: Path | None = Field(None, description="tokenizer.json giving the tokenizer identity")
+    tokenizer_name: str | None = Field(None, description="tokenizer label (default: from the file)")
+    vocab_size: Annotated[int, _bounds(1, 2**30)] | None = Field(
+        None,
+        description="vocabulary size (default: from --tokenizer, the seed snapshot or the data "
+        f"directory, else {DEFAULT_VOCAB_SIZE}, the Llama-3 vocabulary)",
     )
     """None: resolved when the datastores open (``resolve_tokenizer``), falling back to
     ``DEFAULT_VOCAB_SIZE``."""
-    datastores: tuple[tuple[str, Path], ...] = field(
-        default=(),
-        metadata=_meta("extra read-only datastore NAME=DIR (a snapshot); repeatable", _datastores),
+    datastores: Annotated[
+        tuple[tuple[str, Path], ...],
+        NoDecode,
+        _pairs("NAME=DIR"),
+        AfterValidator(_unique_datastore_names),
+    ] = Field((), description="extra read-only datastore NAME=DIR (a snapshot); repeatable")
+    draft_config: Annotated[_Pairs, NoDecode, _pairs("KEY=VALUE")] = Field(
+        (),
+        description="drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
+        "datastore_smoothing=1; repeatable",
     )
-    draft_config: tuple[tuple[str, str], ...] = field(
-        default=(),
-        metadata=_meta(
-            "drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
-            "datastore_smoothing=1; repeatable",
-            _key_values,
-        ),
-    )
-    draft_threads: int = field(
+    draft_threads: Annotated[int, _bounds(1, 1024)] = Field(
         default_factory=_cpu_count,
-        metadata=_meta("native drafting threads per datastore (default: CPUs)", int),
+        description="native drafting threads per datastore (default: CPUs)",
     )
-    max_requests_per_call: int = field(
-        default=1024, metadata=_meta("requests per Draft/Finish/Ingest call", int)
+    max_requests_per_call: Annotated[int, _bounds(1, 2**32 - 1)] = Field(
+        1024, description="requests per Draft/Finish/Ingest call"
     )
-    max_tokens_per_request: int = field(
-        default=1_048_576, metadata=_meta("tokens one request may hold", int)
+    max_tokens_per_request: Annotated[int, _bounds(1, 2**32 - 1)] = Field(
+        1_048_576, description="tokens one request may hold"
     )
-    max_budget: int = field(default=256, metadata=_meta("largest draft budget (tree nodes)", int))
-    max_message_bytes: int = field(
-        default=64 << 20, metadata=_meta("largest gRPC message, in bytes", int)
+    max_budget: Annotated[int, _bounds(1, 2**31 - 1)] = Field(
+        256, description="largest draft budget (tree nodes)"
     )
-    inline_max_work: int = field(
-        default=256,
-        metadata=_meta(
-            "a call's native work runs on the event loop thread, skipping two thread "
-            "hand-offs, when nothing else is queued and it weighs at most this many "
-            "drafted requests (each request 1, plus 1 per 64 nodes of budget, per 8 "
-            "tokens added and per 8 requests stopped; ~12 µs each on 2 cores; "
-            "0 = always hand off)",
-            int,
-        ),
+    max_message_bytes: Annotated[int, _bounds(1024, 2**31 - 1)] = Field(
+        64 << 20, description="largest gRPC message, in bytes"
     )
-    max_inflight_calls: int = field(
-        default=64,
-        metadata=_meta("calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED", int),
+    inline_max_work: Annotated[int, _bounds(0)] = Field(
+        256,
+        description="a call's native work runs on the event loop thread, skipping two thread "
+        "hand-offs, when nothing else is queued and it weighs at most this many drafted "
+        "requests (each request 1, plus 1 per 64 nodes of budget, per 8 tokens added and "
+        "per 8 requests stopped; ~12 µs each on 2 cores; 0 = always hand off)",
     )
-    request_ttl_s: float = field(
-        default=600.0, metadata=_meta("request state idle this long is dropped", float)
+    max_inflight_calls: _AtLeastOne = Field(
+        64, description="calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED"
     )
-    max_request_states: int = field(
-        default=100_000, metadata=_meta("request states kept (least recent dropped)", int)
+    request_ttl_s: _PositiveSeconds = Field(
+        600.0, description="request state idle this long is dropped"
     )
-    max_request_state_bytes: int = field(
-        default=4 << 30,
-        metadata=_meta(
-            "memory request states may hold, 8 bytes per context token (least recently "
-            "used dropped; a call needing more alone: RESOURCE_EXHAUSTED)",
-            int,
-        ),
+    max_request_states: _AtLeastOne = Field(
+        100_000, description="request states kept (least recent dropped)"
     )
-    grace_period_s: float = field(
-        default=5.0, metadata=_meta("shutdown grace for in-flight calls", float)
+    max_request_state_bytes: Annotated[int, _bounds(1 << 20)] = Field(
+        4 << 30,
+        description="memory request states may hold, 8 bytes per context token (least "
+        "recently used dropped; a call needing more alone: RESOURCE_EXHAUSTED)",
     )
-    ingest_queue_size: int = field(
-        default=1024, metadata=_meta("finished generations waiting to be stored", int)
+    grace_period_s: _Seconds = Field(5.0, description="shutdown grace for in-flight calls")
+    ingest_queue_size: _AtLeastOne = Field(
+        1024, description="finished generations waiting to be stored"
     )
-    keepalive_time_s: float = field(
-        default=30.0, metadata=_meta("interval of server keepalive pings", float)
+    keepalive_time_s: _PositiveSeconds = Field(
+        30.0, description="interval of server keepalive pings"
     )
-    keepalive_timeout_s: float = field(
-        default=10.0, metadata=_meta("wait for a keepalive ack", float)
+    keepalive_timeout_s: _PositiveSeconds = Field(10.0, description="wait for a keepalive ack")
+    keepalive_min_ping_interval_s: _Seconds = Field(
+        5.0, description="shortest client ping interval"
     )
-    keepalive_min_ping_interval_s: float = field(
-        default=5.0, metadata=_meta("shortest client ping interval", float)
+    keepalive_permit_without_calls: _Bool = Field(True, description="pings allowed with no call")
+    # The live datastore's policy: LivePolicy checks these (see live_policy).
+    rebuild_min_tokens: int = Field(1_000_000, description="live: rebuild once this many wait")
+    rebuild_interval_s: float = Field(60.0, description="live: or this often with any waiting")
+    snapshot_interval_s: float = Field(900.0, description="live: snapshot period (0 = never)")
+    keep_snapshots: int = Field(2, description="live: complete snapshots kept")
+    max_sub_indices: int = Field(8, description="live: sub-indices kept (oldest dropped)")
+    max_sub_index_tokens: int = Field(512_000_000, description="live: positions per sub-index")
+    max_resident_bytes: Annotated[int | None, BeforeValidator(_none_text)] = Field(
+        None, description="live: datastore memory bound in bytes"
     )
-    keepalive_permit_without_calls: bool = field(
-        default=True, metadata=_meta("pings allowed with no call", _bool)
+    store: Annotated[Literal["output", "prompt+output"], BeforeValidator(_live_store)] = Field(
+        "output", description="live: what a finished generation stores (output|prompt+output)"
     )
-    rebuild_min_tokens: int = field(
-        default=1_000_000, metadata=_meta("live: rebuild once this many wait", int)
+    prompt_context_tokens: int = Field(3, description="live: prompt tokens kept before an output")
+    finish_durable: _Bool = Field(
+        False,
+        description="every Finish answers only once the generations it stores are in the "
+        "ingest log (fsynced; FinishResponse.durable counts them), as a client can ask per "
+        "call with wait_durable; without either, a Finish acknowledges queued generations",
     )
-    rebuild_interval_s: float = field(
-        default=60.0, metadata=_meta("live: or this often with any waiting", float)
+    salvage: _Bool = Field(
+        False,
+        description="start despite damaged data (a corrupt ingest log record, an unreadable "
+        "newest snapshot): keep what is readable, move the damaged files into "
+        "DATA_DIR/damaged (never deleted); without it such damage refuses to start, naming "
+        "what would be lost",
     )
-    snapshot_interval_s: float = field(
-        default=900.0, metadata=_meta("live: snapshot period (0 = never)", float)
+    log_level: Annotated[str, AfterValidator(_log_level)] = Field(
+        "INFO", description="logging level"
     )
-    keep_snapshots: int = field(default=2, metadata=_meta("live: complete snapshots kept", int))
-    max_sub_indices: int = field(
-        default=8, metadata=_meta("live: sub-indices kept (oldest dropped)", int)
+    metrics_port: _OptionalPort = Field(
+        9400, description="Prometheus /metrics port (0 = pick a free port, -1 = disabled)"
     )
-    max_sub_index_tokens: int = field(
-        default=512_000_000, metadata=_meta("live: positions per sub-index", int)
+    metrics_host: Annotated[_Host | None, BeforeValidator(_none_text)] = Field(
+        None, description="Prometheus /metrics address (default: --host)"
     )
-    max_resident_bytes: int | None = field(
-        default=None, metadata=_meta("live: datastore memory bound in bytes", _optional(int))
+    admin_port: _OptionalPort = Field(
+        8400, description="REST admin API port (0 = pick a free port, -1 = disabled)"
     )
-    store: Literal["output", "prompt+output"] = field(
-        default="output",
-        metadata=_meta("live: what a finished generation stores (output|prompt+output)", str),
+    admin_host: _Host = Field("127.0.0.1", description="REST admin API address")
+    admin_token_file: Path | None = Field(
+        None,
+        description="file holding the admin bearer token (else env DRAFTER_ADMIN_TOKEN; "
+        "without one, admin calls that change anything are refused)",
     )
-    prompt_context_tokens: int = field(
-        default=3, metadata=_meta("live: prompt tokens kept before an output", int)
+    grpc_tokens_file: Path | None = Field(
+        None,
+        description="gRPC bearer tokens, one client per line 'NAME TOKEN': every "
+        "DrafterService call must carry one (UNAUTHENTICATED otherwise) and each client's "
+        "request ids are its own (docs/guarantees.md)",
     )
-    finish_durable: bool = field(
-        default=False,
-        metadata=_meta(
-            "every Finish answers only once the generations it stores are in the ingest log "
-            "(fsynced; FinishResponse.durable counts them), as a client can ask per call "
-            "with wait_durable; without either, a Finish acknowledges queued generations",
-            _bool,
-        ),
+    tls_cert_file: Path | None = Field(
+        None, description="gRPC server certificate (PEM); with --tls-key-file"
     )
-    salvage: bool = field(
-        default=False,
-        metadata=_meta(
-            "start despite damaged data (a corrupt ingest log record, an unreadable newest "
-            "snapshot): keep what is readable, move the damaged files into DATA_DIR/damaged "
-            "(never deleted); without it such damage refuses to start, naming what would be "
-            "lost",
-            _bool,
-        ),
+    tls_key_file: Path | None = Field(None, description="gRPC server private key (PEM)")
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="CA (PEM) whose client certificates are required (mutual TLS); without "
+        "--grpc-tokens-file the certificate's common name names the client",
     )
-    log_level: str = field(default="INFO", metadata=_meta("logging level", str))
-    metrics_port: int = field(
-        default=9400,
-        metadata=_meta("Prometheus /metrics port (0 = pick a free port, -1 = disabled)", int),
-    )
-    metrics_host: str | None = field(
-        default=None,
-        metadata=_meta("Prometheus /metrics address (default: --host)", _optional(str)),
-    )
-    admin_port: int = field(
-        default=8400,
-        metadata=_meta("REST admin API port (0 = pick a free port, -1 = disabled)", int),
-    )
-    admin_host: str = field(default="127.0.0.1", metadata=_meta("REST admin API address", str))
-    admin_token_file: Path | None = field(
-        default=None,
-        metadata=_meta(
-            "file holding the admin bearer token (else env DRAFTER_ADMIN_TOKEN; without "
-            "one, admin calls that change anything are refused)",
-            Path,
-        ),
-    )
-    grpc_tokens_file: Path | None = field(
-        default=None,
-        metadata=_meta(
-            "gRPC bearer tokens, one client per line 'NAME TOKEN': every DrafterService call "
-            "must carry one (UNAUTHENTICATED otherwise) and each client's request ids are its "
-            "own (docs/guarantees.md)",
-            Path,
-        ),
-    )
-    tls_cert_file: Path | None = field(
-        default=None, metadata=_meta("gRPC server certificate (PEM); with --tls-key-file", Path)
-    )
-    tls_key_file: Path | None = field(
-        default=None, metadata=_meta("gRPC server private key (PEM)", Path)
-    )
-    tls_client_ca_file: Path | None = field(
-        default=None,
-        metadata=_meta(
-            "CA (PEM) whose client certificates are required (mutual TLS); without "
-            "--grpc-tokens-file the certificate's common name names the client",
-            Path,
-        ),
-    )
-    corpora_dir: Path | None = field(
-        default=None,
-        metadata=_meta("directory whose corpus files the admin API may add (unset: none)", Path),
+    corpora_dir: Path | None = Field(
+        None, description="directory whose corpus files the admin API may add (unset: none)"
     )
 
-    def __post_init__(self) -> None:
-        checks = {
-            "port": 0 <= self.port <= 65535,
-            "vocab_size": self.vocab_size is None or 1 <= self.vocab_size <= 2**30,
-            "draft_threads": 1 <= self.draft_threads <= 1024,
-            "max_requests_per_call": 1 <= self.max_requests_per_call < 2**32,
-            "max_tokens_per_request": 1 <= self.max_tokens_per_request < 2**32,
-            "max_budget": 1 <= self.max_budget < 2**31,
-            "max_message_bytes": 1024 <= self.max_message_bytes < 2**31,
-            "max_inflight_calls": self.max_inflight_calls >= 1,
-            "inline_max_work": self.inline_max_work >= 0,
-            "request_ttl_s": self.request_ttl_s > 0,
-            "max_request_states": self.max_request_states >= 1,
-            "max_request_state_bytes": self.max_request_state_bytes >= 1 << 20,
-            "grace_period_s": self.grace_period_s >= 0,
-            "ingest_queue_size": self.ingest_queue_size >= 1,
-            "keepalive_time_s": self.keepalive_time_s > 0,
-            "keepalive_timeout_s": self.keepalive_timeout_s > 0,
-            "keepalive_min_ping_interval_s": self.keepalive_min_ping_interval_s >= 0,
-            "host": bool(self.host),
-            "metrics_port": -1 <= self.metrics_port <= 65535,
-            "metrics_host": self.metrics_host is None or bool(self.metrics_host),
-            "admin_port": -1 <= self.admin_port <= 65535,
-            "admin_host": bool(self.admin_host),
-            "log_level": self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"ServeConfig.{name} = {getattr(self, name)!r} is out of range")
-        seen = {DEFAULT_DATASTORE}
-        for name, _ in self.datastores:
-            if not DATASTORE_NAME.fullmatch(name) or name in seen:
-                raise ValueError(
-                    f"ServeConfig.datastores: name {name!r} is invalid, reserved or repeated "
-                    f"(expected {DATASTORE_NAME.pattern}, not {DEFAULT_DATASTORE!r})"
-                )
-            seen.add(name)
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Built directly, a ServeConfig is its arguments and defaults: no variable is read
+        behind the caller's back (``from_namespace`` reads them, from a given mapping)."""
+        return (init_settings,)
+
+    @model_validator(mode="after")
+    def _check_together(self) -> ServeConfig:
+        """The checks that span several settings."""
         self.live_policy()  # raises ValueError naming a bad live knob
         self.draft_settings()  # raises ValueError naming a bad drafting knob
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("ServeConfig.tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("ServeConfig.tls_client_ca_file needs tls_cert_file/tls_key_file")
+        return self
 
     def draft_settings(self) -> DraftConfig:
         """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config."""
@@ -335,6 +353,7 @@ class ServeConfig:
         return DraftConfig(**values)
 
     def live_policy(self) -> LivePolicy:
+        """The live datastore's policy (rebuilds, snapshots, memory bound, what is stored)."""
         return LivePolicy(
             max_sub_indices=self.max_sub_indices,
             max_sub_index_tokens=self.max_sub_index_tokens,
@@ -347,48 +366,38 @@ class ServeConfig:
             prompt_context_tokens=self.prompt_context_tokens,
         )
 
-    @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        """One flag per field (``--max-budget``); unset flags stay None."""
-        for f in fields(ServeConfig):
-            flag = "--" + ("datastore" if f.name == "datastores" else f.name.replace("_", "-"))
-            repeats = f.name in ("datastores", "draft_config")
-            env = ENV_PREFIX + f.name.upper()
-            help_text = f"{f.metadata['help']} [env {env}]"
-            if repeats:
-                metavar = "NAME=DIR" if f.name == "datastores" else "KEY=VALUE"
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One flag per field (``--max-budget``), and ``--config-file``; unset flags stay None."""
+        for name, info in cls.model_fields.items():
+            help_text = f"{info.description} [env {env_name(name)}]"
+            if name in REPEATED_FLAGS:
+                flag, metavar = REPEATED_FLAGS[name]
                 parser.add_argument(
-                    flag, dest=f.name, action="append", metavar=metavar, help=help_text
+                    flag, dest=name, action="append", metavar=metavar, help=help_text
                 )
             else:
-                parser.add_argument(flag, dest=f.name, help=help_text)
+                parser.add_argument(flag_name(name), dest=name, help=help_text)
+        parser.add_argument(
+            "--config-file",
+            metavar="PATH",
+            help="TOML file of settings, a key per flag above in its field form "
+            '(max_budget = 64, datastores = {code = "/srv/code"}); variables and flags '
+            f"override it [env {CONFIG_FILE_ENV}]",
+        )
 
     @classmethod
     def from_namespace(
         cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
     ) -> ServeConfig:
-        """Flags from ``add_arguments`` over ``DRAFTER_*`` variables over defaults.
-        Raises ValueError naming the flag or variable and its bad value."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            flag_value = getattr(namespace, f.name, None)
-            env = ENV_PREFIX + f.name.upper()
-            parse = f.metadata["parse"]
-            if f.name in ("datastores", "draft_config") and flag_value is not None:
-                text = ",".join(flag_value)
-                source = "--datastore" if f.name == "datastores" else "--draft-config"
-            elif flag_value is not None:
-                text, source = flag_value, "--" + f.name.replace("_", "-")
-            elif environ.get(env, "") != "":
-                text, source = environ[env], env
-            else:
-                continue
-            try:
-                values[f.name] = parse(text)
-            except ValueError as exc:
-                raise ValueError(f"{source}: bad value {text!r}: {exc}") from None
-        return cls(**values)
+        """Flags from ``add_arguments`` over ``DRAFTER_*`` variables (``environ``, default
+        ``os.environ``) over the settings file over defaults. Raises ValueError naming
+        the flag, variable or file entry and its bad value."""
+        layers = SettingLayers.read(cls, namespace, os.environ if environ is None else environ)
+        try:
+            return cls.model_validate(layers.values)
+        except ValidationError as exc:
+            raise ValueError(layers.explain(exc)) from None
 
     @classmethod
     def from_env_and_args(

@@ -1,0 +1,54 @@
+"""Checks of one JSON-lines record shared by the corpus readers and drafter-bench's record
+reader, so that both report a bad line or a bad token-id field in the same words.
+
+Each check raises the caller's own error type (``error``: the builder's ``BuildError``, the
+benchmark's ``DataError``), its message starting with ``where`` (file and line).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+def parse_json_line(line: str | bytes, where: str, lineno: int, error: type[ValueError]) -> Any:
+    """The JSON value on line ``lineno``; ``error`` saying why when it is not valid JSON."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: bad JSON on line {lineno}: {exc.msg} (column {exc.colno})") from None
+
+
+def token_id_array(
+    value: Any, name: str, where: str, vocab_size: int, error: type[ValueError]
+) -> npt.NDArray[np.int32]:
+    """The value of field ``name`` as int32 token ids in ``[0, vocab_size)``.
+
+    ``value`` is a list (JSON), tuple or array (Parquet) of ints; ``error`` names the field
+    and the first bad value (its index, for an id out of range) otherwise.
+    """
+    if not isinstance(value, list | tuple | np.ndarray):
+        raise error(
+            f"{where}: field {name!r} must be a list of token ids, got {type(value).__name__}"
+        )
+    if len(value) == 0:
+        return np.zeros(0, dtype=np.int32)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):  # ragged, or ints beyond int64
+        arr = np.zeros((0, 0))
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
+        what = f"holds a non-integer value {bad!r:.40}" if bad is not None else "is too large"
+        raise error(f"{where}: field {name!r} must be a flat list of token ids; it {what}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        i = int(np.argmax((arr < 0) | (arr >= vocab_size)))
+        raise error(
+            f"{where}: field {name!r}: token id {int(arr[i])} at index {i} is outside "
+            f"[0, {vocab_size})"
+        )
+    return arr.astype(np.int32, copy=False)
