@@ -3,6 +3,7 @@ state and leaves the server answering; a fuzzed stream of odd requests proves it
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
 from drafter_service import Datastore
+from drafter_service.service.call_errors import InvalidArgument, ServiceError
+from drafter_service.service.validation import CallLimits, parse_draft_request
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
 
@@ -383,6 +386,49 @@ def test_fuzzed_packed_columns_get_answers_or_invalid_argument(
     drafts = unpack_drafts(response)
     assert len(drafts) == len(ids)
     assert all(d.status in (pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC) for d in drafts)
+
+
+LIMITS = CallLimits(
+    vocab_size=VOCAB, fingerprint="", max_requests_per_call=MAX_REQUESTS,
+    max_tokens_per_request=MAX_TOKENS, max_budget=MAX_BUDGET,
+    datastores=frozenset({"default", "named"}), live_datastores=frozenset({"default"}),
+    default_datastore="default",
+)  # fmt: skip
+
+
+def parsed(request: pb.DraftRequest) -> Any:
+    """What validation makes of ``request``: the call, or the refusal's type and text."""
+    try:
+        return parse_draft_request(request, LIMITS)
+    except ServiceError as exc:
+        return type(exc), str(exc)
+
+
+@given(st.lists(DELTAS.filter(lambda d: d.known_length < 2**32), max_size=MAX_REQUESTS + 1))
+def test_both_wire_forms_validate_alike(deltas: list[pb.RequestDelta]) -> None:
+    """One validation path: the same requests as messages or as packed columns give the
+    same call, or the same refusal word for word."""
+    by_message = parsed(pb.DraftRequest(requests=deltas))
+    by_column = parsed(pack_deltas(deltas))
+    if isinstance(by_message, tuple) or isinstance(by_column, tuple):
+        assert by_message == by_column
+        return
+    for field in dataclasses.fields(by_message):
+        want, got = getattr(by_message, field.name), getattr(by_column, field.name)
+        if isinstance(want, np.ndarray):
+            want, got = want.tolist(), got.tolist()
+        assert want == got, field.name
+
+
+def test_a_uint64_known_length_is_refused_with_its_value() -> None:
+    """known_length is uint64 in a RequestDelta: checked without wrapping around."""
+    for known in (2**32, 2**63, 2**64 - 1):
+        request = pb.DraftRequest(requests=[delta("k", [1], known_length=known)])
+        assert parsed(request) == (
+            InvalidArgument,
+            f"request 'k': known_length {known} + 1 new tokens is over max_tokens_per_request "
+            f"({MAX_TOKENS})",
+        )
 
 
 def test_message_size_limit_is_enforced_and_reported(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,13 +32,44 @@ def concat_documents(
     return np.concatenate(parts)
 
 
-class SubIndex:
+class _NativeSizes(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def resident_bytes(self) -> int: ...
+
+
+_NativeT = TypeVar("_NativeT", bound=_NativeSizes)
+
+
+class _NativeHolder(Generic[_NativeT]):
+    """A Python face of one native object (a sub-index or a datastore), whose sizes it
+    reads through; the native object is the one that knows them."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _NativeT) -> None:
+        self._native = native
+
+    @property
+    def num_tokens(self) -> int:
+        """Text positions, separators included (of every sub-index, for a datastore)."""
+        return self._native.num_tokens
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes kept in memory: 4 per token, 4 per suffix, and a first-token table per
+        sub-index."""
+        return self._native.resident_bytes
+
+
+class SubIndex(_NativeHolder[_core.SubIndex]):
     """One suffix array over a text of documents. Immutable once built."""
 
-    __slots__ = ("_native", "origin")
+    __slots__ = ("origin",)
 
     def __init__(self, native: _core.SubIndex) -> None:
-        self._native = native
+        super().__init__(native)
         self.origin: tuple[Path, object] | None = None
         """A snapshot directory and manifest entry whose files hold exactly this
         sub-index (set when loaded or written), so a later snapshot can hardlink
@@ -56,22 +88,14 @@ class SubIndex:
         """Builds the suffix array over an already joined text: token ids in
         ``[0, vocab_size)`` with ``SEPARATOR`` between documents. The text is copied."""
         _check_vocab_size(vocab_size)
-        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
-            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
-        if len(text) >= 2**31 - 2:
-            raise ValueError(f"sub-index of {len(text)} tokens exceeds the 2^31 - 2 limit")
+        _check_text(text, 0)
         return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
 
     def extended(self, text: npt.NDArray[np.int32]) -> SubIndex:
         """A new sub-index over this one's text, a separator and ``text`` (joined
         documents, as for :meth:`from_text`). Copies and builds without holding the
         GIL, so drafting threads keep running during a live rebuild."""
-        if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
-            raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
-        if self.num_tokens + 1 + len(text) >= 2**31 - 2:
-            raise ValueError(
-                f"sub-index of {self.num_tokens + 1 + len(text)} tokens exceeds the 2^31 - 2 limit"
-            )
+        _check_text(text, self.num_tokens + 1)
         return SubIndex(_core.SubIndex.build_extended(self._native, np.ascontiguousarray(text)))
 
     @classmethod
@@ -91,18 +115,8 @@ class SubIndex:
         return cls(_core.SubIndex.wrap(tokens, suffix_array, vocab_size, (tokens, suffix_array)))
 
     @property
-    def num_tokens(self) -> int:
-        """Text positions, separators included."""
-        return self._native.num_tokens
-
-    @property
     def vocab_size(self) -> int:
         return self._native.vocab_size
-
-    @property
-    def resident_bytes(self) -> int:
-        """Bytes kept in memory: 4 per token, 4 per suffix, and a first-token table."""
-        return self._native.resident_bytes
 
     def tokens(self) -> npt.NDArray[np.int32]:
         """Read-only view of the text (no copy)."""
@@ -118,10 +132,10 @@ class SubIndex:
         return self._native.find_range(arr)
 
 
-class Datastore:
+class Datastore(_NativeHolder[_core.Datastore]):
     """An immutable set of sub-indices (oldest first) sharing one vocabulary."""
 
-    __slots__ = ("_native", "_sub_indices", "vocab_size")
+    __slots__ = ("_sub_indices", "vocab_size")
 
     def __init__(self, sub_indices: Sequence[SubIndex], vocab_size: int) -> None:
         _check_vocab_size(vocab_size)
@@ -132,7 +146,7 @@ class Datastore:
                 )
         self._sub_indices = tuple(sub_indices)
         self.vocab_size = vocab_size
-        self._native = _core.Datastore([s._native for s in self._sub_indices])
+        super().__init__(_core.Datastore([s._native for s in self._sub_indices]))
 
     @classmethod
     def empty(cls, vocab_size: int) -> Datastore:
@@ -152,14 +166,6 @@ class Datastore:
         return self._sub_indices
 
     @property
-    def num_tokens(self) -> int:
-        return self._native.num_tokens
-
-    @property
-    def resident_bytes(self) -> int:
-        return self._native.resident_bytes
-
-    @property
     def native(self) -> _core.Datastore:
         return self._native
 
@@ -169,6 +175,17 @@ def _check_vocab_size(vocab_size: int) -> None:
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
     if not 1 <= vocab_size <= 2**30:
         raise ValueError(f"vocab_size {vocab_size} is outside [1, 2^30]")
+
+
+def _check_text(text: object, base_tokens: int) -> None:
+    """``text`` is a 1-D int32 array, and ``base_tokens`` + its length stay under the
+    sub-index limit of 2^31 - 2 tokens."""
+    if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
+        raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
+    if base_tokens + len(text) >= 2**31 - 2:
+        raise ValueError(
+            f"sub-index of {base_tokens + len(text)} tokens exceeds the 2^31 - 2 limit"
+        )
 
 
 def _describe(arr: object) -> str:

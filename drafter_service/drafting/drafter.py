@@ -195,7 +195,9 @@ class Drafter:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
         # Token ids, offsets and budgets are range-checked by the native call,
-        # before any state changes, with the bad value and its index named.
+        # before any state changes, with the bad value and its index named (for the
+        # budget, its one check: check_budgets in native/csrc/draft.cc). Here they
+        # are only converted to the native dtypes.
         flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
         offs = _int_array(offsets, np.int64, "offsets")
         if len(offs) != len(request_ids) + 1:
@@ -204,15 +206,12 @@ class Drafter:
                 f"for {len(request_ids)} requests"
             )
         if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
-            if not 0 <= budgets <= self.config.max_budget:
-                raise ValueError(f"budget {budgets} is outside [0, {self.config.max_budget}]")
-            budget_arr = np.full(len(request_ids), int(budgets), dtype=np.int32)
-        else:
-            budget_arr = _int_array(budgets, np.int32, "budgets")
-            if len(budget_arr) != len(request_ids):
-                raise ValueError(
-                    f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
-                )
+            budgets = np.full(len(request_ids), budgets)  # one budget for every request
+        budget_arr = _int_array(budgets, np.int32, "budgets")
+        if len(budget_arr) != len(request_ids):
+            raise ValueError(
+                f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
+            )
         seen: set[str] = set()
         for r in request_ids:
             if r in seen:

@@ -24,85 +24,119 @@ class DraftAnswer:
     trees: list[tuple[DraftBatch, int] | None]
 
 
-def draft_response(answer: DraftAnswer, step: int) -> pb.DraftResponse:
+def draft_response(answer: DraftAnswer, step: int, packed: bool) -> pb.DraftResponse:
+    """The answer in the form the call came in: the columns of ``DraftResponse.packed``
+    when ``packed``, else one RequestDraft per request. Both are built from the same
+    columns (:func:`_draft_columns`)."""
+    columns = _draft_columns(answer)
+    if packed:
+        return pb.DraftResponse(step=step, packed=columns.packed())
     response = pb.DraftResponse(step=step)
     add = response.drafts.add
-    # One tolist() per batch, then list slices, and one add() with every field: the
+    # One tolist() per column, then list slices, and one add() with every field: the
     # cheapest way through the protobuf API (per-row numpy calls and extend() cost more).
-    as_lists: dict[int, tuple[list[int], list[int], list[float], list[int]]] = {}
-    for request_id, length, where in zip(
-        answer.request_ids, answer.lengths, answer.trees, strict=True
+    tokens = columns.tokens.tolist()
+    parents = columns.parents.tolist()
+    scores = columns.scores.tolist()
+    lo = 0
+    for request_id, status, length, hi in zip(
+        answer.request_ids,
+        columns.statuses.tolist(),
+        columns.lengths.tolist(),
+        np.cumsum(columns.node_counts, dtype=np.int64).tolist(),
+        strict=True,
     ):
-        if where is None:
-            add(request_id=request_id, status=pb.DRAFT_STATUS_RESYNC)
+        if status == _RESYNC:  # no length, no tree
+            add(request_id=request_id, status=status)
             continue
-        batch, row = where
-        lists = as_lists.get(id(batch))
-        if lists is None:
-            lists = (
-                batch.tokens.tolist(),
-                batch.parents.tolist(),
-                batch.scores.tolist(),
-                batch.offsets.tolist(),
-            )
-            as_lists[id(batch)] = lists
-        tokens, parents, scores, offsets = lists
-        lo, hi = offsets[row], offsets[row + 1]
         add(
             request_id=request_id,
-            status=pb.DRAFT_STATUS_OK,
+            status=status,
             length=length,
             tokens=tokens[lo:hi],
             parents=parents[lo:hi],
             scores=scores[lo:hi],
         )
+        lo = hi
     return response
 
 
-_OK = np.uint8(pb.DRAFT_STATUS_OK)
-_RESYNC = np.uint8(pb.DRAFT_STATUS_RESYNC)
+@dataclass(frozen=True, slots=True)
+class _DraftColumns:
+    """A DraftAnswer as the columns of PackedDrafts, in request order."""
+
+    statuses: npt.NDArray[np.uint8]  # a DraftStatus per request
+    lengths: npt.NDArray[np.uint32]  # tokens held per request (0 with RESYNC)
+    node_counts: npt.NDArray[np.uint32]  # nodes per tree (0 with RESYNC)
+    tokens: npt.NDArray[np.int32]  # every tree's nodes, concatenated
+    parents: npt.NDArray[np.int32]
+    scores: npt.NDArray[np.float32]
+
+    def packed(self) -> pb.PackedDrafts:
+        """As little-endian bytes."""
+        return pb.PackedDrafts(
+            statuses=self.statuses.tobytes(),
+            lengths=self.lengths.astype("<u4", copy=False).tobytes(),
+            node_counts=self.node_counts.astype("<u4", copy=False).tobytes(),
+            tokens=self.tokens.astype("<i4", copy=False).tobytes(),
+            parents=self.parents.astype("<i4", copy=False).tobytes(),
+            scores=self.scores.astype("<f4", copy=False).tobytes(),
+        )
 
 
-def packed_draft_response(answer: DraftAnswer, step: int) -> pb.DraftResponse:
-    """The answer as columns (``DraftResponse.packed``): the batches' arrays are sent as
-    they are when the trees lie in request order, which is the usual case (one
-    datastore, rows planned in call order); otherwise gathered per request."""
+_OK: int = pb.DRAFT_STATUS_OK
+_RESYNC: int = pb.DRAFT_STATUS_RESYNC
+
+
+def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
+    """The batches' arrays as they are when the trees lie in request order, which is the
+    usual case (one datastore, rows planned in call order); otherwise gathered per
+    request."""
     n = len(answer.request_ids)
     trees = answer.trees
-    lengths = np.asarray(answer.lengths, dtype="<u4")
     first = trees[0] if n else None
-    if first is not None and first[0] is not None and _in_order(trees, n):
+    if first is not None and _in_order(trees, n):
         batch = first[0]
-        statuses = np.full(n, _OK, dtype=np.uint8)
-        counts = np.diff(batch.offsets).astype("<u4")
-        tokens, parents, scores = batch.tokens, batch.parents, batch.scores
-    else:
-        statuses = np.full(n, _RESYNC, dtype=np.uint8)
-        counts = np.zeros(n, dtype="<u4")
-        pieces: list[tuple[DraftBatch, int, int]] = []
-        for i, where in enumerate(trees):
-            if where is None:
-                lengths[i] = 0
-                continue
-            statuses[i] = _OK
-            batch, row = where
-            lo, hi = int(batch.offsets[row]), int(batch.offsets[row + 1])
-            counts[i] = hi - lo
-            if hi > lo:
-                pieces.append((batch, lo, hi))
-        tokens = _gather([b.tokens[lo:hi] for b, lo, hi in pieces], np.int32)
-        parents = _gather([b.parents[lo:hi] for b, lo, hi in pieces], np.int32)
-        scores = _gather([b.scores[lo:hi] for b, lo, hi in pieces], np.float32)
-    return pb.DraftResponse(
-        step=step,
-        packed=pb.PackedDrafts(
-            statuses=statuses.tobytes(),
-            lengths=lengths.tobytes(),
-            node_counts=counts.tobytes(),
-            tokens=tokens.astype("<i4", copy=False).tobytes(),
-            parents=parents.astype("<i4", copy=False).tobytes(),
-            scores=scores.astype("<f4", copy=False).tobytes(),
-        ),
+        return _DraftColumns(
+            np.full(n, _OK, dtype=np.uint8),
+            np.array(answer.lengths, dtype=np.uint32),
+            np.diff(batch.offsets).astype(np.uint32),
+            batch.tokens,
+            batch.parents,
+            batch.scores,
+        )
+    # Python lists and one tolist() per batch: per-row NumPy scalar access costs more.
+    statuses: list[int] = []
+    counts: list[int] = []
+    lengths = list(answer.lengths)
+    row_bounds: dict[int, list[int]] = {}  # id(batch) -> batch.offsets as a list
+    pieces: list[list[Any]] = []  # [batch, lo, hi]: runs of nodes to copy, in order
+    for i, where in enumerate(trees):
+        if where is None:
+            statuses.append(_RESYNC)
+            counts.append(0)
+            lengths[i] = 0
+            continue
+        batch, row = where
+        bounds = row_bounds.get(id(batch))
+        if bounds is None:
+            bounds = row_bounds[id(batch)] = batch.offsets.tolist()
+        lo, hi = bounds[row], bounds[row + 1]
+        statuses.append(_OK)
+        counts.append(hi - lo)
+        if hi == lo:
+            continue
+        if pieces and pieces[-1][0] is batch and pieces[-1][2] == lo:
+            pieces[-1][2] = hi  # the next row of the same batch: one longer run
+        else:
+            pieces.append([batch, lo, hi])
+    return _DraftColumns(
+        np.array(statuses, dtype=np.uint8),
+        np.array(lengths, dtype=np.uint32),
+        np.array(counts, dtype=np.uint32),
+        _gather([b.tokens[lo:hi] for b, lo, hi in pieces], np.int32),
+        _gather([b.parents[lo:hi] for b, lo, hi in pieces], np.int32),
+        _gather([b.scores[lo:hi] for b, lo, hi in pieces], np.float32),
     )
 
 

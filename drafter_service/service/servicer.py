@@ -26,14 +26,12 @@ from drafter_service.service.grpc_auth import ClientAuth, Unauthenticated
 from drafter_service.service.responses import (
     DatastoreSummary,
     draft_response,
-    packed_draft_response,
     service_info_response,
 )
 from drafter_service.service.validation import (
     parse_draft_request,
     parse_finish_request,
     parse_ingest_request,
-    parse_packed_draft_request,
 )
 from drafter_service.service.wire import Undecodable, UndecodableRefusals
 from sssd.drafter.v1 import drafter_pb2 as pb
@@ -96,59 +94,17 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def Finish(
         self, request: pb.FinishRequest | Undecodable, context: Any
     ) -> pb.FinishResponse:
-        async def finish(
-            engine: DraftEngine, request: pb.FinishRequest, namespace: str
-        ) -> pb.FinishResponse:
-            items = parse_finish_request(request, engine.limits)
-            if namespace:
-                items = [replace(i, request_id=namespace + i.request_id) for i in items]
-            queued, unknown, durable = await engine.finish(items, request.wait_durable)
-            unknown = [u.removeprefix(namespace) for u in unknown]
-            return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown, durable=durable)
-
-        return await self._guard("Finish", context, request, finish)
+        return await self._guard("Finish", context, request, self._finish)
 
     async def Ingest(
         self, request: pb.IngestRequest | Undecodable, context: Any
     ) -> pb.IngestResponse:
-        async def ingest(
-            engine: DraftEngine, request: pb.IngestRequest, _: str
-        ) -> pb.IngestResponse:
-            name, sequences = parse_ingest_request(request, engine.limits)
-            accepted, position = await engine.ingest(name, sequences)
-            return pb.IngestResponse(accepted=accepted, wal_position=position)
-
-        return await self._guard("Ingest", context, request, ingest)
+        return await self._guard("Ingest", context, request, self._ingest)
 
     async def GetServiceInfo(
         self, request: pb.GetServiceInfoRequest | Undecodable, context: Any
     ) -> pb.GetServiceInfoResponse:
-        async def info(
-            engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
-        ) -> pb.GetServiceInfoResponse:
-            catalog = engine.catalog
-            summaries = []
-            for name, slot in catalog.slots.items():
-                s = slot.stats()
-                summaries.append(
-                    DatastoreSummary(
-                        name,
-                        name == engine.limits.default_datastore,
-                        slot.live is not None,
-                        s.num_tokens,
-                        s.sub_indices,
-                        s.resident_bytes,
-                    )
-                )
-            return service_info_response(
-                self._version,
-                catalog.tokenizer.name,
-                engine.limits,
-                self._max_message_bytes,
-                summaries,
-            )
-
-        return await self._guard("GetServiceInfo", context, request, info)
+        return await self._guard("GetServiceInfo", context, request, self._service_info)
 
     async def _guard(
         self,
@@ -186,9 +142,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def _draft(
         self, method: str, engine: DraftEngine, request: pb.DraftRequest, namespace: str
     ) -> pb.DraftResponse:
-        packed = request.HasField("packed")
-        parse = parse_packed_draft_request if packed else parse_draft_request
-        call = parse(request, engine.limits)
+        call = parse_draft_request(request, engine.limits)
         if namespace:  # the engine sees the client's ids under its own prefix
             ids = call.request_ids
             call = replace(call, request_ids=[namespace + r for r in ids])
@@ -196,5 +150,46 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         else:
             answer = await engine.draft(call)
         self._metrics.record_batch(method, len(answer.request_ids))
-        respond = packed_draft_response if packed else draft_response
-        return respond(answer, request.step)
+        return draft_response(answer, request.step, packed=request.HasField("packed"))
+
+    async def _finish(
+        self, engine: DraftEngine, request: pb.FinishRequest, namespace: str
+    ) -> pb.FinishResponse:
+        items = parse_finish_request(request, engine.limits)
+        if namespace:
+            items = [replace(i, request_id=namespace + i.request_id) for i in items]
+        queued, unknown, durable = await engine.finish(items, request.wait_durable)
+        unknown = [u.removeprefix(namespace) for u in unknown]
+        return pb.FinishResponse(ingested=queued, unknown_request_ids=unknown, durable=durable)
+
+    async def _ingest(
+        self, engine: DraftEngine, request: pb.IngestRequest, _: str
+    ) -> pb.IngestResponse:
+        name, sequences = parse_ingest_request(request, engine.limits)
+        accepted, position = await engine.ingest(name, sequences)
+        return pb.IngestResponse(accepted=accepted, wal_position=position)
+
+    async def _service_info(
+        self, engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
+    ) -> pb.GetServiceInfoResponse:
+        catalog = engine.catalog
+        summaries = []
+        for name, slot in catalog.slots.items():
+            s = slot.stats()
+            summaries.append(
+                DatastoreSummary(
+                    name,
+                    name == engine.limits.default_datastore,
+                    slot.live is not None,
+                    s.num_tokens,
+                    s.sub_indices,
+                    s.resident_bytes,
+                )
+            )
+        return service_info_response(
+            self._version,
+            catalog.tokenizer.name,
+            engine.limits,
+            self._max_message_bytes,
+            summaries,
+        )

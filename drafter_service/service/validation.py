@@ -1,12 +1,15 @@
 """Protocol messages to validated values: the one place input is checked.
 
 Every check runs before any state is touched, so a refused call changes nothing; each
-error names the request id (or index) and the bad value.
+error names the request id (or index) and the bad value. A Draft call's two wire forms
+(RequestDelta messages, PackedDeltas columns) become the same columns first and are
+checked by one validator.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,107 +65,104 @@ class Finished:
 
 
 def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCall:
-    deltas = request.requests
-    _check_count(len(deltas), "requests", limits)
+    """A Draft call in either wire form, validated once.
+
+    The edge turns the per-request form (``requests``, one RequestDelta each) into the
+    columns of the packed form (``packed``), cheaply (one pass over the messages, then
+    a NumPy array per column), and :func:`_validated_call` checks the columns. Not the
+    reverse: the packed form is the fast path the client sends, checked column-wise
+    without a Python object per request.
+    """
+    if request.HasField("packed"):
+        if len(request.requests):
+            raise InvalidArgument(
+                f"set either requests ({len(request.requests)}) or packed, not both"
+            )
+        n = len(request.packed.request_ids)
+    else:
+        n = len(request.requests)
     _check_fingerprint(request.tokenizer_fingerprint, limits)
+    _check_count(n, "requests", limits)  # before any per-request work
+    if request.HasField("packed"):
+        columns = _packed_columns(request.packed, n)
+    else:
+        columns = _message_columns(request.requests)
+    return _validated_call(columns, limits)
+
+
+@dataclass(slots=True)  # not frozen: built once per call, and a frozen __init__ costs more
+class _DeltaColumns:
+    """A Draft call's requests as columns, whichever wire form they came in. Integer
+    columns are uint64: ``known_length`` is uint64 in a RequestDelta."""
+
+    request_ids: list[str]
+    known_lengths: npt.NDArray[np.uint64]
+    new_token_counts: npt.NDArray[np.uint64]
+    new_tokens: npt.NDArray[np.int32]  # every request's, concatenated
+    offsets: list[int]  # request i's new tokens are new_tokens[offsets[i] : offsets[i + 1]]
+    budgets: npt.NDArray[np.uint64]
+    prompt_lengths: npt.NDArray[np.uint64]  # 0 = the whole context
+    datastores: list[str]  # one name per request, or none (the default for every one)
+
+
+def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
+    """The per-request form as columns: one pass over the messages (one field read
+    each), then one array per column."""
     ids: list[str] = []
     knowns: list[int] = []
     budgets: list[int] = []
-    names: list[str] = []
     prompts: list[int] = []
-    offsets = [0]
-    tokens = _TokenCollector()
-    seen: set[str] = set()
-    for i, delta in enumerate(deltas):
-        request_id = _check_request_id(delta.request_id, i, seen)
+    names: list[str] = []
+    tokens = _TokenLists()
+    for delta in deltas:
         new_tokens = delta.new_tokens
-        n = len(new_tokens)
-        known, budget, prompt = delta.known_length, delta.budget, delta.prompt_length
-        _check_delta(request_id, known, n, budget, prompt, limits)
-        names.append(_resolve_datastore(delta.datastore, limits, f"request {request_id!r}: "))
-        tokens.add(new_tokens, n)
-        ids.append(request_id)
-        knowns.append(known)
-        budgets.append(budget)
-        prompts.append(prompt or n)
-        offsets.append(offsets[-1] + n)
-    flat = tokens.array()
-    _check_token_range(flat, offsets, limits.vocab_size, ids)
-    return DraftCall(ids, knowns, flat, offsets, budgets, names, prompts)
+        tokens.add(new_tokens, len(new_tokens))
+        ids.append(delta.request_id)
+        knowns.append(delta.known_length)
+        budgets.append(delta.budget)
+        prompts.append(delta.prompt_length)
+        names.append(delta.datastore)
+    ends = np.array(tokens.offsets, dtype=np.uint64)
+    return _DeltaColumns(
+        ids,
+        np.array(knowns, dtype=np.uint64),
+        ends[1:] - ends[:-1],
+        tokens.array(),
+        tokens.offsets,
+        np.array(budgets, dtype=np.uint64),
+        np.array(prompts, dtype=np.uint64),
+        names,
+    )
 
 
 _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 
 
-def parse_packed_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCall:
-    """The packed form (``DraftRequest.packed``): the same checks as
-    :func:`parse_draft_request`, done on whole columns."""
-    if len(request.requests):
-        raise InvalidArgument(f"set either requests ({len(request.requests)}) or packed, not both")
-    _check_fingerprint(request.tokenizer_fingerprint, limits)
-    packed = request.packed
-    ids = list(packed.request_ids)
-    n = len(ids)
-    _check_count(n, "requests", limits)
-    seen: set[str] = set()
-    for i, request_id in enumerate(ids):
-        _check_request_id(request_id, i, seen)
-    knowns = _column(packed.known_lengths, _U32, n, "known_lengths")
-    counts = _column(packed.new_token_counts, _U32, n, "new_token_counts")
-    budgets = _column(packed.budgets, _U32, n, "budgets")
+def _packed_columns(packed: pb.PackedDeltas, n: int) -> _DeltaColumns:
+    """The packed form's little-endian bytes as columns, each length checked against
+    the number of requests (``new_tokens`` against the sum of the counts)."""
+    knowns = _column(packed.known_lengths, n, "known_lengths")
+    counts = _column(packed.new_token_counts, n, "new_token_counts")
+    budgets = _column(packed.budgets, n, "budgets")
     prompts = (
-        _column(packed.prompt_lengths, _U32, n, "prompt_lengths")
+        _column(packed.prompt_lengths, n, "prompt_lengths")
         if packed.prompt_lengths
-        else np.zeros(n, dtype=np.int64)
+        else np.zeros(n, dtype=np.uint64)
     )
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    _check_column_bytes(packed.new_tokens, _I32, int(offsets[-1]), "new_tokens", "new_token_counts")
-    flat: npt.NDArray[np.int32] = np.frombuffer(packed.new_tokens, dtype=_I32).astype(
-        np.int32, copy=False
-    )
-    bad = (
-        (budgets > limits.max_budget)
-        | (knowns + counts > limits.max_tokens_per_request)
-        | ((knowns == 0) & (prompts > counts))
-    )
-    if bad.any():  # the first bad request, checked alone for its message
-        i = int(np.argmax(bad))
-        _check_delta(ids[i], int(knowns[i]), int(counts[i]), int(budgets[i]), int(prompts[i]),
-                     limits)  # fmt: skip
-        raise AssertionError(f"request {ids[i]!r} passed its own check")
-    offset_list: list[int] = offsets.tolist()
-    _check_token_range(flat, offset_list, limits.vocab_size, ids)
-    names = _resolve_datastores(list(packed.datastores), n, limits, ids)
-    prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
-    return DraftCall(ids, knowns.tolist(), flat, offset_list, budgets.tolist(), names, prompt_list)
+    offsets = list(itertools.accumulate(counts.tolist(), initial=0))
+    _check_column_bytes(packed.new_tokens, _I32, offsets[-1], "new_tokens", "new_token_counts")
+    tokens = np.frombuffer(packed.new_tokens, dtype=_I32).astype(np.int32, copy=False)
+    return _DeltaColumns(
+        list(packed.request_ids), knowns, counts, tokens, offsets, budgets, prompts,
+        list(packed.datastores),
+    )  # fmt: skip
 
 
-def _check_delta(
-    request_id: str, known: int, n: int, budget: int, prompt: int, limits: CallLimits
-) -> None:
-    """One request's lengths and budget (``n`` new tokens) against the limits."""
-    if budget > limits.max_budget:
-        raise InvalidArgument(
-            f"request {request_id!r}: budget {budget} is over max_budget ({limits.max_budget})"
-        )
-    if known + n > limits.max_tokens_per_request:
-        raise InvalidArgument(
-            f"request {request_id!r}: known_length {known} + {n} new tokens is over "
-            f"max_tokens_per_request ({limits.max_tokens_per_request})"
-        )
-    if known == 0 and prompt > n:
-        raise InvalidArgument(
-            f"request {request_id!r}: prompt_length {prompt} is over the {n} new tokens"
-        )
-
-
-def _column(data: bytes, dtype: np.dtype[Any], expected: int, name: str) -> npt.NDArray[np.int64]:
-    """A little-endian column of one entry per request, widened to int64 (no overflow in
-    sums)."""
-    _check_column_bytes(data, dtype, expected, name)
-    return np.frombuffer(data, dtype=dtype).astype(np.int64)
+def _column(data: bytes, expected: int, name: str) -> npt.NDArray[np.uint64]:
+    """A uint32 column of one entry per request, widened to uint64 (no overflow in sums)."""
+    _check_column_bytes(data, _U32, expected, name)
+    return np.frombuffer(data, dtype=_U32).astype(np.uint64)
 
 
 def _check_column_bytes(
@@ -174,6 +174,75 @@ def _check_column_bytes(
             f"packed.{name} has {len(data)} bytes: {expected} entries of {dtype.itemsize} bytes "
             f"expected ({what} is {expected})"
         )
+
+
+def _validated_call(columns: _DeltaColumns, limits: CallLimits) -> DraftCall:
+    """The checks of a Draft call, on whole columns; the first bad request is named."""
+    ids = columns.request_ids
+    n = len(ids)
+    _check_request_ids(ids)
+    _check_budgets(ids, columns.budgets, limits)
+    knowns, counts = columns.known_lengths, columns.new_token_counts
+    _check_lengths(ids, knowns, counts, columns.prompt_lengths, limits)
+    offsets = columns.offsets
+    _check_token_range(columns.new_tokens, offsets, limits.vocab_size, ids)
+    names = _resolve_datastores(columns.datastores, n, limits, ids)
+    prompts = columns.prompt_lengths
+    prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
+    return DraftCall(
+        ids, knowns.tolist(), columns.new_tokens, offsets, columns.budgets.tolist(), names,
+        prompt_list,
+    )  # fmt: skip
+
+
+def _check_budgets(ids: list[str], budgets: npt.NDArray[np.uint64], limits: CallLimits) -> None:
+    """The service's one budget check, before any state is touched.
+
+    Where budgets are checked, from the proto to C++: here, once per call, for the
+    error a client sees (INVALID_ARGUMENT naming the request). A budget is uint32 on
+    the wire, so only the upper bound can fail. Past this point nothing in Python
+    checks it again: ``Drafter.draft_batch`` only converts budgets to int32, and the
+    native core's ``check_budgets`` (native/csrc/draft.cc) guards its two entry
+    points, which makes it the library API's error and, for the service, an invariant
+    that cannot fire (a refusal there would come after the request table was
+    updated, as INTERNAL).
+    """
+    over = budgets > limits.max_budget
+    if over.any():
+        i = int(np.argmax(over))
+        raise InvalidArgument(
+            f"request {ids[i]!r}: budget {int(budgets[i])} is over max_budget "
+            f"({limits.max_budget})"
+        )
+
+
+def _check_lengths(
+    ids: list[str],
+    knowns: npt.NDArray[np.uint64],
+    counts: npt.NDArray[np.uint64],
+    prompts: npt.NDArray[np.uint64],
+    limits: CallLimits,
+) -> None:
+    """Each request's known_length + new tokens, and its prompt_length, against the
+    limits."""
+    limit = limits.max_tokens_per_request
+    # known_length is capped at limit + 1 first, so the sum cannot wrap around in uint64
+    # (and a known_length alone over the limit still fails).
+    too_long = np.minimum(knowns, limit + 1) + counts > limit
+    bad_prompt = (knowns == 0) & (prompts > counts)
+    bad = too_long | bad_prompt
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    known, n = int(knowns[i]), int(counts[i])
+    if too_long[i]:
+        raise InvalidArgument(
+            f"request {ids[i]!r}: known_length {known} + {n} new tokens is over "
+            f"max_tokens_per_request ({limit})"
+        )
+    raise InvalidArgument(
+        f"request {ids[i]!r}: prompt_length {int(prompts[i])} is over the {n} new tokens"
+    )
 
 
 def _resolve_datastores(names: list[str], n: int, limits: CallLimits, ids: list[str]) -> list[str]:
@@ -203,8 +272,7 @@ def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[
     items = request.requests
     _check_count(len(items), "requests", limits)
     seen: set[str] = set()
-    offsets = [0]
-    tokens = _TokenCollector()
+    final_tokens = _TokenLists()
     for i, item in enumerate(items):
         request_id = _check_request_id(item.request_id, i, seen)
         if item.reason not in (pb.FINISH_REASON_FINISHED, pb.FINISH_REASON_ABORTED):
@@ -217,17 +285,15 @@ def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[
                 f"request {request_id!r}: {n} final_tokens are over max_tokens_per_request "
                 f"({limits.max_tokens_per_request})"
             )
-        tokens.add(item.final_tokens, n)
-        offsets.append(offsets[-1] + n)
-    flat = tokens.array()
-    _check_token_range(flat, offsets, limits.vocab_size, [it.request_id for it in items])
+        final_tokens.add(item.final_tokens, n)
+    lists = final_tokens.checked_lists(limits.vocab_size, [it.request_id for it in items])
     return [
         Finished(
             request_id=item.request_id,
             store=item.reason == pb.FINISH_REASON_FINISHED and not item.do_not_store,
-            final_tokens=flat[offsets[i] : offsets[i + 1]],
+            final_tokens=tokens,
         )
-        for i, item in enumerate(items)
+        for item, tokens in zip(items, lists, strict=True)
     ]
 
 
@@ -240,8 +306,7 @@ def parse_ingest_request(
         raise FailedPrecondition(f"datastore {name!r} is read-only: it does not take ingests")
     sequences = request.sequences
     _check_count(len(sequences), "sequences", limits)
-    offsets = [0]
-    tokens = _TokenCollector()
+    tokens = _TokenLists()
     for i, sequence in enumerate(sequences):
         n = len(sequence.tokens)
         if not 1 <= n <= limits.max_tokens_per_request:
@@ -250,10 +315,7 @@ def parse_ingest_request(
                 f"({limits.max_tokens_per_request})]"
             )
         tokens.add(sequence.tokens, n)
-        offsets.append(offsets[-1] + n)
-    flat = tokens.array()
-    _check_token_range(flat, offsets, limits.vocab_size, None)
-    return name, [flat[offsets[i] : offsets[i + 1]] for i in range(len(sequences))]
+    return name, tokens.checked_lists(limits.vocab_size, None)
 
 
 def _check_count(n: int, what: str, limits: CallLimits) -> None:
@@ -262,6 +324,19 @@ def _check_count(n: int, what: str, limits: CallLimits) -> None:
             f"{n} {what} in one call are over max_requests_per_call "
             f"({limits.max_requests_per_call})"
         )
+
+
+def _check_request_ids(ids: list[str]) -> None:
+    """Every id of a Draft call non-empty, not too long and unique; the first bad one is
+    named. The usual all-good call passes without a Python loop over the ids."""
+    lengths = list(map(len, ids))
+    if not ids or (
+        len(set(ids)) == len(ids) and min(lengths) > 0 and max(lengths) <= MAX_REQUEST_ID_CHARS
+    ):
+        return
+    seen: set[str] = set()
+    for i, request_id in enumerate(ids):
+        _check_request_id(request_id, i, seen)
 
 
 def _check_request_id(request_id: str, index: int, seen: set[str]) -> str:
@@ -285,17 +360,21 @@ def _resolve_datastore(name: str, limits: CallLimits, where: str) -> str:
     return resolved
 
 
-class _TokenCollector:
-    """Joins a call's token lists into one int32 array (one range check per call). Short
-    lists go through one Python list; long ones convert directly (much faster per token)."""
+class _TokenLists:
+    """A call's token lists joined into one int32 array: list ``i`` is
+    ``array()[offsets[i] : offsets[i + 1]]``, range-checked once per call. Short lists go
+    through one Python list; long ones convert directly (much faster per token)."""
 
     _LONG = 256
 
     def __init__(self) -> None:
+        self.offsets: list[int] = [0]
         self._chunks: list[npt.NDArray[np.int32]] = []
         self._short: list[int] = []
 
     def add(self, values: Sequence[int], n: int) -> None:
+        """Appends one list of ``n`` values."""
+        self.offsets.append(self.offsets[-1] + n)
         if n > self._LONG:
             self._flush()
             self._chunks.append(np.array(values, dtype=np.int32))
@@ -303,10 +382,20 @@ class _TokenCollector:
             self._short.extend(values)
 
     def array(self) -> npt.NDArray[np.int32]:
+        """Every list, concatenated (not range-checked)."""
         self._flush()
         if len(self._chunks) == 1:
             return self._chunks[0]
         return np.concatenate(self._chunks) if self._chunks else _NO_TOKENS
+
+    def checked_lists(
+        self, vocab_size: int, request_ids: Sequence[str] | None
+    ) -> list[npt.NDArray[np.int32]]:
+        """The lists (views of one array) once every token id is in the vocabulary; a bad
+        one is named by its request id, or by its sequence index without ids."""
+        flat, offsets = self.array(), self.offsets
+        _check_token_range(flat, offsets, vocab_size, request_ids)
+        return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
     def _flush(self) -> None:
         if self._short:

@@ -1232,13 +1232,9 @@ void test_drafter_bad_input(const std::shared_ptr<const Datastore>& ds, const Ma
   CHECK_THROWS(d.num_tokens(999), std::out_of_range);
   CHECK_THROWS(d.request_bytes(999), std::out_of_range);
   CHECK(!d.stop(999));
-  {
-    const std::vector<int64_t> hs{10, 999};
-    const std::vector<int64_t> offsets{0, 2, 3};
-    const Tokens budgets{5, 5};
-    CHECK_THROWS(d.draft_batch(hs.data(), 2, good.data(), 3, offsets.data(), budgets.data()),
-                 std::out_of_range);
-  }
+  // Each rejected batch call below: handles, new tokens, offsets, budgets.
+  const Step unknown_handle{{10, 999}, good, {0, 2, 3}, {5, 5}};
+  CHECK_THROWS(run_step(d, unknown_handle), std::out_of_range);
   state_ok("unknown handle");
   // Duplicate start keeps the existing request.
   CHECK_THROWS(d.start(20, good.data(), 3), std::invalid_argument);
@@ -1249,55 +1245,33 @@ void test_drafter_bad_input(const std::shared_ptr<const Datastore>& ds, const Ma
   CHECK_THROWS(d.num_tokens(50), std::out_of_range);
   CHECK_THROWS(d.add(10, bad_token.data(), 3), std::invalid_argument);
   CHECK_THROWS(d.add(10, negative.data(), 3), std::invalid_argument);
-  {
-    const std::vector<int64_t> hs{10, 20};
-    const std::vector<int64_t> offsets{0, 1, 3};
-    const Tokens budgets{5, 5};
-    CHECK_THROWS(d.draft_batch(hs.data(), 2, bad_token.data(), 3, offsets.data(), budgets.data()),
-                 std::invalid_argument);
-  }
+  const Step bad_tokens{{10, 20}, bad_token, {0, 1, 3}, {5, 5}};
+  CHECK_THROWS(run_step(d, bad_tokens), std::invalid_argument);
   state_ok("bad tokens");
   // Duplicate handle in one batch.
-  {
-    const std::vector<int64_t> hs{10, 20, 10};
-    const std::vector<int64_t> offsets{0, 1, 2, 3};
-    const Tokens budgets{5, 5, 5};
-    CHECK_THROWS(d.draft_batch(hs.data(), 3, good.data(), 3, offsets.data(), budgets.data()),
-                 std::invalid_argument);
-  }
+  const Step duplicate{{10, 20, 10}, good, {0, 1, 2, 3}, {5, 5, 5}};
+  CHECK_THROWS(run_step(d, duplicate), std::invalid_argument);
   state_ok("duplicate handle in a batch");
   // Offsets: decreasing, not starting at 0, not ending at the token count.
-  {
-    const std::vector<int64_t> hs{10, 20, 30};
-    const Tokens budgets{5, 5, 5};
-    const std::vector<int64_t> decreasing{0, 2, 1, 3};
-    CHECK_THROWS(d.draft_batch(hs.data(), 3, good.data(), 3, decreasing.data(), budgets.data()),
-                 std::invalid_argument);
-    const std::vector<int64_t> late_start{1, 2, 3, 3};
-    CHECK_THROWS(d.draft_batch(hs.data(), 3, good.data(), 3, late_start.data(), budgets.data()),
-                 std::invalid_argument);
-    const std::vector<int64_t> short_end{0, 1, 2, 2};
-    CHECK_THROWS(d.draft_batch(hs.data(), 3, good.data(), 3, short_end.data(), budgets.data()),
-                 std::invalid_argument);
+  for (const std::vector<int64_t>& offsets : {std::vector<int64_t>{0, 2, 1, 3},
+                                              std::vector<int64_t>{1, 2, 3, 3},
+                                              std::vector<int64_t>{0, 1, 2, 2}}) {
+    const Step bad_offsets{{10, 20, 30}, good, offsets, {5, 5, 5}};
+    CHECK_THROWS(run_step(d, bad_offsets), std::invalid_argument);
   }
   state_ok("bad offsets");
   // Budgets outside [0, max_budget].
   {
-    const std::vector<int64_t> hs{10, 20};
-    const std::vector<int64_t> offsets{0, 1, 3};
-    const Tokens too_big{5, config.max_budget + 1};
-    CHECK_THROWS(d.draft_batch(hs.data(), 2, good.data(), 3, offsets.data(), too_big.data()),
-                 std::invalid_argument);
-    const Tokens negative_budget{-1, 5};
-    CHECK_THROWS(
-        d.draft_batch(hs.data(), 2, good.data(), 3, offsets.data(), negative_budget.data()),
-        std::invalid_argument);
-    const Tokens max_ok{config.max_budget, 0};
+    const Step too_big{{10, 20}, good, {0, 1, 3}, {5, config.max_budget + 1}};
+    CHECK_THROWS(run_step(d, too_big), std::invalid_argument);
+    const Step negative_budget{{10, 20}, good, {0, 1, 3}, {-1, 5}};
+    CHECK_THROWS(run_step(d, negative_budget), std::invalid_argument);
+    const Step max_ok{{10, 20}, good, {0, 1, 3}, {config.max_budget, 0}};
     BatchDrafts b;
-    CHECK_NO_THROW(b = d.draft_batch(hs.data(), 2, good.data(), 3, offsets.data(), max_ok.data()));
+    CHECK_NO_THROW(b = run_step(d, max_ok));
     for (size_t i = 0; i < 2; ++i) {
-      ShadowRequest& r = *shadow.at(hs[i]);
-      for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+      ShadowRequest& r = *shadow.at(max_ok.handles[i]);
+      for (int64_t k = max_ok.offsets[i]; k < max_ok.offsets[i + 1]; ++k) {
         r.trie.append(good[static_cast<size_t>(k)]);
         r.tokens.push_back(good[static_cast<size_t>(k)]);
       }

@@ -73,15 +73,20 @@ std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubInd
   return ds;
 }
 
+// Drafter::start and Drafter::add as bindings: the same (handle, tokens)
+// arguments, run without the GIL.
+template <void (Drafter::*Method)(int64_t, const int32_t*, int64_t)>
+void with_tokens(Drafter& d, int64_t handle, In<int32_t> tokens) {
+  nb::gil_scoped_release release;
+  (d.*Method)(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
+}
+
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
 std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     In<int32_t> context, const PyDatastore* datastore, const DraftConfig& config, int32_t budget,
     bool use_input, int32_t vocab_size) {
   validate(config);
-  if (budget < 0 || budget > config.max_budget) {
-    throw std::invalid_argument("budget " + std::to_string(budget) + " is outside [0, " +
-                                std::to_string(config.max_budget) + "]");
-  }
+  check_budgets(&budget, 1, config);
   Draft draft;
   {
     nb::gil_scoped_release release;
@@ -267,20 +272,8 @@ NB_MODULE(_core, m) {
       .def("set_datastore",
            [](Drafter& d, const PyDatastore& ds) { d.set_datastore(ds.datastore); },
            "datastore"_a)
-      .def(
-          "start",
-          [](Drafter& d, int64_t handle, In<int32_t> tokens) {
-            nb::gil_scoped_release release;
-            d.start(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
-          },
-          "handle"_a, "tokens"_a)
-      .def(
-          "add",
-          [](Drafter& d, int64_t handle, In<int32_t> tokens) {
-            nb::gil_scoped_release release;
-            d.add(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
-          },
-          "handle"_a, "tokens"_a)
+      .def("start", &with_tokens<&Drafter::start>, "handle"_a, "tokens"_a)
+      .def("add", &with_tokens<&Drafter::add>, "handle"_a, "tokens"_a)
       .def("stop", &Drafter::stop, "handle"_a)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)
       .def("request_bytes", &Drafter::request_bytes, "handle"_a)

@@ -52,6 +52,16 @@ void validate(const DraftConfig& c) {
   require_in("datastore_smoothing", c.datastore_smoothing, 0.0, 1e6);
 }
 
+void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (budgets[i] < 0 || budgets[i] > config.max_budget) {
+      throw std::invalid_argument("budget " + std::to_string(budgets[i]) +
+                                  (n > 1 ? " of request " + std::to_string(i) : "") +
+                                  " is outside [0, " + std::to_string(config.max_budget) + "]");
+    }
+  }
+}
+
 int64_t Datastore::num_tokens() const {
   int64_t n = 0;
   for (const auto& s : sub_indices) n += s->num_tokens();

@@ -36,6 +36,16 @@ struct DraftConfig {
 // Throws std::invalid_argument naming the first field out of range.
 void validate(const DraftConfig& config);
 
+// Throws std::invalid_argument naming the first of budgets[0, n) outside
+// [0, config.max_budget] (and its index when n > 1). The native core's one budget
+// check, run by both of its entry points (Drafter::draft_batch and the bindings'
+// draft_context) before any state changes. It is not what keeps memory safe:
+// fuse() and retrieve_datastore() never index by the budget (<= 0 drafts
+// nothing; a large one is bounded by the candidates found). It keeps a call's
+// work under max_budget and is the library API's error; behind the service,
+// which refuses bad budgets at its own boundary, it never fires.
+void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config);
+
 // An immutable set of sub-indices, shared by every drafting call that loaded it.
 struct Datastore {
   std::vector<std::shared_ptr<const SubIndex>> sub_indices;  // oldest first; all same vocab

@@ -221,12 +221,8 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
                                   std::to_string(i + 1) + "] = " + std::to_string(offsets[i + 1]) +
                                   " < " + std::to_string(offsets[i]));
     }
-    if (budgets[i] < 0 || budgets[i] > config_.max_budget) {
-      throw std::invalid_argument("budget " + std::to_string(budgets[i]) + " of request " +
-                                  std::to_string(i) + " is outside [0, " +
-                                  std::to_string(config_.max_budget) + "]");
-    }
   }
+  check_budgets(budgets, batch, config_);
   check_tokens(new_tokens, num_new_tokens);
   std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
   std::shared_ptr<const Datastore> datastore;
