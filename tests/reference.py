@@ -224,8 +224,13 @@ def fuse(
     datastore_tree: Tree | None,
     config: DraftConfig,
     budget: int,
+    committed: int | None = None,
 ) -> RefDraft:
-    """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order."""
+    """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
+
+    ``committed``: the trie holds only ``context[:committed]`` (a pre-draft after a
+    hypothetical extension): an input match is any occurrence of the context's m-gram
+    among those tokens that has a continuation there."""
     check_spec_fields(config)
     ctx = [int(t) for t in context]
     # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
@@ -263,7 +268,14 @@ def fuse(
                 continue
             u = tuple(ctx[-m:])
             discount = config.input_child_discount_base + config.input_child_discount_per_match * m
-            roots.append((trie, kids, u, trie[u] - 1, config.input_smoothing, config.input_weight,
+            if committed is None or committed == len(ctx):
+                continued = trie[u] - 1  # the occurrence at the very end has no continuation
+            else:  # the occurrence ending where the committed tokens end continues unseen
+                at_end = committed >= m and tuple(ctx[committed - m : committed]) == u
+                continued = trie.get(u, 0) - int(at_end)
+                if continued <= 0:
+                    continue
+            roots.append((trie, kids, u, continued, config.input_smoothing, config.input_weight,
                           discount))
     expand(roots, -1)
 
@@ -299,6 +311,22 @@ def draft(
         ds_tree = retrieve_datastore(sub_indices, context, config, budget)
     trie = input_trie_counts(context, config.input_max_depth) if use_input else None
     return fuse(trie, context, ds_tree, config, budget)
+
+
+def draft_after(
+    committed: Sequence[int],
+    extension: Sequence[int],
+    sub_indices: Sequence[RefSubIndex] | None,
+    config: DraftConfig,
+    budget: int,
+) -> RefDraft:
+    """A pre-draft: the datastore sees committed + extension, the input trie only committed."""
+    context = [*committed, *extension]
+    ds_tree = None
+    if sub_indices:
+        ds_tree = retrieve_datastore(sub_indices, context, config, budget)
+    trie = input_trie_counts(committed, config.input_max_depth)
+    return fuse(trie, context, ds_tree, config, budget, committed=len(committed))
 
 
 def assert_same_draft(got: tuple[np.ndarray, ...], want: RefDraft) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from reference import assert_same_draft
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
-from drafter_service import Datastore, DraftConfig, SubIndex
+from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
 from drafter_service.native import _core
 
 # --- helpers ------------------------------------------------------------------------------
@@ -272,3 +272,47 @@ def test_draft_on_real_outputs_equals_reference(
             assert_draft_invariants(*got, 32, LLAMA3_VOCAB)
             nonempty += len(got[0]) > 0
     assert nonempty >= len(held_out)  # real code repeats itself: drafts are not all empty
+
+
+# --- pre-drafts: drafting after a hypothetical extension ----------------------------------
+
+
+@given(corpora(), draft_configs(), st.integers(0, MAX_BUDGET), st.data())
+def test_draft_after_equals_reference(corpus: Corpus, config: DraftConfig, budget: int,
+                                      data: st.DataObject) -> None:
+    """A pre-draft (the request holds `committed`; `extension` is hypothetical) is the
+    reference's fusion of the extended context's datastore tree with the committed
+    tokens' trie; several rows of one request in one call, the request unchanged."""
+    split = data.draw(st.integers(0, len(corpus.context)), label="split")
+    committed, extension = corpus.context[:split], corpus.context[split:]
+    other = data.draw(st.lists(st.integers(0, corpus.vocab_size - 1), max_size=5), label="other")
+    drafter = Drafter(corpus.vocab_size, config, datastore=corpus.datastore(), num_threads=2)
+    drafter.start("r", committed)
+    rows = [extension, other, []]
+    offsets = np.cumsum([0, *map(len, rows)], dtype=np.int64)
+    flat = np.array([t for row in rows for t in row], dtype=np.int32)
+    got = drafter.draft_after(["r", "r", "r"], flat, offsets, budget)
+    for i, row in enumerate(rows):
+        tree = got.tree(i)
+        want = ref.draft_after(committed, row, corpus.reference(), config, budget)
+        assert_same_draft((tree.tokens, tree.parents, tree.scores), want)
+    assert drafter.num_tokens("r") == len(committed)  # nothing was appended
+    # With no extension a pre-draft is the step's own draft.
+    plain = drafter.speculate(["r"], [[]], budget).tree(0)
+    np.testing.assert_array_equal(got.tree(2).tokens, plain.tokens)
+    np.testing.assert_array_equal(got.tree(2).scores, plain.scores)
+
+
+def test_draft_after_refuses_bad_rows_and_changes_nothing() -> None:
+    drafter = Drafter(10, DraftConfig(), num_threads=1)
+    drafter.start("r", [1, 2, 3])
+    with pytest.raises(ValueError, match="token id 10"):
+        drafter.draft_after(["r"], np.array([10], dtype=np.int32),
+                            np.array([0, 1], dtype=np.int64), 4)
+    with pytest.raises(ValueError, match="offsets must be non-decreasing"):
+        drafter.draft_after(["r", "r"], np.array([1, 2], dtype=np.int32),
+                            np.array([0, 3, 2], dtype=np.int64), 4)
+    with pytest.raises(KeyError, match="unknown request 'x'"):
+        drafter.draft_after(["x"], np.array([1], dtype=np.int32),
+                            np.array([0, 1], dtype=np.int64), 4)
+    assert drafter.num_tokens("r") == 3

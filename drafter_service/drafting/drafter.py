@@ -230,6 +230,44 @@ class Drafter:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
         return DraftBatch(out_tokens, parents, scores, out_offsets)
 
+    def draft_after(
+        self,
+        request_ids: Sequence[str],
+        tokens: npt.NDArray[np.int32],
+        offsets: npt.NDArray[np.int64],
+        budgets: int | Sequence[int] | npt.NDArray[np.integer],
+    ) -> DraftBatch:
+        """Pre-drafts: row ``i`` is the tree request ``request_ids[i]`` would get if
+        ``tokens[offsets[i]:offsets[i+1]]`` followed its committed tokens, which are left
+        as they are (a request may appear in many rows, one per hypothetical outcome).
+        The input trie only knows committed tokens: matches of the extended context's
+        suffixes are looked up among them (native ``extended_matches``). One native
+        call; changes no state."""
+        flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
+        offs = _int_array(offsets, np.int64, "offsets")
+        if len(offs) != len(request_ids) + 1:
+            raise ValueError(
+                f"offsets has {len(offs)} entries, expected {len(request_ids) + 1} "
+                f"for {len(request_ids)} rows"
+            )
+        if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
+            budgets = np.full(len(request_ids), budgets)
+        budget_arr = _int_array(budgets, np.int32, "budgets")
+        if len(budget_arr) != len(request_ids):
+            raise ValueError(f"budgets has {len(budget_arr)} entries for {len(request_ids)} rows")
+        with self._lock:
+            try:
+                handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
+            except KeyError as exc:
+                raise KeyError(f"unknown request {exc.args[0]!r}") from None
+        try:
+            out_tokens, parents, scores, out_offsets = self._native.draft_after(
+                handles, flat, offs, budget_arr
+            )
+        except IndexError as exc:
+            raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
+        return DraftBatch(out_tokens, parents, scores, out_offsets)
+
     def _handle(self, request_id: str) -> int:
         with self._lock:
             handle = self._handles.get(request_id)

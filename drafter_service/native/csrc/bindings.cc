@@ -112,6 +112,32 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
           to_numpy(std::move(draft.scores))};
 }
 
+
+// A batch call of the Drafter (draft_batch, draft_after): shapes checked, the GIL released
+// while it runs, the drafts as (tokens, parents, scores, offsets) arrays.
+template <BatchDrafts (Drafter::*Method)(const int64_t*, int64_t, const int32_t*, int64_t,
+                                         const int64_t*, const int32_t*)>
+std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>> batch_call(
+    Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
+    In<int32_t> budgets) {
+  const auto batch = static_cast<int64_t>(handles.shape(0));
+  if (offsets.shape(0) != handles.shape(0) + 1 || budgets.shape(0) != handles.shape(0)) {
+    throw std::invalid_argument("for a batch of " + std::to_string(batch) +
+                                " requests, offsets needs " + std::to_string(batch + 1) +
+                                " entries (got " + std::to_string(offsets.shape(0)) +
+                                ") and budgets " + std::to_string(batch) + " (got " +
+                                std::to_string(budgets.shape(0)) + ")");
+  }
+  BatchDrafts out;
+  {
+    nb::gil_scoped_release release;
+    out = (d.*Method)(handles.data(), batch, tokens.data(), static_cast<int64_t>(tokens.shape(0)),
+                      offsets.data(), budgets.data());
+  }
+  return {to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
+          to_numpy(std::move(out.scores)), to_numpy(std::move(out.offsets))};
+}
+
 }  // namespace
 }  // namespace drafter
 
@@ -277,28 +303,8 @@ NB_MODULE(_core, m) {
       .def("stop", &Drafter::stop, "handle"_a)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)
       .def("request_bytes", &Drafter::request_bytes, "handle"_a)
-      .def(
-          "draft_batch",
-          [](Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
-             In<int32_t> budgets) {
-            const auto batch = static_cast<int64_t>(handles.shape(0));
-            if (offsets.shape(0) != handles.shape(0) + 1 || budgets.shape(0) != handles.shape(0)) {
-              throw std::invalid_argument(
-                  "for a batch of " + std::to_string(batch) + " requests, offsets needs " +
-                  std::to_string(batch + 1) + " entries (got " +
-                  std::to_string(offsets.shape(0)) + ") and budgets " + std::to_string(batch) +
-                  " (got " + std::to_string(budgets.shape(0)) + ")");
-            }
-            BatchDrafts out;
-            {
-              nb::gil_scoped_release release;
-              out = d.draft_batch(handles.data(), batch, tokens.data(),
-                                  static_cast<int64_t>(tokens.shape(0)), offsets.data(),
-                                  budgets.data());
-            }
-            return std::make_tuple(to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
-                                   to_numpy(std::move(out.scores)),
-                                   to_numpy(std::move(out.offsets)));
-          },
-          "handles"_a, "tokens"_a, "offsets"_a, "budgets"_a);
+      .def("draft_batch", &batch_call<&Drafter::draft_batch>, "handles"_a, "tokens"_a,
+           "offsets"_a, "budgets"_a)
+      .def("draft_after", &batch_call<&Drafter::draft_after>, "handles"_a, "tokens"_a,
+           "offsets"_a, "budgets"_a);
 }

@@ -113,6 +113,14 @@ struct Draft {
   std::vector<float> scores;
 };
 
+// Where the context's last m tokens occur in a request's input trie (m = 1..P, at
+// index m - 1): the trie node of that m-gram and how many of its occurrences have a
+// continuation in the trie (the denominator of its children's probabilities).
+struct InputMatch {
+  int32_t node;      // -1: the m-gram does not occur (with a continuation) in the trie
+  double continued;  // occurrences followed by at least one more token, >= 0
+};
+
 // Records used inside fuse(); declared here so DraftScratch can own them.
 namespace fusion {
 
@@ -167,6 +175,8 @@ struct DraftScratch {
   std::vector<int32_t> order;
   std::vector<int32_t> remap;
   std::vector<int32_t> depth_start;     // counting sort of draft nodes by depth
+  std::vector<InputMatch> matches;      // input-trie matches of the context, m = 1..P
+  std::vector<int32_t> tail;            // end of an extended context (Drafter::draft_after)
   std::vector<fusion::Member> members;  // members of every candidate pushed
   std::vector<fusion::Offer> offers;    // children of one expansion
   std::vector<fusion::DraftNode> nodes; // the draft being built; [0] is the root
@@ -179,9 +189,26 @@ struct DraftScratch {
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
                         const DraftConfig& config, int32_t max_len, DraftScratch& scratch);
 
+
+// The committed context's matches: the trie's own suffix nodes, leaving out the
+// occurrence at the very end of the input, which has no continuation yet.
+void committed_matches(const InputTrie& trie, const DraftConfig& config,
+                       std::vector<InputMatch>& out);
+
+// Matches of a context the trie does not hold: its committed input followed by
+// tail[tail_len - extended, tail_len), tokens never appended (a hypothetical outcome
+// of verification). `tail` ends the extended context: at least min(P, its length)
+// tokens of it. Each m-gram is walked from the root (O(P^2) lookups); an occurrence
+// ending at the very end of the committed input has no continuation in the trie and is
+// left out. Occurrences inside the extension are not seen: the trie holds only what
+// was committed, which is all a pre-draft may know.
+void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_len,
+                      int64_t extended, const DraftConfig& config, std::vector<InputMatch>& out);
+
 // Merges the input-trie matches and the datastore tree into at most `budget`
 // draft nodes with a priority queue (SSSD Algorithm 3). Deterministic.
-void fuse(const InputTrie* trie, const CandidateTree* datastore_tree, const DraftConfig& config,
-          int32_t budget, DraftScratch& scratch, Draft& out);
+void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
+          const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
+          DraftScratch& scratch, Draft& out);
 
 }  // namespace drafter

@@ -1,5 +1,6 @@
 #include "drafter.h"
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <stdexcept>
@@ -67,6 +68,60 @@ struct LoopState {
     }
   }
 };
+
+// Throws std::invalid_argument unless offsets[0, batch] split num_tokens tokens into
+// batch non-decreasing runs and every budget is in range. Touches no state.
+void check_batch(int64_t batch, int64_t num_tokens, const int64_t* offsets,
+                 const int32_t* budgets, const DraftConfig& config) {
+  if (batch < 0) throw std::invalid_argument("batch size " + std::to_string(batch) + " < 0");
+  if (offsets[0] != 0 || offsets[batch] != num_tokens) {
+    throw std::invalid_argument("offsets must start at 0 and end at the number of tokens (" +
+                                std::to_string(num_tokens) + "), got " +
+                                std::to_string(offsets[0]) + " and " +
+                                std::to_string(offsets[batch]));
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    if (offsets[i + 1] < offsets[i]) {
+      throw std::invalid_argument("offsets must be non-decreasing: offsets[" +
+                                  std::to_string(i + 1) + "] = " + std::to_string(offsets[i + 1]) +
+                                  " < " + std::to_string(offsets[i]));
+    }
+  }
+  check_budgets(budgets, batch, config);
+}
+
+// Concatenates per-request drafts into one batch answer (rows offsets[i]..offsets[i+1]).
+BatchDrafts gather(const std::vector<Draft>& drafts) {
+  BatchDrafts out;
+  out.offsets.resize(drafts.size() + 1);
+  out.offsets[0] = 0;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    out.offsets[i + 1] = out.offsets[i] + static_cast<int64_t>(drafts[i].tokens.size());
+  }
+  const auto total = static_cast<size_t>(out.offsets.back());
+  out.tokens.reserve(total);
+  out.parents.reserve(total);
+  out.scores.reserve(total);
+  for (const Draft& d : drafts) {
+    out.tokens.insert(out.tokens.end(), d.tokens.begin(), d.tokens.end());
+    out.parents.insert(out.parents.end(), d.parents.begin(), d.parents.end());
+    out.scores.insert(out.scores.end(), d.scores.begin(), d.scores.end());
+  }
+  return out;
+}
+
+// Retrieval from the datastore for the context ending at context[context_len - 1], then
+// fusion with the input matches already in scratch.matches.
+void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t context_len,
+                         const Datastore* datastore, const DraftConfig& config, int32_t budget,
+                         DraftScratch& scratch, Draft& out) {
+  const CandidateTree* tree = nullptr;
+  if (datastore != nullptr && !datastore->sub_indices.empty()) {
+    retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
+    tree = &scratch.datastore_tree;
+  }
+  fuse(trie, scratch.matches, tree, config, budget, scratch, out);
+}
 
 }  // namespace
 
@@ -197,32 +252,15 @@ int64_t Drafter::num_requests() const {
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
                DraftScratch& scratch, Draft& out) {
-  const CandidateTree* tree = nullptr;
-  if (datastore != nullptr && !datastore->sub_indices.empty()) {
-    retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
-    tree = &scratch.datastore_tree;
-  }
-  fuse(trie, tree, config, budget, scratch, out);
+  if (trie != nullptr) committed_matches(*trie, config, scratch.matches);
+  else scratch.matches.clear();
+  fuse_with_datastore(trie, context, context_len, datastore, config, budget, scratch, out);
 }
 
 BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                                  int64_t num_new_tokens, const int64_t* offsets,
                                  const int32_t* budgets) {
-  if (batch < 0) throw std::invalid_argument("batch size " + std::to_string(batch) + " < 0");
-  if (offsets[0] != 0 || offsets[batch] != num_new_tokens) {
-    throw std::invalid_argument("offsets must start at 0 and end at the number of tokens (" +
-                                std::to_string(num_new_tokens) + "), got " +
-                                std::to_string(offsets[0]) + " and " +
-                                std::to_string(offsets[batch]));
-  }
-  for (int64_t i = 0; i < batch; ++i) {
-    if (offsets[i + 1] < offsets[i]) {
-      throw std::invalid_argument("offsets must be non-decreasing: offsets[" +
-                                  std::to_string(i + 1) + "] = " + std::to_string(offsets[i + 1]) +
-                                  " < " + std::to_string(offsets[i]));
-    }
-  }
-  check_budgets(budgets, batch, config_);
+  check_batch(batch, num_new_tokens, offsets, budgets, config_);
   check_tokens(new_tokens, num_new_tokens);
   std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
   std::shared_ptr<const Datastore> datastore;
@@ -256,24 +294,54 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
               datastore.get(), config_, budgets[i], scratch, drafts[static_cast<size_t>(i)]);
   });
 
-  BatchDrafts out;
-  out.offsets.resize(static_cast<size_t>(batch) + 1);
-  out.offsets[0] = 0;
-  for (int64_t i = 0; i < batch; ++i) {
-    out.offsets[static_cast<size_t>(i) + 1] =
-        out.offsets[static_cast<size_t>(i)] +
-        static_cast<int64_t>(drafts[static_cast<size_t>(i)].tokens.size());
+  return gather(drafts);
+}
+
+BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
+                                 int64_t num_extension_tokens, const int64_t* offsets,
+                                 const int32_t* budgets) {
+  check_batch(batch, num_extension_tokens, offsets, budgets, config_);
+  check_tokens(extensions, num_extension_tokens);
+  std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
+  std::shared_ptr<const Datastore> datastore;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i = 0; i < batch; ++i) {
+      auto it = requests_.find(handles[i]);
+      if (it == requests_.end()) {
+        throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
+      }
+      states[static_cast<size_t>(i)] = it->second;  // a handle may repeat: nothing is written
+    }
+    datastore = datastore_;
   }
-  const auto total = static_cast<size_t>(out.offsets.back());
-  out.tokens.reserve(total);
-  out.parents.reserve(total);
-  out.scores.reserve(total);
-  for (const Draft& d : drafts) {
-    out.tokens.insert(out.tokens.end(), d.tokens.begin(), d.tokens.end());
-    out.parents.insert(out.parents.end(), d.parents.begin(), d.parents.end());
-    out.scores.insert(out.scores.end(), d.scores.begin(), d.scores.end());
-  }
-  return out;
+  // Both sources only look at the end of the context: the datastore its last
+  // datastore_max_prefix tokens, the input trie its last input_max_prefix.
+  const auto tail_max =
+      static_cast<size_t>(std::max(config_.datastore_max_prefix, config_.input_max_prefix));
+
+  std::vector<Draft> drafts(static_cast<size_t>(batch));
+  pool_.parallel_for(batch, [&](int64_t i) {
+    thread_local DraftScratch scratch;
+    RequestState& state = *states[static_cast<size_t>(i)];
+    const int32_t* ext = extensions + offsets[i];
+    const auto ext_len = static_cast<size_t>(offsets[i + 1] - offsets[i]);
+    std::vector<int32_t>& tail = scratch.tail;
+    tail.clear();
+    std::lock_guard<std::mutex> lock(state.mu);
+    const size_t from_committed = tail_max > ext_len ? tail_max - ext_len : 0;
+    const size_t keep = std::min(from_committed, state.tokens.size());
+    tail.insert(tail.end(), state.tokens.end() - static_cast<std::ptrdiff_t>(keep),
+                state.tokens.end());
+    const size_t skip = ext_len > tail_max ? ext_len - tail_max : 0;
+    tail.insert(tail.end(), ext + skip, ext + ext_len);
+    extended_matches(state.trie, tail.data(), static_cast<int64_t>(tail.size()),
+                     static_cast<int64_t>(ext_len), config_, scratch.matches);
+    fuse_with_datastore(&state.trie, tail.data(), static_cast<int64_t>(tail.size()),
+                        datastore.get(), config_, budgets[i], scratch,
+                        drafts[static_cast<size_t>(i)]);
+  });
+  return gather(drafts);
 }
 
 }  // namespace drafter

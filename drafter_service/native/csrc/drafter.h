@@ -83,6 +83,16 @@ class Drafter {
   BatchDrafts draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                           int64_t num_new_tokens, const int64_t* offsets, const int32_t* budgets);
 
+  // Drafts as if extensions[offsets[i], offsets[i+1]) followed request handles[i]'s
+  // committed tokens, without appending them (pre-drafts for verification outcomes
+  // that may not happen): up to budgets[i] nodes each. A handle may appear many
+  // times. The input trie contributes the matches of the extended context's suffixes
+  // among the committed tokens (see extended_matches); the datastore sees the
+  // extended context. Validates everything first; changes no state.
+  BatchDrafts draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
+                          int64_t num_extension_tokens, const int64_t* offsets,
+                          const int32_t* budgets);
+
  private:
   std::shared_ptr<RequestState> find(int64_t handle) const;
   void check_tokens(const int32_t* tokens, int64_t n) const;

@@ -44,6 +44,13 @@ int32_t InputTrie::suffix_node(int32_t len) const {
   return active_[static_cast<size_t>(len) - 1];
 }
 
+int32_t InputTrie::find(const int32_t* tokens, int32_t len) const {
+  if (len < 1 || len > max_depth_) return -1;
+  int32_t node = kRoot;
+  for (int32_t i = 0; i < len && node >= 0; ++i) node = child(node, tokens[i]);
+  return node;
+}
+
 int32_t InputTrie::child(int32_t parent, int32_t token) const {
   const uint64_t key = edge_key(parent, token);
   const size_t mask = keys_.size() - 1;

@@ -24,6 +24,10 @@ class InputTrie {
   // input is shorter than `len` or `len` exceeds max_depth. O(1).
   int32_t suffix_node(int32_t len) const;
 
+  // Node of the path tokens[0, len) from the root, or -1 when the input holds no such
+  // substring (or len is outside [1, max_depth]). O(len).
+  int32_t find(const int32_t* tokens, int32_t len) const;
+
   int32_t token(int32_t node) const { return nodes_[node].token; }
   uint32_t count(int32_t node) const { return nodes_[node].count; }
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
