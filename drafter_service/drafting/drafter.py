@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,10 @@ from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.native import _core
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
+
+
+Budgets = int | Sequence[int] | npt.NDArray[np.integer]
+"""Draft budgets of a batch: one for every request, or one each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +172,7 @@ class Drafter:
         self,
         request_ids: Sequence[str],
         new_tokens: Sequence[TokenIds],
-        budgets: int | Sequence[int],
+        budgets: Budgets,
     ) -> DraftBatch:
         """One decode step: appends each request's newly committed tokens and
         drafts a tree of at most ``budgets[i]`` nodes for it."""
@@ -190,10 +194,40 @@ class Drafter:
         request_ids: Sequence[str],
         tokens: npt.NDArray[np.int32],
         offsets: npt.NDArray[np.int64],
-        budgets: int | Sequence[int] | npt.NDArray[np.integer],
+        budgets: Budgets,
     ) -> DraftBatch:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
+        seen: set[str] = set()
+        for r in request_ids:
+            if r in seen:
+                raise ValueError(f"request {r!r} appears twice in one batch")
+            seen.add(r)
+        return self._batch_call(self._native.draft_batch, request_ids, tokens, offsets, budgets)
+
+    def draft_after(
+        self,
+        request_ids: Sequence[str],
+        tokens: npt.NDArray[np.int32],
+        offsets: npt.NDArray[np.int64],
+        budgets: Budgets,
+    ) -> DraftBatch:
+        """Pre-drafts: row ``i`` is the tree request ``request_ids[i]`` would get if
+        ``tokens[offsets[i]:offsets[i+1]]`` followed its committed tokens, which are left
+        as they are (a request may appear in many rows, one per hypothetical outcome).
+        The input trie only knows committed tokens: matches of the extended context's
+        suffixes are looked up among them (native ``extended_matches``). One native
+        call; changes no state."""
+        return self._batch_call(self._native.draft_after, request_ids, tokens, offsets, budgets)
+
+    def _batch_call(
+        self,
+        method: Callable[..., tuple[npt.NDArray[Any], ...]],
+        request_ids: Sequence[str],
+        tokens: npt.NDArray[np.int32],
+        offsets: npt.NDArray[np.int64],
+        budgets: Budgets,
+    ) -> DraftBatch:
         # Token ids, offsets and budgets are range-checked by the native call,
         # before any state changes, with the bad value and its index named (for the
         # budget, its one check: check_budgets in native/csrc/draft.cc). Here they
@@ -212,58 +246,13 @@ class Drafter:
             raise ValueError(
                 f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
             )
-        seen: set[str] = set()
-        for r in request_ids:
-            if r in seen:
-                raise ValueError(f"request {r!r} appears twice in one batch")
-            seen.add(r)
         with self._lock:
             try:
                 handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
             except KeyError as exc:
                 raise KeyError(f"unknown request {exc.args[0]!r}") from None
         try:
-            out_tokens, parents, scores, out_offsets = self._native.draft_batch(
-                handles, flat, offs, budget_arr
-            )
-        except IndexError as exc:
-            raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
-        return DraftBatch(out_tokens, parents, scores, out_offsets)
-
-    def draft_after(
-        self,
-        request_ids: Sequence[str],
-        tokens: npt.NDArray[np.int32],
-        offsets: npt.NDArray[np.int64],
-        budgets: int | Sequence[int] | npt.NDArray[np.integer],
-    ) -> DraftBatch:
-        """Pre-drafts: row ``i`` is the tree request ``request_ids[i]`` would get if
-        ``tokens[offsets[i]:offsets[i+1]]`` followed its committed tokens, which are left
-        as they are (a request may appear in many rows, one per hypothetical outcome).
-        The input trie only knows committed tokens: matches of the extended context's
-        suffixes are looked up among them (native ``extended_matches``). One native
-        call; changes no state."""
-        flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
-        offs = _int_array(offsets, np.int64, "offsets")
-        if len(offs) != len(request_ids) + 1:
-            raise ValueError(
-                f"offsets has {len(offs)} entries, expected {len(request_ids) + 1} "
-                f"for {len(request_ids)} rows"
-            )
-        if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
-            budgets = np.full(len(request_ids), budgets)
-        budget_arr = _int_array(budgets, np.int32, "budgets")
-        if len(budget_arr) != len(request_ids):
-            raise ValueError(f"budgets has {len(budget_arr)} entries for {len(request_ids)} rows")
-        with self._lock:
-            try:
-                handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
-            except KeyError as exc:
-                raise KeyError(f"unknown request {exc.args[0]!r}") from None
-        try:
-            out_tokens, parents, scores, out_offsets = self._native.draft_after(
-                handles, flat, offs, budget_arr
-            )
+            out_tokens, parents, scores, out_offsets = method(handles, flat, offs, budget_arr)
         except IndexError as exc:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
         return DraftBatch(out_tokens, parents, scores, out_offsets)

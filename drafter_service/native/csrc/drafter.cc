@@ -257,41 +257,48 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
   fuse_with_datastore(trie, context, context_len, datastore, config, budget, scratch, out);
 }
 
+Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
+                                      const int32_t* tokens, int64_t num_tokens,
+                                      const int64_t* offsets, const int32_t* budgets,
+                                      bool unique) const {
+  check_batch(batch, num_tokens, offsets, budgets, config_);
+  check_tokens(tokens, num_tokens);
+  BatchInputs in;
+  in.states.resize(static_cast<size_t>(batch));
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < batch; ++i) {
+    if (unique && !seen.insert(handles[i]).second) {
+      throw std::invalid_argument("request handle " + std::to_string(handles[i]) +
+                                  " appears twice in one batch");
+    }
+    auto it = requests_.find(handles[i]);
+    if (it == requests_.end()) {
+      throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
+    }
+    in.states[static_cast<size_t>(i)] = it->second;
+  }
+  in.datastore = datastore_;
+  return in;
+}
+
 BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                                  int64_t num_new_tokens, const int64_t* offsets,
                                  const int32_t* budgets) {
-  check_batch(batch, num_new_tokens, offsets, budgets, config_);
-  check_tokens(new_tokens, num_new_tokens);
-  std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
-  std::shared_ptr<const Datastore> datastore;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::unordered_set<int64_t> seen;
-    for (int64_t i = 0; i < batch; ++i) {
-      if (!seen.insert(handles[i]).second) {
-        throw std::invalid_argument("request handle " + std::to_string(handles[i]) +
-                                    " appears twice in one batch");
-      }
-      auto it = requests_.find(handles[i]);
-      if (it == requests_.end()) {
-        throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
-      }
-      states[static_cast<size_t>(i)] = it->second;
-    }
-    datastore = datastore_;
-  }
+  const BatchInputs in =
+      prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets, /*unique=*/true);
 
   std::vector<Draft> drafts(static_cast<size_t>(batch));
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
-    RequestState& state = *states[static_cast<size_t>(i)];
+    RequestState& state = *in.states[static_cast<size_t>(i)];
     std::lock_guard<std::mutex> lock(state.mu);
     for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
       state.tokens.push_back(new_tokens[k]);
       state.trie.append(new_tokens[k]);
     }
     draft_one(&state.trie, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
-              datastore.get(), config_, budgets[i], scratch, drafts[static_cast<size_t>(i)]);
+              in.datastore.get(), config_, budgets[i], scratch, drafts[static_cast<size_t>(i)]);
   });
 
   return gather(drafts);
@@ -300,21 +307,9 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
 BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
                                  int64_t num_extension_tokens, const int64_t* offsets,
                                  const int32_t* budgets) {
-  check_batch(batch, num_extension_tokens, offsets, budgets, config_);
-  check_tokens(extensions, num_extension_tokens);
-  std::vector<std::shared_ptr<RequestState>> states(static_cast<size_t>(batch));
-  std::shared_ptr<const Datastore> datastore;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (int64_t i = 0; i < batch; ++i) {
-      auto it = requests_.find(handles[i]);
-      if (it == requests_.end()) {
-        throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
-      }
-      states[static_cast<size_t>(i)] = it->second;  // a handle may repeat: nothing is written
-    }
-    datastore = datastore_;
-  }
+  // A handle may repeat: nothing is written.
+  const BatchInputs in = prepare(handles, batch, extensions, num_extension_tokens, offsets,
+                                 budgets, /*unique=*/false);
   // Both sources only look at the end of the context: the datastore its last
   // datastore_max_prefix tokens, the input trie its last input_max_prefix.
   const auto tail_max =
@@ -323,7 +318,7 @@ BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const in
   std::vector<Draft> drafts(static_cast<size_t>(batch));
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
-    RequestState& state = *states[static_cast<size_t>(i)];
+    RequestState& state = *in.states[static_cast<size_t>(i)];
     const int32_t* ext = extensions + offsets[i];
     const auto ext_len = static_cast<size_t>(offsets[i + 1] - offsets[i]);
     std::vector<int32_t>& tail = scratch.tail;
@@ -338,7 +333,7 @@ BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const in
     extended_matches(state.trie, tail.data(), static_cast<int64_t>(tail.size()),
                      static_cast<int64_t>(ext_len), config_, scratch.matches);
     fuse_with_datastore(&state.trie, tail.data(), static_cast<int64_t>(tail.size()),
-                        datastore.get(), config_, budgets[i], scratch,
+                        in.datastore.get(), config_, budgets[i], scratch,
                         drafts[static_cast<size_t>(i)]);
   });
   return gather(drafts);
