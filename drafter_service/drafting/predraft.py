@@ -41,6 +41,7 @@ __all__ = [
     "STOP_FLOOR_CAP",
     "Outcome",
     "Predraft",
+    "node_depth",
     "observed_outcome",
     "plan_outcomes",
     "predraft_batch",
@@ -124,7 +125,7 @@ def plan_outcomes(
             if int(token) in drafted:
                 continue
             outcomes.append(Outcome(node, int(token), float(stop[node + 1]) * float(score)))
-    outcomes.sort(key=lambda o: (-o.weight, _depth(tree, o.node), o.bonus))
+    outcomes.sort(key=lambda o: (-o.weight, node_depth(tree, o.node), o.bonus))
     return outcomes[:fan_out]
 
 
@@ -140,12 +141,14 @@ def predraft_batch(
     request_ids: Sequence[str],
     trees: Sequence[DraftTree],
     fan_out: int,
-    budget: int,
+    budget: int | Sequence[int],
 ) -> list[list[Predraft]]:
     """For each request (already holding the context ``trees[i]`` was drafted from), the
     pre-drafts of its ``fan_out`` likeliest outcomes, best first. Two native calls for
     the whole batch: the bonus candidates below each likely stopping node (a draft of
-    ``fan_out + children`` nodes after its path), then one draft per chosen outcome."""
+    ``fan_out + children`` nodes after its path), then one draft per chosen outcome of
+    ``budget`` nodes (one for all requests, or one each)."""
+    budgets_of = [budget] * len(request_ids) if isinstance(budget, int) else list(budget)
     if fan_out <= 0 or not request_ids:
         return [[] for _ in request_ids]
     rows: list[tuple[int, int]] = []  # (request index, node)
@@ -168,11 +171,13 @@ def predraft_batch(
     ]
     ids: list[str] = []
     extensions = []
+    budgets = []
     for i, outcomes in enumerate(chosen):
         for o in outcomes:
             ids.append(request_ids[i])
             extensions.append([*path_tokens(trees[i], o.node), o.bonus])
-    drafts = _draft_rows(drafter, ids, extensions, [budget] * len(ids))
+            budgets.append(budgets_of[i])
+    drafts = _draft_rows(drafter, ids, extensions, budgets)
     out: list[list[Predraft]] = []
     k = 0
     for outcomes in chosen:
@@ -193,7 +198,8 @@ def _draft_rows(
     return drafter.draft_after(ids, flat, offsets, np.asarray(budgets, dtype=np.int32))
 
 
-def _depth(tree: DraftTree, node: int) -> int:
+def node_depth(tree: DraftTree, node: int) -> int:
+    """Tokens on the path from the root to ``node`` (0 for the root, -1)."""
     depth = 0
     while node >= 0:
         depth += 1
