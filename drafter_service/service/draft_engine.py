@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.drafting.drafter import DraftBatch
+from drafter_service.drafting.drafter import DraftBatch, DraftTree
+from drafter_service.drafting.predraft import Predraft, predraft_batch
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
 from drafter_service.service.call_errors import ResourceExhausted
 from drafter_service.service.catalog import Catalog
 from drafter_service.service.draft_jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.prefetch import RequestTrees, prefetch_response, resolve_prefetched
 from drafter_service.service.request_table import (
     STATE_BYTES_PER_TOKEN,
     RequestState,
@@ -32,9 +36,20 @@ from drafter_service.service.request_table import (
 )
 from drafter_service.service.responses import DraftAnswer
 from drafter_service.service.validation import CallLimits, DraftCall, Finished
+from sssd.drafter.v1 import drafter_pb2 as pb
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 Place = tuple[str, int]  # (datastore, row in its batch)
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Prefetch:
+    """A step's pre-drafts, computed: the response to send, and what each request keeps
+    once it is sent (:meth:`DraftEngine.keep_predrafts`)."""
+
+    response: pb.DraftResponse
+    rows: list[tuple[str, RequestState, RequestTrees, list[Predraft]]]
 
 
 class DraftEngine:
@@ -57,9 +72,11 @@ class DraftEngine:
         metrics: DrafterMetrics | None = None,
         inline_max_work: int = 0,
         finish_durable: bool = False,
+        prefetch_max_bytes: int = 1 << 20,
     ) -> None:
         self.catalog = catalog
         self.finish_durable = finish_durable  # every Finish waits for durability
+        self.prefetch_max_bytes = prefetch_max_bytes  # pre-draft trees sent per step
         self.limits = limits
         self.table = table
         self.ingester = ingester
@@ -80,8 +97,9 @@ class DraftEngine:
             self._check_state_bytes(call)
             places: list[Place | None] = []
             lengths: list[int] = []
+            taken: dict[int, DraftTree | None] = {}  # prefetched rows: the pre-draft used
             for i in range(len(call.request_ids)):
-                place, length = self._plan(call, i, now, jobs)
+                place, length = self._plan(call, i, now, jobs, taken)
                 places.append(place)
                 lengths.append(length)
             self._stop_all(self.table.trim(keep=call.request_ids), jobs)
@@ -97,10 +115,95 @@ class DraftEngine:
         for place in places:
             batch = batches[place[0]] if place is not None else None
             trees.append((batch, place[1]) if batch is not None and place is not None else None)
+        self._remember_trees(call, trees, taken)
         return DraftAnswer(call.request_ids, lengths, trees)
 
+    def _remember_trees(
+        self,
+        call: DraftCall,
+        trees: list[tuple[DraftBatch, int] | None],
+        taken: dict[int, DraftTree | None],
+    ) -> None:
+        """Each request's tree from now on: the one answered, or for a prefetched row the
+        pre-draft the client took (None: one the service no longer holds). Kept only when
+        the call asks for pre-drafts."""
+        for i, request_id in enumerate(call.request_ids):
+            state = self.table.get(request_id)
+            if state is None:
+                continue
+            if not call.prefetch_fan_out:
+                state.trees = None
+            elif i in taken:
+                state.trees = RequestTrees(taken[i])
+            elif trees[i] is not None:
+                batch, row = trees[i]  # type: ignore[misc]
+                state.trees = RequestTrees(batch.tree(row))
+
+    async def predraft(
+        self, call: DraftCall, step: int, client_ids: list[str]
+    ) -> Prefetch | None:
+        """Pre-drafts for the outcomes of the trees ``call``'s requests now draft from
+        (after its answer was sent; ``client_ids``: the ids as the client knows them). On
+        each datastore's worker thread, after the call's own job; a request that another
+        call changed meanwhile is left out. None when there is nothing to send."""
+        if not call.prefetch_fan_out:
+            return None
+        started = time.perf_counter()
+        groups: dict[str, list[tuple[str, str, RequestState, RequestTrees, DraftTree, int]]] = {}
+        for i, request_id in enumerate(call.request_ids):
+            state = self.table.get(request_id)
+            if state is None or state.trees is None or state.trees.tree is None:
+                continue
+            groups.setdefault(state.datastore, []).append(
+                (request_id, client_ids[i], state, state.trees, state.trees.tree, call.budgets[i])
+            )
+        if not groups:
+            return None
+        loop = asyncio.get_running_loop()
+        futures = []
+        for name, rows in groups.items():
+            slot = self.catalog.slots[name]
+            futures.append(loop.run_in_executor(
+                slot.executor, predraft_batch, slot.drafter, [r[0] for r in rows],
+                [r[4] for r in rows], call.prefetch_fan_out, [r[5] for r in rows],
+            ))  # fmt: skip
+        try:
+            results = await asyncio.gather(*futures)
+        except Exception:  # a request stopped meanwhile (KeyError), say: no pre-drafts
+            log.debug("pre-drafting skipped", exc_info=True)
+            return None
+        kept_rows = []
+        for rows, predrafts in zip(groups.values(), results, strict=True):
+            for (request_id, client_id, state, trees, _, _), pre in zip(
+                rows, predrafts, strict=True
+            ):
+                if self.table.get(request_id) is state and state.trees is trees:
+                    kept_rows.append((client_id, state, trees, pre))
+        response, kept = prefetch_response(
+            step, [r[0] for r in kept_rows], [r[3] for r in kept_rows], self.prefetch_max_bytes
+        )
+        self.metrics.record_prefetch(
+            sum(len(k) for k in kept), response.ByteSize() if response else 0,
+            time.perf_counter() - started,
+        )
+        if response is None:
+            return None
+        return Prefetch(response, [(*r[:3], k) for r, k in zip(kept_rows, kept, strict=True)])
+
+    def keep_predrafts(self, prefetch: Prefetch) -> None:
+        """The pre-drafts were sent: each request holds exactly those it was sent, unless
+        a call changed it meanwhile."""
+        for _, state, trees, kept in prefetch.rows:
+            if state.trees is trees:
+                trees.predrafts = {(p.outcome.node, p.outcome.bonus): p.tree for p in kept}
+
     def _plan(
-        self, call: DraftCall, i: int, now: float, jobs: dict[str, DrafterJob]
+        self,
+        call: DraftCall,
+        i: int,
+        now: float,
+        jobs: dict[str, DrafterJob],
+        taken: dict[int, DraftTree | None],
     ) -> tuple[Place | None, int]:
         request_id, budget = call.request_ids[i], call.budgets[i]
         tokens = call.new_tokens(i)
@@ -123,6 +226,10 @@ class DraftEngine:
                 self.table.pop(request_id)
                 jobs_for(jobs, state.datastore).stops.append(request_id)
             return None, 0
+        if call.prefetched[i]:  # the client drafts from a pre-draft: draft nothing now
+            taken[i] = resolve_prefetched(state.trees, tokens)
+            self.metrics.count_prefetched(hit=taken[i] is not None)
+            budget = 0
         self.table.append(request_id, tokens.copy() if state.history is not None else tokens)
         self.table.touch(request_id, now)
         job = jobs_for(jobs, state.datastore)

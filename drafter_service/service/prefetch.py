@@ -22,10 +22,7 @@ from drafter_service.drafting.drafter import DraftTree
 from drafter_service.drafting.predraft import Predraft, node_depth, observed_outcome
 from sssd.drafter.v1 import drafter_pb2 as pb
 
-__all__ = ["MAX_PREFETCH_FAN_OUT", "RequestTrees", "prefetch_response", "resolve_prefetched"]
-
-MAX_PREFETCH_FAN_OUT = 16
-"""Most outcomes pre-drafted per request and step, whatever a client asks for."""
+__all__ = ["RequestTrees", "prefetch_response", "resolve_prefetched"]
 
 _NODE_BYTES = 12  # int32 token + int32 parent + float32 score, as sent
 _OUTCOME_BYTES = 12  # int32 node + int32 bonus + uint32 node count

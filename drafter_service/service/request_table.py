@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.service.prefetch import RequestTrees
+
 STATE_BYTES_PER_TOKEN = 8
 """Memory a request state holds per context token: the drafter's copy of the context
 (int32) and the service's history kept to store the generation (int32); measured,
@@ -31,6 +33,7 @@ class RequestState:
     history: list[npt.NDArray[np.int32]] | None  # every token, in chunks; kept only for
     # a live datastore, which stores the generation when the request finishes
     last_used_s: float  # monotonic time of the last call that touched it
+    trees: RequestTrees | None = None  # with pre-drafting: its tree and pre-drafts
 
     def append(self, tokens: npt.NDArray[np.int32]) -> None:
         self.length += len(tokens)
