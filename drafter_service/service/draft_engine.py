@@ -131,7 +131,7 @@ class DraftEngine:
             state = self.table.get(request_id)
             if state is None:
                 continue
-            if not call.prefetch_fan_out:
+            if not call.prefetch_fan_out or not self.prefetch_max_bytes:
                 state.trees = None
             elif i in taken:
                 state.trees = RequestTrees(taken[i])
@@ -146,7 +146,7 @@ class DraftEngine:
         (after its answer was sent; ``client_ids``: the ids as the client knows them). On
         each datastore's worker thread, after the call's own job; a request that another
         call changed meanwhile is left out. None when there is nothing to send."""
-        if not call.prefetch_fan_out:
+        if not call.prefetch_fan_out or not self.prefetch_max_bytes:
             return None
         started = time.perf_counter()
         groups: dict[str, list[tuple[str, str, RequestState, RequestTrees, DraftTree, int]]] = {}

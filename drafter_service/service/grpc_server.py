@@ -202,6 +202,7 @@ class DrafterServer:
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
+            prefetch_max_bytes=config.prefetch_max_bytes,
         )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)

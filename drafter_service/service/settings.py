@@ -231,6 +231,11 @@ class ServeConfig(BaseSettings):
         description="memory request states may hold, 8 bytes per context token (least "
         "recently used dropped; a call needing more alone: RESOURCE_EXHAUSTED)",
     )
+    prefetch_max_bytes: Annotated[int, _bounds(0)] = Field(
+        1 << 20,
+        description="pre-drafts sent per stream step, in bytes of trees (12 per node; "
+        "each request's likeliest outcomes first; 0 = no pre-drafting)",
+    )
     grace_period_s: _Seconds = Field(5.0, description="shutdown grace for in-flight calls")
     ingest_queue_size: _AtLeastOne = Field(
         1024, description="finished generations waiting to be stored"
