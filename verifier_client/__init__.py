@@ -9,13 +9,16 @@ so GPU worker images need no compiled drafter::
     result = client.step({"r1": [first_token]})   # once per decode step
     tree = result["r1"]                           # Tree(tokens, parents, scores) or None
     client.finish("r1")                           # stored in the background
+
+``DrafterClient(..., prefetch_fan_out=4)`` turns on pre-drafting (stream mode): steps
+whose requests all hit a pre-draft return without waiting for the drafter.
 """
 
 from verifier_client.aio import AioDrafterClient
 from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import PROFILES, BudgetRule, GpuProfile
 from verifier_client.client import DrafterClient
-from verifier_client.results import ClientStats, Outcome, StepResult, Tree
+from verifier_client.results import ClientStats, Outcome, PredraftReport, StepResult, Tree
 
 __all__ = [
     "PROFILES",
@@ -27,6 +30,7 @@ __all__ = [
     "DrafterClient",
     "GpuProfile",
     "Outcome",
+    "PredraftReport",
     "StepResult",
     "Tree",
 ]

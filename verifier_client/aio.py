@@ -19,7 +19,7 @@ import grpc
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import AioBackgroundSender
 from verifier_client.channel import CallFailed, aio_channel, failure_of
-from verifier_client.client_core import ClientCore
+from verifier_client.client_core import AheadAnswer, ClientCore
 from verifier_client.results import Outcome, StepResult
 from verifier_client.session import StepPlan
 from verifier_client.streams import AioStream
@@ -55,8 +55,8 @@ class AioDrafterClient(ClientCore[AioStream]):
         outcome = self._begin_step(commits, budgets)
         self._stepping = True
         try:
-            while isinstance(outcome, StepPlan):
-                outcome = self._end_call(outcome, await self._call(outcome))
+            while not isinstance(outcome, StepResult):
+                outcome = self._advance(outcome, await self._io(outcome))
         finally:
             self._stepping = False
         return outcome
@@ -85,10 +85,18 @@ class AioDrafterClient(ClientCore[AioStream]):
         )
         return asyncio.ensure_future(info)
 
-    async def _call(self, plan: StepPlan) -> pb.DraftResponse | CallFailed:
-        """The answer to ``plan`` by its deadline, or why there is none."""
+    async def _io(
+        self, io: StepPlan | AheadAnswer[AioStream]
+    ) -> pb.DraftResponse | CallFailed | None:
+        """The answer ``io`` waits for by its deadline, or why there is none; None once a
+        plan sent ahead is out."""
+        if isinstance(io, AheadAnswer):
+            return await io.stream.wait(io.plan.message.step, io.deadline_s)
+        plan = io
         stream = self._stream_to_send()
         if stream is not None:
+            if plan.ahead:
+                return await stream.send(plan.message, plan.deadline_s)
             return await stream.exchange(plan.message, plan.deadline_s)
         timeout_s = plan.deadline_s - perf_counter()
         if timeout_s <= 0:

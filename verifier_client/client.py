@@ -25,7 +25,7 @@ import grpc
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import BackgroundSender
 from verifier_client.channel import CallFailed, failure_of, sync_channel
-from verifier_client.client_core import ClientCore, ProbeCall
+from verifier_client.client_core import AheadAnswer, ClientCore, ProbeCall
 from verifier_client.results import Outcome, StepResult
 from verifier_client.session import StepPlan
 from verifier_client.streams import SyncStream
@@ -55,6 +55,11 @@ class DrafterClient(ClientCore[SyncStream]):
         resync_retry: resend RESYNCed requests within the step when time is left.
         background_timeout_s: deadline of each background Finish/Ingest call.
         probe_timeout_s: how long a breaker probe waits for the drafter.
+        prefetch_fan_out: pre-drafting (stream mode; 0 or unary mode: off): the drafter
+            follows each answer with the next step's trees for up to this many likely
+            verification outcomes per request; a step whose requests all hit one returns
+            at once and sends its message without waiting for the answer (see
+            ``StepResult.wait_s`` and ``StepResult.predrafts``).
     """
 
     _open_channel = staticmethod(sync_channel)
@@ -79,8 +84,8 @@ class DrafterClient(ClientCore[SyncStream]):
         """Drafts for the requests in ``commits`` (id → tokens committed since the last
         step, possibly none), within the deadline; ``budgets`` overrides the rule."""
         outcome = self._begin_step(commits, budgets)
-        while isinstance(outcome, StepPlan):
-            outcome = self._end_call(outcome, self._call(outcome))
+        while not isinstance(outcome, StepResult):
+            outcome = self._advance(outcome, self._io(outcome))
         return outcome
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -105,10 +110,16 @@ class DrafterClient(ClientCore[SyncStream]):
         )
         return probe
 
-    def _call(self, plan: StepPlan) -> pb.DraftResponse | CallFailed:
-        """The answer to ``plan`` by its deadline, or why there is none."""
+    def _io(self, io: StepPlan | AheadAnswer[SyncStream]) -> pb.DraftResponse | CallFailed | None:
+        """The answer ``io`` waits for by its deadline, or why there is none; None once a
+        plan sent ahead is out."""
+        if isinstance(io, AheadAnswer):
+            return io.stream.wait(io.plan.message.step, io.deadline_s)
+        plan = io
         stream = self._stream_to_send()
         if stream is not None:
+            if plan.ahead:
+                return stream.send(plan.message)
             return stream.exchange(plan.message, plan.deadline_s)
         timeout_s = plan.deadline_s - perf_counter()
         if timeout_s <= 0:

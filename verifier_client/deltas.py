@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Literal, NoReturn
@@ -43,7 +43,7 @@ from typing import Any, Literal, NoReturn
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import Tree
 
-__all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list"]
+__all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list", "read_column"]
 
 _INT32_MAX = 2**31 - 1
 _STATUS_OK = pb.DRAFT_STATUS_OK
@@ -58,7 +58,7 @@ def _le(typecode: str, values: list[int]) -> bytes:
     return out.tobytes()
 
 
-def _column(data: bytes, typecode: Literal["i", "I", "f"]) -> memoryview[Any]:
+def read_column(data: bytes, typecode: Literal["i", "I", "f"]) -> memoryview[Any]:
     """A little-endian column as a read-only view (a copy only on big-endian hosts).
     Raises TypeError when the bytes are not a whole number of entries."""
     if _LITTLE:
@@ -239,12 +239,15 @@ class DeltaTracker:
         *,
         step: int,
         tokenizer_fingerprint: str = "",
+        prefetched: Collection[str] = (),
+        prefetch_fan_out: int = 0,
     ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
         """One DraftRequest for ``request_ids``; marks them in flight.
 
         Returns the message, the states sent and the ids refused (never sent).
         Requests with an empty context are left out too (nothing to match yet).
-        ``budget_of`` overrides ``default_budget`` per request.
+        ``budget_of`` overrides ``default_budget`` per request. ``prefetched``: the
+        requests that draft this step from a pre-draft (sent as deltas, flagged).
         """
         ids: list[str] = []
         knowns: list[int] = []
@@ -289,6 +292,8 @@ class DeltaTracker:
             state.sent = state.in_flight = True
             sent.append(state)
         self.tokens_sent += len(flat)
+        # uint8 per request; left empty (all 0) unless some request drafts from a pre-draft
+        flags = bytes(rid in prefetched for rid in ids) if prefetched else b""
         packed = pb.PackedDeltas(
             request_ids=ids,
             known_lengths=_le("I", knowns),
@@ -297,17 +302,20 @@ class DeltaTracker:
             budgets=_le("I", budgets),
             prompt_lengths=_le("I", prompts),
             datastores=datastores if named else (),
+            prefetched=flags,
         )
         message = pb.DraftRequest(
-            step=step, tokenizer_fingerprint=tokenizer_fingerprint, packed=packed
-        )
+            step=step, tokenizer_fingerprint=tokenizer_fingerprint, packed=packed,
+            prefetch_fan_out=prefetch_fan_out,
+        )  # fmt: skip
         return message, sent, refused
 
     @staticmethod
     def apply(
-        response: pb.DraftResponse, sent: Sequence[RequestState]
+        response: pb.DraftResponse, sent: Sequence[RequestState], *, trees: bool = True
     ) -> tuple[dict[str, Tree], list[str]]:
-        """Applies an answer to the requests it answers; returns (trees, resynced ids).
+        """Applies an answer to the requests it answers; returns (trees, resynced ids),
+        the trees left out with ``trees=False``.
 
         Raises ProtocolError (after marking every request for a whole resend)
         when the answer does not list the sent requests in order.
@@ -316,11 +324,11 @@ class DeltaTracker:
         n = len(sent)
         try:
             statuses = packed.statuses
-            lengths: list[int] = _column(packed.lengths, "I").tolist()
-            counts: list[int] = _column(packed.node_counts, "I").tolist()
-            tokens = _column(packed.tokens, "i")
-            parents = _column(packed.parents, "i")
-            scores = _column(packed.scores, "f")
+            lengths: list[int] = read_column(packed.lengths, "I").tolist()
+            counts: list[int] = read_column(packed.node_counts, "I").tolist()
+            tokens = read_column(packed.tokens, "i")
+            parents = read_column(packed.parents, "i")
+            scores = read_column(packed.scores, "f")
         except (TypeError, ValueError):  # a byte length that is not a whole number of entries
             DeltaTracker._mismatch(response, sent)
         bounds = [0, *accumulate(counts)]
@@ -328,7 +336,7 @@ class DeltaTracker:
             len(tokens) == len(parents) == len(scores) == bounds[-1]
         ):
             DeltaTracker._mismatch(response, sent)
-        trees: dict[str, Tree] = {}
+        answered: dict[str, Tree] = {}
         resynced: list[str] = []
         for i, state in enumerate(sent):
             rid = state.request_id
@@ -336,12 +344,13 @@ class DeltaTracker:
             length = lengths[i]
             if statuses[i] == _STATUS_OK and 0 < length <= state.pending_length:
                 state.known_length = length
-                lo, hi = bounds[i], bounds[i + 1]
-                trees[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
+                if trees:
+                    lo, hi = bounds[i], bounds[i + 1]
+                    answered[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
             else:  # RESYNC, an unknown status, or a length the client never sent
                 state.known_length = 0
                 resynced.append(rid)
-        return trees, resynced
+        return answered, resynced
 
     @staticmethod
     def _mismatch(response: pb.DraftResponse, sent: Sequence[RequestState]) -> NoReturn:

@@ -9,6 +9,13 @@ grpc.aio cancelling a ``read()`` cancels the whole call. ``exchange`` sends a
 message, then takes answers from that queue until its own comes or the
 deadline passes.
 
+A prefetch response (``DraftResponse.prefetch`` set: pre-drafts the drafter sends
+after a step's answer, with that step's number) answers no message: the reader
+decodes it and keeps it aside until the client's next step takes it
+(``take_predrafts``); it is neither the step's answer nor late. ``send`` and
+``wait`` are the two halves of ``exchange``, for a step whose message goes out
+ahead and whose answer is only needed by the next step.
+
 Which answer is the one waited for, and why a stream ended, is decided once,
 without I/O, in :class:`StreamAnswers`; :class:`SyncStream` (a thread and a
 SimpleQueue) and :class:`AioStream` (a task and an asyncio.Queue) only wait.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterator
 from time import perf_counter
 from typing import Any
@@ -28,6 +36,7 @@ import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.channel import CallFailed, failure_of
+from verifier_client.predrafts import PredraftSet, decode_predrafts
 from verifier_client.results import ClientStats, Outcome
 
 __all__ = ["AioStream", "StreamAnswers", "SyncStream"]
@@ -44,6 +53,23 @@ class StreamAnswers:
     def __init__(self, stats: ClientStats) -> None:
         self._stats = stats
         self.broken = False  # set once the call has ended or lost its order: reopen
+        # Appended by the reader, emptied by the decode loop (deque ends are thread-safe).
+        self._predrafts: deque[PredraftSet] = deque()
+
+    def take_predrafts(self) -> list[PredraftSet]:
+        """The pre-drafts that arrived since the last call, oldest first."""
+        taken = []
+        while self._predrafts:
+            taken.append(self._predrafts.popleft())
+        return taken
+
+    def _is_answer(self, response: pb.DraftResponse) -> bool:
+        """For the reader: False for a prefetch response, which is decoded and kept for
+        ``take_predrafts`` instead of being queued as an answer."""
+        if not response.HasField("prefetch"):
+            return True
+        self._predrafts.append(decode_predrafts(response))
+        return False
 
     def _refuse_if_broken(self) -> CallFailed | None:
         """Why nothing can be sent, if the stream is already broken."""
@@ -84,15 +110,26 @@ class SyncStream(StreamAnswers):
     def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
         """Sends ``message``; its answer, or why there is none by ``deadline_s``
         (perf_counter)."""
+        if (failure := self.send(message)) is not None:
+            return failure
+        return self.wait(message.step, deadline_s)
+
+    def send(self, message: pb.DraftRequest) -> CallFailed | None:
+        """Sends ``message`` without waiting; why it cannot go, if so."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
         self._requests.put(message)
+        return None
+
+    def wait(self, step: int, deadline_s: float) -> Answer:
+        """The answer to the message sent as ``step``, or why there is none by
+        ``deadline_s`` (perf_counter)."""
         while (left_s := deadline_s - perf_counter()) > 0:
             try:
                 answer = self._answers.get(timeout=left_s)
             except queue.Empty:
                 break
-            if (mine := self._take(answer, message.step)) is not None:
+            if (mine := self._take(answer, step)) is not None:
                 return mine
         return CallFailed(Outcome.DEADLINE)
 
@@ -110,7 +147,8 @@ class SyncStream(StreamAnswers):
         error = None
         try:
             for answer in self._call:
-                self._answers.put(answer)
+                if self._is_answer(answer):
+                    self._answers.put(answer)
         except grpc.RpcError as failed:
             error = failed
         self._answers.put(self._ended(error))
@@ -128,15 +166,18 @@ class AioStream(StreamAnswers):
     async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
         """Sends ``message``; its answer, or why there is none by ``deadline_s``
         (perf_counter)."""
+        if (failure := await self.send(message, deadline_s)) is not None:
+            return failure
+        return await self.wait(message.step, deadline_s)
+
+    async def send(self, message: pb.DraftRequest, deadline_s: float) -> CallFailed | None:
+        """Writes ``message`` (by ``deadline_s``) without waiting for its answer; why it
+        could not, if so."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
         try:
             async with asyncio.timeout(deadline_s - perf_counter()):
                 await self._call.write(message)
-                mine = None
-                while mine is None:
-                    mine = self._take(await self._answers.get(), message.step)
-                return mine
         except TimeoutError:
             return CallFailed(Outcome.DEADLINE)
         except grpc.RpcError as error:
@@ -144,6 +185,19 @@ class AioStream(StreamAnswers):
         except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:  # write after the end
             self.broken = True
             return CallFailed(Outcome.UNAVAILABLE, str(error))
+        return None
+
+    async def wait(self, step: int, deadline_s: float) -> Answer:
+        """The answer to the message sent as ``step``, or why there is none by
+        ``deadline_s`` (perf_counter)."""
+        try:
+            async with asyncio.timeout(deadline_s - perf_counter()):
+                mine = None
+                while mine is None:
+                    mine = self._take(await self._answers.get(), step)
+                return mine
+        except TimeoutError:
+            return CallFailed(Outcome.DEADLINE)
 
     def close(self) -> None:
         """Ends the call (the server drops whatever it still had queued)."""
@@ -155,7 +209,8 @@ class AioStream(StreamAnswers):
         error = None
         try:
             while (answer := await self._call.read()) is not grpc.aio.EOF:
-                self._answers.put_nowait(answer)
+                if self._is_answer(answer):
+                    self._answers.put_nowait(answer)
         except grpc.RpcError as failed:
             error = failed
         finally:  # also on cancellation by close()
