@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.engine_bench import add_engine_parser
 from benchmarks.load import add_load_parser
-from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
+from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, can_prefetch, replay
 from benchmarks.token_records import (
     LLAMA3_VOCAB_SIZE,
     DataError,
@@ -49,6 +49,16 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _fan_outs(text: str) -> tuple[int, ...]:
+    try:
+        values = {int(v) for v in text.split(",")}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected fan-outs like 1,2,4,8, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"fan-outs must be >= 1, got {text!r}")
+    return tuple(sorted(values))
 
 
 def _config_override(text: str) -> tuple[str, int | float]:
@@ -147,6 +157,14 @@ def add_replay_parser(subparsers: Any) -> None:
         help="datastore-only drafting: Drafter with a depth-1 input trie (default) "
         "or _core.draft_context(use_input=False); identical trees",
     )
+    p.add_argument(
+        "--prefetch",
+        type=_fan_outs,
+        metavar="F[,F...]",
+        help="also pre-draft every step of the Drafter-backed methods for these fan-outs "
+        "(e.g. 1,2,4,8) and report the hit rate against the recorded outcome, the "
+        "pre-drafts' accepted length and their cost (issue 13); tau is unchanged",
+    )
     p.add_argument("--vocab-size", type=_positive, default=LLAMA3_VOCAB_SIZE)
     p.add_argument("--json", action="store_true", help="one JSON object per configuration")
     p.set_defaults(func=run_replay)
@@ -232,7 +250,9 @@ def run_replay(args: argparse.Namespace) -> int:
     rows = []
     for budget in budgets:
         for method in methods:
-            result = replay(records, replace(settings, method=method, budget=budget), base)
+            prefetch = args.prefetch if can_prefetch(method, args.datastore_via) else None
+            run = replace(settings, method=method, budget=budget, prefetch=prefetch or ())
+            result = replay(records, run, base)
             uses_store = method in USES_DATASTORE
             row: dict[str, object] = {
                 "data": data_name(args.data), "method": method, "budget": budget, "mode": mode,
@@ -254,6 +274,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 row["pld_n"] = [args.pld_min, args.pld_max]
             if load_s is not None and uses_store:
                 row["corpus_load_s"] = round(load_s, 3)
+            if args.prefetch:
+                row["prefetch"] = result.prefetch
             if args.curve:
                 row["tau_curve"] = [[n, round(t, 4)] for n, t in result.tau_curve(args.curve)]
             if args.json:
@@ -261,6 +283,8 @@ def run_replay(args: argparse.Namespace) -> int:
             rows.append(row)
     if not args.json:
         print_table(rows)
+        if args.prefetch:
+            print_prefetch_table(rows)
     return 0
 
 
@@ -269,7 +293,26 @@ def print_table(rows: Sequence[dict[str, object]]) -> None:
     cols = ("data", "method", "budget", "mode", "tau", "steps", "output_tokens",
             "draft_us_p50", "draft_us_p99", "batch_ms_p50", "batch_ms_p99",
             "live_rebuild_s", "wall_s")  # fmt: skip
-    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    _print_cells(cols, [[_cell(r.get(c)) for c in cols] for r in rows])
+
+
+def print_prefetch_table(rows: Sequence[dict[str, object]]) -> None:
+    """Readable table of the pre-drafting measurements, one line per row and fan-out."""
+    keys = ("fan_out", "hit_rate", "stop_in_top_rate", "bonus_in_top_rate",
+            "predraft_accepted_mean", "plain_accepted_mean", "native_us_per_request_step",
+            "nodes_per_request_step")  # fmt: skip
+    cols = ("data", "method", "budget", "mode", *keys)
+    cells = []
+    for row in rows:
+        prefetch = row.get("prefetch")
+        if isinstance(prefetch, dict):
+            head = [_cell(row.get(c)) for c in cols[:4]]
+            cells += [head + [_cell(f.get(k)) for k in keys] for f in prefetch["per_fan_out"]]
+    print()
+    _print_cells(cols, cells)
+
+
+def _print_cells(cols: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:

@@ -312,6 +312,68 @@ def test_cli_live_table_and_errors(
     assert "max_budget" in capsys.readouterr().err
 
 
+def test_cli_prefetch_reports_hit_rates_per_fan_out(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`replay --prefetch`: per fan-out, rates in [0, 1] that grow with the fan-out, costs,
+    and the same tau as without it (pre-drafting changes no drafter state)."""
+    data, corpus = files
+    argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--budget", "8",
+            "--sources", "input", "--sources", "both", "--json",
+            "--config", "datastore_samples=20"]  # fmt: skip
+    assert main(argv) == 0
+    plain = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*argv, "--prefetch", "4,1,2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["method"] for r in rows] == ["pld", "input", "both"]
+    assert rows[0]["prefetch"] is None and all("prefetch" not in r for r in plain)
+    for row, base in zip(rows[1:], plain[1:], strict=True):
+        assert (row["tau"], row["steps"]) == (base["tau"], base["steps"])
+        report = row["prefetch"]
+        assert report["fan_outs"] == [1, 2, 4] and report["request_steps"] == row["steps"]
+        assert 0 < report["outcome_steps"] <= row["steps"]
+        assert 0 <= report["bonus_known_rate"] <= 1
+        per = report["per_fan_out"]
+        assert [f["fan_out"] for f in per] == [1, 2, 4]
+        for key in ("hit_rate", "prefix_hit_rate", "stop_in_top_rate", "bonus_in_top_rate"):
+            rates = [f[key] for f in per]
+            assert all(0 <= r <= 1 for r in rates), key
+            assert rates == sorted(rates), key  # non-decreasing in the fan-out
+        assert per[-1]["hit_rate"] > 0
+        for f in per:
+            assert f["hits"] == round(f["hit_rate"] * report["outcome_steps"])
+            assert f["compared_hits"] <= f["hits"]
+            assert 0 < f["predrafts_per_request_step"] <= f["fan_out"]
+            assert f["nodes_per_request_step"] > 0 and f["native_us_per_request_step"] > 0
+            assert f["total_us_per_request_step"] >= f["native_us_per_request_step"]
+        # The largest fan-out is its own prefix.
+        assert per[-1]["prefix_hit_rate"] == per[-1]["hit_rate"]
+        assert per[-1]["agreement_rate"] == 1
+    with pytest.raises(SystemExit):
+        main([*argv, "--prefetch", "0,2"])
+    assert "fan-outs must be >= 1, got '0,2'" in capsys.readouterr().err
+
+
+def test_prefetch_counts_do_not_depend_on_batch() -> None:
+    """Pre-drafts are per request: lockstep lanes give the same hits, compared hits and
+    pre-draft accepted lengths; only Drafter-backed methods can pre-draft."""
+    records = random_records(0, 30)
+    base = [SubIndex.build([r.output_ids for r in random_records(1, 40)], VOCAB)]
+
+    def counts(batch: int) -> list[tuple[object, ...]]:
+        result = replay(records, ReplaySettings("both", 8, batch=batch, prefetch=(1, 3)), base)
+        assert result.prefetch is not None
+        keys = ("hits", "compared_hits", "predraft_accepted_mean", "plain_accepted_mean",
+                "stop_in_top_rate", "bonus_in_top_rate", "predrafts_per_request_step")  # fmt: skip
+        per = result.prefetch["per_fan_out"]
+        assert isinstance(per, list)
+        return [tuple(f[k] for k in keys) for f in per]
+
+    assert counts(1) == counts(5)
+    with pytest.raises(ValueError, match="pre-drafting needs a Drafter-backed method"):
+        replay(records, ReplaySettings("pld", 8, prefetch=(1,)))
+
+
 def test_module_runs_as_a_script(files: tuple[Path, Path]) -> None:
     data, _ = files
     cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--data", str(data),
