@@ -64,6 +64,8 @@ def test_settings_defaults_and_json_values() -> None:
         ({"deadline_ms": "5"}, r"deadline_ms must be a number > 0, got '5'"),
         ({"budget": "lots"}, r"unknown GPU profile 'lots'"),
         ({"mode": "udp"}, r"mode must be 'stream' or 'unary', got 'udp'"),
+        ({"prefetch_fan_out": 17}, r"prefetch_fan_out must be an int in \[0, 16\], got 17"),
+        ({"prefetch_fan_out": True}, r"prefetch_fan_out must be an int in \[0, 16\], got True"),
         ({"store": "no"}, r"store must be true or false, got 'no'"),
         ({"metrics_port": 70000}, r"metrics_port must be an int in \[0, 65535\] or null, got 7"),
         ({"address": ""}, r"address must be a non-empty 'host:port', got ''"),

@@ -136,6 +136,15 @@ def test_outputs_identical_with_the_plugin(
     assert run.outputs == baseline.outputs
 
 
+def test_outputs_identical_with_pre_drafting(
+    model: Path, prompts: list[list[int]], drafter: Drafter, baseline: EngineRun
+) -> None:
+    """Pre-drafts are proposals too: with prefetch_fan_out the outputs do not change."""
+    run = run_vllm(model, prompts, max_new_tokens=NEW_TOKENS, num_speculative_tokens=K,
+                   drafter=_settings(drafter, prefetch_fan_out=4, store=False))  # fmt: skip
+    assert run.outputs == baseline.outputs
+
+
 def test_drafter_called_on_every_decode_step_and_drafts_accepted(
     with_plugin: tuple[EngineRun, dict[str, float]],
 ) -> None:
