@@ -11,14 +11,18 @@ client. Finished requests are finished (ingested in the background) and
 replaced by the next record.
 
 Without ``--target`` a service is started as a subprocess (``drafter serve``) on
-loopback, with a datastore prebuilt from ``--corpus`` if given.
+loopback, with a datastore prebuilt from ``--corpus`` if given. ``--server-cpus`` and
+``--client-cpus`` pin the started service and this process (client, decode loop) to
+CPU sets, e.g. one core each; the service then drafts with one thread per CPU it has.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,8 +58,38 @@ def add_load_parser(subparsers: Any) -> None:
                         "measured latency is the real one (default 1000)")
     p.add_argument("--mode", choices=("stream", "unary"), default="stream")
     p.add_argument("--vocab-size", type=int, default=128256)
+    p.add_argument("--server-cpus", type=_cpu_list, metavar="LIST",
+                   help="without --target: pin the started service to these CPUs (e.g. 1 or "
+                        "2-3); its drafting threads default to their number")
+    p.add_argument("--client-cpus", type=_cpu_list, metavar="LIST",
+                   help="pin this process (client and decode loop) to these CPUs (e.g. 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_load)
+
+
+def _cpu_list(text: str) -> frozenset[int]:
+    """CPU ids as taskset writes them: ``0``, ``0,2``, ``1-3``."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a CPU list: {text!r}") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"not a CPU list: {text!r}")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def _pin_process(cpus: frozenset[int]) -> None:
+    """Pins every thread of this process (sched_setaffinity applies to one thread; threads
+    started later inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
 
 
 @dataclass(slots=True)
@@ -68,6 +102,8 @@ class _Lane:
 
 
 def run_load(args: argparse.Namespace) -> int:
+    if args.server_cpus is not None and args.target is not None:
+        raise ValueError("--server-cpus pins the service load starts; with --target pin it there")
     records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
     if not records:
         raise ValueError(f"{args.data}: no record with output tokens")
@@ -76,6 +112,8 @@ def run_load(args: argparse.Namespace) -> int:
         target = args.target
         if target is None:
             proc, target = _start_server(args, Path(tmp))
+        if args.client_cpus is not None:
+            _pin_process(args.client_cpus)
         try:
             report = _drive(args, target, records)
         finally:
@@ -104,7 +142,12 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
         write_snapshot(tmp / "corpus", Datastore([index], args.vocab_size),
                        TokenizerIdentity("bench", args.vocab_size, ""))
         cmd += ["--snapshot", str(tmp / "corpus")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    pin = None
+    if args.server_cpus is not None:
+        # drafter serve's default is a thread per CPU of the machine, not of its CPU set.
+        cmd += ["--draft-threads", str(len(args.server_cpus))]
+        pin = functools.partial(os.sched_setaffinity, 0, args.server_cpus)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("drafter listening on "):
@@ -172,6 +215,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
     lat_ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
     return {
         "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
+        "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),
@@ -182,3 +226,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         "tau": round(committed / max(1, len(lat_ms) * args.batch), 4),
         "accepted_tokens": accepted, "finished": finished,
     }
+
+
+def _cpus_text(cpus: frozenset[int] | None) -> str | None:
+    return None if cpus is None else ",".join(map(str, sorted(cpus)))

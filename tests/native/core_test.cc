@@ -1039,6 +1039,55 @@ void test_retrieve_and_fuse() {
       std::invalid_argument);
 }
 
+// Samples added to a CandidateTree in batches (sorted runs that interleave with the
+// samples held, unsorted batches, duplicates, empty continuations) give the tree of
+// all of them added at once, and its node count is the number of distinct paths.
+void test_candidate_tree_batches() {
+  std::mt19937 rng(31337);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int32_t alphabet = uniform(rng, 1, 4);
+    const int32_t max_len = uniform(rng, 0, 6);
+    std::vector<Tokens> conts(static_cast<size_t>(uniform(rng, 0, 40)));
+    for (Tokens& c : conts) {
+      c.resize(static_cast<size_t>(uniform(rng, 0, max_len)));
+      for (int32_t& v : c) v = uniform(rng, 0, alphabet - 1);
+    }
+    std::vector<drafter::Sample> all;
+    for (const Tokens& c : conts) all.push_back({c.data(), static_cast<int32_t>(c.size())});
+    CandidateTree whole;
+    whole.add(all.data(), all.size());
+    // The same samples in batches of random sizes, each sorted (as one suffix array
+    // range delivers them) or shuffled; sometimes every batch sorts after the last.
+    const auto sample_order = [](const drafter::Sample& a, const drafter::Sample& b) {
+      return std::lexicographical_compare(a.tokens, a.tokens + a.len, b.tokens, b.tokens + b.len);
+    };
+    if (coin(rng, 0.3)) {
+      std::sort(all.begin(), all.end(), sample_order);
+    } else {
+      std::shuffle(all.begin(), all.end(), rng);
+    }
+    CandidateTree batched;
+    for (size_t at = 0; at < all.size();) {
+      const size_t n = std::min(all.size() - at, static_cast<size_t>(uniform(rng, 1, 12)));
+      std::vector<drafter::Sample> batch(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                         all.begin() + static_cast<std::ptrdiff_t>(at + n));
+      if (coin(rng, 0.7)) std::sort(batch.begin(), batch.end(), sample_order);
+      batched.add(batch.data(), batch.size());
+      at += n;
+    }
+    PathCounts paths;
+    paths[Tokens{}] = static_cast<double>(conts.size());
+    for (const Tokens& c : conts) {
+      for (size_t j = 1; j <= c.size(); ++j) paths[Tokens(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(j))] += 1;
+    }
+    const std::string where = "iter " + std::to_string(iter);
+    CHECK_MSG(dump_tree(whole) == paths, where);
+    CHECK_MSG(dump_tree(batched) == paths, where);
+    CHECK_EQ(static_cast<int64_t>(batched.num_nodes()), static_cast<int64_t>(paths.size()));
+    CHECK_EQ(static_cast<int64_t>(whole.num_nodes()), static_cast<int64_t>(paths.size()));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Drafter.
 
@@ -1574,6 +1623,7 @@ int main() {
       {"sub_index", test_sub_index},
       {"input_trie", test_input_trie},
       {"retrieve_and_fuse", test_retrieve_and_fuse},
+      {"candidate_tree", test_candidate_tree_batches},
       {"drafter_basic", [&] { test_drafter_basic(cds, src); }},
       {"drafter_bad_input", [&] { test_drafter_bad_input(cds, src); }},
       {"drafter_concurrent", [&] { test_drafter_concurrent(cds, src); }},

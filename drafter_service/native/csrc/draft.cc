@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -100,12 +101,14 @@ bool sample_less(const Sample& a, const Sample& b) {
 }  // namespace
 
 void CandidateTree::add(const Sample* samples, size_t n) {
+  const size_t held = samples_.size();
   samples_.insert(samples_.end(), samples, samples + n);
-  // One pass checks the order and counts distinct paths: in sorted order a
-  // sample adds one node per token past its common prefix with the previous.
+  // One pass over the new samples checks their order and counts the distinct paths
+  // they add: in sorted order a sample adds one node per token past its common prefix
+  // with the previous one (the last one held, for the first new sample).
   bool sorted = true;
-  int64_t nodes = 1;
-  for (size_t i = 0; i < samples_.size(); ++i) {
+  int64_t nodes = num_nodes_;
+  for (size_t i = held; i < samples_.size(); ++i) {
     const Sample& cur = samples_[i];
     if (i == 0) {
       nodes += cur.len;
@@ -121,7 +124,16 @@ void CandidateTree::add(const Sample* samples, size_t n) {
     }  // else equal to prev: no new node
   }
   if (!sorted) {
-    std::sort(samples_.begin(), samples_.end(), sample_less);
+    // The samples held are sorted, and so is each run of new ones from one suffix
+    // array range: sort only the new samples, then merge (linear) with those held.
+    const auto first_new = samples_.begin() + static_cast<std::ptrdiff_t>(held);
+    if (!std::is_sorted(first_new, samples_.end(), sample_less)) {
+      std::sort(first_new, samples_.end(), sample_less);
+    }
+    merged_.clear();
+    std::merge(samples_.begin(), first_new, first_new, samples_.end(), std::back_inserter(merged_),
+               sample_less);
+    samples_.swap(merged_);
     nodes = 1;
     for (size_t i = 0; i < samples_.size(); ++i) {
       nodes += samples_[i].len - (i == 0 ? 0 : common_prefix(samples_[i - 1], samples_[i]));
@@ -173,6 +185,7 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
   const size_t num_sub = datastore.sub_indices.size();
   std::vector<SaRange>& ranges = scratch.ranges;
   ranges.resize(num_sub);
+  std::vector<SampledRow>& rows = scratch.sample_rows;
   std::vector<Sample>& samples = scratch.samples;
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
@@ -183,40 +196,43 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
       total += ranges[s].size();
     }
     if (total == 0) continue;
-    samples.clear();
+    // Interval sampling: the rows of a range are sorted by continuation, so evenly
+    // spaced rows approximate the continuation distribution. The sample budget is
+    // split over sub-indices in proportion to their matches.
+    rows.clear();
     for (size_t s = 0; s < num_sub; ++s) {
       const int64_t found = ranges[s].size();
       if (found == 0) continue;
-      const SubIndex& index = *datastore.sub_indices[s];
-      // Interval sampling: the rows of a range are sorted by continuation, so
-      // evenly spaced rows approximate the continuation distribution. The
-      // sample budget is split over sub-indices in proportion to their matches.
       const int64_t count =
           total <= config.datastore_samples
               ? found
               : std::max<int64_t>(1, config.datastore_samples * found / total);
-      // Each sample is two dependent random reads (suffix array, then text),
-      // cache misses on a large index. Issue them all as prefetches first so
-      // the misses overlap instead of queueing one after another.
+      const int32_t* sa = datastore.sub_indices[s]->suffix_array();
+      for (int64_t k = 0; k < count; ++k) {
+        rows.push_back({ranges[s].begin + (k * found) / count, s});
+        __builtin_prefetch(sa + rows.back().row);
+      }
+    }
+    // Each sample is two dependent random reads (suffix array, then text), cache
+    // misses on a large index. All are issued as prefetches first, over every
+    // sub-index, so that the misses overlap instead of queueing one after another.
+    for (const SampledRow& r : rows) {
+      const SubIndex& index = *datastore.sub_indices[r.sub];
+      const int64_t start = index.position(r.row) + m;
+      // A continuation of up to cont_cap tokens may straddle two cache lines.
+      const int64_t last = std::min(start + cont_cap - 1, index.num_tokens() - 1);
+      __builtin_prefetch(index.tokens() + std::min(start, last));
+      __builtin_prefetch(index.tokens() + last);
+    }
+    samples.clear();
+    for (const SampledRow& r : rows) {
+      const SubIndex& index = *datastore.sub_indices[r.sub];
       const int32_t* text = index.tokens();
-      const int32_t* sa = index.suffix_array();
       const int64_t n = index.num_tokens();
-      for (int64_t k = 0; k < count; ++k) {
-        __builtin_prefetch(sa + ranges[s].begin + (k * found) / count);
-      }
-      for (int64_t k = 0; k < count; ++k) {
-        // A continuation of up to cont_cap tokens may straddle two cache lines.
-        const int32_t* start = text + sa[ranges[s].begin + (k * found) / count] + m;
-        __builtin_prefetch(start);
-        __builtin_prefetch(start + cont_cap - 1);
-      }
-      for (int64_t k = 0; k < count; ++k) {
-        const int64_t row = ranges[s].begin + (k * found) / count;
-        const int64_t start = index.position(row) + m;
-        int32_t len = 0;
-        while (len < cont_cap && start + len < n && text[start + len] != kSeparator) ++len;
-        samples.push_back({text + start, len});
-      }
+      const int64_t start = index.position(r.row) + m;
+      int32_t len = 0;
+      while (len < cont_cap && start + len < n && text[start + len] != kSeparator) ++len;
+      samples.push_back({text + start, len});
     }
     tree.add(samples.data(), samples.size());
   }

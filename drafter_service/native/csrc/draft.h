@@ -59,6 +59,12 @@ struct Sample {
   int32_t len;
 };
 
+// A suffix array row chosen for sampling, before its continuation is read.
+struct SampledRow {
+  int64_t row;  // row of sub-index `sub`'s suffix array, inside the prefix's range
+  size_t sub;   // index into Datastore::sub_indices
+};
+
 // Count-weighted tree of sampled continuations, rebuilt for every call: the
 // count of a node is the number of samples whose path passes through it (the
 // root counts every sample, empty ones too).
@@ -75,8 +81,9 @@ class CandidateTree {
   static constexpr int32_t kRoot = 0;
   CandidateTree() { clear(); }
   void clear();
-  // Adds sampled continuations (any order; each run of rows from one suffix
-  // array range arrives sorted, which keeps this a merge).
+  // Adds sampled continuations (any order). A batch that sorts after every sample
+  // held is counted in one pass; otherwise it is sorted (each run of rows from one
+  // suffix array range arrives sorted) and merged with the samples held.
   void add(const Sample* samples, size_t n);
   // Nodes of the whole tree, root included, materialized or not.
   int32_t num_nodes() const { return num_nodes_; }
@@ -102,6 +109,7 @@ class CandidateTree {
   void expand(int32_t node) const;
 
   std::vector<Sample> samples_;  // sorted lexicographically (a prefix before its extensions)
+  std::vector<Sample> merged_;   // add()'s merge buffer; meaningless between calls
   mutable std::vector<Node> nodes_;  // [0] is the root; grows as nodes are materialized
   int32_t num_nodes_ = 1;
 };
@@ -170,6 +178,7 @@ struct Offer {
 struct DraftScratch {
   CandidateTree datastore_tree;
   std::vector<SaRange> ranges;          // one per sub-index
+  std::vector<SampledRow> sample_rows;  // rows sampled for one prefix length
   std::vector<Sample> samples;          // continuations sampled for one prefix length
   std::vector<int32_t> children;
   std::vector<int32_t> order;
