@@ -63,6 +63,12 @@ def add_load_parser(subparsers: Any) -> None:
                         "2-3); its drafting threads default to their number")
     p.add_argument("--client-cpus", type=_cpu_list, metavar="LIST",
                    help="pin this process (client and decode loop) to these CPUs (e.g. 0)")
+    p.add_argument("--verify-ms", type=_non_negative, default=0.0, metavar="V",
+                   help="sleep V ms between a step's answer and the next step, as a GPU's "
+                        "forward pass would (pre-drafts are computed meanwhile; default 0)")
+    p.add_argument("--prefetch-fan-out", type=int, default=0, metavar="F",
+                   help="pre-drafted outcomes per request (DrafterClient prefetch_fan_out; "
+                        "stream mode; default 0 = off)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_load)
 
@@ -163,6 +169,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         target,
         deadline_ms=args.client_deadline_ms,
         mode=args.mode,
+        prefetch_fan_out=args.prefetch_fan_out,
         channel_options=[("grpc.max_receive_message_length", 64 << 20),
                          ("grpc.max_send_message_length", 64 << 20)],
     )  # fmt: skip
@@ -177,23 +184,31 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         return lane
 
     lanes = [new_lane() for _ in range(args.batch)]
-    latencies_ns: list[int] = []
+    latencies_ns: list[int] = []  # steps that called the drafter and waited
+    waits_ns: list[int] = []  # every step: how long the decode loop waited for its drafts
     accepted = committed = finished = failed = 0
-    resyncs_before = 0
+    resyncs_before = hits_before = misses_before = 0
     wall_start = 0.0
     for step in range(args.warmup + args.steps):
         measured = step >= args.warmup
         if step == args.warmup:
             wall_start = time.perf_counter()
             resyncs_before = client.stats.resyncs
+            hits_before = client.stats.predraft_hits
+            misses_before = client.stats.predraft_misses
         commits = {lane.request_id: lane.delta for lane in lanes}
         budgets = dict.fromkeys(commits, args.budget)
+        ahead_before = client.stats.ahead_steps
         start = time.perf_counter_ns()
         result = client.step(commits, budgets)
         elapsed = time.perf_counter_ns() - start
         if measured:
-            latencies_ns.append(elapsed)
+            waits_ns.append(elapsed)
+            if client.stats.ahead_steps == ahead_before:  # not every request hit: a call
+                latencies_ns.append(elapsed)
             failed += not result.ok
+        if args.verify_ms:  # the target model verifies the trees meanwhile
+            time.sleep(args.verify_ms / 1e3)
         for i, lane in enumerate(lanes):
             tree = result[lane.request_id]
             got = 0  # no tree: the step decodes one token, as without speculation
@@ -211,21 +226,38 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
                 lanes[i] = new_lane()
     wall = time.perf_counter() - wall_start
     resyncs = client.stats.resyncs - resyncs_before
+    hits = client.stats.predraft_hits - hits_before
+    misses = client.stats.predraft_misses - misses_before
     client.close()
-    lat_ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
+    wait_ms = np.asarray(waits_ns, dtype=np.float64) / 1e6
+    lat_ms = np.asarray(latencies_ns or [0], dtype=np.float64) / 1e6
     return {
-        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
+        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(wait_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),
         "step_ms_max": round(float(lat_ms.max()), 3),
-        "steps_per_s": round(len(lat_ms) / wall, 1),
+        "steps_per_s": round(len(wait_ms) / wall, 1),
         "fallbacks": int(np.count_nonzero(lat_ms > args.deadline_ms)),
         "deadline_ms": args.deadline_ms, "failed_steps": failed, "resyncs": resyncs,
-        "tau": round(committed / max(1, len(lat_ms) * args.batch), 4),
+        "tau": round(committed / max(1, len(wait_ms) * args.batch), 4),
         "accepted_tokens": accepted, "finished": finished,
+        # Pre-drafting (--prefetch-fan-out) and the time the decode loop waits (--verify-ms):
+        # step_ms_* above are the steps that called the drafter; wait_ms_* every step.
+        "verify_ms": args.verify_ms, "prefetch_fan_out": args.prefetch_fan_out,
+        "wait_ms_p50": round(float(np.percentile(wait_ms, 50)), 3),
+        "wait_ms_p99": round(float(np.percentile(wait_ms, 99)), 3),
+        "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
+        "steps_without_call": len(wait_ms) - len(latencies_ns),
     }
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
 
 
 def _cpus_text(cpus: frozenset[int] | None) -> str | None:

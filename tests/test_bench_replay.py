@@ -426,3 +426,28 @@ def test_load_benchmark_drives_a_real_service_through_the_client(
     assert row["resyncs"] == 0
     # fallbacks counts the steps slower than --deadline-ms: here 1 us, i.e. every one.
     assert row["deadline_ms"] == 0.001 and row["fallbacks"] == 60
+
+
+def test_load_benchmark_with_pre_drafting_reports_the_wait_and_the_hit_rate(
+    files: tuple[Path, Path]
+) -> None:
+    """`drafter-bench load --verify-ms 5 --prefetch-fan-out 4`: the decode loop sleeps
+    between steps as a GPU would, the service pre-drafts meanwhile, and the report has the
+    wait and the hit rate."""
+    data, corpus = files
+    rows = []
+    for extra in ([], ["--verify-ms", "5", "--prefetch-fan-out", "4"]):
+        cmd = [sys.executable, "-m", "benchmarks.bench_cli", "load", "--data", str(data),
+               "--corpus", str(corpus), "--batch", "2", "--steps", "60", "--warmup", "5",
+               "--vocab-size", "1000", "--json", *extra]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
+        rows.append(row)
+    plain, pre = rows
+    assert plain["hit_rate"] is None and plain["steps_without_call"] == 0
+    assert plain["wait_ms_p50"] == plain["step_ms_p50"]
+    assert pre["verify_ms"] == 5 and pre["prefetch_fan_out"] == 4 and pre["steps"] == 60
+    assert pre["hit_rate"] is not None and 0 <= pre["hit_rate"] <= 1
+    assert 0 <= pre["wait_ms_p50"] <= pre["wait_ms_p99"]
+    assert pre["failed_steps"] == 0

@@ -126,14 +126,16 @@ class DraftEngine:
     ) -> None:
         """Each request's tree from now on: the one answered, or for a prefetched row the
         pre-draft the client took (None: one the service no longer holds). Kept only when
-        the call asks for pre-drafts."""
+        the call asks for pre-drafts; a plain step skips this loop (trees a request kept
+        from an earlier step are never used: a client marks a row prefetched only right
+        after a step that sent pre-drafts, and that step set its tree)."""
+        if not call.prefetch_fan_out or not self.prefetch_max_bytes:
+            return
         for i, request_id in enumerate(call.request_ids):
             state = self.table.get(request_id)
             if state is None:
                 continue
-            if not call.prefetch_fan_out or not self.prefetch_max_bytes:
-                state.trees = None
-            elif i in taken:
+            if i in taken:
                 state.trees = RequestTrees(taken[i])
             elif trees[i] is not None:
                 batch, row = trees[i]  # type: ignore[misc]

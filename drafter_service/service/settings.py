@@ -149,7 +149,12 @@ def _unique_datastore_names(pairs: tuple[tuple[str, Path], ...]) -> tuple[tuple[
 
 
 def _cpu_count() -> int:
-    return os.cpu_count() or 1
+    """CPUs this process may run on (its affinity set, e.g. under taskset or a cgroup
+    cpuset), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity API (not Linux)
+        return os.cpu_count() or 1
 
 
 _Bool = Annotated[bool, BeforeValidator(_bool_text)]
