@@ -31,20 +31,12 @@ from packed import pack_predrafts
 from worker_support import NO_ADMIN, model64, plain_greedy
 
 from sssd.drafter.v1 import drafter_pb2 as pb
-from verifier_client import (
-    AioDrafterClient,
-    BreakerConfig,
-    BreakerState,
-    BudgetRule,
-    DrafterClient,
-    Outcome,
-    StepResult,
-    Tree,
-)
+from verifier_client import AioDrafterClient, BudgetRule, DrafterClient
 from verifier_client.acceptance_metrics import WorkerMetrics
+from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.predrafts import decode_predrafts, verified_outcome
 from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
-from verifier_client.results import PredraftReport
+from verifier_client.results import Outcome, PredraftReport, StepResult, Tree
 
 KINDS = ["sync", "aio"]
 SLOW_S = 0.5  # a drafter answer this slow is plainly waited for, or plainly not
