@@ -168,8 +168,9 @@ class DraftEngine:
             return None
         loop = asyncio.get_running_loop()
         # In chunks on each datastore's worker thread, after the call's own job: a call
-        # planned meanwhile (the next step) finds at most one chunk ahead of its job, the
-        # rest skipped (their pre-drafts would be too late to be used anyway).
+        # planned meanwhile (this stream's next step, or any other worker's) finds at most
+        # one chunk ahead of its job, the rest skipped: real steps come first, and
+        # pre-drafts overtaken by the next step could not be used anyway.
         planned = self._planned_calls
         futures = []
         for name, rows in groups.items():
