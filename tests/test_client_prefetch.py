@@ -500,8 +500,8 @@ def test_outputs_are_identical_with_pre_drafting_on_and_off() -> None:
 
 
 def test_outputs_are_identical_through_the_real_drafter(tmp_path: Any) -> None:
-    """Pre-drafting on and off against `drafter serve`: the same outputs (pre-drafts, once
-    the service sends them, are only proposals)."""
+    """Pre-drafting on and off against `drafter serve`: the same outputs (pre-drafts are
+    only proposals), and with it on the service's pre-drafts do reach the client."""
     model = model64("llama")
     refs = {str(i): plain_greedy(model, p, 24) for i, p in enumerate(ITEMS)}
     for fan_out in (0, 4):
@@ -515,3 +515,4 @@ def test_outputs_are_identical_through_the_real_drafter(tmp_path: Any) -> None:
             client.close(timeout_s=1.0)
             drafter.stop()
         assert client.stats.fallback_steps == 0 and client.stats.predrafts_malformed == 0
+        assert (client.stats.predraft_bytes > 0) == (fan_out > 0)
