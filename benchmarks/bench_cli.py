@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.engine_bench import add_engine_parser
+from benchmarks.live_replay import LIVE_BASE_LAYOUTS
 from benchmarks.load import add_load_parser
 from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, can_prefetch, replay
 from benchmarks.token_records import (
@@ -39,7 +40,7 @@ REPORT_KEYS = (
     "data", "method", "budget", "mode", "tau", "steps", "output_tokens", "records",
     "accepted_tokens", "draft_us_p50", "draft_us_p99", "batch_ms_p50", "batch_ms_p99",
     "datastore_tokens", "build_s", "live_rebuilds", "live_rebuild_s", "wall_s",
-    "batch", "threads",
+    "batch", "threads", "live_base",
 )  # fmt: skip
 """Keys of every JSON report line (null where a value does not apply)."""
 
@@ -133,6 +134,15 @@ def add_replay_parser(subparsers: Any) -> None:
         metavar="N",
         help="live policy: text positions per sub-index (default 512M)",
     )
+    p.add_argument(
+        "--live-base",
+        choices=LIVE_BASE_LAYOUTS,
+        default="seed",
+        help="with --live and --corpus/--snapshot, how the base joins the live datastore: "
+        "seed = its initial snapshot, finished records fold into its newest sub-index (as "
+        "drafter serve --snapshot seeds it; default); pinned = a pinned corpus (as the admin "
+        "API adds one), finished records get sub-indices of their own",
+    )
     p.add_argument("--batch", type=_positive, default=1, help="records in lockstep (default 1)")
     p.add_argument(
         "--curve",
@@ -190,6 +200,9 @@ def run_replay(args: argparse.Namespace) -> int:
             f"budget {too_big[0]} exceeds max_budget {config.max_budget} "
             "(raise it with --config max_budget=N)"
         )
+    live_base = args.live and bool(args.corpus or args.snapshot)
+    if args.live_base != "seed" and not live_base:
+        raise DataError(f"--live-base {args.live_base} needs --live and --corpus or --snapshot")
     records = read_records(args.data, vocab_size=args.vocab_size, limit=args.limit)
     base: list[SubIndex] = []
     build_s = load_s = None
@@ -239,6 +252,7 @@ def run_replay(args: argparse.Namespace) -> int:
         pld_min=args.pld_min,
         pld_max=args.pld_max,
         live=args.live,
+        live_base=args.live_base,
         live_policy=LivePolicy(
             rebuild_min_tokens=args.live_rebuild_tokens,
             max_sub_index_tokens=args.live_sub_index_tokens,
@@ -269,6 +283,7 @@ def run_replay(args: argparse.Namespace) -> int:
                 "live_rebuild_s": (round(result.live_rebuild_s, 3)
                                    if args.live and uses_store else None),
                 "wall_s": round(result.wall_s, 3), "batch": args.batch, "threads": args.threads,
+                "live_base": args.live_base if live_base and uses_store else None,
             }  # fmt: skip
             if method == "pld":
                 row["pld_n"] = [args.pld_min, args.pld_max]

@@ -1,9 +1,14 @@
 """The live datastore as ``--live`` replays use it.
 
 Finished records are ingested into the product's :class:`LiveDatastore`
-(write-ahead log, real rebuild policy) in a temporary directory; a prebuilt
-corpus, if any, is its initial snapshot. The policy rebuilds synchronously
-(``background=False``) so that replays stay deterministic.
+(write-ahead log, real rebuild policy) in a temporary directory. A prebuilt base
+(``--corpus`` or ``--snapshot``), if any, joins it in one of two layouts
+(:data:`LIVE_BASE_LAYOUTS`): ``seed``, its initial snapshot, as ``drafter serve
+--snapshot`` seeds a data directory (the base is learned data: finished records fold
+into its newest sub-index); ``pinned``, a pinned corpus, as the admin API adds one
+(the base stays its own sub-indices, finished records get sub-indices of their own).
+The policy rebuilds synchronously (``background=False``) so that replays stay
+deterministic.
 """
 
 from __future__ import annotations
@@ -15,19 +20,43 @@ from pathlib import Path
 from benchmarks.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.live.pinned_corpora import CORPORA_KEY, Corpus, corpora_listing
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
+
+LIVE_BASE_LAYOUTS = ("seed", "pinned")
+"""How a base joins the live datastore: ``seed`` = its initial (learned) snapshot;
+``pinned`` = a pinned corpus beside the learned sub-indices."""
+
+PINNED_BASE_NAME = "replay-base"
+"""The corpus name of a ``pinned`` base."""
 
 
 class ReplayLiveStore:
-    """A :class:`LiveDatastore` in a temporary directory, starting from ``base``."""
+    """A :class:`LiveDatastore` in a temporary directory, starting from ``base`` laid
+    out as ``base_layout`` (one of :data:`LIVE_BASE_LAYOUTS`)."""
 
-    def __init__(self, base: Sequence[SubIndex], vocab_size: int, policy: LivePolicy) -> None:
+    def __init__(
+        self,
+        base: Sequence[SubIndex],
+        vocab_size: int,
+        policy: LivePolicy,
+        base_layout: str = "seed",
+    ) -> None:
+        if base_layout not in LIVE_BASE_LAYOUTS:
+            raise ValueError(
+                f"unknown live base layout {base_layout!r}; "
+                f"expected one of {', '.join(LIVE_BASE_LAYOUTS)}"
+            )
         self._dir = tempfile.TemporaryDirectory(prefix="drafter-bench-live-")
         tokenizer = TokenizerIdentity(name="replay", vocab_size=vocab_size, fingerprint="")
         if base:
             initial = Path(self._dir.name) / "snapshots" / "initial"
             initial.parent.mkdir(parents=True)
-            write_snapshot(initial, Datastore(base, vocab_size), tokenizer)
+            # The manifest's corpora listing is what makes the live datastore load the
+            # base as a pinned corpus instead of as its first learned sub-indices.
+            pinned = Corpus(PINNED_BASE_NAME, tuple(base))
+            metadata = {CORPORA_KEY: corpora_listing([pinned])} if base_layout == "pinned" else None
+            write_snapshot(initial, Datastore(base, vocab_size), tokenizer, metadata=metadata)
         self.store = LiveDatastore(self._dir.name, tokenizer, policy, background=False)
 
     @property

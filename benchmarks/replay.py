@@ -59,6 +59,11 @@ class ReplaySettings:
     live_policy: LivePolicy = field(default_factory=lambda: LivePolicy(rebuild_min_tokens=1))
     """Rebuild policy of the live datastore; the default folds every finished record in
     before the next one starts."""
+    live_base: str = "seed"
+    """With ``live`` and a base: how the base joins the live datastore, one of
+    :data:`~benchmarks.live_replay.LIVE_BASE_LAYOUTS` (``seed``: its initial snapshot,
+    finished records fold into its newest sub-index; ``pinned``: a pinned corpus,
+    finished records get sub-indices of their own)."""
     vocab_size: int = 128256
     datastore_via: str = "drafter"
     """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
@@ -163,15 +168,16 @@ def replay(
 ) -> ReplayResult:
     """Replays ``records`` under ``settings`` over the datastore of ``base`` sub-indices.
 
-    With ``settings.live`` the datastore starts as ``base`` and each finished
-    record (last prompt tokens + output) is ingested at the step boundary,
-    before the next record starts. Methods that use no datastore ignore both.
+    With ``settings.live`` the datastore starts as ``base`` (laid out as
+    ``settings.live_base``) and each finished record (last prompt tokens + output) is
+    ingested at the step boundary, before the next record starts. Methods that use no
+    datastore ignore both.
     """
     if settings.batch < 1:
         raise ValueError(f"batch must be >= 1, got {settings.batch}")
     uses_store = settings.method in USES_DATASTORE
     live = (
-        ReplayLiveStore(base, settings.vocab_size, settings.live_policy)
+        ReplayLiveStore(base, settings.vocab_size, settings.live_policy, settings.live_base)
         if settings.live and uses_store
         else None
     )

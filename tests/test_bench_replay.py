@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.bench_cli import REPORT_KEYS, main
+from benchmarks.live_replay import ReplayLiveStore
 from benchmarks.pld import PldIndex, propose
 from benchmarks.replay import ReplaySettings, accepted_length, replay
 from benchmarks.token_records import DataError, Record, iter_records, read_records
 from drafter_service.datastore.sub_indices import SubIndex
+from drafter_service.live.live_datastore import LivePolicy
 
 VOCAB = 128256
 
@@ -87,6 +89,38 @@ def test_live_mode_ingests_finished_records() -> None:
     assert replay([a, b], ReplaySettings("datastore", 16, live=True, batch=2)).steps == 8
     # Without --live nothing is learned.
     assert replay([a, b], ReplaySettings("datastore", 16)).steps == 8
+
+
+def test_live_base_layouts_draft_from_the_base_and_the_live_records() -> None:
+    base = [SubIndex.build([[5, 6, 70, 71, 72, 73]], VOCAB)]
+    a = rec([1, 2, 3], [40, 41, 42, 43], "a")
+    # b continues a's output (learned live) and then the base's "5 6 -> 70 .. 73".
+    b = rec([9, 2, 3], [40, 41, 42, 43, 5, 6, 70, 71, 72, 73], "b")
+    # One separator between the base and a when a folds into the base's sub-index.
+    for layout, separators in (("seed", 2), ("pinned", 1)):
+        settings = ReplaySettings("datastore", 16, live=True, live_base=layout)
+        result = replay([a, b], settings, base)
+        # a: the base knows nothing of it, 4 steps; b: 40..43 (live) + bonus 5, then
+        # 6 70 71 72 73 (base) in one step.
+        assert (result.steps, result.live_rebuilds) == (4 + 2, 2), layout
+        assert result.datastore_tokens == 6 + 7 + 13 + separators  # base, a, b
+    with pytest.raises(ValueError, match="live base layout 'merged'"):
+        replay([a], ReplaySettings("datastore", 16, live=True, live_base="merged"), base)
+
+
+@pytest.mark.parametrize(("layout", "sizes"), [("seed", [6 + 1 + 7]), ("pinned", [6, 7])])
+def test_live_base_layouts_keep_the_base_in_or_beside_the_learned_sub_indices(
+    layout: str, sizes: list[int]
+) -> None:
+    base = [SubIndex.build([[5, 6, 70, 71, 72, 73]], VOCAB)]
+    store = ReplayLiveStore(base, VOCAB, LivePolicy(rebuild_min_tokens=1), layout)
+    try:
+        datastore = store.ingest([rec([1, 2, 3], [40, 41, 42, 43])])
+        assert [s.num_tokens for s in datastore.sub_indices] == sizes
+        pinned = [c.name for c in store.store.corpora]
+        assert pinned == (["replay-base"] if layout == "pinned" else [])
+    finally:
+        store.close()
 
 
 def random_records(seed: int, count: int) -> list[Record]:
@@ -308,6 +342,27 @@ def test_cli_live_table_and_errors(
     assert both["mode"] == "live" and both["live_rebuilds"] == 12
     assert main(["replay", "--data", str(data.parent / "nope.jsonl")]) == 2
     assert "cannot open" in capsys.readouterr().err
+
+
+def test_cli_live_base_layouts(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, corpus = files
+    common = ["replay", "--data", str(data), "--corpus", str(corpus), "--live", "--no-pld",
+              "--json", "--budget", "8"]  # fmt: skip
+    rows = {}
+    for layout in ("seed", "pinned"):
+        assert main([*common, "--live-base", layout]) == 0
+        rows[layout] = json.loads(capsys.readouterr().out)
+    for layout, row in rows.items():
+        assert row["mode"] == "corpus+live" and row["live_base"] == layout
+        assert row["live_rebuilds"] == 12
+    # The seed layout's one sub-index has one separator more (after the base).
+    assert rows["seed"]["datastore_tokens"] == rows["pinned"]["datastore_tokens"] + 1
+    assert main(["replay", "--data", str(data), "--live", "--json", "--no-pld"]) == 0
+    assert json.loads(capsys.readouterr().out)["live_base"] is None
+    assert main(["replay", "--data", str(data), "--live", "--live-base", "pinned"]) == 2
+    assert "--live-base pinned needs --live and --corpus" in capsys.readouterr().err
     assert main(["replay", "--data", str(data), "--budget", "300"]) == 2
     assert "max_budget" in capsys.readouterr().err
 
