@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.replay import accepted_length
+from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import Record, iter_documents, read_records
 from verifier_client import DrafterClient
 

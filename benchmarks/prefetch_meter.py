@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from benchmarks.acceptance import accepted_length
 from benchmarks.proposers import DrafterProposer
 from drafter_service.drafting.drafter import DraftTree
 from drafter_service.drafting.predraft import candidate_nodes, observed_outcome, path_tokens
@@ -93,8 +94,8 @@ class PrefetchMeter:
         for slot, tree, target in zip(slots, trees, targets, strict=True):
             for counts, predraft in self._pending.pop(slot, []):
                 counts.compared += 1
-                counts.predraft_accepted += accepted_depth(predraft, target)
-                counts.plain_accepted += accepted_depth(tree, target)
+                counts.predraft_accepted += _accepted(predraft, target)
+                counts.plain_accepted += _accepted(tree, target)
                 counts.same_tree += np.array_equal(predraft.tokens, tree.tokens) and bool(
                     np.array_equal(predraft.parents, tree.parents)
                 )
@@ -185,8 +186,6 @@ class PrefetchMeter:
         }
 
 
-def accepted_depth(tree: DraftTree, target: Sequence[int]) -> int:
-    """Tokens greedy verification accepts from ``tree`` against ``target`` (capped at its
-    length): the depth of the observed outcome's node."""
-    outcome = observed_outcome(tree, target)
-    return len(target) if outcome is None else len(path_tokens(tree, outcome[0]))
+
+def _accepted(tree: DraftTree, target: Sequence[int]) -> int:
+    return accepted_length(tree.tokens.tolist(), tree.parents.tolist(), target, 0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.acceptance import accepted_length
 from benchmarks.live_replay import ReplayLiveStore
 from benchmarks.prefetch_meter import PrefetchMeter
 from benchmarks.proposers import (
@@ -107,21 +108,6 @@ class ReplayResult:
     @property
     def tau(self) -> float:
         return self.output_tokens / self.steps if self.steps else 0.0
-
-
-def accepted_length(
-    tokens: Sequence[int], parents: Sequence[int], output: Sequence[int], p: int
-) -> int:
-    """Depth of the deepest path of the tree matching ``output[p:]`` (parents precede children)."""
-    left = len(output) - p
-    depth = [0] * len(tokens)  # matched depth of each node, 0 = off the output
-    best = 0
-    for i, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
-        d = 1 if parent < 0 else depth[parent] + 1 if depth[parent] else 0
-        if d and d <= left and token == output[p + d - 1]:
-            depth[i] = d
-            best = max(best, d)
-    return best
 
 
 def can_prefetch(method: str, datastore_via: str = "drafter") -> bool:

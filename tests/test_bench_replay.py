@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.acceptance import accepted_length
 from benchmarks.bench_cli import REPORT_KEYS, main
 from benchmarks.live_replay import ReplayLiveStore
 from benchmarks.pld import PldIndex, propose
-from benchmarks.replay import ReplaySettings, accepted_length, replay
+from benchmarks.replay import ReplaySettings, replay
 from benchmarks.token_records import DataError, Record, iter_records, read_records
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.live.live_datastore import LivePolicy
