@@ -40,7 +40,6 @@ def test_a_prefetched_row_resolves_to_the_predraft_of_its_outcome() -> None:
     assert resolve_prefetched(trees, toks(5)) is None  # no bonus token
     assert resolve_prefetched(RequestTrees(None, {(0, 9): A}), toks(5, 9)) is None
     assert resolve_prefetched(None, toks(4)) is None
-    assert trees.nbytes() == (3 + 2 + 1) * 12 + 2 * 12
 
 
 def unpack(resp) -> dict[str, list[tuple[int, int, list[int], list[int]]]]:  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -46,13 +46,28 @@ PREDRAFT_CHUNK_REQUESTS = 8
 pre-drafting (about 8 x 0.2-0.4 ms at fan-out 4-8 on the benchmark machine)."""
 
 
+class _PredraftRow(NamedTuple):
+    """A request of the step to pre-draft: its state and tree as they were then."""
+
+    request_id: str  # as the engine knows it (namespaced)
+    client_id: str  # as the client knows it
+    state: RequestState
+    trees: RequestTrees
+    tree: DraftTree
+    budget: int
+
+    def unchanged(self, table: RequestTable) -> bool:
+        """No call replaced the request or its tree since."""
+        return table.get(self.request_id) is self.state and self.state.trees is self.trees
+
+
 @dataclass(slots=True)
 class Prefetch:
     """A step's pre-drafts, computed: the response to send, and what each request keeps
     once it is sent (:meth:`DraftEngine.keep_predrafts`)."""
 
     response: pb.DraftResponse
-    rows: list[tuple[str, RequestState, RequestTrees, list[Predraft]]]
+    kept: list[tuple[_PredraftRow, list[Predraft]]]
 
 
 class DraftEngine:
@@ -156,14 +171,14 @@ class DraftEngine:
         if not call.prefetch_fan_out or not self.prefetch_max_bytes:
             return None
         started = time.perf_counter()
-        groups: dict[str, list[tuple[str, str, RequestState, RequestTrees, DraftTree, int]]] = {}
+        groups: dict[str, list[_PredraftRow]] = {}
         for i, request_id in enumerate(call.request_ids):
             state = self.table.get(request_id)
             if state is None or state.trees is None or state.trees.tree is None:
                 continue
-            groups.setdefault(state.datastore, []).append(
-                (request_id, client_ids[i], state, state.trees, state.trees.tree, call.budgets[i])
-            )
+            groups.setdefault(state.datastore, []).append(_PredraftRow(
+                request_id, client_ids[i], state, state.trees, state.trees.tree, call.budgets[i]
+            ))  # fmt: skip
         if not groups:
             return None
         loop = asyncio.get_running_loop()
@@ -179,8 +194,8 @@ class DraftEngine:
                 chunk = rows[lo : lo + PREDRAFT_CHUNK_REQUESTS]
                 futures.append(loop.run_in_executor(
                     slot.executor, self._predraft_chunk, planned, slot.drafter,
-                    [r[0] for r in chunk], [r[4] for r in chunk], call.prefetch_fan_out,
-                    [r[5] for r in chunk],
+                    [r.request_id for r in chunk], [r.tree for r in chunk],
+                    call.prefetch_fan_out, [r.budget for r in chunk],
                 ))  # fmt: skip
         try:
             results = await asyncio.gather(*futures)
@@ -191,14 +206,14 @@ class DraftEngine:
             return None
         every_row = [row for rows in groups.values() for row in rows]
         every_predraft = [pre for chunk in results if chunk is not None for pre in chunk]
-        kept_rows = []
-        for (request_id, client_id, state, trees, _, _), pre in zip(
-            every_row, every_predraft, strict=True
-        ):
-            if self.table.get(request_id) is state and state.trees is trees:
-                kept_rows.append((client_id, state, trees, pre))
+        fresh = [
+            (row, pre)
+            for row, pre in zip(every_row, every_predraft, strict=True)
+            if row.unchanged(self.table)
+        ]
         response, kept = prefetch_response(
-            step, [r[0] for r in kept_rows], [r[3] for r in kept_rows], self.prefetch_max_bytes
+            step, [row.client_id for row, _ in fresh], [pre for _, pre in fresh],
+            self.prefetch_max_bytes,
         )
         self.metrics.record_prefetch(
             sum(len(k) for k in kept), response.ByteSize() if response else 0,
@@ -206,7 +221,9 @@ class DraftEngine:
         )
         if response is None:
             return None
-        return Prefetch(response, [(*r[:3], k) for r, k in zip(kept_rows, kept, strict=True)])
+        return Prefetch(
+            response, [(row, k) for (row, _), k in zip(fresh, kept, strict=True)]
+        )
 
     def _predraft_chunk(
         self,
@@ -226,9 +243,9 @@ class DraftEngine:
     def keep_predrafts(self, prefetch: Prefetch) -> None:
         """The pre-drafts were sent: each request holds exactly those it was sent, unless
         a call changed it meanwhile."""
-        for _, state, trees, kept in prefetch.rows:
-            if state.trees is trees:
-                trees.predrafts = {(p.outcome.node, p.outcome.bonus): p.tree for p in kept}
+        for row, kept in prefetch.kept:
+            if row.state.trees is row.trees:
+                row.trees.predrafts = {(p.outcome.node, p.outcome.bonus): p.tree for p in kept}
 
     def _plan(
         self,

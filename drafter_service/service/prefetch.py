@@ -35,12 +35,6 @@ class RequestTrees:
     tree: DraftTree | None = None  # None: unknown (a miss the service cannot follow)
     predrafts: dict[tuple[int, int], DraftTree] = field(default_factory=dict)
 
-    def nbytes(self) -> int:
-        """Memory of the trees held, as sent (the request table's byte budget counts it)."""
-        trees = [*self.predrafts.values()] + ([self.tree] if self.tree is not None else [])
-        nodes = sum(len(t.tokens) for t in trees)
-        return nodes * _NODE_BYTES + len(self.predrafts) * _OUTCOME_BYTES
-
 
 def resolve_prefetched(
     trees: RequestTrees | None, new_tokens: npt.NDArray[np.int32]
