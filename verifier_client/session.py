@@ -187,7 +187,8 @@ class DraftSession:
         budget_of = self._check_budgets(budgets) if budgets is not None else None
         self.tracker.commit_many(commits)
         self.stats.steps += 1
-        self._counted = _predraft_counters(self.stats)
+        if self.prefetch_fan_out:  # report() reads them; off, it reports nothing
+            self._counted = _predraft_counters(self.stats)
         return StepStart(tuple(commits), budget_of, now_s)
 
     def plan(
