@@ -22,10 +22,12 @@ $(BIN)/python:
 
 # Prometheus and promtool (Debian package) for the metrics tests: the alert rules
 # are checked with promtool and a real Prometheus scrapes a drafter and a worker.
+# redis-server (Debian package): the shared ingest log of the scale-out tests.
+TOOL_PACKAGES = prometheus redis-server
 tools:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null; fi; }
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends $(TOOL_PACKAGES) >/dev/null; \
+	  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends $(TOOL_PACKAGES) >/dev/null; fi; }
 
 # Build dependencies first, then the package (compiles the C++ core once).
 setup: $(BIN)/python tools

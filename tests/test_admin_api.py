@@ -764,7 +764,7 @@ def test_fuzz_against_the_openapi_schema(admin: Admin, authenticated: bool) -> N
         checks.response_schema_conformance,
     ]
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 17
+    assert len(operations) == 20
     statuses: dict[int, int] = {}
     variants: list[tuple[Any, GenerationMode, dict[str, str] | None]] = []
     for operation in operations:

@@ -23,8 +23,8 @@ def test_records_survive_reopen_in_order(tmp_path: Path) -> None:
     log.close()
     again = IngestLog(tmp_path)
     got = again.recovered()
-    assert [s for s, _ in got] == seqs
-    assert all(np.array_equal(a, b) for (_, a), b in zip(got, written, strict=True))
+    assert [s for s, *_ in got] == seqs
+    assert all(np.array_equal(a, b) for (_, a, _), b in zip(got, written, strict=True))
     assert again.append(docs(1, seed=9)[0]) == 31
 
 
@@ -39,10 +39,10 @@ def test_torn_tail_is_truncated_and_earlier_records_kept(tmp_path: Path, cut: in
     with open(segment, "r+b") as f:  # a crash in the middle of the last append
         f.truncate(size - cut)
     again = IngestLog(tmp_path)
-    assert [s for s, _ in again.recovered()] == [1, 2, 3, 4]
+    assert [s for s, *_ in again.recovered()] == [1, 2, 3, 4]
     assert again.append(np.array([1, 2], dtype=np.int32)) == 5
     again.close()
-    assert [s for s, _ in IngestLog(tmp_path).recovered()] == [1, 2, 3, 4, 5]
+    assert [s for s, *_ in IngestLog(tmp_path).recovered()] == [1, 2, 3, 4, 5]
 
 
 def test_flipped_byte_in_an_older_segment_is_refused(tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_discard_through_deletes_only_covered_segments(tmp_path: Path) -> None:
     assert log.discard_through(2) == 0  # segment 1 still holds seq 3
     assert log.discard_through(3) == 1
     log.close()
-    assert [s for s, _ in IngestLog(tmp_path, covered_seq=3).recovered()] == [4, 5]
+    assert [s for s, *_ in IngestLog(tmp_path, covered_seq=3).recovered()] == [4, 5]
 
 
 def test_numbering_continues_after_the_snapshot_position(tmp_path: Path) -> None:
@@ -110,12 +110,12 @@ def test_salvage_keeps_every_readable_record_and_the_damaged_segment(tmp_path: P
     segment, _ = _fifty_records_then_flip(tmp_path)
     damaged = segment.read_bytes()
     log = IngestLog(tmp_path, salvage=True)
-    seqs = [s for s, _ in log.recovered()]
+    seqs = [s for s, *_ in log.recovered()]
     assert len(seqs) == 49 and seqs == sorted(seqs) and seqs[-1] == 50  # one record lost
     assert (tmp_path / "damaged" / segment.name).read_bytes() == damaged
     assert log.append(np.arange(4, dtype=np.int32)) == 51
     log.close()
-    again = [s for s, _ in IngestLog(tmp_path).recovered()]  # clean now: no flag needed
+    again = [s for s, *_ in IngestLog(tmp_path).recovered()]  # clean now: no flag needed
     assert again == [*seqs, 51]
 
 
@@ -127,6 +127,6 @@ def test_a_torn_tail_is_kept_beside_the_segment(tmp_path: Path) -> None:
     segment = next(tmp_path.iterdir())
     whole = segment.read_bytes()
     segment.write_bytes(whole[:-5])  # the last append, cut short by a crash
-    assert [s for s, _ in IngestLog(tmp_path).recovered()] == [1, 2]
+    assert [s for s, *_ in IngestLog(tmp_path).recovered()] == [1, 2]
     torn = [p for p in tmp_path.iterdir() if ".torn-" in p.name]
     assert len(torn) == 1 and whole.startswith(segment.read_bytes() + torn[0].read_bytes())

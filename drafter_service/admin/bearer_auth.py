@@ -9,6 +9,9 @@ It runs before routing and body parsing, so an unauthenticated caller learns not
   ``/readyz``) and the API description (``/openapi.json``, ``/docs`` and its assets
   under ``/docs/assets/``: public code, no server state), so the interactive docs
   work in a browser;
+* a snapshot's files (``/v1/datastores/*/snapshots/*/files...``: the datastore's whole
+  content, what a new replica downloads) are read only with the token, and refused
+  (403) when none is configured, like a change;
 * a missing or wrong token is 401 with ``WWW-Authenticate: Bearer``; the comparison
   is constant-time (``hmac.compare_digest`` over the UTF-8 bytes).
 """
@@ -16,45 +19,23 @@ It runs before routing and body parsing, so an unauthenticated caller learns not
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
-from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from drafter_service.admin.http_errors import error_response
+from drafter_service.service.admin_token import TOKEN_ENV, load_token
 
-TOKEN_ENV = "DRAFTER_ADMIN_TOKEN"
-MIN_TOKEN_CHARS = 16
+__all__ = ["BearerAuth", "load_token"]
+
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
 DOCS_ASSETS_PATH = "/docs/assets"  # Swagger UI's files (static, the package's own copies)
 REALM = 'Bearer realm="drafter-admin"'
 NO_TOKEN_MESSAGE = (
-    "admin calls that change state are disabled: no admin token is configured; set "
+    "admin calls that change state or read a snapshot's files are disabled: no admin "
+    "token is configured; set "
     f"--admin-token-file (DRAFTER_ADMIN_TOKEN_FILE) or the {TOKEN_ENV} environment variable"
 )
-
-
-def load_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
-    """The configured token: the file's content (stripped) if a file is given, else
-    ``DRAFTER_ADMIN_TOKEN``, else None. Raises ValueError for an unreadable file or a
-    token shorter than ``MIN_TOKEN_CHARS`` characters (guessable)."""
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"admin_token_file {token_file}: cannot read it: {exc}") from None
-        source = f"admin_token_file {token_file}"
-    elif environ.get(TOKEN_ENV, "").strip():
-        token, source = environ[TOKEN_ENV].strip(), TOKEN_ENV
-    else:
-        return None
-    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
-        raise ValueError(
-            f"{source}: the admin token must be at least {MIN_TOKEN_CHARS} characters "
-            "without whitespace"
-        )
-    return token
 
 
 class BearerAuth:
@@ -68,7 +49,7 @@ class BearerAuth:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        mutating = scope["method"] not in READ_METHODS
+        mutating = scope["method"] not in READ_METHODS or _content(scope["path"])
         if not mutating and (self._token is None or _public(scope["path"])):
             await self.app(scope, receive, send)
             return
@@ -87,6 +68,13 @@ class BearerAuth:
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _content(path: str) -> bool:
+    """Whether ``path`` reads a snapshot's files (the datastore's content)."""
+    parts = path.split("/")
+    return len(parts) >= 7 and parts[1:3] == ["v1", "datastores"] and parts[4] == "snapshots" \
+        and parts[6] == "files"  # fmt: skip
 
 
 def _public(path: str) -> bool:

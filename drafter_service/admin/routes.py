@@ -16,6 +16,7 @@ from drafter_service.admin.admin_jobs import Job
 from drafter_service.admin.context import AdminContext
 from drafter_service.admin.http_errors import AdminError, not_found
 from drafter_service.admin.schemas import (
+    ContentDigest,
     DatastoreDetail,
     DatastoreList,
     DatastoreSummary,
@@ -25,8 +26,9 @@ from drafter_service.admin.schemas import (
     LiveDetail,
     Settings,
     SettingsPatch,
+    SharedLogDetail,
 )
-from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore
+from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
 from drafter_service.service.catalog import DatastoreSlot
 from drafter_service.service.settings import DATASTORE_NAME
 
@@ -130,12 +132,49 @@ async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDeta
             last_snapshot_unix=s.last_snapshot_unix,
             last_error=s.last_error,
             corpora=len(slot.live.corpora),
+            shared_log=_shared_log(slot.live, s),
         )
     return DatastoreDetail(
         **_summary(slot).model_dump(),
         active_requests=slot.drafter.num_requests,
         live_state=live,
     )
+
+
+def _shared_log(live: LiveDatastore, s: LiveStats) -> SharedLogDetail | None:
+    stream = live.shared_log
+    if stream is None:
+        return None
+    return SharedLogDetail(
+        stream=stream.key,
+        consumed_offset=_text(s.consumed_offset),
+        covered_offset=_text(s.covered_offset),
+        skipped_entries=s.stream_skipped,
+        errors=s.stream_errors,
+        lost=s.stream_lost,
+    )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+@v1.get("/datastores/{name}/digest", response_model=ContentDigest, tags=["datastores"])
+async def content_digest(request: Request, name: DatastoreName) -> ContentDigest:
+    """The learned content's hash and stream offsets: compare replicas for convergence."""
+    live = context(request).live(name)
+
+    def read() -> ContentDigest:
+        s = live.stats()
+        return ContentDigest(
+            content_sha256=live.content_digest(),
+            num_tokens=s.num_tokens,
+            pending_tokens=s.pending_tokens,
+            consumed_offset=_text(s.consumed_offset),
+            covered_offset=_text(s.covered_offset),
+        )
+
+    return await asyncio.to_thread(read)
 
 
 @job_route(

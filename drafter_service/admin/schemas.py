@@ -34,6 +34,15 @@ class DatastoreSummary(BaseModel):
     resident_bytes: int
 
 
+class SharedLogDetail(BaseModel):
+    stream: str
+    consumed_offset: str | None
+    covered_offset: str | None
+    skipped_entries: int = Field(description="entries no replica can store (logged)")
+    errors: int = Field(description="failed reads of the log server or local log writes")
+    lost: int = Field(description="times entries were found trimmed before they were taken")
+
+
 class LiveDetail(BaseModel):
     pending_tokens: int
     rebuilds: int
@@ -45,6 +54,7 @@ class LiveDetail(BaseModel):
     last_snapshot_unix: float | None
     last_error: str | None
     corpora: int
+    shared_log: SharedLogDetail | None = Field(description="null: this replica learns alone")
 
 
 class DatastoreDetail(DatastoreSummary):
@@ -60,6 +70,10 @@ class SnapshotSummary(BaseModel):
     name: str
     created_unix: float
     wal_position: int
+    log_offset: str | None = Field(
+        description="shared ingest stream entry id of the newest document it holds "
+        "(null: none from a shared log)"
+    )
     num_tokens: int
     sub_indices: int
     pinned: bool
@@ -74,6 +88,29 @@ class SnapshotDetail(SnapshotSummary):
 
 class SnapshotList(BaseModel):
     snapshots: list[SnapshotSummary]
+
+
+class SnapshotFile(BaseModel):
+    name: str
+    bytes: int
+
+
+class SnapshotFiles(BaseModel):
+    files: list[SnapshotFile] = Field(
+        description="every file of the snapshot directory; manifest.json lists the "
+        "checksums of the others"
+    )
+
+
+class ContentDigest(BaseModel):
+    content_sha256: str = Field(
+        description="SHA-256 over the learned sub-indices' tokens: equal on replicas that "
+        "took the same shared-log entries and folded them all (pending_tokens 0)"
+    )
+    num_tokens: int
+    pending_tokens: int
+    consumed_offset: str | None = Field(description="newest shared-log entry in the ingest log")
+    covered_offset: str | None = Field(description="newest shared-log entry in the sub-indices")
 
 
 class SnapshotCreate(Strict):

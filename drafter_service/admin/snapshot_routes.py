@@ -6,6 +6,7 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import Path, Request, Response
+from fastapi.responses import FileResponse
 
 from drafter_service.admin import routes
 from drafter_service.admin.corpus_files import NAME_PATTERN
@@ -14,13 +15,23 @@ from drafter_service.admin.schemas import (
     JobInfo,
     SnapshotCreate,
     SnapshotDetail,
+    SnapshotFile,
+    SnapshotFiles,
     SnapshotList,
     SnapshotSummary,
 )
-from drafter_service.live.live_datastore import CORPORA_KEY, PINNED_KEY, LiveDatastore
+from drafter_service.live.live_datastore import (
+    CORPORA_KEY,
+    LOG_OFFSET_KEY,
+    PINNED_KEY,
+    LiveDatastore,
+)
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
 
 SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot name")]
+FileName = Annotated[
+    str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", description="file of the snapshot")
+]
 router = routes.v1_router()
 
 
@@ -96,6 +107,11 @@ async def restore_snapshot(
     live = routes.context(request).live(name)
     if await asyncio.to_thread(_find, live, snapshot) is None:
         raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+    if live.shared_log is not None:
+        raise conflict(
+            "restore is refused while the datastore follows a shared ingest stream: a "
+            "rollback on one replica would make it differ from the others"
+        )
 
     def work() -> dict[str, Any]:
         info = live.restore(snapshot)
@@ -109,6 +125,50 @@ async def restore_snapshot(
     return routes.start_job(request, response, "restore", name, work)
 
 
+@router.get(
+    "/datastores/{name}/snapshots/{snapshot}/files",
+    response_model=SnapshotFiles,
+    tags=["snapshots"],
+    summary="the files of a snapshot (what a new replica downloads; needs the token)",
+)
+async def list_snapshot_files(
+    request: Request, name: routes.DatastoreName, snapshot: SnapshotName
+) -> SnapshotFiles:
+    info = await _complete(request, name, snapshot)
+    files = await asyncio.to_thread(_files, info)
+    return SnapshotFiles(files=[SnapshotFile(name=n, bytes=size) for n, size in files.items()])
+
+
+@router.get(
+    "/datastores/{name}/snapshots/{snapshot}/files/{file}",
+    response_class=FileResponse,
+    tags=["snapshots"],
+    summary="one file of a snapshot, as stored (checksums in manifest.json; needs the token)",
+)
+async def download_snapshot_file(
+    request: Request, name: routes.DatastoreName, snapshot: SnapshotName, file: FileName
+) -> FileResponse:
+    info = await _complete(request, name, snapshot)
+    files = await asyncio.to_thread(_files, info)
+    if file not in files:
+        raise not_found(f"snapshot {snapshot!r} has no file {file!r}")
+    return FileResponse(info.path / file, media_type="application/octet-stream")
+
+
+async def _complete(request: Request, name: str, snapshot: str) -> SnapshotInfo:
+    live = routes.context(request).live(name)
+    info = await asyncio.to_thread(_find, live, snapshot)
+    if info is None:
+        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+    return info
+
+
+def _files(info: SnapshotInfo) -> dict[str, int]:
+    """The regular files of a snapshot directory and their sizes (an open file handle
+    keeps a file readable even if rotation deletes the snapshot during a download)."""
+    return {p.name: p.stat().st_size for p in sorted(info.path.iterdir()) if p.is_file()}
+
+
 @router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204, tags=["snapshots"])
 async def delete_snapshot(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
@@ -119,6 +179,10 @@ async def delete_snapshot(
         await routes.remove_or_404(live.delete_snapshot, snapshot, missing)
     except SnapshotError as exc:  # the newest snapshot: a restart needs it
         raise conflict(str(exc)) from None
+
+
+def _offset(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _find(live: LiveDatastore, name: str) -> SnapshotInfo | None:
@@ -138,6 +202,7 @@ def _summary(info: SnapshotInfo, newest: bool) -> SnapshotSummary:
         wal_position=info.wal_position,
         num_tokens=info.num_tokens,
         sub_indices=len(info.sub_indices),
+        log_offset=_offset(info.metadata.get(LOG_OFFSET_KEY)),
         pinned=bool(info.metadata.get(PINNED_KEY)),
         corpora=corpora,
         newest=newest,

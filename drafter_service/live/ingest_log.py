@@ -7,11 +7,16 @@ record; a new segment starts whenever the datastore has folded everything so
 far into its sub-indices (``roll``), and a segment is deleted once a snapshot
 covers all of its records (``discard_through``).
 
-Record layout (little-endian)::
+Record layouts (little-endian)::
 
     magic u32 = 0x314C4157 ("WAL1") | seq u64 | n_tokens u32 | crc32 u32 | n_tokens x int32
+    magic u32 = 0x324C4157 ("WAL2") | seq u64 | n_tokens u32 | crc32 u32
+                                    | origin ms u64 | origin seq u64 | n_tokens x int32
 
-The CRC covers seq, n_tokens and the payload. A crash can only tear the tail
+A ``WAL2`` record is a document taken from the shared ingest stream and carries its
+stream entry id (its ``origin``), so the newest record says where consuming resumes;
+documents ingested with no shared log are written as ``WAL1``, byte for byte as before.
+The CRC covers seq, n_tokens, the origin (``WAL2``) and the payload. A crash can only tear the tail
 of the newest segment: the last record, cut short or left unwritten, with no
 readable record after it. Recovery moves those bytes aside (``<segment>.torn-<offset>``,
 never deleted: they are evidence) and truncates the segment there; they were never
@@ -31,26 +36,42 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, fsync_dir, move_aside
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<IQII")
+_ORIGIN = struct.Struct("<QQ")  # after the header of a WAL2 record
 _MAGIC = 0x314C4157
-_MAGIC_BYTES = struct.pack("<I", _MAGIC)
+_MAGIC_ORIGIN = 0x324C4157
+_MAGIC_PREFIX = b"WAL"  # both magics start so (little-endian)
 _SUFFIX = ".log"
+
+
+class LogRecord(NamedTuple):
+    """One record: its sequence number, its tokens and, for a document taken from the
+    shared ingest stream, that stream's entry id."""
+
+    seq: int
+    tokens: npt.NDArray[np.int32]
+    origin: StreamId | None = None
 
 
 class WalCorruptError(DamagedDataError):
     """A log record outside the torn tail is unreadable."""
 
 
-def _crc(seq: int, payload: bytes) -> int:
-    return zlib.crc32(payload, zlib.crc32(struct.pack("<QI", seq, len(payload) // 4)))
+def _crc(seq: int, payload: bytes, origin: StreamId | None = None) -> int:
+    head = struct.pack("<QI", seq, len(payload) // 4)
+    if origin is not None:
+        head += _ORIGIN.pack(*origin)
+    return zlib.crc32(payload, zlib.crc32(head))
 
 
 def _segment_name(first_seq: int) -> str:
@@ -72,8 +93,9 @@ class IngestLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._salvage = salvage
         self._last_seq = 0
+        self._last_origin: StreamId | None = None
         self._file: int | None = None  # fd of the newest segment, opened for appending
-        self._records = [r for r in self._recover() if r[0] > covered_seq]
+        self._records = [r for r in self._recover() if r.seq > covered_seq]
         self._last_seq = max(self._last_seq, covered_seq)
 
     # -- recovery ---------------------------------------------------------------------------
@@ -87,7 +109,7 @@ class IngestLog:
         segments = self._segments()
         return int(segments[0].name[: -len(_SUFFIX)]) if segments else None
 
-    def _recover(self) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
+    def _recover(self) -> Iterator[LogRecord]:
         segments = self._segments()
         for i, path in enumerate(segments):
             newest = i == len(segments) - 1
@@ -113,27 +135,31 @@ class IngestLog:
                         )
                     yield from self._salvaged(path, data, offset)
                     break
-                seq, tokens, offset = record
-                self._last_seq = seq
-                yield seq, tokens
+                offset = record[1]
+                yield self._took(record[0])
         if segments:
             self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
 
-    def _readable_after(
-        self, data: bytes, offset: int
-    ) -> list[tuple[int, tuple[int, npt.NDArray[np.int32], int]]]:
+    def _took(self, record: LogRecord) -> LogRecord:
+        """Notes ``record`` as the newest one read."""
+        self._last_seq = record.seq
+        if record.origin is not None:
+            self._last_origin = record.origin
+        return record
+
+    def _readable_after(self, data: bytes, offset: int) -> list[tuple[int, tuple[LogRecord, int]]]:
         """The readable records after an unreadable one at ``offset``, each with its
-        offset: a header with the magic and a matching CRC (its seq past the last good one)."""
+        offset: a header with a magic and a matching CRC (its seq past the last good one)."""
         found = []
-        pos = data.find(_MAGIC_BYTES, offset + 1)
+        pos = data.find(_MAGIC_PREFIX, offset + 1)
         while pos >= 0:
             record = self._parse(data, pos)
             if record is not None:
                 found.append((pos, record))
-                pos = record[2]
+                pos = record[1]
             else:
                 pos += 1
-            pos = data.find(_MAGIC_BYTES, pos)
+            pos = data.find(_MAGIC_PREFIX, pos)
         return found
 
     def _cut_torn_tail(self, path: Path, data: bytes, offset: int) -> None:
@@ -152,40 +178,46 @@ class IngestLog:
             "cut off; the bytes are kept in %s", path, offset, len(data) - offset, torn.name,
         )  # fmt: skip
 
-    def _salvaged(
-        self, path: Path, data: bytes, offset: int
-    ) -> Iterator[tuple[int, npt.NDArray[np.int32]]]:
+    def _salvaged(self, path: Path, data: bytes, offset: int) -> Iterator[LogRecord]:
         """--salvage: every readable record from ``offset`` on; the segment is moved aside
         and rewritten with its readable records only."""
         kept = self._readable_after(data, offset)
         moved = move_aside(path, self.directory / "damaged")
         with open(path, "wb") as f:
-            f.write(data[:offset] + b"".join(data[pos : record[2]] for pos, record in kept))
+            f.write(data[:offset] + b"".join(data[pos : record[1]] for pos, record in kept))
             os.fsync(f.fileno())
         fsync_dir(self.directory)
         log.error(
             "ingest log %s: unreadable record at byte %d; --salvage kept %d later readable "
             "record(s) and moved the damaged segment to %s", path, offset, len(kept), moved,
         )  # fmt: skip
-        for _, (seq, tokens, _) in kept:
-            self._last_seq = seq
-            yield seq, tokens
+        for _, (record, _) in kept:
+            yield self._took(record)
 
-    def _parse(
-        self, data: bytes, offset: int
-    ) -> tuple[int, npt.NDArray[np.int32], int] | None:
+    def _parse(self, data: bytes, offset: int) -> tuple[LogRecord, int] | None:
+        """The record at ``offset`` and the offset after it; None when unreadable."""
         if offset + _HEADER.size > len(data):
             return None
         magic, seq, n, crc = _HEADER.unpack_from(data, offset)
-        end = offset + _HEADER.size + 4 * n
-        if magic != _MAGIC or end > len(data) or seq <= self._last_seq:
+        start = offset + _HEADER.size
+        origin = None
+        if magic == _MAGIC_ORIGIN:
+            if start + _ORIGIN.size > len(data):
+                return None
+            origin = StreamId(*_ORIGIN.unpack_from(data, start))
+            start += _ORIGIN.size
+        elif magic != _MAGIC:
             return None
-        payload = data[offset + _HEADER.size : end]
-        if _crc(seq, payload) != crc:
+        end = start + 4 * n
+        if end > len(data) or seq <= self._last_seq:
             return None
-        return seq, np.frombuffer(payload, dtype="<i4").astype(np.int32), end
+        payload = data[start:end]
+        if _crc(seq, payload, origin) != crc:
+            return None
+        tokens = np.frombuffer(payload, dtype="<i4").astype(np.int32)
+        return LogRecord(seq, tokens, origin), end
 
-    def recovered(self) -> list[tuple[int, npt.NDArray[np.int32]]]:
+    def recovered(self) -> list[LogRecord]:
         """Records found on open, in order (consumed once by the live datastore)."""
         records, self._records = self._records, []
         return records
@@ -197,11 +229,23 @@ class IngestLog:
         """Sequence number of the newest record (0 when the log has never held one)."""
         return self._last_seq
 
-    def append(self, tokens: npt.NDArray[np.int32]) -> int:
-        """Appends one record and fsyncs it; returns its sequence number."""
+    @property
+    def last_origin(self) -> StreamId | None:
+        """Stream entry id of the newest record taken from the shared stream, among the
+        records this log still holds or has appended since it was opened."""
+        return self._last_origin
+
+    def append(self, tokens: npt.NDArray[np.int32], origin: StreamId | None = None) -> int:
+        """Appends one record (``origin``: its shared-stream entry id) and fsyncs it;
+        returns its sequence number."""
         seq = self._last_seq + 1
         payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
-        record = _HEADER.pack(_MAGIC, seq, len(payload) // 4, _crc(seq, payload)) + payload
+        crc = _crc(seq, payload, origin)
+        n = len(payload) // 4
+        if origin is None:
+            record = _HEADER.pack(_MAGIC, seq, n, crc) + payload
+        else:
+            record = _HEADER.pack(_MAGIC_ORIGIN, seq, n, crc) + _ORIGIN.pack(*origin) + payload
         if self._file is None:
             self._open_segment(seq)
         assert self._file is not None
@@ -211,6 +255,8 @@ class IngestLog:
             raise OSError(f"ingest log: short write ({written} of {len(record)} bytes)")
         os.fsync(self._file)
         self._last_seq = seq
+        if origin is not None:
+            self._last_origin = origin
         return seq
 
     def _open_segment(self, first_seq: int) -> None:

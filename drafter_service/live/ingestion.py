@@ -17,8 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.tokens import as_token_array
+from drafter_service.live.ingest_log import LogRecord
 from drafter_service.live.live_policy import DatastoreFull, LivePolicy
 from drafter_service.live.live_state import LiveState
+from drafter_service.live.stream_ids import StreamId
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 
@@ -52,17 +54,27 @@ def generation_document(
     return np.concatenate([prompt, output])
 
 
-def accept_document(state: LiveState, doc: npt.NDArray[np.int32]) -> tuple[int, bool]:
-    """Appends ``doc`` (checked) to the log, then to the buffer. Returns its log sequence
-    number and whether the buffer now holds enough for a rebuild (the background thread
-    has been woken). Raises DatastoreFull past the memory bound, RuntimeError once
-    closed, OSError when the log cannot be written (nothing is buffered then)."""
+def accept_document(
+    state: LiveState, doc: npt.NDArray[np.int32], origin: StreamId | None = None
+) -> tuple[int | None, bool]:
+    """Appends ``doc`` (checked) to the log, then to the buffer. ``origin``: its entry id
+    in the shared ingest stream; an entry at or before the newest one taken already is a
+    duplicate and is skipped (returns None for the sequence number), so consuming the
+    stream stores each entry exactly once. Returns its log sequence number and whether
+    the buffer now holds enough for a rebuild (the background thread has been woken).
+    Raises DatastoreFull past the memory bound, RuntimeError once closed, OSError when
+    the log cannot be written (nothing is buffered then)."""
     with state.lock:
         if state.closed:
             raise RuntimeError("live datastore is closed")
+        if origin is not None and state.consumed is not None and origin <= state.consumed:
+            return None, False
         _check_room(state, len(doc))
-        seq = state.log.append(doc)
-        state.pending.append((seq, doc))
+        seq = state.log.append(doc, origin)
+        state.pending.append(LogRecord(seq, doc, origin))
+        if origin is not None:
+            state.consumed = origin
+            state.consumed_changed.notify_all()
         state.pending_tokens += len(doc)
         state.ingested_sequences += 1
         state.ingested_tokens += len(doc)
@@ -70,6 +82,12 @@ def accept_document(state: LiveState, doc: npt.NDArray[np.int32]) -> tuple[int, 
         if due:
             state.wake.notify()
     return seq, due
+
+
+def check_room(state: LiveState, n_tokens: int) -> None:
+    """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
+    with state.lock:
+        _check_room(state, n_tokens)
 
 
 def _check_room(state: LiveState, n_tokens: int) -> None:

@@ -17,13 +17,17 @@ ones, and :meth:`LiveDatastore.restore` rolls the datastore back to a snapshot.
 - ``startup``: opening (the newest snapshot, then the log after it; damaged data refused);
 - ``snapshotting``: snapshot, rotate, delete, restore;
 - ``pinned_corpora``: corpora and how they are laid out in a datastore and a manifest;
-- ``live_policy``: when maintenance runs and the memory bound.
+- ``live_policy``: when maintenance runs and the memory bound;
+- ``shared_log`` and ``stream_follower``: with a shared ingest stream (scale-out), an
+  ingest is appended to the stream and every replica's follower takes it into its log;
+- ``peer_bootstrap``: a new replica's first snapshot, downloaded from a peer.
 
 Directory layout: ``snapshots/<name>/`` (see docs/snapshot-format.md) and ``wal/``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -33,7 +37,12 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.ingestion import accept_document, checked_document, generation_document
+from drafter_service.live.ingestion import (
+    accept_document,
+    check_room,
+    checked_document,
+    generation_document,
+)
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.live_state import LiveStats
 from drafter_service.live.pinned_corpora import (
@@ -44,13 +53,17 @@ from drafter_service.live.pinned_corpora import (
     without_corpus,
 )
 from drafter_service.live.rebuild import fold_pending, run_maintenance
-from drafter_service.live.snapshotting import PINNED_KEY, LiveSnapshots
+from drafter_service.live.shared_log import RedisStream
+from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
 from drafter_service.live.startup import open_live_state
+from drafter_service.live.stream_follower import StreamFollower
+from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity
 
 __all__ = [
     "CORPORA_KEY",
     "LIVE_SETTINGS",
+    "LOG_OFFSET_KEY",
     "PINNED_KEY",
     "Corpus",
     "DatastoreFull",
@@ -60,8 +73,14 @@ __all__ = [
 ]
 
 
+_READ_YOUR_WRITE_S = 2.0  # how long an ingest through the stream waits to be taken here
+
+
 class LiveDatastore:
-    """The live datastore under ``directory``. Thread-safe."""
+    """The live datastore under ``directory``. Thread-safe.
+
+    ``shared_log``: the shared ingest stream this datastore appends its ingests to and
+    takes every replica's ingests from (None: it learns alone, from its own log)."""
 
     def __init__(
         self,
@@ -72,12 +91,16 @@ class LiveDatastore:
         on_swap: Callable[[Datastore], None] | None = None,
         background: bool = True,
         salvage: bool = False,
+        shared_log: RedisStream | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.tokenizer = tokenizer
         self._state = open_live_state(
             self.directory, tokenizer, policy or LivePolicy(), on_swap, salvage
         )
+        self._stream = shared_log
+        self._follower: StreamFollower | None = None
+        self._state.follows_stream = shared_log is not None
         self._snapshots = LiveSnapshots(self._state, self.directory / "snapshots")
         self._state.publish(self._state.datastore)
         if self._state.pending:
@@ -91,6 +114,14 @@ class LiveDatastore:
                 daemon=True,
             )
             self._thread.start()
+        if shared_log is not None:
+            self._follower = StreamFollower(self._state, shared_log, self.directory.name)
+            self._follower.start()
+
+    @property
+    def shared_log(self) -> RedisStream | None:
+        """The shared ingest stream this datastore follows (None: it learns alone)."""
+        return self._stream
 
     @property
     def policy(self) -> LivePolicy:
@@ -101,12 +132,38 @@ class LiveDatastore:
 
     def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
         """Stores one document; durable (fsynced) when this returns. Returns its log
-        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound."""
+        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound.
+
+        With a shared log the document is appended to the stream (durable as the log
+        server is configured) and this replica's follower takes it like every other
+        replica's; the call waits briefly for that (read your writes) and returns this
+        log's newest sequence number. Raises ``shared_log.LogError`` when the log server
+        does not take it (nothing is stored then)."""
         doc = checked_document(tokens, self._state.policy, self.tokenizer.vocab_size)
+        if self._stream is not None:
+            check_room(self._state, len(doc))
+            self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
+            return self._state.log.last_seq
         seq, due = accept_document(self._state, doc)
+        assert seq is not None  # only an entry of the stream can be a duplicate
         if due and self._thread is None:
             self.rebuild()
         return seq
+
+    def wait_consumed(self, entry: StreamId, timeout_s: float) -> bool:
+        """Waits until the shared stream's ``entry`` (or a later one) is in this
+        datastore's log; False on timeout or once closed."""
+        state = self._state
+        with state.lock:
+            return (
+                state.consumed_changed.wait_for(
+                    lambda: (
+                        state.closed or (state.consumed is not None and state.consumed >= entry)
+                    ),
+                    timeout=timeout_s,
+                )
+                and not state.closed
+            )
 
     def ingest_generation(
         self,
@@ -229,16 +286,35 @@ class LiveDatastore:
         """A consistent view of the counters, taken under the lock."""
         return self._state.stats()
 
+    def content_digest(self) -> str:
+        """SHA-256 over the learned sub-indices' tokens, each sub-index delimited: two
+        replicas that took the same shared-stream entries and have folded them all
+        give the same digest. Hashes every learned token (about 10 ms per 6M)."""
+        with self._state.lock:
+            learned = self._state.learned
+        digest = hashlib.sha256()
+        for sub in learned:
+            tokens = np.ascontiguousarray(sub.tokens(), dtype="<i4")
+            digest.update(len(tokens).to_bytes(8, "little"))
+            digest.update(tokens.tobytes())
+        return digest.hexdigest()
+
     def close(self) -> None:
-        """Stops the background thread. Waiting documents stay in the log."""
+        """Stops the background thread and the stream follower. Waiting documents stay
+        in the log."""
+        if self._follower is not None:
+            self._follower.stop()
         state = self._state
         with state.lock:
             state.closed = True
             state.wake.notify()
+            state.consumed_changed.notify_all()
         if self._thread is not None:
             self._thread.join()
         with state.lock:
             state.log.close()
+        if self._stream is not None:
+            self._stream.close()
 
     def __enter__(self) -> LiveDatastore:
         return self

@@ -18,17 +18,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
-from drafter_service.live.ingest_log import IngestLog
+from drafter_service.live.ingest_log import IngestLog, LogRecord
 from drafter_service.live.live_policy import LivePolicy
 from drafter_service.live.pinned_corpora import Corpus, joined_datastore
+from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.store import TokenizerIdentity
 
-PendingDocument = tuple[int, npt.NDArray[np.int32]]
-"""An acknowledged document waiting for a rebuild: its log sequence number and tokens."""
+PendingDocument = LogRecord
+"""An acknowledged document waiting for a rebuild: its log sequence number, tokens and
+shared-stream entry id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +48,12 @@ class LiveStats:
     last_error: str | None
     ingested_sequences: int  # acknowledged since this open (the replayed log excluded)
     ingested_tokens: int
+    consumed_offset: StreamId | None  # newest shared-stream entry in the log
+    covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
+    stream_skipped: int
+    stream_errors: int
+    stream_lost: int
+    stream_delay_s: float
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +70,15 @@ class LiveState:
     on_swap: Callable[[Datastore], None] | None
     datastore: Datastore  # corpora's sub-indices, then the learned ones
     pending: list[PendingDocument]  # in the log, not yet in a sub-index; log order
+    # Shared ingest stream: the newest entry in the log (where consuming resumes) and the
+    # newest folded into the sub-indices (what a snapshot records); None: none yet.
+    consumed: StreamId | None = None
+    covered_origin: StreamId | None = None
+    follows_stream: bool = False  # a shared ingest stream feeds this datastore
+    stream_skipped: int = 0  # entries that can never be stored
+    stream_errors: int = 0  # failed reads of the log server or local log writes
+    stream_lost: int = 0  # times entries were found trimmed before they were taken
+    stream_delay_s: float = 0.0  # append to taken, for the newest entry taken
     snapshot_covered: int = field(init=False)  # newest log record the newest snapshot holds
     pending_tokens: int = field(init=False)
     rebuilds: int = 0
@@ -79,11 +93,13 @@ class LiveState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     rebuild_lock: threading.Lock = field(default_factory=threading.Lock)
     wake: threading.Condition = field(init=False)  # the background thread waits on it
+    consumed_changed: threading.Condition = field(init=False)  # ingests waiting for the stream
 
     def __post_init__(self) -> None:
         self.snapshot_covered = self.covered
-        self.pending_tokens = sum(len(doc) for _, doc in self.pending)
+        self.pending_tokens = sum(len(record.tokens) for record in self.pending)
         self.wake = threading.Condition(self.lock)
+        self.consumed_changed = threading.Condition(self.lock)
 
     def install(self, corpora: tuple[Corpus, ...], learned: tuple[SubIndex, ...]) -> Datastore:
         """Builds the datastore of ``corpora`` then ``learned`` and makes it current; the
@@ -115,4 +131,10 @@ class LiveState:
                 last_error=self.last_error,
                 ingested_sequences=self.ingested_sequences,
                 ingested_tokens=self.ingested_tokens,
+                consumed_offset=self.consumed,
+                covered_offset=self.covered_origin,
+                stream_skipped=self.stream_skipped,
+                stream_errors=self.stream_errors,
+                stream_lost=self.stream_lost,
+                stream_delay_s=self.stream_delay_s,
             )

@@ -35,17 +35,18 @@ def fold_pending(state: LiveState) -> bool:
             batch, state.pending, state.pending_tokens = state.pending, [], 0
             base = state.learned
             static = sum(c.resident_bytes for c in state.corpora)
-            through = batch[-1][0]
+            through = batch[-1].seq
+            origins = [record.origin for record in batch if record.origin is not None]
             state.log.roll()  # later records go to a new segment
         start = time.perf_counter()
         try:
             learned = fold_documents(
-                base, [doc for _, doc in batch], static, state.policy, state.tokenizer.vocab_size
+                base, [r.tokens for r in batch], static, state.policy, state.tokenizer.vocab_size
             )
         except BaseException as exc:
             with state.lock:  # keep the documents for the next attempt
                 state.pending[:0] = batch
-                state.pending_tokens += sum(len(d) for _, d in batch)
+                state.pending_tokens += sum(len(r.tokens) for r in batch)
                 state.last_error = f"rebuild failed: {exc!r}"
             raise
         elapsed = time.perf_counter() - start
@@ -53,6 +54,8 @@ def fold_pending(state: LiveState) -> bool:
             # Corpora change only under the rebuild lock, which this holds.
             datastore = state.install(state.corpora, learned)
             state.covered = through
+            if origins:
+                state.covered_origin = origins[-1]
             state.rebuilds += 1
             state.rebuild_seconds += elapsed
             state.last_rebuild_seconds = elapsed
@@ -72,10 +75,19 @@ def fold_documents(
     vocab_size: int,
 ) -> tuple[SubIndex, ...]:
     """The learned sub-indices ``base`` with ``docs`` added; the corpora (``static_bytes``
-    of them) are never rotated out but count towards the memory bound."""
+    of them) are never rotated out but count towards the memory bound.
+
+    The result depends only on ``base`` and the documents, never on how they were
+    batched: each document goes into the newest sub-index when it fits there and starts
+    a new one otherwise, exactly as if the documents were folded one at a time. Replicas
+    that take the same stream of documents in rebuilds of different sizes therefore hold
+    identical sub-indices."""
     subs = list(base)
-    for chunk in join_documents(docs, policy.max_sub_index_tokens):
-        if subs and subs[-1].num_tokens + 1 + len(chunk) <= policy.max_sub_index_tokens:
+    for extends, group in place_documents(
+        subs[-1].num_tokens if subs else None, docs, policy.max_sub_index_tokens
+    ):
+        chunk = join_group(group)
+        if extends:
             subs[-1] = subs[-1].extended(chunk)  # the newest grows
         else:
             subs.append(SubIndex.from_text(chunk, vocab_size))
@@ -91,25 +103,37 @@ def fold_documents(
     return tuple(subs)
 
 
-def join_documents(docs: list[npt.NDArray[np.int32]], limit: int) -> list[npt.NDArray[np.int32]]:
-    """Joins documents with separators into texts of at most ``limit`` positions,
-    never splitting a document."""
-    chunks: list[npt.NDArray[np.int32]] = []
-    current: list[npt.NDArray[np.int32]] = []
-    size = 0
-    sep = np.array([SEPARATOR], dtype=np.int32)
+def place_documents(
+    newest: int | None, docs: list[npt.NDArray[np.int32]], limit: int
+) -> list[tuple[bool, list[npt.NDArray[np.int32]]]]:
+    """Groups ``docs`` by the sub-index each lands in, one document at a time: into the
+    newest (``newest``: its positions; None when there is none) while it stays within
+    ``limit`` positions with a separator before each document, else into a new one.
+    Returns (extends the existing newest sub-index, its documents) per group, in order;
+    no document is ever split."""
+    groups: list[tuple[bool, list[npt.NDArray[np.int32]]]] = []
+    size = newest
     for doc in docs:
-        extra = len(doc) + (1 if current else 0)
-        if current and size + extra > limit:
-            chunks.append(np.concatenate(current))
-            current, size, extra = [], 0, len(doc)
-        if current:
-            current.append(sep)
-        current.append(doc)
-        size += extra
-    if current:
-        chunks.append(np.concatenate(current))
-    return chunks
+        if size is not None and size + 1 + len(doc) <= limit:
+            size += 1 + len(doc)
+            if not groups:
+                groups.append((True, []))
+            groups[-1][1].append(doc)
+        else:
+            size = len(doc)
+            groups.append((False, [doc]))
+    return groups
+
+
+def join_group(docs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
+    """``docs`` joined with a separator between each two."""
+    sep = np.array([SEPARATOR], dtype=np.int32)
+    parts: list[npt.NDArray[np.int32]] = []
+    for doc in docs:
+        if parts:
+            parts.append(sep)
+        parts.append(doc)
+    return np.concatenate(parts)
 
 
 def run_maintenance(

@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 PINNED_KEY = "pinned"
 """Snapshot metadata flag: never deleted by the ``keep_snapshots`` rotation."""
 
+LOG_OFFSET_KEY = "log_offset"
+"""Snapshot metadata: the shared ingest stream's entry id of the newest document the
+snapshot holds (absent: it holds none from a stream); a replica started from the
+snapshot consumes the stream after it."""
+
 
 def manifest_metadata(corpora: Sequence[Corpus], extra: Mapping[str, object]) -> dict[str, object]:
     """A live snapshot's manifest ``metadata``: ``extra`` (what the writer records
@@ -70,6 +75,8 @@ class LiveSnapshots:
         state = self._state
         with state.lock:  # read together: the manifest describes exactly this content
             datastore, covered, corpora = state.datastore, state.covered, state.corpora
+            if state.covered_origin is not None:
+                extra = {**extra, LOG_OFFSET_KEY: str(state.covered_origin)}
         name = name or _stamped("snapshot", covered)
         info = self._write_covering(name, datastore, covered, manifest_metadata(corpora, extra))
         with state.lock:
@@ -99,6 +106,12 @@ class LiveSnapshots:
         content is written as a new snapshot covering the newest acknowledged ingest,
         then swapped in, then the log through that ingest is deleted."""
         state = self._state
+        if state.follows_stream:
+            raise SnapshotError(
+                "restore is refused while the datastore follows a shared ingest stream: "
+                "a rollback on one replica would make it differ from the others, and the "
+                "stream would not roll back. Restore without --shared-log on every replica"
+            )
         with state.rebuild_lock:
             if name not in {s.path.name for s in list_snapshots(self.root)}:
                 raise KeyError(f"no snapshot {name!r}")
@@ -113,8 +126,8 @@ class LiveSnapshots:
             )
             with state.lock:
                 state.datastore, state.corpora, state.learned = loaded, corpora, learned
-                state.pending = [(seq, doc) for seq, doc in state.pending if seq > position]
-                state.pending_tokens = sum(len(doc) for _, doc in state.pending)
+                state.pending = [r for r in state.pending if r.seq > position]
+                state.pending_tokens = sum(len(r.tokens) for r in state.pending)
                 state.covered = state.snapshot_covered = position
                 state.last_snapshot_unix = info.created_unix
                 state.log.discard_through(position)

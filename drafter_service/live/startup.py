@@ -18,6 +18,8 @@ from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.live_policy import LivePolicy
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.pinned_corpora import Corpus, joined_datastore, split_corpora
+from drafter_service.live.snapshotting import LOG_OFFSET_KEY
+from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
 from drafter_service.snapshot.store import (
     SnapshotInfo,
@@ -45,16 +47,18 @@ def open_live_state(
     remove_stale_temporaries(snapshots)
     corpora: tuple[Corpus, ...] = ()
     learned: tuple[SubIndex, ...] = ()
-    covered, last_snapshot = 0, None
+    covered, last_snapshot, offset = 0, None, None
     complete, damaged = scan_snapshots(snapshots)
     if complete:
         loaded, info = load_snapshot(complete[-1].path, expect_tokenizer=tokenizer)
         corpora, learned = split_corpora(loaded, info)
         covered, last_snapshot = info.wal_position, info.created_unix
+        offset = snapshot_offset(info)
     datastore = joined_datastore(corpora, learned, tokenizer.vocab_size)
     ingest_log = IngestLog(directory / "wal", covered_seq=covered, salvage=salvage)
     newest = complete[-1] if complete else None
     check_damaged_snapshots(damaged, newest, ingest_log, directory, salvage)
+    known = [o for o in (ingest_log.last_origin, offset) if o is not None]
     return LiveState(
         tokenizer=tokenizer,
         policy=policy,
@@ -66,7 +70,17 @@ def open_live_state(
         on_swap=on_swap,
         datastore=datastore,
         pending=ingest_log.recovered(),
+        consumed=max(known, default=None),
+        covered_origin=offset,
     )
+
+
+def snapshot_offset(info: SnapshotInfo) -> StreamId | None:
+    """The shared-stream entry id a snapshot's content reaches (None: none recorded)."""
+    try:
+        return StreamId.parse_optional(info.metadata.get(LOG_OFFSET_KEY))
+    except ValueError as exc:
+        raise DamagedDataError(f"snapshot {info.path}: metadata {LOG_OFFSET_KEY}: {exc}") from None
 
 
 def check_damaged_snapshots(

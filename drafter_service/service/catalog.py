@@ -12,6 +12,8 @@ from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
 from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.live.peer_bootstrap import bootstrap_from_peers
+from drafter_service.service.admin_token import load_token
 from drafter_service.service.settings import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.snapshot.array_files import fsync_dir, write_file
 from drafter_service.snapshot.store import (
@@ -198,7 +200,13 @@ def open_catalog(config: ServeConfig) -> Catalog:
         drafter = Drafter(tokenizer.vocab_size, draft_config, num_threads=config.draft_threads)
         return drafter, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
 
+    shared = config.shared_log_config()
     try:
+        if config.bootstrap_peers:  # a peer's newest state first, else the builder's seed
+            token = load_token(config.admin_token_file, os.environ)
+            bootstrap_from_peers(
+                config.data_dir, DEFAULT_DATASTORE, config.bootstrap_peers, tokenizer, token
+            )
         if config.snapshot is not None:
             seed_snapshot(config.snapshot, config.data_dir, tokenizer)
         drafter, executor = new_slot(DEFAULT_DATASTORE)
@@ -206,6 +214,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
         live = LiveDatastore(
             config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
             salvage=config.salvage,
+            shared_log=shared.stream(DEFAULT_DATASTORE) if shared is not None else None,
         )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)

@@ -23,7 +23,8 @@ import numpy.typing as npt
 from drafter_service.drafting.drafter import DraftBatch, Drafter, DraftTree
 from drafter_service.drafting.predraft import Predraft, predraft_batch
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
-from drafter_service.service.call_errors import ResourceExhausted
+from drafter_service.live.shared_log import LogError
+from drafter_service.service.call_errors import ResourceExhausted, Unavailable
 from drafter_service.service.catalog import Catalog
 from drafter_service.service.draft_jobs import DrafterJob, JobOutcome, JobRunner, jobs_for
 from drafter_service.service.drafter_metrics import DrafterMetrics
@@ -426,5 +427,10 @@ def _ingest_all(
             raise ResourceExhausted(
                 f"datastore {name!r} is full after {i} of {len(sequences)} sequences "
                 f"(those are stored): {exc}"
+            ) from None
+        except LogError as exc:
+            raise Unavailable(
+                f"datastore {name!r}: the shared ingest log did not take sequence {i} of "
+                f"{len(sequences)} (the ones before are stored; retry the rest): {exc}"
             ) from None
     return len(sequences), position

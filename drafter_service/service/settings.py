@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -46,6 +47,7 @@ from pydantic_settings import (
 
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.live.live_datastore import LivePolicy
+from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.service.settings_layers import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -123,6 +125,27 @@ def _pairs(form: str) -> BeforeValidator:
         return tuple(pairs)
 
     return BeforeValidator(parse)
+
+
+def _urls(value: Any) -> Any:
+    """Peer URLs from ``A,B`` text or a list; each ``http[s]://host:port``."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # the type check says so
+    urls = []
+    for item in items:
+        text = str(item).strip().rstrip("/")
+        if not text:
+            continue
+        parts = urlsplit(text)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ValueError(f"{text!r} is not an admin API URL http[s]://host:port")
+        urls.append(text)
+    return tuple(urls)
 
 
 def _log_level(value: str) -> str:
@@ -316,6 +339,28 @@ class ServeConfig(BaseSettings):
     corpora_dir: Path | None = Field(
         None, description="directory whose corpus files the admin API may add (unset: none)"
     )
+    # Scale-out (docs/scale-out.md): replicas that learn as one.
+    shared_log: Annotated[str | None, BeforeValidator(_none_text)] = Field(
+        None,
+        description="redis:// or rediss:// URL of the shared ingest stream: every replica "
+        "appends the generations it stores and takes every replica's (unset: this replica "
+        "learns alone)",
+    )
+    shared_log_password_file: Path | None = Field(
+        None, description="file holding the shared log server's password"
+    )
+    shared_log_prefix: str = Field(
+        "sssd-drafter", description="shared log key prefix (datastore NAME's stream: PREFIX:NAME)"
+    )
+    shared_log_retention: Annotated[int, _bounds(0)] = Field(
+        1_000_000, description="shared log entries kept per stream, about (0 = all)"
+    )
+    bootstrap_peers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)] = Field(
+        (),
+        description="admin API URLs of peers (http[s]://host:port, comma-separated; a host "
+        "naming several addresses counts as each): with no snapshot of its own, the live "
+        "datastore starts from the newest peer snapshot, then takes the shared log after it",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -339,7 +384,19 @@ class ServeConfig(BaseSettings):
             raise ValueError("ServeConfig.tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("ServeConfig.tls_client_ca_file needs tls_cert_file/tls_key_file")
+        self.shared_log_config()  # raises ValueError naming a bad URL or prefix
         return self
+
+    def shared_log_config(self) -> SharedLogConfig | None:
+        """Where the shared ingest stream lives (None: no shared log)."""
+        if self.shared_log is None:
+            return None
+        return SharedLogConfig(
+            self.shared_log,
+            prefix=self.shared_log_prefix,
+            retention=self.shared_log_retention,
+            password_file=self.shared_log_password_file,
+        )
 
     def draft_settings(self) -> DraftConfig:
         """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config."""

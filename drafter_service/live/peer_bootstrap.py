@@ -1,0 +1,197 @@
+"""A new replica's first snapshot, downloaded from a peer's admin API.
+
+A replica whose data directory holds neither a snapshot nor ingest log records (a new
+pod, a replaced volume) asks each peer (``drafter serve --bootstrap-peers``) for its
+newest snapshot, picks the one that reaches furthest into the shared ingest stream
+(its ``log_offset``), and downloads its files into a temporary directory beside the
+snapshots (``.NAME.tmp-PID-…``, cleared at the next start if this is interrupted).
+The snapshot is then loaded once with every checksum verified and only then renamed
+into place; the live datastore opens it as its own newest snapshot and its follower
+takes the stream after that offset. A peer's admin API URL whose host names several
+addresses (a headless Service) counts as each address (plain http only: with https the
+name is kept, so the certificate still matches).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from drafter_service.live.stream_ids import StreamId
+from drafter_service.snapshot.array_files import fsync_dir
+from drafter_service.snapshot.store import (
+    SnapshotError,
+    SnapshotInfo,
+    TokenizerIdentity,
+    list_snapshots,
+    load_snapshot,
+    read_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1 << 20
+
+
+class BootstrapError(RuntimeError):
+    """Peers offered a snapshot but none could be downloaded intact."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    base: str  # the peer's admin API URL
+    name: str
+    log_offset: StreamId | None
+    created_unix: float
+
+
+def needs_bootstrap(directory: Path) -> bool:
+    """Whether ``directory`` holds no snapshot and no ingest log segment."""
+    snapshots, wal = directory / "snapshots", directory / "wal"
+    if snapshots.is_dir() and list_snapshots(snapshots):
+        return False
+    return not (wal.is_dir() and any(p.suffix == ".log" for p in wal.iterdir()))
+
+
+def bootstrap_from_peers(
+    directory: Path,
+    datastore: str,
+    peers: Sequence[str],
+    tokenizer: TokenizerIdentity,
+    token: str | None,
+    timeout_s: float = 30.0,
+) -> SnapshotInfo | None:
+    """Downloads the newest peer snapshot into ``directory/snapshots`` when
+    :func:`needs_bootstrap`; None when none was needed or no peer offered one (the
+    replica starts empty and takes the stream from its start). Raises BootstrapError
+    when peers offered snapshots and every download failed."""
+    if not needs_bootstrap(directory):
+        return None
+    offers = []
+    for base in expand_peers(peers):
+        try:
+            offer = _newest_offer(base, datastore, token, timeout_s)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # HTTPError is an OSError
+            log.warning("bootstrap: peer %s gave no snapshot listing: %s", base, exc)
+            continue
+        if offer is not None:
+            offers.append(offer)
+    if not offers:
+        log.warning("bootstrap: no peer of %s offered a snapshot; starting empty", list(peers))
+        return None
+    offers.sort(key=lambda o: (o.log_offset or StreamId(-1, -1), o.created_unix), reverse=True)
+    failures = []
+    for offer in offers:
+        try:
+            info = _download(offer, directory / "snapshots", datastore, tokenizer, token, timeout_s)
+        except (OSError, ValueError, SnapshotError) as exc:
+            failures.append(f"{offer.base} {offer.name}: {exc}")
+            log.warning("bootstrap: download of %s from %s failed: %s", offer.name, offer.base, exc)
+            continue
+        log.info("bootstrap: snapshot %s from %s (log offset %s, %d positions)",
+                 offer.name, offer.base, offer.log_offset, info.num_tokens)  # fmt: skip
+        return info
+    raise BootstrapError("no peer snapshot could be downloaded intact: " + "; ".join(failures))
+
+
+def expand_peers(peers: Sequence[str]) -> list[str]:
+    """Each peer URL, with a plain-http host that resolves to several addresses replaced
+    by one URL per address (in resolver order, duplicates dropped)."""
+    urls: list[str] = []
+    for url in peers:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+        addresses = [host] if host is not None else []
+        if parts.scheme == "http" and host is not None:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                addresses = list(dict.fromkeys(str(info[4][0]) for info in infos)) or addresses
+            except OSError as exc:
+                log.warning("bootstrap: cannot resolve %s: %s", host, exc)
+                continue
+        for address in addresses:
+            netloc = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+            expanded = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+            if expanded not in urls:
+                urls.append(expanded)
+    return urls
+
+
+def _get(url: str, token: str | None, timeout_s: float) -> Any:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    return urllib.request.urlopen(request, timeout=timeout_s)
+
+
+def _json(url: str, token: str | None, timeout_s: float) -> Any:
+    with _get(url, token, timeout_s) as response:
+        return json.load(response)
+
+
+def _newest_offer(base: str, datastore: str, token: str | None, timeout_s: float) -> _Offer | None:
+    url = f"{base}/v1/datastores/{quote(datastore)}/snapshots"
+    listing = _json(url, token, timeout_s)["snapshots"]
+    newest = [s for s in listing if s.get("newest")]
+    if not newest:
+        return None
+    s = newest[-1]
+    return _Offer(base, str(s["name"]), StreamId.parse_optional(s.get("log_offset")),
+                  float(s["created_unix"]))  # fmt: skip
+
+
+def _download(
+    offer: _Offer,
+    root: Path,
+    datastore: str,
+    tokenizer: TokenizerIdentity,
+    token: str | None,
+    timeout_s: float,
+) -> SnapshotInfo:
+    """Downloads, verifies and renames into place; the temporary is removed on failure."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / offer.name
+    if final.exists():
+        raise ValueError(f"{final} already exists")
+    temp = root / f".{offer.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    temp.mkdir()
+    try:
+        snapshot = f"{offer.base}/v1/datastores/{quote(datastore)}/snapshots/{quote(offer.name)}"
+        files_url = f"{snapshot}/files"
+        for entry in _json(files_url, token, timeout_s)["files"]:
+            name, size = str(entry["name"]), int(entry["bytes"])
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"peer listed an unsafe file name {name!r}")
+            _fetch(f"{files_url}/{quote(name)}", temp / name, size, token, timeout_s)
+        fsync_dir(temp)
+        load_snapshot(temp, expect_tokenizer=tokenizer)  # every checksum, before it counts
+        os.rename(temp, final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return read_manifest(final)
+
+
+def _fetch(url: str, path: Path, size: int, token: str | None, timeout_s: float) -> None:
+    written = 0
+    with _get(url, token, timeout_s) as response, open(path, "wb") as out:
+        while chunk := response.read(_CHUNK):
+            written += len(chunk)
+            if written > size:
+                raise ValueError(f"{url}: more than the {size} bytes listed")
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    if written != size:
+        raise ValueError(f"{url}: {written} bytes, the listing said {size}")

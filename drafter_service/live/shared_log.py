@@ -1,0 +1,179 @@
+"""The shared ingest stream: one Redis Stream per datastore that every replica appends
+its accepted documents to and every replica consumes, so that all of them learn from
+all the traffic (docs/scale-out.md says why Redis Streams).
+
+An entry is one document: ``v`` (format, ``1``), ``tokens`` (little-endian int32) and
+``crc`` (CRC-32 of ``tokens``, decimal). The server orders entries and gives each a
+strictly increasing id (:class:`StreamId`); ``retention`` trims the stream to about
+that many entries on every append (``MAXLEN ~``), and :meth:`RedisStream.lost_after`
+tells a replica whether entries it has not consumed were trimmed away.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import numpy as np
+import numpy.typing as npt
+import redis
+
+from drafter_service.live.stream_ids import StreamId
+
+log = logging.getLogger(__name__)
+
+FORMAT = b"1"
+
+LogError = redis.RedisError
+"""What a failed call to the log server raises (connection lost, timeout, refused)."""
+
+
+class BadEntry(ValueError):
+    """A stream entry that is not a document of this format."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLogConfig:
+    """Where the shared ingest stream lives: a ``redis://`` or ``rediss://`` URL, the
+    key prefix (the stream of datastore NAME is ``<prefix>:<NAME>``), the number of
+    entries kept per stream (0: all) and an optional password file."""
+
+    url: str
+    prefix: str = "sssd-drafter"
+    retention: int = 1_000_000
+    password_file: Path | None = None
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(
+                f"shared log: {self.url!r} is not a redis://host[:port][/db] or "
+                "rediss://host[:port][/db] URL"
+            )
+        try:
+            parts.port  # noqa: B018 - validates the port
+        except ValueError as exc:
+            raise ValueError(f"shared log: {self.url!r}: {exc}") from None
+        if not self.prefix or any(c.isspace() for c in self.prefix):
+            raise ValueError(f"shared log prefix must be non-empty without spaces: {self.prefix!r}")
+        if self.retention < 0:
+            raise ValueError(f"shared log retention must be >= 0, got {self.retention}")
+
+    def stream(self, datastore: str) -> RedisStream:
+        """A connection to the stream of ``datastore``."""
+        return RedisStream(self, f"{self.prefix}:{datastore}")
+
+
+class RedisStream:
+    """One datastore's stream on the log server. Each method is one round trip; a
+    failure raises :data:`LogError` (the caller decides whether to retry)."""
+
+    def __init__(self, config: SharedLogConfig, key: str) -> None:
+        password = None
+        if config.password_file is not None:
+            password = config.password_file.read_text().strip()
+        self.key = key
+        self.config = config
+        self._redis = redis.Redis.from_url(
+            config.url,
+            password=password,
+            socket_timeout=config.timeout_s,
+            socket_connect_timeout=config.timeout_s,
+            health_check_interval=30,
+        )
+        # XREAD BLOCK needs a socket timeout longer than the block.
+        self._reader = redis.Redis.from_url(
+            config.url,
+            password=password,
+            socket_timeout=config.timeout_s + 5.0,
+            socket_connect_timeout=config.timeout_s,
+        )
+
+    def append(self, tokens: npt.NDArray[np.int32]) -> StreamId:
+        """Appends one document; returns its entry id once the server has it."""
+        payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+        fields: dict[Any, Any] = {
+            b"v": FORMAT,
+            b"tokens": payload,
+            b"crc": zlib.crc32(payload),
+        }
+        retention = self.config.retention
+        entry_id = self._redis.xadd(self.key, fields, maxlen=retention or None, approximate=True)
+        return StreamId.parse(cast("bytes", entry_id))
+
+    def read_after(
+        self, after: StreamId | None, *, block_ms: int, count: int
+    ) -> list[tuple[StreamId, bytes | BadEntry]]:
+        """Up to ``count`` entries after ``after`` (None: from the start), waiting up to
+        ``block_ms`` for the first; each is its id and its payload, or why it is bad."""
+        start = str(after) if after is not None else "0-0"
+        reply = cast(
+            "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
+            self._reader.xread({self.key: start}, count=count, block=block_ms),
+        )
+        entries: list[tuple[StreamId, bytes | BadEntry]] = []
+        for _key, items in reply or []:
+            for raw_id, fields in items:
+                entries.append((StreamId.parse(raw_id), _payload(fields)))
+        return entries
+
+    def lost_after(self, after: StreamId | None) -> StreamId | None:
+        """When retention may have trimmed entries after ``after`` (None: the start)
+        before a consumer took them: the oldest entry still held, else None.
+
+        Trimming removes the oldest entries first, so nothing after ``after`` is gone
+        while ``after`` itself is still held. Once it is gone too, the entries between
+        it and the oldest one held may have been trimmed; this says so even when there
+        were none (a consumer that stopped right at the trim point), never the reverse."""
+        try:
+            info = self._redis.xinfo_stream(self.key)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        length, added = int(info["length"]), int(info["entries-added"])
+        first = info.get("first-entry")
+        if added <= length or first is None:  # nothing was ever trimmed
+            return None
+        oldest = StreamId.parse(first[0])
+        if after is None:
+            return oldest
+        if oldest <= after or self._redis.xrange(self.key, str(after), str(after)):
+            return None
+        return oldest
+
+    def length(self) -> int:
+        """Entries the stream holds now."""
+        return int(self._redis.xlen(self.key))
+
+    def last_id(self) -> StreamId | None:
+        """The newest entry's id (None: the stream is empty or missing)."""
+        newest = cast("list[tuple[bytes, Any]]", self._redis.xrevrange(self.key, count=1))
+        return StreamId.parse(newest[0][0]) if newest else None
+
+    def close(self) -> None:
+        self._redis.close()
+        self._reader.close()
+
+
+def _payload(fields: dict[bytes, bytes]) -> bytes | BadEntry:
+    """An entry's tokens, checked against its CRC; BadEntry naming what is wrong."""
+    if fields.get(b"v") != FORMAT:
+        return BadEntry(f"unknown entry format {fields.get(b'v')!r} (this build reads {FORMAT!r})")
+    payload = fields.get(b"tokens")
+    if payload is None or len(payload) % 4:
+        return BadEntry("entry has no tokens or a length that is not a multiple of 4")
+    crc = fields.get(b"crc", b"")
+    if not crc.isdigit() or int(crc) != zlib.crc32(payload):
+        return BadEntry(f"entry checksum mismatch (crc field {crc!r})")
+    return payload
+
+
+def decode_tokens(payload: bytes) -> npt.NDArray[np.int32]:
+    """An entry's payload as token ids."""
+    return np.frombuffer(payload, dtype="<i4").astype(np.int32)

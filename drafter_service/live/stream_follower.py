@@ -1,0 +1,144 @@
+"""Consuming the shared ingest stream into the live datastore.
+
+:class:`StreamFollower` runs one thread per datastore that reads the stream after the
+newest entry the ingest log holds (``LiveState.consumed``) and hands each document to
+:func:`accept_document` with its entry id, which writes id and tokens in one fsynced
+log record: after a crash the log says exactly where to resume, and an entry at or
+before that id is skipped, so each entry is stored exactly once. Every replica takes the
+same entries in the same order and folds them the same way (``fold_documents`` does not
+depend on batching), so replicas that have taken the same entries hold the same
+sub-indices.
+
+The follower never gives up: when the log server is unreachable it retries with
+backoff while drafting goes on from what is held; when the datastore is full it waits
+for a rebuild to make room rather than skip an entry. An entry that can never be
+stored (another format, a bad checksum, bad token ids) is skipped on every replica
+alike, logged and counted. Entries trimmed away by retention before this replica took
+them are reported as lost (``LiveState.last_error``, ``stream_lost``): bootstrap from a
+peer's snapshot (``drafter serve --bootstrap-peers``) avoids that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from drafter_service.live.ingestion import accept_document, checked_document
+from drafter_service.live.live_policy import DatastoreFull
+from drafter_service.live.live_state import LiveState
+from drafter_service.live.shared_log import BadEntry, LogError, RedisStream, decode_tokens
+from drafter_service.live.stream_ids import StreamId
+
+log = logging.getLogger(__name__)
+
+_BATCH = 256  # entries per read
+_BLOCK_MS = 1000  # a read waits this long for new entries (then checks for stop)
+_MAX_BACKOFF_S = 5.0
+
+
+class StreamFollower:
+    """Takes the entries of ``stream`` into the datastore whose state is ``state``."""
+
+    def __init__(self, state: LiveState, stream: RedisStream, name: str) -> None:
+        self._state = state
+        self._stream = stream
+        self._stop = threading.Event()
+        self._checked_loss = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"stream-follower-{name}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stops the thread (a blocked read returns within about a second)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        with self._state.lock:
+            after = self._state.consumed
+        while not self._stop.is_set():
+            try:
+                if not self._checked_loss:
+                    self._check_loss(after)
+                entries = self._stream.read_after(after, block_ms=_BLOCK_MS, count=_BATCH)
+            except LogError as exc:
+                self._count_error(f"shared log {self._stream.key}: {exc!r}")
+                self._checked_loss = False  # the stream may have been trimmed meanwhile
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, _MAX_BACKOFF_S)
+                continue
+            backoff = 0.1
+            for entry_id, payload in entries:
+                if not self._take(entry_id, payload):
+                    return
+                after = entry_id
+
+    def _check_loss(self, after: StreamId | None) -> None:
+        lost = self._stream.lost_after(after)
+        self._checked_loss = True
+        if lost is None:
+            return
+        message = (
+            f"shared log {self._stream.key}: entries after {after or 'the start'} and before "
+            f"{lost} were trimmed by retention before this replica took them; it misses "
+            "them. Start it from a peer's snapshot (--bootstrap-peers) or raise "
+            "--shared-log-retention"
+        )
+        log.error("%s", message)
+        with self._state.lock:
+            self._state.stream_lost += 1
+            self._state.last_error = message
+
+    def _take(self, entry_id: StreamId, payload: bytes | BadEntry) -> bool:
+        """Stores one entry; False once the datastore is closed or the follower stops."""
+        state = self._state
+        try:
+            if isinstance(payload, BadEntry):
+                raise payload
+            doc = checked_document(decode_tokens(payload), state.policy, state.tokenizer.vocab_size)
+        except ValueError as exc:
+            self._skip(entry_id, exc)
+            return True
+        waited = False
+        while True:
+            try:
+                accept_document(state, doc, entry_id)
+            except DatastoreFull as exc:
+                if not waited:
+                    log.warning("shared log %s: entry %s waits for room: %s",
+                                self._stream.key, entry_id, exc)  # fmt: skip
+                    waited = True
+                with state.lock:
+                    state.wake.notify()  # a rebuild drops the oldest sub-indices
+            except OSError as exc:  # the local log: retry, never skip
+                self._count_error(f"shared log {self._stream.key}: entry {entry_id}: {exc!r}")
+            except RuntimeError:  # closed
+                return False
+            else:
+                with state.lock:
+                    state.stream_delay_s = max(0.0, time.time() - entry_id.ms / 1000)
+                return True
+            if self._stop.wait(1.0):
+                return False
+
+    def _skip(self, entry_id: StreamId, why: Exception) -> None:
+        log.error("shared log %s: entry %s skipped on every replica: %s",
+                  self._stream.key, entry_id, why)  # fmt: skip
+        with self._state.lock:
+            self._state.stream_skipped += 1
+            if self._state.consumed is None or entry_id > self._state.consumed:
+                # Not in the log: a restart reads it again and skips it again.
+                self._state.consumed = entry_id
+                self._state.consumed_changed.notify_all()
+
+    def _count_error(self, message: str) -> None:
+        log.warning("%s", message)
+        with self._state.lock:
+            self._state.stream_errors += 1
+            self._state.last_error = message

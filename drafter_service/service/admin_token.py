@@ -1,0 +1,32 @@
+"""The admin API's bearer token: configured once, read by the admin API (to check
+callers) and by a replica bootstrapping from its peers (to call theirs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+TOKEN_ENV = "DRAFTER_ADMIN_TOKEN"
+MIN_TOKEN_CHARS = 16
+
+
+def load_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The configured token: the file's content (stripped) if a file is given, else
+    ``DRAFTER_ADMIN_TOKEN``, else None. Raises ValueError for an unreadable file or a
+    token shorter than ``MIN_TOKEN_CHARS`` characters (guessable)."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"admin_token_file {token_file}: cannot read it: {exc}") from None
+        source = f"admin_token_file {token_file}"
+    elif environ.get(TOKEN_ENV, "").strip():
+        token, source = environ[TOKEN_ENV].strip(), TOKEN_ENV
+    else:
+        return None
+    if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token):
+        raise ValueError(
+            f"{source}: the admin token must be at least {MIN_TOKEN_CHARS} characters "
+            "without whitespace"
+        )
+    return token

@@ -1,0 +1,190 @@
+"""Three `drafter serve` processes sharing a real Redis stream (issue 14): a generation
+finished through one replica improves drafts on all three within a bounded time, the
+same context drafts bit-identical trees on each, a replica killed with SIGKILL catches
+up on restart with nothing lost or twice, an opted-out generation never reaches the
+stream, and a new replica starts from a peer's snapshot."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from client_servers import VOCAB_SIZE, DrafterProcess
+from log_server import RedisServer, free_port
+
+from verifier_client import DrafterClient
+
+TOKEN = "replica-admin-token-0123456789"
+CONVERGE_S = 15.0  # ingest-to-visible bound on this 2-core machine (rebuilds every 0.2 s)
+PREFIX = "replicas"
+
+
+class Replica(DrafterProcess):
+    """A drafter process with a known admin port and the shared log."""
+
+    def __init__(self, data_dir: Path, redis_url: str, token_file: Path, *extra: str) -> None:
+        self.admin_port = free_port()
+        super().__init__(
+            data_dir, "--shared-log", redis_url, "--shared-log-prefix", PREFIX,
+            "--admin-port", str(self.admin_port), "--admin-token-file", str(token_file),
+            "--rebuild-interval-s", "0.2", "--snapshot-interval-s", "0", *extra,
+        )  # fmt: skip
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def get(self, path: str) -> Any:
+        request = urllib.request.Request(self.admin + path)
+        request.add_header("Authorization", f"Bearer {TOKEN}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode()
+        request = urllib.request.Request(self.admin + path, data=data, method="POST")
+        request.add_header("Authorization", f"Bearer {TOKEN}")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.load(response)
+
+    def digest(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.get("/v1/datastores/default/digest")
+        return result
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[RedisServer, list[Replica], Path]]:
+    redis = RedisServer(tmp_path / "redis")
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN)
+    replicas: list[Replica] = []
+    try:
+        for i in range(3):
+            replicas.append(Replica(tmp_path / f"r{i}", redis.url, token_file))
+        yield redis, replicas, token_file
+    finally:
+        for r in replicas:
+            r.stop()
+        redis.stop()
+
+
+def tree_of(replica: Replica, context: list[int]) -> tuple[list[int], list[int], list[float]]:
+    """The tree a fresh request with ``context`` gets from ``replica`` (unary call)."""
+    with DrafterClient(replica.target, mode="unary", deadline_ms=5000) as client:
+        client.wait_ready()
+        client.add_request("probe", context)
+        result = client.step({"probe": []}, budgets={"probe": 16})
+        client.abort("probe")
+        tree = result["probe"]
+    if tree is None:
+        return [], [], []
+    return list(tree.tokens), list(tree.parents), [round(float(s), 6) for s in tree.scores]
+
+
+def converged(replicas: list[Replica], timeout_s: float = CONVERGE_S) -> dict[str, Any]:
+    """Waits until every replica has taken the same entries and folded them all."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        digests = [r.digest() for r in replicas]
+        if all(d["pending_tokens"] == 0 for d in digests) and len(
+            {(d["content_sha256"], d["consumed_offset"]) for d in digests}
+        ) == 1:
+            return digests[0]
+        assert time.monotonic() < deadline, f"replicas did not converge: {digests}"
+        time.sleep(0.1)
+
+
+def generation(seed: int, n: int = 40) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(1, VOCAB_SIZE, size=n)]
+
+
+def finish_through(replica: Replica, request_id: str, prompt: list[int], output: list[int],
+                   store: bool = True) -> None:  # fmt: skip
+    with DrafterClient(replica.target, mode="unary", deadline_ms=5000) as client:
+        client.wait_ready()
+        client.add_request(request_id, prompt)
+        client.step({request_id: []})
+        client.finish(request_id, output, store=store, durable=True)
+        assert client.flush(10)
+
+
+def test_a_generation_through_one_replica_reaches_all(
+    cluster: tuple[RedisServer, list[Replica], Path],
+) -> None:
+    redis, replicas, _ = cluster
+    output = generation(1)
+    context = output[:12]  # the start of the generation, as a later request would repeat it
+    assert all(tree_of(r, context)[0] == [] for r in replicas)  # nothing to draft from yet
+    started = time.monotonic()
+    finish_through(replicas[0], "g1", [7, 8, 9], output)
+    state = converged(replicas)
+    visible_s = time.monotonic() - started
+    assert state["num_tokens"] > 0 and visible_s < CONVERGE_S
+    trees = [tree_of(r, context) for r in replicas]
+    assert trees[0][0][:4] == output[12:16]  # the continuation is drafted
+    assert trees[0] == trees[1] == trees[2]  # bit-identical on every replica
+    # Opted out: never appended to the stream.
+    length = redis.client().xlen(f"{PREFIX}:default")
+    finish_through(replicas[1], "g2", [1, 2], generation(2), store=False)
+    time.sleep(0.5)
+    assert redis.client().xlen(f"{PREFIX}:default") == length
+
+
+def test_killed_replica_catches_up_with_nothing_lost_or_twice(
+    cluster: tuple[RedisServer, list[Replica], Path],
+) -> None:
+    _, replicas, _ = cluster
+    for i in range(5):
+        finish_through(replicas[i % 2], f"a{i}", [3], generation(10 + i))
+    converged(replicas)
+    replicas[2].kill9()
+    for i in range(5):  # ingested while it is down
+        finish_through(replicas[i % 2], f"b{i}", [3], generation(20 + i))
+    replicas[2].start()
+    state = converged(replicas)
+    expected = sum(len(generation(s)) + 1 for s in [*range(10, 15), *range(20, 25)]) - 1
+    # +1 prompt-context token per generation (store="output" keeps 1 of the 1-token
+    # prompt), one separator between documents.
+    assert state["num_tokens"] == expected + 10
+
+
+def test_a_new_replica_starts_from_a_peer_snapshot(
+    cluster: tuple[RedisServer, list[Replica], Path], tmp_path: Path
+) -> None:
+    redis, replicas, token_file = cluster
+    for i in range(4):
+        finish_through(replicas[0], f"s{i}", [3], generation(30 + i))
+    converged(replicas)
+    job = replicas[0].post("/v1/datastores/default/snapshots", {"rebuild_first": True})
+    deadline = time.monotonic() + 20
+    while replicas[0].get(f"/v1/jobs/{job['id']}")["state"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # The stream loses its oldest entries: only the snapshot still holds them.
+    redis.client().xtrim(f"{PREFIX}:default", maxlen=1, approximate=False)
+    finish_through(replicas[1], "s-late", [3], generation(40))
+    late = Replica(tmp_path / "late", redis.url, token_file, "--bootstrap-peers",
+                   f"{replicas[0].admin},{replicas[1].admin}")  # fmt: skip
+    try:
+        state = converged([*replicas, late])
+        detail = late.get("/v1/datastores/default")
+        assert detail["live_state"]["shared_log"]["lost"] == 0
+        snapshots = late.get("/v1/datastores/default/snapshots")["snapshots"]
+        assert snapshots and snapshots[-1]["log_offset"] is not None
+        assert state["num_tokens"] > 0
+    finally:
+        late.stop()
