@@ -44,12 +44,16 @@ CHART = ROOT / "helm" / "sssd-drafter"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 KUBE_VERSION = "1.33.0"
 RELEASE, NAMESPACE = "drafter", "llm"
-EVERYTHING_ON = {
+EVERYTHING_ON: dict[str, Any] = {
     "serviceMonitor": {"enabled": True},
     "prometheusRule": {"enabled": True},
     "grafanaDashboards": {"enabled": True},
     "autoscaling": {"enabled": True},
     "datastore": {"seed": {"enabled": True, "claimName": "snapshots", "path": "snap-1"}},
+    # Autoscaled replicas learn as one through the shared log (the schema requires it).
+    "sharedLog": {
+        "redis": {"address": "redis-master.llm.svc.cluster.local:6379", "existingSecret": "redis"}
+    },
 }
 # gRPC credentials: bearer tokens from an existing Secret, TLS from a kubernetes.io/tls one
 # (server-side TLS only; the mtls-cert-manager example has mutual TLS and cert-manager).
@@ -205,6 +209,21 @@ def test_optional_objects_follow_their_switches() -> None:
                   "certManager": {"extraDnsNames": ["drafter.example.com:50051"]}}},
          "/tls/certManager/extraDnsNames/0"),
         ({"settings": {"tls_cert_file": "/etc/tls.crt"}}, "tls_cert_file"),
+        ({"settings": {"shared_log": "redis://redis:6379/0"}}, "shared_log"),
+        ({"sharedLog": {"redis": {"adress": "redis:6379"}}}, "adress"),
+        ({"sharedLog": {"redis": {"address": "redis"}}}, "/sharedLog/redis/address"),
+        ({"sharedLog": {"redis": {"address": "redis://redis:6379"}}}, "/sharedLog/redis/address"),
+        ({"sharedLog": {"redis": {"address": "redis:65536"}}}, "/sharedLog/redis/address"),
+        ({"sharedLog": {"redis": {"address": "redis:6379/0"}}}, "/sharedLog/redis/address"),
+        ({"sharedLog": {"redis": {"address": "redis:6379", "db": -1}}}, "/sharedLog/redis/db"),
+        ({"sharedLog": {"redis": {"address": "redis:6379", "existingSecret": "Redis_Pw"}}},
+         "/sharedLog/redis/existingSecret"),
+        ({"sharedLog": {"prefix": "two words"}}, "/sharedLog/prefix"),
+        ({"sharedLog": {"retention": -1}}, "/sharedLog/retention"),
+        ({"sharedLog": {"bootstrap": {"clusterDomain": "*.local"}}},
+         "/sharedLog/bootstrap/clusterDomain"),
+        ({"replicaCount": 3, "sharedLog": {"allowIsolatedReplicas": "yes"}},
+         "/sharedLog/allowIsolatedReplicas"),
     ],
 )  # fmt: skip
 def test_values_schema_rejects(values: dict[str, Any], message: str) -> None:
@@ -332,20 +351,24 @@ def credential_files(objects: list[dict[str, Any]]) -> dict[str, tuple[str, str]
     """Each credential setting in the ConfigMap as (Secret, key) of the file it names,
     followed through the container's mounts and the pod's Secret volumes."""
     data = settings_map(objects)["data"]
-    mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
-    volumes = pod_volumes(objects)
     found: dict[str, tuple[str, str]] = {}
     for name in CREDENTIAL_FIELDS:
         path = data.get(ENV_PREFIX + name.upper())
-        if path is None:
-            continue
-        directory, _, file_name = path.rpartition("/")
-        mount = mounts[directory]
-        assert mount.get("readOnly") is True, mount
-        secret = volumes[mount["name"]]["secret"]
-        (key,) = [i["key"] for i in secret["items"] if i["path"] == file_name]
-        found[name] = (secret["secretName"], key)
+        if path is not None:
+            found[name] = secret_file(objects, path)
     return found
+
+
+def secret_file(objects: list[dict[str, Any]], path: str) -> tuple[str, str]:
+    """(Secret, key) of the file at ``path`` in the drafter container, followed through
+    its read-only mount and the pod's Secret volume."""
+    mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
+    directory, _, file_name = path.rpartition("/")
+    mount = mounts[directory]
+    assert mount.get("readOnly") is True, mount
+    secret = pod_volumes(objects)[mount["name"]]["secret"]
+    (key,) = [i["key"] for i in secret["items"] if i["path"] == file_name]
+    return secret["secretName"], key
 
 
 @pytest.mark.parametrize(
@@ -692,3 +715,184 @@ def test_network_policy() -> None:
     }
     closed = one(render({"networkPolicy": {"admin": {"from": []}}}), "NetworkPolicy")["spec"]
     assert "admin" not in {rule["ports"][0]["port"] for rule in closed["ingress"]}
+
+
+# --- several replicas: the shared log and snapshot bootstrap ------------------------------
+
+SHARED_LOG_EXAMPLE = "example-replicas-shared-log"
+REDIS = "redis-master.llm.svc.cluster.local:6379"
+SHARED_LOG_FIELDS = ("shared_log", "shared_log_password_file", "shared_log_prefix",
+                     "shared_log_retention", "bootstrap_peers")  # fmt: skip
+"""The `drafter serve` settings the chart sets from `sharedLog`."""
+
+
+def shared_log_settings(objects: list[dict[str, Any]], fullname: str = "") -> dict[str, str]:
+    """The shared-log variables of the settings ConfigMap (named ``fullname``, if given)."""
+    configmap = one(objects, "ConfigMap", fullname) if fullname else settings_map(objects)
+    data: dict[str, str] = configmap["data"]
+    names = {ENV_PREFIX + field.upper() for field in SHARED_LOG_FIELDS}
+    return {key: value for key, value in data.items() if key in names}
+
+
+def admin_peers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every NetworkPolicy peer admitted on the admin port."""
+    rules = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    return [peer for rule in rules if [p["port"] for p in rule["ports"]] == ["admin"]
+            for peer in rule["from"]]  # fmt: skip
+
+
+def other_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The NetworkPolicy's ingress rules for every port but the admin port."""
+    rules: list[dict[str, Any]] = one(objects, "NetworkPolicy")["spec"]["ingress"]
+    return [rule for rule in rules if [p["port"] for p in rule["ports"]] != ["admin"]]
+
+
+def own_pods_on_admin_port(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The admin-port peers that select the drafter's own pods (within the namespace)."""
+    pod_labels = one(objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    return [peer for peer in admin_peers(objects) if set(peer) == {"podSelector"}
+            and peer["podSelector"]["matchLabels"].items() <= pod_labels.items()]  # fmt: skip
+
+
+def test_one_replica_learns_alone_by_default() -> None:
+    objects = rendered("default")
+    assert one(objects, "StatefulSet")["spec"]["replicas"] == 1
+    assert shared_log_settings(objects) == {}
+    assert "redis-password" not in pod_volumes(objects)
+    assert own_pods_on_admin_port(objects) == []
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"replicaCount": 2}, {"replicaCount": 3, "sharedLog": {"redis": {"address": ""}}},
+     {"autoscaling": {"enabled": True}},
+     {"autoscaling": {"enabled": True}, "sharedLog": {"allowIsolatedReplicas": False}}],
+)  # fmt: skip
+def test_several_replicas_without_a_shared_log_are_refused(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(values)
+    assert "/sharedLog/redis/address" in str(caught.value)
+    # Where the schema is skipped (helm --skip-schema-validation), the template refuses
+    # too, naming the remedy: the chart without its schema fails to render.
+    unchecked = tmp_path / CHART.name
+    shutil.copytree(CHART, unchecked)
+    (unchecked / "values.schema.json").unlink()
+    with helm.Chart.load(unchecked) as chart, pytest.raises(helm.HelmRenderError) as refused:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert "sharedLog.redis.address" in str(refused.value)
+    assert "sharedLog.allowIsolatedReplicas" in str(refused.value)
+    with helm.Chart.load(unchecked) as chart:
+        allowed = chart.render({**values, "sharedLog": {"allowIsolatedReplicas": True}},
+                               name=RELEASE, namespace=NAMESPACE)  # fmt: skip
+    assert any(path.endswith("statefulset.yaml") for path in allowed)
+
+
+def test_isolated_replicas_are_an_explicit_opt_out() -> None:
+    objects = render({"replicaCount": 3, "sharedLog": {"allowIsolatedReplicas": True}})
+    assert one(objects, "StatefulSet")["spec"]["replicas"] == 3
+    assert shared_log_settings(objects) == {}
+    assert own_pods_on_admin_port(objects) == []
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render({"replicaCount": 3, "sharedLog": {"allowIsolatedReplicas": True}},
+                             name=RELEASE, namespace=NAMESPACE)  # fmt: skip
+    assert "allowIsolatedReplicas" in next(t for p, t in notes.items() if p.endswith("NOTES.txt"))
+
+
+def test_shared_log_settings_reach_every_replica() -> None:
+    """The example's three replicas get the Redis URL, the stream prefix (the release's
+    full name), the retention, the password as a file of the named Secret, and their
+    peers' admin API behind the headless Service."""
+    objects = rendered(SHARED_LOG_EXAMPLE)
+    headless = one(objects, "Service", "-headless")["metadata"]["name"]
+    assert one(objects, "StatefulSet")["spec"]["replicas"] == 3
+    password_file = "/var/run/secrets/sssd-drafter-redis/password"
+    assert shared_log_settings(objects) == {
+        "DRAFTER_SHARED_LOG": f"redis://{REDIS}/0",
+        "DRAFTER_SHARED_LOG_PREFIX": f"{RELEASE}-sssd-drafter",
+        "DRAFTER_SHARED_LOG_RETENTION": "1000000",
+        "DRAFTER_SHARED_LOG_PASSWORD_FILE": password_file,
+        "DRAFTER_BOOTSTRAP_PEERS": f"http://{headless}.{NAMESPACE}.svc.cluster.local:8400",
+    }
+    assert secret_file(objects, password_file) == ("redis", "redis-password")
+    assert pod_volumes(objects)["redis-password"]["secret"]["defaultMode"] == 0o440
+    # The peers are called with the admin token every replica mounts from one Secret.
+    admin_token = settings_map(objects)["data"]["DRAFTER_ADMIN_TOKEN_FILE"]
+    assert secret_file(objects, admin_token) == (f"{RELEASE}-sssd-drafter-admin", "admin-token")
+
+
+def test_shared_log_settings_follow_the_values() -> None:
+    base = {"replicaCount": 2, "sharedLog": {"redis": {"address": "10.0.0.7:6380"}}}
+    settings = shared_log_settings(render(base))
+    assert settings["DRAFTER_SHARED_LOG"] == "redis://10.0.0.7:6380/0"
+    assert "DRAFTER_SHARED_LOG_PASSWORD_FILE" not in settings
+    assert "redis-password" not in pod_volumes(render(base))
+    # The prefix defaults to the full name, so two releases on one Redis keep apart.
+    renamed = shared_log_settings(render({**base, "fullnameOverride": "tier-b"}), "tier-b")
+    assert renamed["DRAFTER_SHARED_LOG_PREFIX"] == "tier-b"
+    assert renamed["DRAFTER_BOOTSTRAP_PEERS"] == (
+        f"http://tier-b-headless.{NAMESPACE}.svc.cluster.local:8400"
+    )
+    changed = {
+        "replicaCount": 2,
+        "ports": {"grpc": 50051, "metrics": 9400, "admin": 9000},
+        "sharedLog": {"redis": {"address": "[fd00::7]:6379", "tls": True, "db": 3},
+                      "prefix": "shared-a", "retention": 0,
+                      "bootstrap": {"clusterDomain": "k8s.internal"}},
+    }  # fmt: skip
+    settings = shared_log_settings(render(changed))
+    assert settings == {
+        "DRAFTER_SHARED_LOG": "rediss://[fd00::7]:6379/3",
+        "DRAFTER_SHARED_LOG_PREFIX": "shared-a",
+        "DRAFTER_SHARED_LOG_RETENTION": "0",
+        "DRAFTER_BOOTSTRAP_PEERS": f"http://{RELEASE}-sssd-drafter-headless.{NAMESPACE}"
+                                   ".svc.k8s.internal:9000",
+    }  # fmt: skip
+
+
+def test_network_policy_admits_the_peers_on_the_admin_port_only_for_bootstrap() -> None:
+    objects = rendered(SHARED_LOG_EXAMPLE)
+    (own,) = own_pods_on_admin_port(objects)
+    assert "namespaceSelector" not in own  # the release's namespace only
+    policy = one(objects, "NetworkPolicy")["spec"]
+    # Egress stays open: the replicas reach Redis and each other's admin port.
+    assert policy["policyTypes"] == ["Ingress"]
+    # The operators' admin peers and the other ports are as without the shared log.
+    plain = render({"replicaCount": 3, "sharedLog": {"allowIsolatedReplicas": True}})
+    assert [p for p in admin_peers(objects) if p is not own] == admin_peers(plain)
+    assert other_rules(objects) == other_rules(plain)
+    without_bootstrap = render({"replicaCount": 2, "sharedLog": {
+        "redis": {"address": REDIS}, "bootstrap": {"fromPeers": False}}})  # fmt: skip
+    assert own_pods_on_admin_port(without_bootstrap) == []
+    settings = shared_log_settings(without_bootstrap)
+    assert "DRAFTER_BOOTSTRAP_PEERS" not in settings and "DRAFTER_SHARED_LOG" in settings
+
+
+def test_autoscaled_replicas_share_the_log_and_scale_down_slowly() -> None:
+    objects = rendered("everything-on")
+    assert shared_log_settings(objects)["DRAFTER_SHARED_LOG"] == f"redis://{REDIS}/0"
+    autoscaler = one(objects, "HorizontalPodAutoscaler")["spec"]
+    assert autoscaler["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 600
+    assert autoscaler["minReplicas"] >= 2 and "replicas" not in one(objects, "StatefulSet")["spec"]
+    # Scaled-down replicas keep their volumes: a later scale-up resumes from its snapshot.
+    retention = one(objects, "StatefulSet")["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert retention["whenScaled"] == "Retain"
+
+
+def test_shared_log_variables_are_drafter_settings() -> None:
+    """`drafter serve` reads the chart's shared-log variables as the values set."""
+    assert set(SHARED_LOG_FIELDS) <= set(ServeConfig.model_fields)
+    objects = rendered(SHARED_LOG_EXAMPLE)
+    config = ServeConfig.from_env_and_args([], environ=settings_map(objects)["data"])
+    headless = one(objects, "Service", "-headless")["metadata"]["name"]
+    assert config.shared_log == f"redis://{REDIS}/0"
+    assert config.shared_log_prefix == f"{RELEASE}-sssd-drafter"
+    assert config.shared_log_retention == 1_000_000
+    password_file = Path("/var/run/secrets/sssd-drafter-redis/password")
+    assert config.shared_log_password_file == password_file
+    assert config.bootstrap_peers == (f"http://{headless}.{NAMESPACE}.svc.cluster.local:8400",)
+    shared_log = config.shared_log_config()
+    assert shared_log is not None and shared_log.prefix == f"{RELEASE}-sssd-drafter"

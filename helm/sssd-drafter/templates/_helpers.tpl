@@ -159,3 +159,46 @@ Example: D = 32 GiB, S = 4 GiB, base 1 GiB: 1 + 32 + 2.05 x 4 = 41.2 GiB.
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/*
+The shared log (values: sharedLog). Several replicas without it learn apart, which the
+values schema refuses unless sharedLog.allowIsolatedReplicas; this check says the same
+where the schema is skipped (helm --skip-schema-validation).
+*/}}
+{{- define "sssd-drafter.sharedLogEnabled" -}}
+{{- if .Values.sharedLog.redis.address }}true{{ end }}
+{{- end }}
+
+{{- define "sssd-drafter.checkReplicas" -}}
+{{- $several := or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}
+{{- if and $several (not (include "sssd-drafter.sharedLogEnabled" .)) (not .Values.sharedLog.allowIsolatedReplicas) }}
+{{- fail "several replicas (replicaCount > 1 or autoscaling.enabled) learn as one only through a shared log: set sharedLog.redis.address (host:port of a Redis server), or sharedLog.allowIsolatedReplicas: true for replicas that each learn alone" }}
+{{- end }}
+{{- end }}
+
+{{/* The Redis URL of the shared log: redis[s]://HOST:PORT/DB (no password: that is a file). */}}
+{{- define "sssd-drafter.sharedLogUrl" -}}
+{{- $redis := .Values.sharedLog.redis }}
+{{- printf "%s://%s/%d" (ternary "rediss" "redis" $redis.tls) $redis.address (int $redis.db) }}
+{{- end }}
+
+{{/* Stream key prefix: sharedLog.prefix, else the release's full name. */}}
+{{- define "sssd-drafter.sharedLogPrefix" -}}
+{{- .Values.sharedLog.prefix | default (include "sssd-drafter.fullname" .) }}
+{{- end }}
+
+{{- define "sssd-drafter.redisPasswordDir" -}}/var/run/secrets/sssd-drafter-redis{{- end }}
+
+{{/*
+Peers to bootstrap from: the admin port behind the headless Service, whose name resolves
+to every ready pod (the drafter tries each). The admin API speaks plain HTTP (tls covers
+the gRPC port only).
+*/}}
+{{- define "sssd-drafter.bootstrapPeers" -}}
+{{- printf "http://%s.%s.svc.%s:%d" (include "sssd-drafter.headlessName" .) .Release.Namespace .Values.sharedLog.bootstrap.clusterDomain (int .Values.ports.admin) }}
+{{- end }}
+
+{{/* Whether replicas bootstrap from peers: with the shared log and bootstrap.fromPeers. */}}
+{{- define "sssd-drafter.bootstrapFromPeers" -}}
+{{- if and (include "sssd-drafter.sharedLogEnabled" .) .Values.sharedLog.bootstrap.fromPeers }}true{{ end }}
+{{- end }}
