@@ -31,6 +31,7 @@ import grpc
 
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
+from verifier_client.replica_set import ClientOptions, ReplicaSetClient, parse_target
 from verifier_client.results import ClientStats, StepResult, Tree
 
 __all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter", "tokenizer_fingerprint"]
@@ -46,7 +47,9 @@ configuration, where it has a place for them, overrides it key by key)."""
 class DrafterSettings:
     """How an engine plug-in reaches and uses the drafting service."""
 
-    address: str = "127.0.0.1:50051"  # host:port of `drafter serve` (a headless Service in k8s)
+    address: str = "127.0.0.1:50051"  # host:port of `drafter serve`, or several comma-separated
+    # (one replica set: each request drafts on one of them, see verifier_client.replica_set)
+    resolve_all: bool = False  # the one address names a headless Service: a replica per IP
     deadline_ms: float = 5.0  # per decode step; past it the step has no drafts
     budget: str = "16"  # draft nodes per request: BudgetRule.parse ("16", "h100", "FLOPS/BW")
     mode: Literal["stream", "unary"] = "stream"
@@ -63,6 +66,9 @@ class DrafterSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not self.address:
             raise ValueError(f"address must be a non-empty 'host:port', got {self.address!r}")
+        if not isinstance(self.resolve_all, bool):
+            raise ValueError(f"resolve_all must be true or false, got {self.resolve_all!r}")
+        self.targets()  # ValueError naming a bad address
         _check_positive("deadline_ms", self.deadline_ms)
         _check_positive("connect_timeout_s", self.connect_timeout_s, zero_ok=True)
         BudgetRule.parse(str(self.budget))  # ValueError naming the spec
@@ -142,6 +148,27 @@ class DrafterSettings:
             tls = grpc.ssl_channel_credentials(ca, key, cert)
         return tls, token.decode().strip() if token is not None else None
 
+    def targets(self) -> str | list[str] | None:
+        """What the address names beyond one drafter: a list of ``host:port`` (several,
+        comma-separated), the one name to resolve (``resolve_all``), or None (one drafter,
+        the address as gRPC takes it)."""
+        parts = [part.strip() for part in self.address.split(",")]
+        if len(parts) == 1 and not self.resolve_all:
+            return None
+        try:
+            for part in parts:
+                parse_target(part)
+        except ValueError as err:
+            raise ValueError(f"address {self.address!r}: {err}") from None
+        if self.resolve_all:
+            if len(parts) > 1:
+                raise ValueError(f"resolve_all takes one address (a headless Service), got "
+                                 f"{self.address!r}")  # fmt: skip
+            return parts[0]
+        if len(set(parts)) < len(parts):
+            raise ValueError(f"address {self.address!r} names a drafter more than once")
+        return parts
+
     def budget_rule(self) -> BudgetRule:
         """The budget rule the setting names."""
         return BudgetRule.parse(str(self.budget))
@@ -159,7 +186,8 @@ TokenSlice = Callable[[int, int, int], Sequence[int]]
 
 
 class EngineDrafter:
-    """A :class:`DrafterClient` kept in step with an engine's batch, by request id.
+    """A :class:`DrafterClient` kept in step with an engine's batch, by request id (a
+    :class:`ReplicaSetClient` when the settings name several drafters or ``resolve_all``).
 
     Call :meth:`draft` once per decode step with the rows that may speculate,
     :meth:`release` when the engine drops a request (finished or aborted), and
@@ -173,7 +201,7 @@ class EngineDrafter:
         self,
         settings: DrafterSettings,
         *,
-        client: DrafterClient | None = None,
+        client: DrafterClient | ReplicaSetClient | None = None,
         namespace: str | None = None,
         tokenizer_fingerprint: str = "",
         budget: BudgetRule | None = None,
@@ -181,13 +209,18 @@ class EngineDrafter:
         self.settings = settings
         if client is None:
             tls, token = settings.credentials()
-            client = DrafterClient(
-                settings.address, deadline_ms=settings.deadline_ms, mode=settings.mode,
+            options = ClientOptions(
+                deadline_ms=settings.deadline_ms, mode=settings.mode,
                 budget=budget or settings.budget_rule(), prefetch_fan_out=settings.prefetch_fan_out,
                 tokenizer_fingerprint=tokenizer_fingerprint,
                 credentials=tls, token=token,
             )  # fmt: skip
-        self.client = client
+            targets = settings.targets()
+            if targets is None:
+                client = DrafterClient(settings.address, **options)
+            else:
+                client = ReplicaSetClient(targets, **options)
+        self.client: DrafterClient | ReplicaSetClient = client
         self.namespace = namespace if namespace is not None else _instance_namespace()
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)
