@@ -15,6 +15,7 @@ from typing import Any, Literal
 import grpc
 import numpy as np
 import pytest
+from log_server import RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
@@ -468,8 +469,19 @@ def test_every_documented_drafter_metric_is_exported(
 ) -> None:
     documented = documented_metrics()
     assert len(documented) >= 20, "the drafter table of docs/metrics.md was not parsed"
-    with serving(loop_thread, config(tmp_path)) as s:
-        got = scrape(s)
+    shared = {n for n in documented if n.startswith("sssd_drafter_shared_log_")}
+    assert len(shared) == 4
+    with serving(loop_thread, config(tmp_path)) as s:  # no shared log: no shared_log series
+        check_exported(scrape(s), {n: v for n, v in documented.items() if n not in shared})
+    redis = RedisServer(tmp_path / "redis")
+    try:
+        with serving(loop_thread, config(tmp_path / "shared", shared_log=redis.url)) as s:
+            check_exported(scrape(s), documented)
+    finally:
+        redis.stop()
+
+
+def check_exported(got: Scrape, documented: dict[str, tuple[str, dict[str, set[str]]]]) -> None:
     exported = {}
     for family in got.families.values():
         if family.name.startswith("sssd_drafter_"):

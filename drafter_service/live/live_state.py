@@ -48,6 +48,7 @@ class LiveStats:
     last_error: str | None
     ingested_sequences: int  # acknowledged since this open (the replayed log excluded)
     ingested_tokens: int
+    shared_log: bool  # a shared ingest stream feeds this datastore
     consumed_offset: StreamId | None  # newest shared-stream entry in the log
     covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
     stream_skipped: int
@@ -131,6 +132,7 @@ class LiveState:
                 last_error=self.last_error,
                 ingested_sequences=self.ingested_sequences,
                 ingested_tokens=self.ingested_tokens,
+                shared_log=self.follows_stream,
                 consumed_offset=self.consumed,
                 covered_offset=self.covered_origin,
                 stream_skipped=self.stream_skipped,

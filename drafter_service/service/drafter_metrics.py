@@ -366,6 +366,34 @@ _LIVE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
 )
 
 
+_SHARED_LOG_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (
+        CounterMetricFamily,
+        "shared_log_skipped_entries",
+        "Shared-log entries no replica can store (another format, bad checksum or ids).",
+        "stream_skipped",
+    ),
+    (
+        CounterMetricFamily,
+        "shared_log_errors",
+        "Failed reads of the shared log server or writes of taken entries (retried).",
+        "stream_errors",
+    ),
+    (
+        CounterMetricFamily,
+        "shared_log_lost",
+        "Times shared-log entries were found trimmed by retention before they were taken.",
+        "stream_lost",
+    ),
+    (
+        GaugeMetricFamily,
+        "shared_log_delay_seconds",
+        "Seconds from the newest taken entry's append (log server clock) to its being taken.",
+        "stream_delay_s",
+    ),
+)
+
+
 def _datastore_families(
     stores: dict[str, LiveStats | DatastoreStats], started_unix: float
 ) -> Iterator[Metric]:
@@ -375,6 +403,9 @@ def _datastore_families(
         yield _by_datastore(kind, name, documentation, stores, attribute)
     for kind, name, documentation, attribute in _LIVE_STATE:
         yield _by_datastore(kind, name, documentation, live, attribute)
+    shared = {name: s for name, s in live.items() if s.shared_log}
+    for kind, name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
+        yield _by_datastore(kind, name, documentation, shared, attribute)
     now = time.time()
     yield _family(
         GaugeMetricFamily,
