@@ -18,7 +18,7 @@ import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess
 from log_server import RedisServer, free_port
 
-from verifier_client import DrafterClient
+from verifier_client import BreakerConfig, DrafterClient, ReplicaSetClient
 
 TOKEN = "replica-admin-token-0123456789"
 CONVERGE_S = 15.0  # ingest-to-visible bound on this 2-core machine (rebuilds every 0.2 s)
@@ -188,3 +188,53 @@ def test_a_new_replica_starts_from_a_peer_snapshot(
         assert state["num_tokens"] > 0
     finally:
         late.stop()
+
+
+def test_kill_9_under_load_steps_keep_the_deadline_and_the_replica_catches_up(
+    cluster: tuple[RedisServer, list[Replica], Path],
+) -> None:
+    """Decode steps through the sticky client while one replica is killed: no step waits
+    past the deadline, its requests move to the others (and keep drafting there), the
+    generations finished meanwhile reach it after its restart, nothing lost or twice."""
+    _, replicas, _ = cluster
+    deadline_s, margin_s = 0.2, 0.15  # a loaded 2-core machine: scheduling slack
+    breaker = BreakerConfig(failure_threshold=2, cooldown_s=0.05, max_cooldown_s=0.2)
+    outputs = {f"k{i}": generation(100 + i, n=60) for i in range(12)}
+    finish_through(replicas[0], "seed", [3], outputs["k0"])  # something to draft from
+    converged(replicas)
+    client = ReplicaSetClient([r.target for r in replicas], deadline_ms=deadline_s * 1e3,
+                              breaker=breaker, mode="unary")  # fmt: skip
+    stored: list[list[int]] = [[3, *outputs["k0"]]]  # store="output": 3 prompt tokens kept
+    try:
+        client.wait_ready()
+        for rid, out in outputs.items():
+            client.add_request(rid, [3, *out[:8]])
+        victim = replicas[2].target
+        theirs = [rid for rid in outputs if client.replica_of(rid) == victim]
+        assert theirs, "no request on the victim: pick other ids"
+        position = dict.fromkeys(outputs, 8)
+        drafted_after_kill: set[str] = set()
+        for step in range(40):
+            if step == 10:
+                replicas[2].kill9()
+            commits = {rid: outputs[rid][position[rid] : position[rid] + 1] for rid in position}
+            started = time.monotonic()
+            result = client.step(commits)
+            took_s = time.monotonic() - started
+            assert took_s < deadline_s + margin_s, (step, took_s)
+            for rid in commits:
+                position[rid] += 1
+                if step > 10 and result[rid] is not None:
+                    drafted_after_kill.add(rid)
+            if step == 25:  # finish a third of the requests while the victim is down
+                for rid in [r for r in position if r not in theirs][:2] + theirs[:2]:
+                    client.finish(rid, [], durable=True)
+                    stored.append(outputs[rid][5 : position.pop(rid)])
+                assert client.flush(10)
+        assert all(client.replica_of(rid) != victim for rid in position)  # they moved
+        assert set(theirs) & drafted_after_kill, "moved requests never drafted again"
+    finally:
+        client.close()
+    replicas[2].start()
+    state = converged(replicas)
+    assert state["num_tokens"] == sum(len(d) for d in stored) + len(stored) - 1  # separators
