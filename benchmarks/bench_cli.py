@@ -1,5 +1,5 @@
 """``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``, ``load``, ``worker``,
-``engine``.
+``engine``, ``scale``.
 
 Example::
 
@@ -23,6 +23,7 @@ from benchmarks.engine_bench import add_engine_parser
 from benchmarks.live_replay import LIVE_BASE_LAYOUTS
 from benchmarks.load import add_load_parser
 from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, can_prefetch, replay
+from benchmarks.scale_bench import add_scale_parser
 from benchmarks.token_records import (
     LLAMA3_VOCAB_SIZE,
     DataError,
@@ -137,11 +138,12 @@ def add_replay_parser(subparsers: Any) -> None:
     p.add_argument(
         "--live-base",
         choices=LIVE_BASE_LAYOUTS,
-        default="seed",
+        default="pinned",
         help="with --live and --corpus/--snapshot, how the base joins the live datastore: "
-        "seed = its initial snapshot, finished records fold into its newest sub-index (as "
-        "drafter serve --snapshot seeds it; default); pinned = a pinned corpus (as the admin "
-        "API adds one), finished records get sub-indices of their own",
+        "pinned = a pinned corpus, drafted from as a source of its own beside sub-indices of "
+        "the finished records (as drafter serve --snapshot seeds it and the admin API adds a "
+        "corpus; default); seed = its initial learned snapshot, finished records fold into "
+        "its newest sub-index and share its samples (one index)",
     )
     p.add_argument("--batch", type=_positive, default=1, help="records in lockstep (default 1)")
     p.add_argument(
@@ -201,7 +203,7 @@ def run_replay(args: argparse.Namespace) -> int:
             "(raise it with --config max_budget=N)"
         )
     live_base = args.live and bool(args.corpus or args.snapshot)
-    if args.live_base != "seed" and not live_base:
+    if args.live_base != "pinned" and not live_base:
         raise DataError(f"--live-base {args.live_base} needs --live and --corpus or --snapshot")
     records = read_records(args.data, vocab_size=args.vocab_size, limit=args.limit)
     base: list[SubIndex] = []
@@ -350,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_parser(subparsers)
     add_worker_parser(subparsers)
     add_engine_parser(subparsers)
+    add_scale_parser(subparsers)
     return parser
 
 

@@ -3,10 +3,11 @@
 Finished records are ingested into the product's :class:`LiveDatastore`
 (write-ahead log, real rebuild policy) in a temporary directory. A prebuilt base
 (``--corpus`` or ``--snapshot``), if any, joins it in one of two layouts
-(:data:`LIVE_BASE_LAYOUTS`): ``seed``, its initial snapshot, as ``drafter serve
---snapshot`` seeds a data directory (the base is learned data: finished records fold
-into its newest sub-index); ``pinned``, a pinned corpus, as the admin API adds one
-(the base stays its own sub-indices, finished records get sub-indices of their own).
+(:data:`LIVE_BASE_LAYOUTS`): ``pinned``, a pinned corpus, as ``drafter serve
+--snapshot`` seeds a data directory and the admin API adds a corpus (the base stays its
+own sub-indices and its own drafting source, finished records get sub-indices of their
+own); ``seed``, its initial learned snapshot (finished records fold into its newest
+sub-index: one index, one source).
 The policy rebuilds synchronously (``background=False``) so that replays stay
 deterministic.
 """
@@ -23,9 +24,9 @@ from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.live.pinned_corpora import CORPORA_KEY, Corpus, corpora_listing
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 
-LIVE_BASE_LAYOUTS = ("seed", "pinned")
-"""How a base joins the live datastore: ``seed`` = its initial (learned) snapshot;
-``pinned`` = a pinned corpus beside the learned sub-indices."""
+LIVE_BASE_LAYOUTS = ("pinned", "seed")
+"""How a base joins the live datastore: ``pinned`` = a pinned corpus beside the learned
+sub-indices; ``seed`` = its initial (learned) snapshot."""
 
 PINNED_BASE_NAME = "replay-base"
 """The corpus name of a ``pinned`` base."""
@@ -40,7 +41,7 @@ class ReplayLiveStore:
         base: Sequence[SubIndex],
         vocab_size: int,
         policy: LivePolicy,
-        base_layout: str = "seed",
+        base_layout: str = "pinned",
     ) -> None:
         if base_layout not in LIVE_BASE_LAYOUTS:
             raise ValueError(

@@ -60,7 +60,7 @@ class ReplaySettings:
     live_policy: LivePolicy = field(default_factory=lambda: LivePolicy(rebuild_min_tokens=1))
     """Rebuild policy of the live datastore; the default folds every finished record in
     before the next one starts."""
-    live_base: str = "seed"
+    live_base: str = "pinned"
     """With ``live`` and a base: how the base joins the live datastore, one of
     :data:`~benchmarks.live_replay.LIVE_BASE_LAYOUTS` (``seed``: its initial snapshot,
     finished records fold into its newest sub-index; ``pinned``: a pinned corpus,

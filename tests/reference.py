@@ -225,6 +225,7 @@ def fuse(
     config: DraftConfig,
     budget: int,
     committed: int | None = None,
+    live_tree: Tree | None = None,
 ) -> RefDraft:
     """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
 
@@ -259,6 +260,10 @@ def fuse(
     roots: list[Member] = []
     if datastore_tree is not None:
         roots.append((datastore_tree, _children(datastore_tree), (), datastore_tree[()],
+                      config.datastore_smoothing, config.datastore_weight,
+                      config.datastore_child_discount))
+    if live_tree is not None:  # a split datastore's live part: a source of its own
+        roots.append((live_tree, _children(live_tree), (), live_tree[()],
                       config.datastore_smoothing, config.datastore_weight,
                       config.datastore_child_discount))
     if trie is not None:
@@ -298,19 +303,35 @@ def fuse(
     )
 
 
+def datastore_trees(
+    sub_indices: Sequence[RefSubIndex] | None,
+    context: Sequence[int],
+    config: DraftConfig,
+    budget: int,
+    base_count: int,
+) -> tuple[Tree | None, Tree | None]:
+    """The datastore's candidate tree, or with a split one (0 < base_count < all) the
+    base's and the live part's, each retrieved on its own."""
+    if not sub_indices:
+        return None, None
+    if 0 < base_count < len(sub_indices):
+        return (retrieve_datastore(sub_indices[:base_count], context, config, budget),
+                retrieve_datastore(sub_indices[base_count:], context, config, budget))
+    return retrieve_datastore(sub_indices, context, config, budget), None
+
+
 def draft(
     context: Sequence[int],
     sub_indices: Sequence[RefSubIndex] | None,
     config: DraftConfig,
     budget: int,
     use_input: bool,
+    base_count: int = 0,
 ) -> RefDraft:
     """One full drafting call: datastore tree (if any sub-index), input trie (if used), fusion."""
-    ds_tree = None
-    if sub_indices:
-        ds_tree = retrieve_datastore(sub_indices, context, config, budget)
+    ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
     trie = input_trie_counts(context, config.input_max_depth) if use_input else None
-    return fuse(trie, context, ds_tree, config, budget)
+    return fuse(trie, context, ds_tree, config, budget, live_tree=live_tree)
 
 
 def draft_after(
@@ -319,14 +340,14 @@ def draft_after(
     sub_indices: Sequence[RefSubIndex] | None,
     config: DraftConfig,
     budget: int,
+    base_count: int = 0,
 ) -> RefDraft:
     """A pre-draft: the datastore sees committed + extension, the input trie only committed."""
     context = [*committed, *extension]
-    ds_tree = None
-    if sub_indices:
-        ds_tree = retrieve_datastore(sub_indices, context, config, budget)
+    ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
     trie = input_trie_counts(committed, config.input_max_depth)
-    return fuse(trie, context, ds_tree, config, budget, committed=len(committed))
+    return fuse(trie, context, ds_tree, config, budget, committed=len(committed),
+                live_tree=live_tree)
 
 
 def assert_same_draft(got: tuple[np.ndarray, ...], want: RefDraft) -> None:

@@ -75,10 +75,11 @@ class Corpus:
     vocab_size: int
     sub_documents: list[list[list[int]]]
     context: list[int]
+    base_count: int = 0  # the first sub-indices are a base: a split datastore
 
     def datastore(self) -> Datastore:
         subs = [SubIndex.build(docs, self.vocab_size) for docs in self.sub_documents]
-        return Datastore(subs, self.vocab_size)
+        return Datastore(subs, self.vocab_size, base_count=self.base_count)
 
     def reference(self) -> list[ref.RefSubIndex]:
         return [ref.RefSubIndex.from_documents(docs) for docs in self.sub_documents]
@@ -89,7 +90,7 @@ class Corpus:
 
 @st.composite
 def corpora(draw: st.DrawFn, max_sub_indices: int = 3, max_doc_len: int = 20,
-            max_vocab: int = 8) -> Corpus:
+            max_vocab: int = 8, split: bool = False) -> Corpus:
     vocab = draw(st.integers(2, max_vocab))
     docs = st.lists(token_lists(vocab, max_doc_len), min_size=1, max_size=4)
     sub_documents = draw(st.lists(docs, min_size=1, max_size=max_sub_indices))
@@ -101,4 +102,5 @@ def corpora(draw: st.DrawFn, max_sub_indices: int = 3, max_doc_len: int = 20,
         lo = draw(st.integers(0, len(doc) - 1))
         hi = draw(st.integers(lo + 1, len(doc)))
         context += doc[lo:hi]
-    return Corpus(vocab, sub_documents, context)
+    base_count = draw(st.integers(0, len(sub_documents))) if split else 0
+    return Corpus(vocab, sub_documents, context, base_count)

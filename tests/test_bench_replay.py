@@ -362,8 +362,8 @@ def test_cli_live_base_layouts(
     assert rows["seed"]["datastore_tokens"] == rows["pinned"]["datastore_tokens"] + 1
     assert main(["replay", "--data", str(data), "--live", "--json", "--no-pld"]) == 0
     assert json.loads(capsys.readouterr().out)["live_base"] is None
-    assert main(["replay", "--data", str(data), "--live", "--live-base", "pinned"]) == 2
-    assert "--live-base pinned needs --live and --corpus" in capsys.readouterr().err
+    assert main(["replay", "--data", str(data), "--live", "--live-base", "seed"]) == 2
+    assert "--live-base seed needs --live and --corpus" in capsys.readouterr().err
     assert main(["replay", "--data", str(data), "--budget", "300"]) == 2
     assert "max_budget" in capsys.readouterr().err
 

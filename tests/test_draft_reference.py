@@ -163,6 +163,43 @@ def test_draft_equals_reference(corpus: Corpus, config: DraftConfig, budget: int
     assert_draft_invariants(*got, budget, corpus.vocab_size)
 
 
+@given(corpora(max_sub_indices=4, split=True), draft_configs(), st.integers(0, MAX_BUDGET),
+       st.booleans())
+def test_split_datastore_draft_equals_reference(corpus: Corpus, config: DraftConfig, budget: int,
+                                                use_input: bool) -> None:
+    """A datastore split into a base and live sub-indices: each part is its own source with
+    its own samples (0 or all of them in the base: one source, as before)."""
+    got = native_draft(corpus, corpus.datastore(), config, budget, use_input)
+    want = ref.draft(corpus.context, corpus.reference(), config, budget, use_input,
+                     base_count=corpus.base_count)
+    assert_same_draft(got, want)
+    assert_draft_invariants(*got, budget, corpus.vocab_size)
+
+
+def test_split_datastore_keeps_a_live_continuation_the_base_outvotes() -> None:
+    """The dilution a split prevents: a base where the context continues with 5, 6 a
+    hundred times and live data where it continued with 7 once. Pooled, 7 gets 1 of 101
+    samples and loses the second node to 6; split, the live source's own tree offers it
+    at its own probability and it is drafted."""
+    vocab, context = 10, [1, 2, 3]
+    base = SubIndex.build([[1, 2, 3, 5, 6]] * 100, vocab)
+    live = SubIndex.build([[1, 2, 3, 7, 8]], vocab)
+    config = DraftConfig(datastore_smoothing=0.0)
+
+    def first_level(datastore: Datastore, budget: int) -> set[int]:
+        tokens, parents, _ = _core.draft_context(
+            np.array(context, dtype=np.int32), datastore.native, config.to_native(), budget,
+            False, vocab)
+        return {int(t) for t, p in zip(tokens, parents, strict=True) if p == -1}
+
+    pooled = Datastore([base, live], vocab)
+    split = Datastore([base, live], vocab, base_count=1)
+    assert first_level(pooled, 2) == {5}  # 7 at 1/101 loses to 5 -> 6
+    assert first_level(split, 2) == {5, 7}  # both at probability 1
+    with pytest.raises(ValueError, match="base_count must be in"):
+        Datastore([base, live], vocab, base_count=3)
+
+
 @given(corpora(), draft_configs(), st.integers(0, MAX_BUDGET))
 def test_draft_without_datastore_equals_reference(corpus: Corpus, config: DraftConfig,
                                                   budget: int) -> None:

@@ -133,12 +133,21 @@ class SubIndex(_NativeHolder[_core.SubIndex]):
 
 
 class Datastore(_NativeHolder[_core.Datastore]):
-    """An immutable set of sub-indices (oldest first) sharing one vocabulary."""
+    """An immutable set of sub-indices (oldest first) sharing one vocabulary.
 
-    __slots__ = ("_sub_indices", "vocab_size")
+    ``base_count``: the first that many sub-indices are a base (pinned corpora) and the
+    rest live data; with both present each is drafted from as its own source, with its
+    own samples, so a large base cannot outvote fresh live data (docs/algorithm.md).
+    0, the default, or all of them: one source."""
 
-    def __init__(self, sub_indices: Sequence[SubIndex], vocab_size: int) -> None:
+    __slots__ = ("_sub_indices", "base_count", "vocab_size")
+
+    def __init__(
+        self, sub_indices: Sequence[SubIndex], vocab_size: int, base_count: int = 0
+    ) -> None:
         _check_vocab_size(vocab_size)
+        if not 0 <= base_count <= len(sub_indices):
+            raise ValueError(f"base_count must be in [0, {len(sub_indices)}], got {base_count}")
         for i, s in enumerate(sub_indices):
             if s.vocab_size != vocab_size:
                 raise ValueError(
@@ -146,7 +155,8 @@ class Datastore(_NativeHolder[_core.Datastore]):
                 )
         self._sub_indices = tuple(sub_indices)
         self.vocab_size = vocab_size
-        super().__init__(_core.Datastore([s._native for s in self._sub_indices]))
+        self.base_count = base_count
+        super().__init__(_core.Datastore([s._native for s in self._sub_indices], base_count))
 
     @classmethod
     def empty(cls, vocab_size: int) -> Datastore:

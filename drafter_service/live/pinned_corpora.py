@@ -42,8 +42,10 @@ class Corpus:
 def joined_datastore(
     corpora: Sequence[Corpus], learned: Sequence[SubIndex], vocab_size: int
 ) -> Datastore:
-    """The datastore of every corpus's sub-indices, in order, then the learned ones."""
-    return Datastore([s for c in corpora for s in c.sub_indices] + list(learned), vocab_size)
+    """The datastore of every corpus's sub-indices, in order, then the learned ones; the
+    corpora are its base, drafted from as a source of their own beside the learned ones."""
+    base = [s for c in corpora for s in c.sub_indices]
+    return Datastore(base + list(learned), vocab_size, base_count=len(base))
 
 
 def corpora_listing(corpora: Sequence[Corpus]) -> list[dict[str, object]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
-from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
 from drafter_service.live.peer_bootstrap import bootstrap_from_peers
 from drafter_service.service.admin_token import load_token
 from drafter_service.service.settings import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
@@ -167,10 +167,19 @@ def _resolve(
     return TokenizerIdentity(config.tokenizer_name or "unknown", DEFAULT_VOCAB_SIZE, "")
 
 
+SEED_CORPUS = "seed"
+"""The pinned corpus a seed snapshot from the builder becomes."""
+
+
 def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> bool:
     """Copies ``snapshot`` into ``data_dir``/snapshots when that holds none yet (sub-index
     files are hardlinked where possible, the copy written atomically). Returns whether
-    it seeded; a live directory that already has a snapshot keeps its own."""
+    it seeded; a live directory that already has a snapshot keeps its own.
+
+    A snapshot that names no corpora (one from the builder) becomes the pinned corpus
+    ``seed``: the base that is never rotated out, drafted from as a source of its own
+    beside what the datastore learns (so it cannot outvote it), and removable through the
+    admin API's corpora routes like any corpus."""
     target_root = data_dir / "snapshots"
     if list_snapshots(target_root):
         log.info("%s already has a snapshot: --snapshot %s is not used", data_dir, snapshot)
@@ -178,6 +187,11 @@ def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) 
     datastore, info = load_snapshot(snapshot, expect_tokenizer=tokenizer)
     metadata = dict(info.metadata)
     metadata["seeded_from"] = str(Path(snapshot).resolve())
+    if CORPORA_KEY not in metadata:
+        origin = {"seeded_from": metadata["seeded_from"]}
+        metadata[CORPORA_KEY] = [
+            {"name": SEED_CORPUS, "sub_indices": len(datastore.sub_indices), "metadata": origin}
+        ]
     write_snapshot(
         target_root / info.path.resolve().name,
         datastore,

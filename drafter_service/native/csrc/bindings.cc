@@ -59,8 +59,14 @@ struct PyDatastore {
   std::shared_ptr<const Datastore> datastore;
 };
 
-std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubIndex*>& subs) {
+std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubIndex*>& subs,
+                                                int64_t base_count) {
+  if (base_count < 0 || base_count > static_cast<int64_t>(subs.size())) {
+    throw std::invalid_argument("base_count must be in [0, " + std::to_string(subs.size()) +
+                                "], got " + std::to_string(base_count));
+  }
   auto ds = std::make_shared<Datastore>();
+  ds->base_count = static_cast<size_t>(base_count);
   for (const PySubIndex* s : subs) {
     if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
     if (!ds->sub_indices.empty() && s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
@@ -247,10 +253,12 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyDatastore>(m, "Datastore")
       .def("__init__",
-           [](PyDatastore* self, const std::vector<const PySubIndex*>& subs) {
-             new (self) PyDatastore{make_datastore(subs)};
+           [](PyDatastore* self, const std::vector<const PySubIndex*>& subs, int64_t base_count) {
+             new (self) PyDatastore{make_datastore(subs, base_count)};
            },
-           "sub_indices"_a)
+           "sub_indices"_a, "base_count"_a = 0)
+      .def_prop_ro("base_count",
+                   [](const PyDatastore& d) { return static_cast<int64_t>(d.datastore->base_count); })
       .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
       .def_prop_ro("resident_bytes",
                    [](const PyDatastore& d) { return d.datastore->resident_bytes(); })

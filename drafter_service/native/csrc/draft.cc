@@ -176,13 +176,20 @@ void CandidateTree::expand(int32_t node) const {
 
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
                         const DraftConfig& config, int32_t max_len, DraftScratch& scratch) {
-  CandidateTree& tree = scratch.datastore_tree;
+  retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context, context_len, config,
+                       max_len, scratch, scratch.datastore_tree);
+}
+
+void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
+                          const int32_t* context, int64_t context_len, const DraftConfig& config,
+                          int32_t max_len, DraftScratch& scratch, CandidateTree& tree) {
   tree.clear();
-  if (datastore.sub_indices.empty() || context_len <= 0 || max_len <= 0) return;
+  end = std::min(end, datastore.sub_indices.size());
+  if (begin >= end || context_len <= 0 || max_len <= 0) return;
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
-  const size_t num_sub = datastore.sub_indices.size();
+  const size_t num_sub = end;
   std::vector<SaRange>& ranges = scratch.ranges;
   ranges.resize(num_sub);
   std::vector<SampledRow>& rows = scratch.sample_rows;
@@ -191,7 +198,7 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
     const int32_t* prefix = context + context_len - m;
     int64_t total = 0;
-    for (size_t s = 0; s < num_sub; ++s) {
+    for (size_t s = begin; s < num_sub; ++s) {
       ranges[s] = datastore.sub_indices[s]->find_range(prefix, m);
       total += ranges[s].size();
     }
@@ -200,7 +207,7 @@ void retrieve_datastore(const Datastore& datastore, const int32_t* context, int6
     // spaced rows approximate the continuation distribution. The sample budget is
     // split over sub-indices in proportion to their matches.
     rows.clear();
-    for (size_t s = 0; s < num_sub; ++s) {
+    for (size_t s = begin; s < num_sub; ++s) {
       const int64_t found = ranges[s].size();
       if (found == 0) continue;
       const int64_t count =
@@ -246,21 +253,23 @@ using fusion::Member;
 using fusion::Offer;
 using fusion::Source;
 
-// Uniform read access to the two kinds of source tree.
+// Uniform read access to the kinds of source tree.
 struct SourceView {
   const InputTrie* trie;
   const CandidateTree* tree;
+  const CandidateTree* live;
+  const CandidateTree& of(Source s) const { return s == Source::kLive ? *live : *tree; }
   int32_t first_child(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->first_child(n) : tree->first_child(n);
+    return s == Source::kInput ? trie->first_child(n) : of(s).first_child(n);
   }
   int32_t next_sibling(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->next_sibling(n) : tree->next_sibling(n);
+    return s == Source::kInput ? trie->next_sibling(n) : of(s).next_sibling(n);
   }
   int32_t token(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->token(n) : tree->token(n);
+    return s == Source::kInput ? trie->token(n) : of(s).token(n);
   }
   double count(Source s, int32_t n) const {
-    return static_cast<double>(s == Source::kInput ? trie->count(n) : tree->count(n));
+    return static_cast<double>(s == Source::kInput ? trie->count(n) : of(s).count(n));
   }
 };
 
@@ -310,11 +319,17 @@ void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_l
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
           DraftScratch& scratch, Draft& out) {
+  fuse(trie, matches, datastore_tree, config, budget, scratch, out, nullptr);
+}
+
+void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
+          const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
+          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree) {
   out.tokens.clear();
   out.parents.clear();
   out.scores.clear();
   if (budget <= 0) return;
-  const SourceView view{trie, datastore_tree};
+  const SourceView view{trie, datastore_tree, live_tree};
   std::vector<Member>& pool = scratch.members;
   std::vector<Offer>& offers = scratch.offers;
   std::vector<DraftNode>& nodes = scratch.nodes;
@@ -374,13 +389,19 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     offers.clear();
   };
 
-  // Roots of the sources, in a fixed order: the datastore tree, then input
-  // matches from the longest suffix (P) to the shortest (1).
+  // Roots of the sources, in a fixed order: the datastore tree (a split datastore's
+  // base), its live tree, then input matches from the longest suffix (P) to the
+  // shortest (1).
   if (datastore_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
                     static_cast<double>(datastore_tree->count(CandidateTree::kRoot)),
                     config.datastore_weight,
                     config.datastore_child_discount});
+  }
+  if (live_tree != nullptr) {
+    offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
+                    static_cast<double>(live_tree->count(CandidateTree::kRoot)),
+                    config.datastore_weight, config.datastore_child_discount});
   }
   if (trie != nullptr) {
     for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {

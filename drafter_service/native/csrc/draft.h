@@ -49,6 +49,12 @@ void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config)
 // An immutable set of sub-indices, shared by every drafting call that loaded it.
 struct Datastore {
   std::vector<std::shared_ptr<const SubIndex>> sub_indices;  // oldest first; all same vocab
+  // sub_indices[0, base_count) are the base (pinned corpora) and the rest the live
+  // (learned) data. With both present, each is its own source with its own samples
+  // and candidate tree, so a large base cannot outvote fresh live data; 0 (or all):
+  // one source.
+  size_t base_count = 0;
+  bool split() const { return base_count > 0 && base_count < sub_indices.size(); }
   int64_t num_tokens() const;
   int64_t resident_bytes() const;
 };
@@ -132,7 +138,7 @@ struct InputMatch {
 // Records used inside fuse(); declared here so DraftScratch can own them.
 namespace fusion {
 
-enum class Source : uint8_t { kDatastore, kInput };
+enum class Source : uint8_t { kDatastore, kInput, kLive };  // kLive: a split datastore's live part
 
 // One source's node standing behind a draft node (or candidate): the same
 // path, as seen by that source.
@@ -176,7 +182,8 @@ struct Offer {
 // Reusable per-thread buffers so that drafting allocates nothing in steady
 // state. Contents are meaningless between calls.
 struct DraftScratch {
-  CandidateTree datastore_tree;
+  CandidateTree datastore_tree;         // the whole datastore, or a split one's base
+  CandidateTree live_tree;              // a split datastore's live sub-indices
   std::vector<SaRange> ranges;          // one per sub-index
   std::vector<SampledRow> sample_rows;  // rows sampled for one prefix length
   std::vector<Sample> samples;          // continuations sampled for one prefix length
@@ -198,6 +205,11 @@ struct DraftScratch {
 void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
                         const DraftConfig& config, int32_t max_len, DraftScratch& scratch);
 
+// The same over datastore.sub_indices[begin, end) only, into `tree`.
+void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
+                          const int32_t* context, int64_t context_len, const DraftConfig& config,
+                          int32_t max_len, DraftScratch& scratch, CandidateTree& tree);
+
 
 // The committed context's matches: the trie's own suffix nodes, leaving out the
 // occurrence at the very end of the input, which has no continuation yet.
@@ -216,6 +228,10 @@ void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_l
 
 // Merges the input-trie matches and the datastore tree into at most `budget`
 // draft nodes with a priority queue (SSSD Algorithm 3). Deterministic.
+void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
+          const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
+          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree);
+// Without a live tree.
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
           DraftScratch& scratch, Draft& out);
