@@ -8,19 +8,23 @@ For each replica count of ``--replicas`` (e.g. ``1,3``) this starts a real Redis
    generations from ``--data`` as in ``drafter-bench load`` (deltas, accepted length plus
    the bonus token, finished requests finished and replaced), through one
    ``ReplicaSetClient`` over all replicas: one call per replica per step, in parallel.
-   Every replica is seeded with the same snapshot of ``--corpus`` (laid out as
-   ``--corpus-layout``). Reported: ``step_ms_p50``/``p99`` of ``client.step()`` and
+   Every replica is seeded with the same builder snapshot of ``--corpus`` (``drafter
+   serve --snapshot``, as ``load`` seeds its service: the pinned corpus ``seed``, drafted
+   from beside the learned data). Reported: ``step_ms_p50``/``p99`` of ``client.step()`` and
    ``fallback_rate``, the share of steps slower than ``--deadline-ms``.
 2. **Ingest-to-visible latency** (``--skip-visible``): ``--visible-samples`` random
    documents of 64 distinct token ids (seeded), each ingested through one replica in turn;
    timed from the ingest call until a fresh request whose context is the document's
-   first 16 tokens gets, from *every* replica, a tree whose first token is the
-   document's 17th (each replica polled about every 2 ms; a replica's time is when its
-   successful probe returns). This measures the log + fold path: the append to the
-   stream, every replica's follower, its rebuild and the swap into its drafter. The
-   replicas rebuild as soon as anything waits (``--rebuild-min-tokens 1``) and at least
-   every ``--rebuild-interval-s``; a production schedule (default 1M tokens or 60 s) adds
-   its own wait on top.
+   first 16 tokens gets, from *every* replica, a tree that drafts the document's 17th
+   token (a child of the root; each replica polled about every 2 ms; a replica's time is
+   when its successful probe returns). Not "the tree's first node": drafting fuses the
+   matches of several prefix lengths and sources, and for about 4% of such documents the
+   6.4M-token corpus's continuation of the context's last token ranks above the
+   document's own (measured). This measures the log + fold path:
+   the append to the stream, every replica's follower, its rebuild and the swap into its
+   drafter. The replicas rebuild as soon as anything waits (``--rebuild-min-tokens 1``)
+   and at least every ``--rebuild-interval-s``; a production schedule (default 1M tokens
+   or 60 s) adds its own wait on top.
 3. **Live τ split over workers** (``--skip-tau``): fresh, empty replicas on a fresh
    stream; ``--workers`` threads, each with its own ``ReplicaSetClient`` over all
    replicas, greedily replay the first ``--tau-records`` records of ``--tau-data`` in
@@ -60,11 +64,9 @@ import numpy as np
 import redis
 
 from benchmarks.acceptance import accepted_length
-from benchmarks.live_replay import LIVE_BASE_LAYOUTS, PINNED_BASE_NAME
 from benchmarks.load import _cpu_list, _cpus_text, _Lane, _pin_process
 from benchmarks.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
-from drafter_service.live.pinned_corpora import CORPORA_KEY, Corpus, corpora_listing
 from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from verifier_client import DrafterClient, Outcome, ReplicaSetClient
@@ -102,15 +104,6 @@ def add_scale_parser(subparsers: Any) -> None:
         metavar="FILE",
         help="step time and visibility: every replica is seeded with a datastore "
         "prebuilt from these records' output_ids",
-    )
-    p.add_argument(
-        "--corpus-layout",
-        choices=LIVE_BASE_LAYOUTS,
-        default="pinned",
-        help="pinned: the corpus is a pinned corpus and ingests fold into a "
-        "learned sub-index of their own (default); seed: it is the learned "
-        "data, as drafter serve --snapshot seeds a builder snapshot, and "
-        "every fold re-sorts it",
     )
     p.add_argument("--batch", type=_positive, default=64, help="concurrent requests (default 64)")
     p.add_argument(
@@ -338,23 +331,29 @@ def _replicas(
 
 
 def _converged(
-    replicas: Sequence[_Replica], log_url: str, prefix: str, settle_s: float = 0.0
+    replicas: Sequence[_Replica], log_url: str, prefix: str, settle_s: float = 0.005
 ) -> dict[str, Any]:
-    """Waits until every replica has taken the stream up to its newest entry and folded it
-    all (pending 0, equal content digests); with ``settle_s``, until that still holds
-    ``settle_s`` later (entries a service had queued but not yet appended). Returns the
-    common digest."""
+    """Waits until every replica has folded the stream up to its newest entry (consumed and
+    covered offsets both that entry, nothing pending, equal content digests), and still
+    shows that ``settle_s`` later; returns the common digest.
+
+    Pending 0 with the newest entry consumed is not enough: a rebuild takes the pending
+    documents (pending drops to 0) before it folds them, and the digest changes only once
+    it has swapped the new sub-indices in, which is when the covered offset moves. The
+    second look lets the swap reach the drafter (it follows the covered offset) and, with
+    a longer ``settle_s``, lets a service append what it still had queued."""
     stream = SharedLogConfig(log_url, prefix).stream("default")
     deadline = time.monotonic() + _CONVERGE_TIMEOUT_S
-    seen: tuple[object, ...] | None = None
+    seen: tuple[str | None, str] | None = None
     try:
         while True:
             last = stream.last_id()
             digests = [r.digest() for r in replicas]
-            state = (str(last) if last else None, digests[0]["content_sha256"])
+            state = (None if last is None else str(last), str(digests[0]["content_sha256"]))
             if all(d["pending_tokens"] == 0 and d["consumed_offset"] == state[0]
-                   and d["content_sha256"] == state[1] for d in digests):  # fmt: skip
-                if settle_s <= 0 or seen == state:
+                   and d["covered_offset"] == state[0] and d["content_sha256"] == state[1]
+                   for d in digests):  # fmt: skip
+                if seen == state:
                     return digests[0]
                 seen = state
                 time.sleep(settle_s)
@@ -368,14 +367,11 @@ def _converged(
 
 
 def _write_corpus_snapshot(args: argparse.Namespace, directory: Path) -> Path:
-    """The ``--corpus`` datastore as a snapshot every replica is seeded with."""
+    """The ``--corpus`` datastore as a builder snapshot every replica is seeded with."""
     index = SubIndex.build(iter_documents(args.corpus, vocab_size=args.vocab_size),
                            args.vocab_size)  # fmt: skip
-    metadata = None
-    if args.corpus_layout == "pinned":  # the manifest's corpora listing makes it pinned
-        metadata = {CORPORA_KEY: corpora_listing([Corpus(PINNED_BASE_NAME, (index,))])}
     write_snapshot(directory, Datastore([index], args.vocab_size),
-                   TokenizerIdentity("bench", args.vocab_size, ""), metadata=metadata)  # fmt: skip
+                   TokenizerIdentity("bench", args.vocab_size, ""))  # fmt: skip
     return directory
 
 
@@ -452,13 +448,16 @@ def _measure_steps(
     }  # fmt: skip
 
 
-def _first_token(client: DrafterClient, request_id: str, context: list[int], budget: int
-                 ) -> int | None:  # fmt: skip
-    """The first node of the tree a fresh request with ``context`` gets (None: no tree)."""
-    client.add_request(request_id, context)
+def _drafts_next(client: DrafterClient, request_id: str, doc: list[int], budget: int) -> bool:
+    """Whether a fresh request whose context is the start of ``doc`` gets a tree drafting
+    the document's next token."""
+    client.add_request(request_id, doc[:_CONTEXT_TOKENS])
     tree = client.step({request_id: []}, {request_id: budget})[request_id]
     client.abort(request_id)
-    return int(tree.tokens[0]) if tree is not None and len(tree.tokens) else None
+    return (
+        tree is not None
+        and accepted_length(tree.tokens.tolist(), tree.parents.tolist(), doc, _CONTEXT_TOKENS) > 0
+    )
 
 
 def _measure_visible(args: argparse.Namespace, replicas: Sequence[_Replica]) -> dict[str, Any]:
@@ -475,18 +474,18 @@ def _measure_visible(args: argparse.Namespace, replicas: Sequence[_Replica]) -> 
         while len(all_ms) < args.visible_samples:
             # Distinct ids: the probe's own context never continues itself (input trie).
             doc = (rng.choice(args.vocab_size - 1, _DOC_TOKENS, replace=False) + 1).tolist()
-            context, expected = doc[:_CONTEXT_TOKENS], doc[_CONTEXT_TOKENS]
-            if _first_token(clients[0], f"probe-{next(probes)}", context, args.budget) == expected:
+            if _drafts_next(clients[0], f"probe-{next(probes)}", doc, args.budget):
                 continue  # already drafted before its ingest (a chance match): draw another
             through = len(all_ms) % len(clients)
             start = time.perf_counter()
-            clients[through].ingest([doc])
+            if not clients[through].ingest([doc]):
+                raise RuntimeError("the client's work queue dropped an ingest")
             seen: dict[int, float] = {}
             while len(seen) < len(clients):
                 round_start = time.perf_counter()
                 for i, client in enumerate(clients):
-                    if i not in seen and _first_token(client, f"probe-{next(probes)}", context,
-                                                      args.budget) == expected:  # fmt: skip
+                    if i not in seen and _drafts_next(client, f"probe-{next(probes)}", doc,
+                                                      args.budget):  # fmt: skip
                         seen[i] = (time.perf_counter() - start) * 1e3
                 if time.perf_counter() - start > _CONVERGE_TIMEOUT_S:
                     raise RuntimeError(
@@ -524,6 +523,12 @@ def _replay_record(client: ReplicaSetClient, request_id: str, record: Record, bu
     return steps, lost, delta
 
 
+def _lost_work(client: ReplicaSetClient) -> tuple[int, int, int]:
+    """The client's counters that move when finished work is not stored as sent."""
+    stats = client.stats
+    return stats.background_failures, stats.ingest_drops, stats.reingested
+
+
 def _measure_tau(
     args: argparse.Namespace, replicas: Sequence[_Replica], records: Sequence[Record],
     converge: Callable[[], dict[str, Any]],
@@ -546,13 +551,17 @@ def _measure_tau(
                 rids = [f"tau-{first + w}" for w in range(len(batch))]
                 runs = [pool.submit(_replay_record, clients[w], rids[w], record, args.budget)
                         for w, record in enumerate(batch)]  # fmt: skip
-                for w, run in enumerate(runs):  # in worker order, one after another
-                    record_steps, record_lost, last = run.result()
+                # Every replay of the round ends before the first finish: a finish folded
+                # while another worker still drafts would make its trees depend on timing.
+                results = [run.result() for run in runs]
+                for w, (record_steps, record_lost, last) in enumerate(results):
                     steps, lost = steps + record_steps, lost + record_lost
                     output_tokens += len(batch[w].output_ids)
+                    before = _lost_work(clients[w])
                     clients[w].finish(rids[w], last, store=True, durable=True)
-                    if not clients[w].flush(60):
-                        raise RuntimeError(f"the finish of {rids[w]} was not acknowledged")
+                    # flush() returns once the call was made, even if it failed.
+                    if not clients[w].flush(60) or _lost_work(clients[w]) != before:
+                        raise RuntimeError(f"the finish of {rids[w]} was not stored as sent")
                 digest = converge()
     finally:
         for client in clients:
@@ -622,7 +631,6 @@ def _run_count(
     row: dict[str, Any] = {
         "replicas": count, "data": data_name(args.data),
         "corpus": data_name(args.corpus) if args.corpus else None,
-        "corpus_layout": args.corpus_layout if args.corpus else None,
         "batch": args.batch, "budget": args.budget, "mode": args.mode,
         "steps": None if args.skip_steps else args.steps, "warmup": args.warmup,
         "deadline_ms": args.deadline_ms, "client_deadline_ms": args.client_deadline_ms,

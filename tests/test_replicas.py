@@ -99,9 +99,10 @@ def converged(replicas: list[Replica], timeout_s: float = CONVERGE_S) -> dict[st
     deadline = time.monotonic() + timeout_s
     while True:
         digests = [r.digest() for r in replicas]
-        if all(d["pending_tokens"] == 0 for d in digests) and len(
-            {(d["content_sha256"], d["consumed_offset"]) for d in digests}
-        ) == 1:
+        # Folded through what was taken (pending_tokens is 0 already while a rebuild
+        # runs), and the same on every replica.
+        folded = all(d["covered_offset"] == d["consumed_offset"] for d in digests)
+        if folded and len({(d["content_sha256"], d["consumed_offset"]) for d in digests}) == 1:
             return digests[0]
         assert time.monotonic() < deadline, f"replicas did not converge: {digests}"
         time.sleep(0.1)

@@ -105,7 +105,8 @@ class SnapshotFiles(BaseModel):
 class ContentDigest(BaseModel):
     content_sha256: str = Field(
         description="SHA-256 over the learned sub-indices' tokens: equal on replicas that "
-        "took the same shared-log entries and folded them all (pending_tokens 0)"
+        "took the same shared-log entries and folded them all (covered_offset equal to "
+        "consumed_offset)"
     )
     num_tokens: int
     pending_tokens: int
