@@ -94,3 +94,21 @@ def test_a_full_background_queue_drops_and_counts_without_blocking(slow: SlowDra
         assert client.stats.background_sent >= 1 and client.stats.background_failures == 0
     finally:
         client.close()
+
+
+def test_flush_says_false_when_background_work_was_lost(slow: SlowDrafter) -> None:
+    """A Finish/Ingest call that fails loses its work: the next flush says so (False) even
+    though the queue drained, so `finish(durable=True)` + `flush()` never reports a
+    generation safe that the drafter never got; a later flush with nothing failed is True."""
+    client = DrafterClient(slow.target, breaker=NEVER_OPEN, background_timeout_s=0.05)
+    try:
+        client.wait_ready()
+        slow.delay_s = 0.5  # every call now outlives its background deadline
+        assert client.ingest([[1, 2, 3]])
+        assert not client.flush(timeout_s=5)
+        assert client.stats.background_failures == 1
+        slow.delay_s = 0.0
+        assert client.ingest([[4, 5, 6]])
+        assert client.flush(timeout_s=5)  # only what failed since the last flush counts
+    finally:
+        client.close()

@@ -71,6 +71,7 @@ class WorkSenderCore(ABC):
             raise ValueError(f"ingest_queue_size must be >= 1, got {queue_size}")
         self._stub = stub
         self._stats = stats
+        self._failures_flushed = 0  # background_failures when the last flush returned
         self._timeout_s = timeout_s
         self._max_per_call = max_per_call
         self._start(queue_size)
@@ -136,6 +137,13 @@ class WorkSenderCore(ABC):
             yield call
             self._count(call)
 
+    def _flushed(self) -> bool:
+        """At the end of a flush: True when no call failed since the previous flush."""
+        failures = self._stats.background_failures
+        clean = failures == self._failures_flushed
+        self._failures_flushed = failures
+        return clean
+
     def _count(self, call: BackgroundCall) -> bool:
         """Counts a call that was made; True when it succeeded."""
         if isinstance(call.answer, grpc.RpcError):
@@ -158,13 +166,14 @@ class BackgroundSender(WorkSenderCore):
         self._thread.start()
 
     def flush(self, timeout_s: float) -> bool:
-        """Waits until everything queued so far is sent; False on timeout."""
+        """Waits until everything queued so far is sent; False on timeout, or when a call
+        made since the previous flush failed (its work is lost)."""
         end_s = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             if time.monotonic() >= end_s:
                 return False
             time.sleep(0.001)
-        return True
+        return self._flushed()
 
     def close(self, timeout_s: float) -> bool:
         """Sends what is queued (up to ``timeout_s``) and stops; False if work was left."""
@@ -201,12 +210,13 @@ class AioBackgroundSender(WorkSenderCore):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def flush(self, timeout_s: float) -> bool:
-        """Waits until everything queued so far is sent; False on timeout."""
+        """Waits until everything queued so far is sent; False on timeout, or when a call
+        made since the previous flush failed (its work is lost)."""
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:
             return False
-        return True
+        return self._flushed()
 
     async def close(self, timeout_s: float) -> bool:
         """Sends what is queued (up to ``timeout_s``) and stops; False if work was left."""

@@ -376,7 +376,8 @@ class ReplicaSetClient:
         return spread[next(self._ingest_turn) % len(spread)].client.ingest(sequences, datastore)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Waits until every replica sent its queued background work; False on timeout."""
+        """Waits until every replica sent its queued background work; False on timeout or
+        when a call failed since the previous flush (see DrafterClient.flush)."""
         end_s = perf_counter() + timeout_s
         replicas = tuple(self._replicas.values())
         return all([r.client.flush(max(0.0, end_s - perf_counter())) for r in replicas])
