@@ -52,11 +52,12 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_there_are_two_dashboards_and_six_alerts() -> None:
+def test_there_are_two_dashboards_and_seven_alerts() -> None:
     assert [p.name for p in DASHBOARDS] == ["sssd-acceptance.json", "sssd-drafter.json"]
     assert [r["alert"] for r in alert_rules()] == [
         "SSSDAcceptanceCollapse", "SSSDAcceptanceLow", "SSSDDrafterFallbackRateHigh",
         "SSSDDrafterP99OverDeadline", "SSSDDrafterIngestDrops", "SSSDDrafterSnapshotTooOld",
+        "SSSDDrafterSharedLogEntriesLost",
     ]  # fmt: skip
 
 
