@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 import yaml
+from log_server import RedisServer
 from observability import (
     ALERTS,
     DASHBOARDS,
@@ -127,13 +128,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     grpc_port, metrics_port, worker_port, prom_port = (free_port() for _ in range(4))
     processes: dict[str, subprocess.Popen[bytes]] = {}
     stack = Stack(f"http://127.0.0.1:{prom_port}", processes, run_dir)
+    redis = RedisServer(run_dir / "redis")  # the shared ingest log (its series too)
     try:
         processes["drafter"] = start("drafter", [
             str(BIN / "drafter"), "serve", "--host", "127.0.0.1", "--port", str(grpc_port),
             "--metrics-port", str(metrics_port), "--admin-port", "-1",
             "--data-dir", str(run_dir / "drafter-data"), "--vocab-size", str(VOCAB_SIZE),
             "--draft-threads", "1", "--rebuild-min-tokens", "1", "--rebuild-interval-s", "1",
-            "--snapshot-interval-s", "5",
+            "--snapshot-interval-s", "5", "--shared-log", redis.url,
         ], run_dir)  # fmt: skip
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -171,6 +173,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+        redis.stop()
 
 
 def wait_for_line(path: Path, text: str, process: subprocess.Popen[bytes]) -> None:

@@ -256,10 +256,12 @@ def test_snapshot_seeds_the_live_datastore_once(
         assert info.tokenizer.name == "unknown"
         s.stub.Ingest(pb.IngestRequest(sequences=[pb.TokenSequence(tokens=[1, 2, 3])]))
     assert [p.name for p in (data / "snapshots").iterdir()] == ["snap-001"]
-    # the next start keeps the live directory's own state (snapshot + log), not the seed
+    # the next start keeps the live directory's own state (snapshot + log), not the seed;
+    # the seed is the pinned corpus "seed", the ingest a learned sub-index of its own
     with serving(loop_thread, config(data, snapshot=snapshot_dir)) as s:
         info = s.stub.GetServiceInfo(pb.GetServiceInfoRequest())
-        assert info.datastores[0].num_tokens == 30 * 200 + 29 + 1 + 3
+        assert info.datastores[0].num_tokens == 30 * 200 + 29 + 3
+        assert info.datastores[0].sub_indices == 2
 
 
 def test_stream_answers_each_step_in_order(loop_thread: LoopThread, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.pending_work import Work, batch_messages, reingest_unknown
 from verifier_client.results import ClientStats
 
@@ -71,7 +72,8 @@ class WorkSenderCore(ABC):
             raise ValueError(f"ingest_queue_size must be >= 1, got {queue_size}")
         self._stub = stub
         self._stats = stats
-        self._failures_flushed = 0  # background_failures when the last flush returned
+        self._lost = 0  # failed calls that carried generations or sequences to store
+        self._lost_flushed = 0  # _lost when the last flush returned
         self._timeout_s = timeout_s
         self._max_per_call = max_per_call
         self._start(queue_size)
@@ -138,21 +140,32 @@ class WorkSenderCore(ABC):
             self._count(call)
 
     def _flushed(self) -> bool:
-        """At the end of a flush: True when no call failed since the previous flush."""
-        failures = self._stats.background_failures
-        clean = failures == self._failures_flushed
-        self._failures_flushed = failures
+        """At the end of a flush: True when no call that carried something to store
+        failed since the previous flush (a failed abort loses nothing)."""
+        lost = self._lost
+        clean = lost == self._lost_flushed
+        self._lost_flushed = lost
         return clean
 
     def _count(self, call: BackgroundCall) -> bool:
         """Counts a call that was made; True when it succeeded."""
         if isinstance(call.answer, grpc.RpcError):
             self._stats.background_failures += 1
+            self._lost += _stores(call.message)
             log.warning("drafter %s failed: %s", type(call.message).__name__,
                         call.answer.details())  # fmt: skip
             return False
         self._stats.background_sent += 1
         return True
+
+
+def _stores(message: Any) -> bool:
+    """Whether a Finish or Ingest message carries something the drafter would store."""
+    if isinstance(message, pb.FinishRequest):
+        return any(
+            r.reason == pb.FINISH_REASON_FINISHED and not r.do_not_store for r in message.requests
+        )
+    return isinstance(message, pb.IngestRequest)
 
 
 class BackgroundSender(WorkSenderCore):
@@ -167,7 +180,7 @@ class BackgroundSender(WorkSenderCore):
 
     def flush(self, timeout_s: float) -> bool:
         """Waits until everything queued so far is sent; False on timeout, or when a call
-        made since the previous flush failed (its work is lost)."""
+        made since the previous flush that carried something to store failed (it is lost)."""
         end_s = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             if time.monotonic() >= end_s:
@@ -211,7 +224,7 @@ class AioBackgroundSender(WorkSenderCore):
 
     async def flush(self, timeout_s: float) -> bool:
         """Waits until everything queued so far is sent; False on timeout, or when a call
-        made since the previous flush failed (its work is lost)."""
+        made since the previous flush that carried something to store failed (it is lost)."""
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:

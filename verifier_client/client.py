@@ -90,8 +90,8 @@ class DrafterClient(ClientCore[SyncStream]):
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Waits until the background work queued so far is sent; False on timeout, or
-        when a Finish or Ingest call made since the previous flush failed (its work is
-        lost; ``stats.background_failures`` counts it)."""
+        when a call made since the previous flush that carried a generation or sequences
+        to store failed (they are lost; ``stats.background_failures`` counts it)."""
         return self._sender.flush(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
