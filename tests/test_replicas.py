@@ -239,3 +239,32 @@ def test_kill_9_under_load_steps_keep_the_deadline_and_the_replica_catches_up(
     replicas[2].start()
     state = converged(replicas)
     assert state["num_tokens"] == sum(len(d) for d in stored) + len(stored) - 1  # separators
+
+
+def test_a_replica_away_longer_than_the_retention_starts_over_from_a_peer(
+    cluster: tuple[RedisServer, list[Replica], Path], tmp_path: Path
+) -> None:
+    """A replica stopped while the stream is trimmed past what it holds: restarted with
+    --bootstrap-peers, it moves its own data aside (kept) and starts from a peer's
+    snapshot, so it serves no datastore with a hole; without peers it would report the
+    loss (tests/test_shared_log.py)."""
+    redis, replicas, token_file = cluster
+    finish_through(replicas[0], "early", [3], generation(50))
+    converged(replicas)
+    away = replicas[2]
+    away.stop()
+    for i in range(3):
+        finish_through(replicas[0], f"late{i}", [3], generation(51 + i))
+    converged(replicas[:2])
+    job = replicas[1].post("/v1/datastores/default/snapshots", {"rebuild_first": True})
+    deadline = time.monotonic() + 20
+    while replicas[1].get(f"/v1/jobs/{job['id']}")["state"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    redis.client().xtrim(f"{PREFIX}:default", maxlen=1, approximate=False)
+    away.extra = (*away.extra, "--bootstrap-peers", f"{replicas[1].admin}")
+    away.start()
+    state = converged(replicas)
+    assert away.get("/v1/datastores/default")["live_state"]["shared_log"]["lost"] == 0
+    assert (away.data_dir / "superseded" / "wal").is_dir()  # its own data, kept
+    assert state["num_tokens"] == sum(len(generation(s)) + 1 for s in range(50, 54)) + 3

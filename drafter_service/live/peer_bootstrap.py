@@ -1,15 +1,17 @@
 """A new replica's first snapshot, downloaded from a peer's admin API.
 
 A replica whose data directory holds neither a snapshot nor ingest log records (a new
-pod, a replaced volume) asks each peer (``drafter serve --bootstrap-peers``) for its
-newest snapshot, picks the one that reaches furthest into the shared ingest stream
-(its ``log_offset``), and downloads its files into a temporary directory beside the
-snapshots (``.NAME.tmp-PID-…``, cleared at the next start if this is interrupted).
-The snapshot is then loaded once with every checksum verified and only then renamed
-into place; the live datastore opens it as its own newest snapshot and its follower
-takes the stream after that offset. A peer's admin API URL whose host names several
-addresses (a headless Service) counts as each address (plain http only: with https the
-name is kept, so the certificate still matches).
+pod, a replaced volume, or one whose data :func:`supersede_behind_stream` moved aside
+because the shared stream was trimmed past it while it was away) asks each peer
+(``drafter serve --bootstrap-peers``) for its newest snapshot, picks the one that
+reaches furthest into the shared ingest stream (its ``log_offset``), and downloads its
+files into a temporary directory beside the snapshots (``.NAME.tmp-PID-…``, cleared at
+the next start if this is interrupted). The snapshot is then loaded once with every
+checksum verified and only then renamed into place; the live datastore opens it as its
+own newest snapshot and its follower takes the stream after that offset. A peer's
+admin API URL whose host names several addresses (a headless Service) counts as each
+address (plain http only: with https the name is kept, so the certificate still
+matches).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from drafter_service.live.ingest_log import IngestLog
+from drafter_service.live.shared_log import LogError, RedisStream
+from drafter_service.live.snapshotting import LOG_OFFSET_KEY
 from drafter_service.live.stream_ids import StreamId
-from drafter_service.snapshot.array_files import fsync_dir
+from drafter_service.snapshot.array_files import fsync_dir, move_aside
 from drafter_service.snapshot.store import (
     SnapshotError,
     SnapshotInfo,
@@ -53,6 +58,54 @@ class _Offer:
     name: str
     log_offset: StreamId | None
     created_unix: float
+
+
+def offset_on_disk(directory: Path) -> StreamId | None:
+    """The newest shared-stream entry the data under ``directory`` holds: its newest
+    snapshot's ``log_offset`` or its ingest log's newest taken entry, whichever is later
+    (None: none). Reads the log as opening the datastore would."""
+    snapshots = (
+        list_snapshots(directory / "snapshots") if (directory / "snapshots").is_dir() else []
+    )
+    known = []
+    covered = 0
+    if snapshots:
+        covered = snapshots[-1].wal_position
+        offset = StreamId.parse_optional(snapshots[-1].metadata.get(LOG_OFFSET_KEY))
+        if offset is not None:
+            known.append(offset)
+    if (directory / "wal").is_dir():
+        ingest_log = IngestLog(directory / "wal", covered_seq=covered)
+        if ingest_log.last_origin is not None:
+            known.append(ingest_log.last_origin)
+        ingest_log.close()
+    return max(known, default=None)
+
+
+def supersede_behind_stream(directory: Path, stream: RedisStream) -> bool:
+    """When the shared stream no longer holds entries after what ``directory`` holds
+    (retention trimmed them while this replica was away), moves its snapshots and ingest
+    log aside into ``directory/superseded`` (kept, never deleted) so that the replica
+    bootstraps from a peer instead of serving a datastore with a hole. Returns whether
+    it did; a stream it cannot reach changes nothing (the follower reports it)."""
+    if needs_bootstrap(directory):
+        return False
+    held = offset_on_disk(directory)
+    try:
+        lost = stream.lost_after(held)
+    except LogError as exc:
+        log.warning("bootstrap: cannot check %s against the shared log: %s", directory, exc)
+        return False
+    if lost is None:
+        return False
+    into = directory / "superseded"
+    for part in ("snapshots", "wal"):
+        if (directory / part).exists():
+            moved = move_aside(directory / part, into)
+            log.warning("bootstrap: %s holds the stream only through %s and the stream now "
+                        "starts at %s: moved %s aside to %s, starting from a peer",
+                        directory, held, lost, part, moved)  # fmt: skip
+    return True
 
 
 def needs_bootstrap(directory: Path) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
 from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
-from drafter_service.live.peer_bootstrap import bootstrap_from_peers
+from drafter_service.live.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
 from drafter_service.service.admin_token import load_token
 from drafter_service.service.settings import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.snapshot.array_files import fsync_dir, write_file
@@ -218,6 +218,12 @@ def open_catalog(config: ServeConfig) -> Catalog:
     try:
         if config.bootstrap_peers:  # a peer's newest state first, else the builder's seed
             token = load_token(config.admin_token_file, os.environ)
+            if shared is not None:  # away longer than the log's retention: start over
+                stream = shared.stream(DEFAULT_DATASTORE)
+                try:
+                    supersede_behind_stream(config.data_dir, stream)
+                finally:
+                    stream.close()
             bootstrap_from_peers(
                 config.data_dir, DEFAULT_DATASTORE, config.bootstrap_peers, tokenizer, token
             )
