@@ -248,7 +248,7 @@ def test_a_replica_away_longer_than_the_retention_starts_over_from_a_peer(
     --bootstrap-peers, it moves its own data aside (kept) and starts from a peer's
     snapshot, so it serves no datastore with a hole; without peers it would report the
     loss (tests/test_shared_log.py)."""
-    redis, replicas, token_file = cluster
+    redis, replicas, _ = cluster
     finish_through(replicas[0], "early", [3], generation(50))
     converged(replicas)
     away = replicas[2]
