@@ -19,6 +19,7 @@ CPU sets, e.g. one core each; the service then drafts with one thread per CPU it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -27,16 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import Record, iter_documents, read_records
-from verifier_client import DrafterClient
+from verifier_client import ClientStats, DrafterClient, StepResult
 
 
 def add_load_parser(subparsers: Any) -> None:
@@ -162,6 +163,104 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
     return proc, line.split()[-1]
 
 
+class DecodeClient(Protocol):
+    """What the decode loop needs of a client (DrafterClient, ReplicaSetClient)."""
+
+    @property
+    def stats(self) -> ClientStats: ...
+    def add_request(self, request_id: str, prompt_ids: Iterable[int]) -> None: ...
+    def step(
+        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None = None
+    ) -> StepResult: ...
+    def finish(self, request_id: str, final_tokens: Iterable[int] = ()) -> bool: ...
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """What :func:`decode_loop` measured over its measured steps."""
+
+    waits_ns: list[int]  # every step: how long the decode loop waited for its drafts
+    calls_ns: list[int]  # the steps that called the drafter and waited
+    wall_s: float
+    accepted: int = 0
+    committed: int = 0
+    finished: int = 0
+    failed: int = 0
+    resyncs: int = 0
+    predraft_hits: int = 0
+    predraft_misses: int = 0
+
+
+def decode_loop(
+    client: DecodeClient,
+    records: Sequence[Record],
+    *,
+    batch: int,
+    budget: int,
+    steps: int,
+    warmup: int,
+    verify_ms: float = 0.0,
+    prefix: str = "load",
+) -> DecodeRun:
+    """A worker's decode loop over ``client``: ``batch`` requests replaying ``records``
+    greedily (a step commits the accepted tokens plus one), each finished request
+    replaced by the next record; ``warmup`` unmeasured steps, then ``steps`` measured
+    ones. ``verify_ms``: sleep between a step's answer and the next step, as a GPU's
+    forward pass would."""
+    serial = itertools.count()
+    source = itertools.cycle(records)
+
+    def new_lane() -> _Lane:
+        record = next(source)
+        lane = _Lane(f"{prefix}-{next(serial)}", record, record.output_ids.tolist())
+        client.add_request(lane.request_id, record.prompt_ids)
+        return lane
+
+    lanes = [new_lane() for _ in range(batch)]
+    run = DecodeRun([], [], 0.0)
+    before = ClientStats()
+    wall_start = 0.0
+    for step in range(warmup + steps):
+        measured = step >= warmup
+        if step == warmup:
+            wall_start = time.perf_counter()
+            before = dataclasses.replace(client.stats)
+        commits = {lane.request_id: lane.delta for lane in lanes}
+        budgets = dict.fromkeys(commits, budget)
+        ahead_before = client.stats.ahead_steps
+        start = time.perf_counter_ns()
+        result = client.step(commits, budgets)
+        elapsed = time.perf_counter_ns() - start
+        if measured:
+            run.waits_ns.append(elapsed)
+            if client.stats.ahead_steps == ahead_before:  # not every request hit: a call
+                run.calls_ns.append(elapsed)
+            run.failed += not result.ok
+        if verify_ms:  # the target model verifies the trees meanwhile
+            time.sleep(verify_ms / 1e3)
+        for i, lane in enumerate(lanes):
+            tree = result[lane.request_id]
+            got = 0  # no tree: the step decodes one token, as without speculation
+            if tree is not None:
+                got = accepted_length(tree.tokens.tolist(), tree.parents.tolist(), lane.output,
+                                      lane.p)  # fmt: skip
+            commit = min(got + 1, len(lane.output) - lane.p)
+            lane.delta = lane.output[lane.p : lane.p + commit]
+            lane.p += commit
+            if measured:
+                run.accepted, run.committed = run.accepted + got, run.committed + commit
+            if lane.p == len(lane.output):
+                client.finish(lane.request_id, lane.delta)
+                run.finished += 1
+                lanes[i] = new_lane()
+    run.wall_s = time.perf_counter() - wall_start
+    after = client.stats
+    run.resyncs = after.resyncs - before.resyncs
+    run.predraft_hits = after.predraft_hits - before.predraft_hits
+    run.predraft_misses = after.predraft_misses - before.predraft_misses
+    return run
+
+
 def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> dict[str, Any]:
     """The decode loop of a worker, with the real client (verifier_client.DrafterClient):
     delta tracking, packed calls, RESYNC handling, background finishes."""
@@ -174,63 +273,12 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
                          ("grpc.max_send_message_length", 64 << 20)],
     )  # fmt: skip
     client.wait_ready(timeout_s=30)
-    serial = itertools.count()
-    source = itertools.cycle(records)
-
-    def new_lane() -> _Lane:
-        record = next(source)
-        lane = _Lane(f"load-{next(serial)}", record, record.output_ids.tolist())
-        client.add_request(lane.request_id, record.prompt_ids)
-        return lane
-
-    lanes = [new_lane() for _ in range(args.batch)]
-    latencies_ns: list[int] = []  # steps that called the drafter and waited
-    waits_ns: list[int] = []  # every step: how long the decode loop waited for its drafts
-    accepted = committed = finished = failed = 0
-    resyncs_before = hits_before = misses_before = 0
-    wall_start = 0.0
-    for step in range(args.warmup + args.steps):
-        measured = step >= args.warmup
-        if step == args.warmup:
-            wall_start = time.perf_counter()
-            resyncs_before = client.stats.resyncs
-            hits_before = client.stats.predraft_hits
-            misses_before = client.stats.predraft_misses
-        commits = {lane.request_id: lane.delta for lane in lanes}
-        budgets = dict.fromkeys(commits, args.budget)
-        ahead_before = client.stats.ahead_steps
-        start = time.perf_counter_ns()
-        result = client.step(commits, budgets)
-        elapsed = time.perf_counter_ns() - start
-        if measured:
-            waits_ns.append(elapsed)
-            if client.stats.ahead_steps == ahead_before:  # not every request hit: a call
-                latencies_ns.append(elapsed)
-            failed += not result.ok
-        if args.verify_ms:  # the target model verifies the trees meanwhile
-            time.sleep(args.verify_ms / 1e3)
-        for i, lane in enumerate(lanes):
-            tree = result[lane.request_id]
-            got = 0  # no tree: the step decodes one token, as without speculation
-            if tree is not None:
-                got = accepted_length(tree.tokens.tolist(), tree.parents.tolist(), lane.output,
-                                      lane.p)  # fmt: skip
-            commit = min(got + 1, len(lane.output) - lane.p)
-            lane.delta = lane.output[lane.p : lane.p + commit]
-            lane.p += commit
-            if measured:
-                accepted, committed = accepted + got, committed + commit
-            if lane.p == len(lane.output):
-                client.finish(lane.request_id, lane.delta)
-                finished += 1
-                lanes[i] = new_lane()
-    wall = time.perf_counter() - wall_start
-    resyncs = client.stats.resyncs - resyncs_before
-    hits = client.stats.predraft_hits - hits_before
-    misses = client.stats.predraft_misses - misses_before
+    run = decode_loop(client, records, batch=args.batch, budget=args.budget, steps=args.steps,
+                      warmup=args.warmup, verify_ms=args.verify_ms)  # fmt: skip
     client.close()
-    wait_ms = np.asarray(waits_ns, dtype=np.float64) / 1e6
-    lat_ms = np.asarray(latencies_ns or [0], dtype=np.float64) / 1e6
+    wait_ms = np.asarray(run.waits_ns, dtype=np.float64) / 1e6
+    lat_ms = np.asarray(run.calls_ns or [0], dtype=np.float64) / 1e6
+    hits, misses = run.predraft_hits, run.predraft_misses
     return {
         "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(wait_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
@@ -238,18 +286,18 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),
         "step_ms_max": round(float(lat_ms.max()), 3),
-        "steps_per_s": round(len(wait_ms) / wall, 1),
+        "steps_per_s": round(len(wait_ms) / run.wall_s, 1),
         "fallbacks": int(np.count_nonzero(lat_ms > args.deadline_ms)),
-        "deadline_ms": args.deadline_ms, "failed_steps": failed, "resyncs": resyncs,
-        "tau": round(committed / max(1, len(wait_ms) * args.batch), 4),
-        "accepted_tokens": accepted, "finished": finished,
+        "deadline_ms": args.deadline_ms, "failed_steps": run.failed, "resyncs": run.resyncs,
+        "tau": round(run.committed / max(1, len(wait_ms) * args.batch), 4),
+        "accepted_tokens": run.accepted, "finished": run.finished,
         # Pre-drafting (--prefetch-fan-out) and the time the decode loop waits (--verify-ms):
         # step_ms_* above are the steps that called the drafter; wait_ms_* every step.
         "verify_ms": args.verify_ms, "prefetch_fan_out": args.prefetch_fan_out,
         "wait_ms_p50": round(float(np.percentile(wait_ms, 50)), 3),
         "wait_ms_p99": round(float(np.percentile(wait_ms, 99)), 3),
         "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
-        "steps_without_call": len(wait_ms) - len(latencies_ns),
+        "steps_without_call": len(wait_ms) - len(run.calls_ns),
     }
 
 

@@ -64,7 +64,7 @@ import numpy as np
 import redis
 
 from benchmarks.acceptance import accepted_length
-from benchmarks.load import _cpu_list, _cpus_text, _Lane, _pin_process
+from benchmarks.load import _cpu_list, _cpus_text, _pin_process, decode_loop
 from benchmarks.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.shared_log import SharedLogConfig
@@ -392,59 +392,18 @@ def _measure_steps(
     client = ReplicaSetClient(targets, deadline_ms=args.client_deadline_ms, mode=args.mode,
                               channel_options=_CHANNEL_OPTIONS)  # fmt: skip
     client.wait_ready(timeout_s=30)
-    serial = itertools.count()
-    source = itertools.cycle(records)
-
-    def new_lane() -> _Lane:
-        record = next(source)
-        lane = _Lane(f"scale-{next(serial)}", record, record.output_ids.tolist())
-        client.add_request(lane.request_id, record.prompt_ids)
-        return lane
-
-    lanes = [new_lane() for _ in range(args.batch)]
-    budgets: dict[str, int] = {}
-    latencies_ms: list[float] = []
-    committed = failed = 0
-    resyncs_before = 0
-    wall_start = 0.0
-    for step in range(args.warmup + args.steps):
-        measured = step >= args.warmup
-        if step == args.warmup:
-            wall_start = time.perf_counter()
-            resyncs_before = client.stats.resyncs
-        commits = {lane.request_id: lane.delta for lane in lanes}
-        if budgets.keys() != commits.keys():
-            budgets = dict.fromkeys(commits, args.budget)
-        start = time.perf_counter_ns()
-        result = client.step(commits, budgets)
-        elapsed_ms = (time.perf_counter_ns() - start) / 1e6
-        if measured:
-            latencies_ms.append(elapsed_ms)
-            failed += not result.ok
-        for i, lane in enumerate(lanes):
-            tree = result[lane.request_id]
-            got = 0  # no tree: the step decodes one token, as without speculation
-            if tree is not None:
-                got = accepted_length(tree.tokens.tolist(), tree.parents.tolist(), lane.output,
-                                      lane.p)  # fmt: skip
-            commit = min(got + 1, len(lane.output) - lane.p)
-            lane.delta = lane.output[lane.p : lane.p + commit]
-            lane.p += commit
-            committed += commit if measured else 0
-            if lane.p == len(lane.output):
-                client.finish(lane.request_id, lane.delta)
-                lanes[i] = new_lane()
-    wall_s = time.perf_counter() - wall_start
-    resyncs = client.stats.resyncs - resyncs_before
+    run = decode_loop(client, records, batch=args.batch, budget=args.budget, steps=args.steps,
+                      warmup=args.warmup, prefix="scale")  # fmt: skip
     client.close()
+    latencies_ms = [ns / 1e6 for ns in run.waits_ns]
     fallbacks = sum(ms > args.deadline_ms for ms in latencies_ms)
     return {
         **_percentiles("step_ms", latencies_ms),
         "step_ms_p999": round(float(np.percentile(latencies_ms, 99.9)), 3),
-        "steps_per_s": round(len(latencies_ms) / wall_s, 1),
+        "steps_per_s": round(len(latencies_ms) / run.wall_s, 1),
         "fallbacks": fallbacks, "fallback_rate": round(fallbacks / len(latencies_ms), 4),
-        "failed_steps": failed, "resyncs": resyncs,
-        "step_tau": round(committed / (len(latencies_ms) * args.batch), 4),
+        "failed_steps": run.failed, "resyncs": run.resyncs,
+        "step_tau": round(run.committed / (len(latencies_ms) * args.batch), 4),
     }  # fmt: skip
 
 

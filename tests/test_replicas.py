@@ -58,6 +58,14 @@ class Replica(DrafterProcess):
         result: dict[str, Any] = self.get("/v1/datastores/default/digest")
         return result
 
+    def snapshot(self) -> None:
+        """Writes a snapshot through the admin API (a job) and waits for it."""
+        job = self.post("/v1/datastores/default/snapshots", {"rebuild_first": True})
+        deadline = time.monotonic() + 20
+        while self.get(f"/v1/jobs/{job['id']}")["state"] != "succeeded":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
     def kill9(self) -> None:
         assert self.proc is not None
         self.proc.kill()
@@ -170,11 +178,7 @@ def test_a_new_replica_starts_from_a_peer_snapshot(
     for i in range(4):
         finish_through(replicas[0], f"s{i}", [3], generation(30 + i))
     converged(replicas)
-    job = replicas[0].post("/v1/datastores/default/snapshots", {"rebuild_first": True})
-    deadline = time.monotonic() + 20
-    while replicas[0].get(f"/v1/jobs/{job['id']}")["state"] != "succeeded":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    replicas[0].snapshot()
     # The stream loses its oldest entries: only the snapshot still holds them.
     redis.client().xtrim(f"{PREFIX}:default", maxlen=1, approximate=False)
     finish_through(replicas[1], "s-late", [3], generation(40))
@@ -256,11 +260,7 @@ def test_a_replica_away_longer_than_the_retention_starts_over_from_a_peer(
     for i in range(3):
         finish_through(replicas[0], f"late{i}", [3], generation(51 + i))
     converged(replicas[:2])
-    job = replicas[1].post("/v1/datastores/default/snapshots", {"rebuild_first": True})
-    deadline = time.monotonic() + 20
-    while replicas[1].get(f"/v1/jobs/{job['id']}")["state"] != "succeeded":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    replicas[1].snapshot()
     redis.client().xtrim(f"{PREFIX}:default", maxlen=1, approximate=False)
     away.extra = (*away.extra, "--bootstrap-peers", f"{replicas[1].admin}")
     away.start()
