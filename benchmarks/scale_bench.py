@@ -47,8 +47,6 @@ import functools
 import itertools
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,10 +59,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import redis
 
 from benchmarks.acceptance import accepted_length
 from benchmarks.load import _cpu_list, _cpus_text, _pin_process, decode_loop
+from benchmarks.redis_server import RedisServer, free_port
 from benchmarks.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.shared_log import SharedLogConfig
@@ -219,12 +217,6 @@ def _command(args: argparse.Namespace) -> str:
 # --- the processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _stop(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -233,36 +225,6 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-@contextlib.contextmanager
-def _redis_server(directory: Path) -> Iterator[str]:
-    """``redis-server`` (the Debian package) on a free loopback port; yields its URL."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server not found: `make setup` installs it (Debian redis-server)")
-    directory.mkdir(parents=True)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-         "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        client = redis.Redis(port=port, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {port}") from None
-                time.sleep(0.02)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        _stop(proc)
 
 
 @dataclass(slots=True)
@@ -299,7 +261,7 @@ def _replicas(
     started: list[_Replica] = []
     try:
         for i in range(count):
-            admin_port = _free_port()
+            admin_port = free_port()
             cmd = [sys.executable, "-m", "drafter_service.drafter_cli", "serve",
                    "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
                    "--admin-port", str(admin_port), "--admin-token-file", str(token_file),
@@ -603,7 +565,9 @@ def _run_count(
         "tau": None, "tau_ratio": None, "tau_content_equal": None,
     }  # fmt: skip
     root.mkdir(parents=True)
-    with _redis_server(root / "redis") as log_url:
+    log = RedisServer(root / "redis", appendfsync="everysec")
+    log_url = log.url
+    try:
         if not (args.skip_steps and args.skip_visible):
             with _replicas(args, count, root / "seeded", log_url, "scale", snapshot) as replicas:
                 _converged(replicas, log_url, "scale")
@@ -623,4 +587,6 @@ def _run_count(
                         lambda: _converged(replicas, log_url, "scale-tau"),
                     )
                 )
+    finally:
+        log.stop()
     return row

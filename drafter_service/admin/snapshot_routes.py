@@ -105,8 +105,7 @@ async def restore_snapshot(
     request: Request, response: Response, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> JobInfo:
     live = routes.context(request).live(name)
-    if await asyncio.to_thread(_find, live, snapshot) is None:
-        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+    await _complete(request, name, snapshot)  # 404 for a snapshot it does not have
     if live.shared_log is not None:
         raise conflict(
             "restore is refused while the datastore follows a shared ingest stream: a "

@@ -143,7 +143,8 @@ class LiveDatastore:
         if self._stream is not None:
             check_room(self._state, len(doc))
             self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
-            return self._state.log.last_seq
+            with self._state.lock:
+                return self._state.log.last_seq
         seq, due = accept_document(self._state, doc)
         assert seq is not None  # only an entry of the stream can be a duplicate
         if due and self._thread is None:

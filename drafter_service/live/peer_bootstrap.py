@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.shared_log import LogError, RedisStream
-from drafter_service.live.snapshotting import LOG_OFFSET_KEY
+from drafter_service.live.startup import snapshot_offset
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import fsync_dir, move_aside
 from drafter_service.snapshot.store import (
@@ -71,7 +71,7 @@ def offset_on_disk(directory: Path) -> StreamId | None:
     covered = 0
     if snapshots:
         covered = snapshots[-1].wal_position
-        offset = StreamId.parse_optional(snapshots[-1].metadata.get(LOG_OFFSET_KEY))
+        offset = snapshot_offset(snapshots[-1])
         if offset is not None:
             known.append(offset)
     if (directory / "wal").is_dir():

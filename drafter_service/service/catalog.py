@@ -215,15 +215,15 @@ def open_catalog(config: ServeConfig) -> Catalog:
         return drafter, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
 
     shared = config.shared_log_config()
+    # One connection to the datastore's stream: checked at start, then the datastore's
+    # (it closes it; until it exists, this does).
+    stream = shared.stream(DEFAULT_DATASTORE) if shared is not None else None
+    live: LiveDatastore | None = None
     try:
         if config.bootstrap_peers:  # a peer's newest state first, else the builder's seed
             token = load_token(config.admin_token_file, os.environ)
-            if shared is not None:  # away longer than the log's retention: start over
-                stream = shared.stream(DEFAULT_DATASTORE)
-                try:
-                    supersede_behind_stream(config.data_dir, stream)
-                finally:
-                    stream.close()
+            if stream is not None:  # away longer than the log's retention: start over
+                supersede_behind_stream(config.data_dir, stream)
             bootstrap_from_peers(
                 config.data_dir, DEFAULT_DATASTORE, config.bootstrap_peers, tokenizer, token
             )
@@ -234,7 +234,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
         live = LiveDatastore(
             config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
             salvage=config.salvage,
-            shared_log=shared.stream(DEFAULT_DATASTORE) if shared is not None else None,
+            shared_log=stream,
         )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)
@@ -246,5 +246,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
             log.info("datastore %r: %s (%d positions)", name, directory, datastore.num_tokens)
     except BaseException:
         Catalog(tokenizer, slots).close()
+        if live is None and stream is not None:
+            stream.close()
         raise
     return Catalog(tokenizer, slots)

@@ -1,0 +1,82 @@
+"""A real ``redis-server`` (the Debian package, installed by ``make setup``) as a
+process on loopback: the shared ingest log for ``drafter-bench scale`` and the
+scale-out tests. Durable (append-only file, fsynced as ``appendfsync`` says),
+restartable on the same port and data directory."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """``redis-server`` on 127.0.0.1 with its files under ``directory``; started at once."""
+
+    def __init__(self, directory: Path, appendfsync: str = "always") -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "redis-server not found: `make setup` installs it (Debian redis-server)"
+            )
+        self.binary = binary
+        self.directory = directory
+        self.appendfsync = appendfsync
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Starts it (again, on the same port and files) and waits until it answers."""
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.directory), "--appendonly", "yes",
+             "--appendfsync", self.appendfsync, "--save", "", "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 20
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(
+                            f"redis-server did not start on port {self.port}"
+                        ) from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+    def stop(self) -> None:
+        """Stops it (SIGTERM, then SIGKILL after 30 s); the port and files are kept."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
