@@ -73,8 +73,7 @@ def accept_document(
         seq = state.log.append(doc, origin)
         state.pending.append(LogRecord(seq, doc, origin))
         if origin is not None:
-            state.consumed = origin
-            state.consumed_changed.notify_all()
+            note_consumed(state, origin)
         state.pending_tokens += len(doc)
         state.ingested_sequences += 1
         state.ingested_tokens += len(doc)
@@ -82,6 +81,14 @@ def accept_document(
         if due:
             state.wake.notify()
     return seq, due
+
+
+def note_consumed(state: LiveState, origin: StreamId) -> None:
+    """Records that the shared stream was taken through ``origin`` and wakes the ingests
+    waiting for it (the caller holds the state lock)."""
+    if state.consumed is None or origin > state.consumed:
+        state.consumed = origin
+        state.consumed_changed.notify_all()
 
 
 def check_room(state: LiveState, n_tokens: int) -> None:

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 
-from drafter_service.live.ingestion import accept_document, checked_document
+from drafter_service.live.ingestion import accept_document, checked_document, note_consumed
 from drafter_service.live.live_policy import DatastoreFull
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.shared_log import BadEntry, LogError, RedisStream, decode_tokens
@@ -132,10 +132,8 @@ class StreamFollower:
                   self._stream.key, entry_id, why)  # fmt: skip
         with self._state.lock:
             self._state.stream_skipped += 1
-            if self._state.consumed is None or entry_id > self._state.consumed:
-                # Not in the log: a restart reads it again and skips it again.
-                self._state.consumed = entry_id
-                self._state.consumed_changed.notify_all()
+            # Not in the log: a restart reads it again and skips it again.
+            note_consumed(self._state, entry_id)
 
     def _count_error(self, message: str) -> None:
         log.warning("%s", message)
