@@ -1,25 +1,32 @@
 """Headroom of a learned node score: rerank today's candidate trees, measure tau.
 
-A prototype for issue 15 (item 1) that changes no native code. For every replay
-position the Drafter (method ``both``, corpus mode) drafts a large candidate tree
-(``--candidate-budget``, 256 by default); a logistic regression over features derived
-only from that tree's tokens, parents and scores predicts P(node right | parent right);
-the ``budget``-node subtree with the highest path probabilities (a node needs its
-parent) is then verified against the recorded output. Three numbers per dev set and
-budget, each from its own greedy trajectory over the same records:
+A study for issue 15 (item 1). For every replay position the Drafter (method ``both``,
+corpus mode) drafts a large candidate tree (``--candidate-budget``, 256 by default) with
+:meth:`Drafter.explain`, which also says what fusion knew of each node (its sources'
+counts, the input match length, ...: ``NODE_FEATURES``). Models of P(node right | parent
+right) are trained on features read off that tree's tokens, parents and scores, on the
+request's context, and on the native features; the ``budget``-node subtree with the
+highest path probabilities (a node needs its parent) is then verified against the
+recorded output. Three numbers per dev set and budget, each from its own greedy
+trajectory over the same records:
 
 - ``baseline``: the native tree of that budget (what ``drafter-bench replay`` measures);
 - ``reranked``: the learned subtree of the candidate tree;
 - ``oracle``: the candidate tree's accepted length capped at the budget (recall ceiling).
 
 Also reported: ``rescored`` (the top nodes of the candidate tree by the native score: a
-check that it reproduces ``baseline``), ``reranked_tree_only`` (the regression without the
-context features) and, with ``--gbdt``, ``reranked_gbdt`` (gradient-boosted trees on all
-features); and the log-loss of each model on a fifth of the training records held out.
+check that it reproduces ``baseline``); ``reranked_by_model``, tau of every model: the
+regression on the output and context features (``full``, reported as ``reranked``),
+without the context (``tree_only``), on what a native scorer knows when it offers a
+candidate (``pushed``), on everything (``all``) and, with ``--gbdt``, gradient-boosted
+trees on the output features (``gbdt``), ``gbdt_pushed`` and ``gbdt_all``; and the
+log-loss of each model on a fifth of the training records held out.
 
 Training never sees the dev sets: ``--holdout`` records of the corpus (fixed seed) are
-replayed against a datastore of the rest of the corpus. The dev sets are replayed
-against a datastore of the whole corpus, as ``drafter-bench replay --corpus`` builds it.
+replayed against a datastore of the rest of the corpus, less every other answer to the
+same prompts (the corpus answers each prompt up to 25 times; the dev sets share no prompt
+with it). The dev sets are replayed against a datastore of the whole corpus, as
+``drafter-bench replay --corpus`` builds it.
 
 Every position of a record is drafted once (trees at the candidate budget and at each
 budget), so each method's trajectory is exact: tau = output tokens / steps, steps
@@ -54,7 +61,7 @@ from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.drafter import Drafter
+from drafter_service.drafting.drafter import NODE_FEATURES, Drafter
 
 FEATURES = (
     "log_parent_score", "log_cond", "depth", "root_child", "log1p_siblings",
@@ -62,8 +69,28 @@ FEATURES = (
     "token_in_context", "bigram_in_context", "trigram_in_context", "log_root_top_score",
     "log_parent_cond", "log1p_output_pos",
 )  # fmt: skip
-"""Feature names, in the column order of :func:`node_features`. The node's own (path)
-score is left out: its log is log_parent_score + log_cond."""
+"""Features read off the tree's output (and the context), in the column order of
+:func:`node_features`. The node's own (path) score is left out: its log is
+log_parent_score + log_cond."""
+
+SOURCES = ("input", "base", "live")
+NATIVE_FEATURES = (
+    "log1p_offered_siblings", "sources",
+    *(f"{src}_{name}" for src in SOURCES
+      for name in ("present", "log_cond", "log1p_count", "log1p_parent")),
+    "input_match", "input_members", "base_prefix", "live_prefix",
+)  # fmt: skip
+"""Features from what fusion knew of each node (:meth:`Drafter.explain`), all known when
+the node is offered: per source, whether it offers the node, its conditional probability
+count / parent (log), and both counts; the input match length and members; the longest
+datastore prefix matched; the number of candidates offered beside it and of sources
+agreeing on it."""
+
+PUSHED = ("log_parent_score", "log_cond", "depth", "root_child", *NATIVE_FEATURES)
+"""Features a native scorer could compute when a candidate is offered (no look at the
+finished tree: no rank among siblings, no children)."""
+
+ALL_FEATURES = (*FEATURES, *NATIVE_FEATURES)
 
 CONTEXT_FEATURES = (
     "token_in_last64", "token_in_context", "bigram_in_context", "trigram_in_context",
@@ -74,6 +101,8 @@ CONTEXT_FEATURES = (
 VARIANTS = {
     "full": FEATURES,
     "tree_only": tuple(f for f in FEATURES if f not in CONTEXT_FEATURES),
+    "pushed": PUSHED,
+    "all": ALL_FEATURES,
 }
 """Models trained and evaluated: name -> the features they use (``full`` is reported as
 ``reranked``)."""
@@ -166,6 +195,20 @@ def node_features(
     return np.column_stack(columns).astype(np.float64)
 
 
+def native_columns(native: Array) -> Array:
+    """:data:`NATIVE_FEATURES` from :data:`NODE_FEATURES` rows."""
+    col = {name: native[:, i] for i, name in enumerate(NODE_FEATURES)}
+    columns = [np.log1p(col["siblings"]), np.zeros(len(native))]
+    for src in SOURCES:
+        count, parent = col[f"{src}_count"], col[f"{src}_parent"]
+        present = (count > 0) & (parent > 0)
+        columns[1] = columns[1] + present
+        cond = np.where(present, count / np.where(present, parent, 1.0), 1.0)
+        columns += [present, np.log(cond), np.log1p(count), np.log1p(parent)]
+    columns += [col["input_match"], col["input_members"], col["base_prefix"], col["live_prefix"]]
+    return np.column_stack(columns).astype(np.float64)
+
+
 def matched_depth(tokens: Array, parents: Array, output: Sequence[int], p: int) -> Array:
     """Per node, its depth if its root path equals ``output[p:]``, else 0."""
     left = len(output) - p
@@ -230,12 +273,14 @@ class _Model:
 
 def _draft_positions(
     drafter: Drafter, record: Record, budgets: Sequence[int]
-) -> Iterator[tuple[int, list[tuple[Array, Array, Array]]]]:
-    """(p, one (tokens, parents, scores) per budget) at every output position of ``record``."""
+) -> Iterator[tuple[int, list[tuple[Array, Array, Array]], Array]]:
+    """(p, one (tokens, parents, scores) per budget, the native features of the first
+    budget's tree) at every output position of ``record``."""
     ids = [f"{record.id}#{b}#{i}" for i, b in enumerate(budgets)]
     for rid in ids:
         drafter.start(rid, record.prompt_ids)
-    budget_arr = np.asarray(budgets, dtype=np.int32)
+    # The first tree comes from explain (same tree, with its features).
+    budget_arr = np.asarray([0, *budgets[1:]], dtype=np.int32)
     output = record.output_ids
     try:
         for p in range(len(output)):
@@ -244,7 +289,10 @@ def _draft_positions(
             offsets = np.arange(len(ids) + 1, dtype=np.int64) * len(delta)
             batch = drafter.draft_batch(ids, flat, offsets, budget_arr)
             trees = [(t.tokens, t.parents, t.scores) for t in map(batch.tree, range(len(ids)))]
-            yield p, trees
+            explained = drafter.explain(ids[0], budgets[0])
+            t = explained.tree
+            trees[0] = (t.tokens, t.parents, t.scores)
+            yield p, trees, explained.features
     finally:
         for rid in ids:
             drafter.stop(rid)
@@ -263,7 +311,9 @@ def collect_training(
         ctx = _Context(vocab_size)
         ctx.extend(record.prompt_ids.tolist())
         output = record.output_ids.tolist()
-        for p, [(tokens, parents, scores)] in _draft_positions(drafter, record, [candidate_budget]):
+        for p, [(tokens, parents, scores)], native in _draft_positions(
+            drafter, record, [candidate_budget]
+        ):
             if p:
                 ctx.extend(output[p - 1 : p])
             positions += 1
@@ -272,7 +322,8 @@ def collect_training(
             depth = node_depths(parents)
             matched = matched_depth(tokens, parents, output, p)
             labelled = (parents < 0) | (matched[np.maximum(parents, 0)] > 0)
-            x = node_features(tokens, parents, scores, depth, ctx, p)
+            x = np.hstack([node_features(tokens, parents, scores, depth, ctx, p),
+                           native_columns(native)])  # fmt: skip
             xs.append(x[labelled])
             ys.append((matched[labelled] > 0).astype(np.int8))
             gs.append(np.full(int(labelled.sum()), index))
@@ -282,7 +333,7 @@ def collect_training(
 def fit(x: Array, y: Array, features: Sequence[str]) -> _Model:
     """Logistic regression on ``features``, standardized (scikit-learn, default C)."""
     linear_model = import_module("sklearn.linear_model")
-    columns = np.asarray([FEATURES.index(f) for f in features])
+    columns = np.asarray([ALL_FEATURES.index(f) for f in features])
     x = x[:, columns]
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
@@ -306,7 +357,7 @@ class _Gbdt:
 def fit_gbdt(x: Array, y: Array, features: Sequence[str]) -> _Gbdt:
     """Gradient-boosted trees on ``features`` (scikit-learn's histogram GBDT, defaults)."""
     ensemble = import_module("sklearn.ensemble")
-    columns = np.asarray([FEATURES.index(f) for f in features])
+    columns = np.asarray([ALL_FEATURES.index(f) for f in features])
     classifier = ensemble.HistGradientBoostingClassifier(random_state=0)
     classifier.fit(x[:, columns], y)
     return _Gbdt(columns, classifier)
@@ -344,7 +395,7 @@ def evaluate(
     kinds = ["baseline", "oracle", "rescored", *(f"reranked_{m}" for m in models)]
     names = [f"{kind}{b}" for b in budgets for kind in kinds]
     result.steps = dict.fromkeys(names, 0)
-    log_cond_col = FEATURES.index("log_cond")
+    log_cond_col = ALL_FEATURES.index("log_cond")
     for record in records:
         ctx = _Context(vocab_size)
         ctx.extend(record.prompt_ids.tolist())
@@ -355,7 +406,9 @@ def evaluate(
         acc: dict[str, list[int]] = {name: [0] * n for name in names}
         trees: list[tuple[int, Array, Array, Array]] = []  # p, tokens, parents, depth
         rows: list[Array] = []
-        for p, drafted in _draft_positions(drafter, record, [candidate_budget, *budgets]):
+        for p, drafted, native in _draft_positions(
+            drafter, record, [candidate_budget, *budgets]
+        ):
             if p:
                 ctx.extend(output[p - 1 : p])
             for b, (bt, bp, _) in zip(budgets, drafted[1:], strict=True):
@@ -368,7 +421,8 @@ def evaluate(
             for b in budgets:
                 acc[f"oracle{b}"][p] = min(full, b)
             trees.append((p, tokens, parents, depth))
-            rows.append(node_features(tokens, parents, scores, depth, ctx, p))
+            rows.append(np.hstack([node_features(tokens, parents, scores, depth, ctx, p),
+                                   native_columns(native)]))  # fmt: skip
         if rows:
             x = np.concatenate(rows)
             bounds = np.cumsum([0, *map(len, rows)]).tolist()
@@ -385,6 +439,12 @@ def evaluate(
         for name in names:
             result.steps[name] += trajectory(acc[name], n)
     return result
+
+
+def prompt_key(record: Record) -> tuple[int, ...]:
+    """Identifies a record's prompt across generators: its last 48 tokens (the end of
+    the last user turn and the assistant header; system prompts differ by model)."""
+    return tuple(record.prompt_ids[-48:].tolist())
 
 
 def _pick(records: list[Record], limit: int | None, seed: int) -> list[Record]:
@@ -438,7 +498,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     held = set(rng.choice(len(corpus), args.holdout, replace=False).tolist())
     train_records = [r for i, r in enumerate(corpus) if i in held]
-    rest = SubIndex.build((r.output_ids for i, r in enumerate(corpus) if i not in held), vocab)
+    # The corpus answers each prompt many times (25 models on AlpacaEval, 2 on MMLU-Pro),
+    # and the dev sets share no prompt with it: the datastore a training record is
+    # replayed against leaves out every answer to its prompt, or the datastore would
+    # look far more predictive in training than it is on new prompts.
+    held_prompts = {prompt_key(r) for r in train_records}
+    rest = SubIndex.build(
+        (r.output_ids for r in corpus if prompt_key(r) not in held_prompts), vocab
+    )
     whole = SubIndex.build((r.output_ids for r in corpus), vocab)
     del corpus
     print(f"datastores built in {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -454,11 +521,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logloss = {"base_rate": -float(np.mean(np.where(y[val] > 0, np.log(rate), np.log1p(-rate))))}
     for m, features in VARIANTS.items():
         logloss[m] = log_loss(fit(x[~val], y[~val], features), x[val], y[val])
-    logloss["gbdt"] = log_loss(fit_gbdt(x[~val], y[~val], FEATURES), x[val], y[val])
-    model = fit(x, y, FEATURES)
-    models: dict[str, Scorer] = {"full": model, "tree_only": fit(x, y, VARIANTS["tree_only"])}
+    gbdt_variants = {"gbdt": FEATURES, "gbdt_pushed": PUSHED, "gbdt_all": ALL_FEATURES}
     if args.gbdt:
-        models["gbdt"] = fit_gbdt(x, y, FEATURES)
+        for m, features in gbdt_variants.items():
+            logloss[m] = log_loss(fit_gbdt(x[~val], y[~val], features), x[val], y[val])
+    model = fit(x, y, FEATURES)
+    models: dict[str, Scorer] = {"full": model}
+    models.update({m: fit(x, y, features) for m, features in VARIANTS.items() if m != "full"})
+    if args.gbdt:
+        models.update({m: fit_gbdt(x, y, features) for m, features in gbdt_variants.items()})
     train_s = time.perf_counter() - t0
     coefs = {name: round(float(c), 4) for name, c in zip(FEATURES, model.coef, strict=True)}
     logloss = {k: round(v, 5) for k, v in logloss.items()}
@@ -493,6 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "coefficients": coefs, "intercept": round(model.intercept, 4),
                 "reranked_gbdt_tau": (round(ev.tau(f"reranked_gbdt{b}"), 4)
                                       if args.gbdt else None),
+                "reranked_by_model": {m: round(ev.tau(f"reranked_{m}{b}"), 4) for m in models},
                 "validation_logloss": logloss,
                 "wall_s": round(wall, 1), "train_s": round(train_s, 1), "command": command,
             }  # fmt: skip

@@ -17,6 +17,7 @@ from functools import cmp_to_key
 import numpy as np
 
 from drafter_service import DraftConfig
+from drafter_service.drafting.drafter import NODE_FEATURES
 
 SEPARATOR = -1
 
@@ -178,6 +179,20 @@ def retrieve_datastore(
     return tree
 
 
+def matched_prefix(
+    sub_indices: Sequence[RefSubIndex], context: Sequence[int], config: DraftConfig, max_len: int
+) -> int:
+    """The longest context suffix :func:`retrieve_datastore` sampled matches for (0: none):
+    the first length it tries, before its tree has any node, that matches anywhere."""
+    ctx = [int(t) for t in context]
+    if not sub_indices or not ctx or max_len <= 0 or config.datastore_min_tree_nodes <= 0:
+        return 0
+    for m in range(min(config.datastore_max_prefix, len(ctx)), config.datastore_min_prefix - 1, -1):
+        if any(end > begin for begin, end in (s.find_range(ctx[-m:]) for s in sub_indices)):
+            return m
+    return 0
+
+
 def tree_from_rows(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray) -> Tree:
     """Converts (token, parent, count) rows in creation order (row 0 = root) to a path dict."""
     paths: list[Path] = []
@@ -216,6 +231,10 @@ class RefDraft:
     tokens: np.ndarray  # int32
     parents: np.ndarray  # int32
     scores: np.ndarray  # float32
+    features: np.ndarray | None = None  # (n, len(NODE_FEATURES)) float64: what fusion knew
+
+
+FEATURE_INDEX = {name: i for i, name in enumerate(NODE_FEATURES)}
 
 
 def fuse(
@@ -226,46 +245,73 @@ def fuse(
     budget: int,
     committed: int | None = None,
     live_tree: Tree | None = None,
+    prefixes: tuple[int, int] = (0, 0),
 ) -> RefDraft:
     """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
 
     ``committed``: the trie holds only ``context[:committed]`` (a pre-draft after a
     hypothetical extension): an input match is any occurrence of the context's m-gram
-    among those tokens that has a continuation there."""
+    among those tokens that has a continuation there. ``prefixes``: the base's and the
+    live tree's matched prefixes (:func:`matched_prefix`), for the features."""
     check_spec_fields(config)
     ctx = [int(t) for t in context]
     # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
-    # discount). Its child c scores (tree[c] / (denominator + smoothing)) * multiplier.
-    Member = tuple[Tree, dict[Path, list[int]], Path, float, float, float, float]
-    queue: list[tuple[float, int, int, int, list[Member]]] = []  # -score, seq, token, parent, m
+    # discount, source, parent count, match length). Its child c scores
+    # (tree[c] / (denominator + smoothing)) * multiplier.
+    Member = tuple[Tree, dict[Path, list[int]], Path, float, float, float, float, str, float, int]
+    # -score, seq, token, parent, members, siblings
+    queue: list[tuple[float, int, int, int, list[Member], int]] = []
     seq = 0
 
     def expand(members: list[Member], parent: int) -> None:
         nonlocal seq
         groups: dict[int, tuple[float, list[Member]]] = {}
-        for tree, kids, node, denominator, smoothing, multiplier, discount in members:
+        for tree, kids, node, denominator, smoothing, multiplier, discount, source, _, match \
+                in members:
             if denominator <= 0:
                 continue
-            for tok in kids.get(node, []):
+            offered = [(tree[(*node, tok)] / (denominator + smoothing)) * multiplier
+                       for tok in kids.get(node, [])]
+            # A member offers its `budget` best children (by score, then token): the rest
+            # could only enter after `budget` better ones. The tree is the same either
+            # way; what the node's "siblings" feature counts is what was offered.
+            for s, tok in sorted(zip(offered, kids.get(node, []), strict=True),
+                                 key=lambda c: (-c[0], c[1]))[:budget]:
                 child = (*node, tok)
-                s = (tree[child] / (denominator + smoothing)) * multiplier
                 best, grouped = groups.get(tok, (0.0, []))
-                grouped.append((tree, kids, child, tree[child], smoothing, s * discount, discount))
+                grouped.append((tree, kids, child, tree[child], smoothing, s * discount, discount,
+                                source, denominator, match))
                 groups[tok] = (max(best, s), grouped)
         for tok in sorted(groups):
             score, grouped = groups[tok]
-            heapq.heappush(queue, (-score, seq, tok, parent, grouped))
+            heapq.heappush(queue, (-score, seq, tok, parent, grouped, len(groups)))
             seq += 1
+
+    def features(members: list[Member], depth: int, siblings: int) -> list[float]:
+        f = [0.0] * len(NODE_FEATURES)
+        f[FEATURE_INDEX["depth"]] = depth
+        f[FEATURE_INDEX["siblings"]] = siblings
+        f[FEATURE_INDEX["base_prefix"]] = prefixes[0] if datastore_tree is not None else 0
+        f[FEATURE_INDEX["live_prefix"]] = prefixes[1] if live_tree is not None else 0
+        for tree, _, node, _, _, _, _, source, parent_count, match in members:
+            if source == "input":
+                f[FEATURE_INDEX["input_members"]] += 1
+                if match <= f[FEATURE_INDEX["input_match"]]:
+                    continue
+                f[FEATURE_INDEX["input_match"]] = match
+            f[FEATURE_INDEX[f"{source}_count"]] = tree[node]
+            f[FEATURE_INDEX[f"{source}_parent"]] = parent_count
+        return f
 
     roots: list[Member] = []
     if datastore_tree is not None:
         roots.append((datastore_tree, _children(datastore_tree), (), datastore_tree[()],
                       config.datastore_smoothing, config.datastore_weight,
-                      config.datastore_child_discount))
+                      config.datastore_child_discount, "base", 0.0, 0))
     if live_tree is not None:  # a split datastore's live part: a source of its own
         roots.append((live_tree, _children(live_tree), (), live_tree[()],
                       config.datastore_smoothing, config.datastore_weight,
-                      config.datastore_child_discount))
+                      config.datastore_child_discount, "live", 0.0, 0))
     if trie is not None:
         kids = _children(trie)
         for m in range(config.input_max_prefix, 0, -1):
@@ -281,15 +327,17 @@ def fuse(
                 if continued <= 0:
                     continue
             roots.append((trie, kids, u, continued, config.input_smoothing, config.input_weight,
-                          discount))
+                          discount, "input", 0.0, m))
     expand(roots, -1)
 
     # Draft nodes in creation order: (token, parent index or -1, depth, score).
     nodes: list[tuple[int, int, int, float]] = []
+    rows: list[list[float]] = []
     while queue and len(nodes) < budget:
-        neg_score, _, tok, parent, members = heapq.heappop(queue)
+        neg_score, _, tok, parent, members, siblings = heapq.heappop(queue)
         depth = 1 if parent < 0 else nodes[parent][2] + 1
         nodes.append((tok, parent, depth, -neg_score))
+        rows.append(features(members, depth, siblings))
         expand(members, len(nodes) - 1)
 
     order = sorted(range(len(nodes)), key=lambda i: (nodes[i][2], i))
@@ -300,6 +348,8 @@ def fuse(
             [new_index[nodes[i][1]] if nodes[i][1] >= 0 else -1 for i in order], dtype=np.int32
         ),
         scores=np.array([nodes[i][3] for i in order], dtype=np.float64).astype(np.float32),
+        features=np.array([rows[i] for i in order], dtype=np.float64).reshape(
+            len(order), len(NODE_FEATURES)),
     )
 
 
@@ -331,7 +381,24 @@ def draft(
     """One full drafting call: datastore tree (if any sub-index), input trie (if used), fusion."""
     ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
     trie = input_trie_counts(context, config.input_max_depth) if use_input else None
-    return fuse(trie, context, ds_tree, config, budget, live_tree=live_tree)
+    return fuse(trie, context, ds_tree, config, budget, live_tree=live_tree,
+                prefixes=datastore_prefixes(sub_indices, context, config, budget, base_count))
+
+
+def datastore_prefixes(
+    sub_indices: Sequence[RefSubIndex] | None,
+    context: Sequence[int],
+    config: DraftConfig,
+    budget: int,
+    base_count: int,
+) -> tuple[int, int]:
+    """:func:`matched_prefix` of the trees :func:`datastore_trees` retrieves."""
+    if not sub_indices:
+        return 0, 0
+    if 0 < base_count < len(sub_indices):
+        return (matched_prefix(sub_indices[:base_count], context, config, budget),
+                matched_prefix(sub_indices[base_count:], context, config, budget))
+    return matched_prefix(sub_indices, context, config, budget), 0
 
 
 def draft_after(

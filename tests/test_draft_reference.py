@@ -15,6 +15,7 @@ from reference import assert_same_draft
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
+from drafter_service.drafting.drafter import NODE_FEATURES
 from drafter_service.native import _core
 
 # --- helpers ------------------------------------------------------------------------------
@@ -280,6 +281,53 @@ def test_zero_weights_tie_break_by_push_order() -> None:
     # Root candidates: 0 and 2 (input: "3" was followed by 0 and 2), 1, 2, 4 (datastore).
     assert got[0][:4].tolist() == [0, 1, 2, 4]
     assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, 16, True))
+
+
+# --- explained drafts: what fusion knew of each node -------------------------------------
+
+
+@given(corpora(max_sub_indices=4, split=True), draft_configs(), st.integers(0, MAX_BUDGET),
+       st.integers(0, 3))
+def test_explain_equals_reference(corpus: Corpus, config: DraftConfig, budget: int,
+                                  delta: int) -> None:
+    """Drafter.explain gives the tree draft_batch would (and changes nothing), and each
+    node's features are the reference's: per source its count and parent count, the input
+    match length and members, siblings offered, depth, the datastore's matched prefixes."""
+    drafter = Drafter(corpus.vocab_size, config, corpus.datastore())
+    context = list(corpus.context)
+    drafter.start("r", context[: len(context) - delta])
+    drafter.add("r", context[len(context) - delta :])
+    explained = drafter.explain("r", budget)
+    batch = drafter.speculate(["r"], [[]], budget).tree(0)
+    assert drafter.num_tokens("r") == len(context)
+    tree = explained.tree
+    assert tree.tokens.tolist() == batch.tokens.tolist()
+    assert tree.parents.tolist() == batch.parents.tolist()
+    assert tree.scores.tobytes() == batch.scores.tobytes()
+    want = ref.draft(corpus.context, corpus.reference(), config, budget, True,
+                     base_count=corpus.base_count)
+    assert_same_draft((tree.tokens, tree.parents, tree.scores), want)
+    assert explained.features.shape == (len(tree), len(NODE_FEATURES))
+    assert want.features is not None
+    np.testing.assert_array_equal(explained.features, want.features)
+
+
+def test_explain_by_hand() -> None:
+    """Input only: context 1 2 3 1 2 4 1 2, so "1 2" was followed by 3 and by 4 and "2"
+    likewise; the longest match behind each child of the root is m = 2."""
+    drafter = Drafter(8, DraftConfig(input_max_prefix=2))
+    drafter.start("r", [1, 2, 3, 1, 2, 4, 1, 2])
+    explained = drafter.explain("r", 2)
+    assert sorted(explained.tree.tokens.tolist()) == [3, 4]
+    col = {name: explained.features[:, i] for i, name in enumerate(NODE_FEATURES)}
+    assert col["depth"].tolist() == [1, 1] and col["siblings"].tolist() == [2, 2]
+    assert col["input_match"].tolist() == [2, 2] and col["input_members"].tolist() == [2, 2]
+    assert col["input_count"].tolist() == [1, 1] and col["input_parent"].tolist() == [2, 2]
+    assert not col["base_count"].any() and not col["base_prefix"].any()
+    with pytest.raises(KeyError, match="unknown request"):
+        drafter.explain("nobody", 2)
+    with pytest.raises(ValueError, match="budget 999"):
+        drafter.explain("r", 999)
 
 
 # --- real token data --------------------------------------------------------------------

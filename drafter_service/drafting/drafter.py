@@ -60,6 +60,30 @@ class DraftBatch:
         return DraftTree(self.tokens[lo:hi], self.parents[lo:hi], self.scores[lo:hi])
 
 
+NODE_FEATURES = (
+    "depth", "siblings", "input_count", "input_parent", "input_match", "input_members",
+    "base_count", "base_parent", "base_prefix", "live_count", "live_parent", "live_prefix",
+)  # fmt: skip
+"""Columns of :meth:`Drafter.explain`'s features, the native ``NodeFeature`` order: what
+fusion knew of each draft node. Per source (the request's input trie; the datastore, or a
+split datastore's base; its live part), ``count`` is the node's own count there (samples
+or occurrences through it) and ``parent`` the count its conditional probability is taken
+over, both 0 where the source does not offer the node. ``input_match`` is the length of
+the context suffix the input path continues (of the longest match behind the node),
+``input_members`` how many input matches offer it, ``*_prefix`` the longest context
+suffix a datastore tree was sampled for, ``siblings`` the candidates offered under the
+same parent (itself included)."""
+assert len(NODE_FEATURES) == _core.NODE_FEATURE_COUNT
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainedTree:
+    """A :class:`DraftTree` with ``features[i]``: row :data:`NODE_FEATURES` of node ``i``."""
+
+    tree: DraftTree
+    features: npt.NDArray[np.float64]
+
+
 class Drafter:
     """Drafts candidate trees for many concurrent requests.
 
@@ -219,6 +243,14 @@ class Drafter:
         suffixes are looked up among them (native ``extended_matches``). One native
         call; changes no state."""
         return self._batch_call(self._native.draft_after, request_ids, tokens, offsets, budgets)
+
+    def explain(self, request_id: str, budget: int) -> ExplainedTree:
+        """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
+        knew of each node (:data:`NODE_FEATURES`): for offline training and tools.
+        Changes no state; the tree is the one :meth:`draft_batch` would return."""
+        tokens, parents, scores, flat = self._native.explain(self._handle(request_id), budget)
+        features = flat.reshape(len(tokens), len(NODE_FEATURES))
+        return ExplainedTree(DraftTree(tokens, parents, scores), features)
 
     def _batch_call(
         self,

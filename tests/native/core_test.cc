@@ -1510,6 +1510,23 @@ void test_drafter_after(const std::shared_ptr<const Datastore>& ds, const Markov
   const BatchDrafts plain = four.draft_batch(&h0, 1, nullptr, 0, zero, &budget);
   CHECK(after.tokens == plain.tokens && after.parents == plain.parents &&
         after.scores == plain.scores);
+  // explain: the same tree, with drafter::kNodeFeatures values per node, every path's sources
+  // recorded (a node has a source, a source's count never exceeds its parent count).
+  for (const int32_t bud : {0, 1, 16, 256}) {
+    const Draft explained = four.explain(h0, bud);
+    const BatchDrafts drafted = four.draft_batch(&h0, 1, nullptr, 0, zero, &bud);
+    CHECK(explained.tokens == drafted.tokens && explained.parents == drafted.parents &&
+          explained.scores == drafted.scores);
+    CHECK_EQ(explained.features.size(), explained.tokens.size() * drafter::kNodeFeatures);
+    for (size_t i = 0; i < explained.tokens.size(); ++i) {
+      const double* f = explained.features.data() + i * drafter::kNodeFeatures;
+      CHECK(f[drafter::kFeatInputCount] > 0 || f[drafter::kFeatBaseCount] > 0 || f[drafter::kFeatLiveCount] > 0);
+      CHECK(f[drafter::kFeatInputCount] <= f[drafter::kFeatInputParent] && f[drafter::kFeatBaseCount] <= f[drafter::kFeatBaseParent]);
+      CHECK(f[drafter::kFeatDepth] >= 1 && f[drafter::kFeatSiblings] >= 1);
+    }
+  }
+  CHECK_THROWS(four.explain(99, budget), std::out_of_range);
+  CHECK_THROWS(four.explain(h0, config.max_budget + 1), std::invalid_argument);
   // Bad rows are refused before anything runs.
   const int32_t bad_token = kVocab, over = config.max_budget + 1;
   const int64_t one_token[2] = {0, 1};

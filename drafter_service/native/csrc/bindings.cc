@@ -314,5 +314,20 @@ NB_MODULE(_core, m) {
       .def("draft_batch", &batch_call<&Drafter::draft_batch>, "handles"_a, "tokens"_a,
            "offsets"_a, "budgets"_a)
       .def("draft_after", &batch_call<&Drafter::draft_after>, "handles"_a, "tokens"_a,
-           "offsets"_a, "budgets"_a);
+           "offsets"_a, "budgets"_a)
+      .def(
+          "explain",
+          [](Drafter& d, int64_t handle, int32_t budget) {
+            Draft draft;
+            {
+              nb::gil_scoped_release release;
+              draft = d.explain(handle, budget);
+            }
+            return std::make_tuple(to_numpy(std::move(draft.tokens)),
+                                   to_numpy(std::move(draft.parents)),
+                                   to_numpy(std::move(draft.scores)),
+                                   to_numpy(std::move(draft.features)));
+          },
+          "handle"_a, "budget"_a);
+  m.attr("NODE_FEATURE_COUNT") = static_cast<int32_t>(kNodeFeatures);
 }

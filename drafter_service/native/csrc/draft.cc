@@ -80,6 +80,7 @@ void CandidateTree::clear() {
   nodes_.clear();
   nodes_.push_back({-1, 0, kUnexpanded, -1, 0, 0, 0});
   num_nodes_ = 1;
+  matched_prefix_ = 0;
 }
 
 namespace {
@@ -203,6 +204,7 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
       total += ranges[s].size();
     }
     if (total == 0) continue;
+    if (tree.matched_prefix() == 0) tree.set_matched_prefix(m);
     // Interval sampling: the rows of a range are sorted by continuation, so evenly
     // spaced rows approximate the continuation distribution. The sample budget is
     // split over sub-indices in proportion to their matches.
@@ -273,6 +275,37 @@ struct SourceView {
   }
 };
 
+// NodeFeature values of a candidate backed by members [begin, end).
+void node_features(const Member* begin, const Member* end, int32_t depth, int32_t siblings,
+                   const SourceView& view, double* f) {
+  std::fill(f, f + kNodeFeatures, 0.0);
+  f[kFeatDepth] = depth;
+  f[kFeatSiblings] = siblings;
+  f[kFeatBasePrefix] = view.tree != nullptr ? view.tree->matched_prefix() : 0;
+  f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
+  for (const Member* m = begin; m != end; ++m) {
+    const double count = view.count(m->source, m->node);
+    switch (m->source) {
+      case Source::kInput:
+        f[kFeatInputMembers] += 1.0;
+        if (m->match > f[kFeatInputMatch]) {
+          f[kFeatInputMatch] = m->match;
+          f[kFeatInputCount] = count;
+          f[kFeatInputParent] = m->parent_count;
+        }
+        break;
+      case Source::kDatastore:
+        f[kFeatBaseCount] = count;
+        f[kFeatBaseParent] = m->parent_count;
+        break;
+      case Source::kLive:
+        f[kFeatLiveCount] = count;
+        f[kFeatLiveParent] = m->parent_count;
+        break;
+    }
+  }
+}
+
 struct WorseFirst {
   bool operator()(const Candidate& a, const Candidate& b) const {
     return a.score < b.score || (a.score == b.score && a.seq > b.seq);
@@ -324,8 +357,9 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
 
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
-          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree) {
+          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree, bool explain) {
   out.tokens.clear();
+  out.features.clear();
   out.parents.clear();
   out.scores.clear();
   if (budget <= 0) return;
@@ -363,7 +397,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     }
     for (int32_t c : kids) {
       offers.push_back({view.token(m.source, c), c, score_of(c), m.source,
-                        static_cast<int32_t>(offers.size()), m.discount});
+                        static_cast<int32_t>(offers.size()), m.discount, m.denominator, m.match});
     }
   };
 
@@ -373,6 +407,10 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     std::sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
       return a.token < b.token || (a.token == b.token && a.order < b.order);
     });
+    int32_t siblings = 0;
+    for (size_t i = 0; i < offers.size(); ++i) {
+      siblings += i == 0 || offers[i].token != offers[i - 1].token ? 1 : 0;
+    }
     for (size_t i = 0; i < offers.size();) {
       const auto begin = static_cast<int32_t>(pool.size());
       double score = 0.0;
@@ -381,9 +419,10 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
         const Offer& o = offers[i];
         score = std::max(score, o.score);  // the most confident source decides
         pool.push_back({o.node, o.source, o.score, view.count(o.source, o.node),
-                        o.score * o.discount, o.discount});
+                        o.score * o.discount, o.discount, o.parent_count, o.match});
       }
-      heap.push_back({score, seq++, token, draft_parent, begin, static_cast<int32_t>(pool.size())});
+      heap.push_back({score, seq++, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
+                      siblings});
       std::push_heap(heap.begin(), heap.end(), WorseFirst{});
     }
     offers.clear();
@@ -395,23 +434,23 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
   if (datastore_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
                     static_cast<double>(datastore_tree->count(CandidateTree::kRoot)),
-                    config.datastore_weight,
-                    config.datastore_child_discount});
+                    config.datastore_weight, config.datastore_child_discount, 0.0, 0});
   }
   if (live_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
                     static_cast<double>(live_tree->count(CandidateTree::kRoot)),
-                    config.datastore_weight, config.datastore_child_discount});
+                    config.datastore_weight, config.datastore_child_discount, 0.0, 0});
   }
   if (trie != nullptr) {
     for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {
       const InputMatch& match = matches[static_cast<size_t>(m) - 1];
       if (match.node < 0) continue;
       offer_children({match.node, Source::kInput, 1.0, match.continued, config.input_weight,
-                      config.input_child_discount_base + config.input_child_discount_per_match * m});
+                      config.input_child_discount_base + config.input_child_discount_per_match * m,
+                      0.0, m});
     }
   }
-  nodes.push_back({-1, -1, 0, 0.0});
+  nodes.push_back({-1, -1, 0, 0.0, 0, 0, 0});
   push_offers(0);
 
   // Best-first: every candidate is a distinct (parent, token), so each pop adds
@@ -424,7 +463,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     const auto slot = static_cast<int32_t>(nodes.size());
     nodes.push_back(
         {cand.token, cand.draft_parent, nodes[static_cast<size_t>(cand.draft_parent)].depth + 1,
-         cand.score});
+         cand.score, cand.begin, cand.end, cand.siblings});
     for (int32_t k = cand.begin; k < cand.end; ++k) offer_children(pool[static_cast<size_t>(k)]);
     push_offers(slot);
   }
@@ -451,6 +490,15 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     out.tokens.push_back(d.token);
     out.parents.push_back(remap[static_cast<size_t>(d.parent)]);  // root (0) maps to -1
     out.scores.push_back(static_cast<float>(d.score));
+  }
+  out.features.clear();
+  if (explain) {
+    out.features.resize(static_cast<size_t>(num) * kNodeFeatures);
+    for (int32_t i = 0; i < num; ++i) {
+      const DraftNode& d = nodes[static_cast<size_t>(order[static_cast<size_t>(i)])];
+      node_features(pool.data() + d.begin, pool.data() + d.end, d.depth, d.siblings, view,
+                    out.features.data() + static_cast<size_t>(i) * kNodeFeatures);
+    }
   }
 }
 

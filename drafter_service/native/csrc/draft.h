@@ -93,6 +93,9 @@ class CandidateTree {
   void add(const Sample* samples, size_t n);
   // Nodes of the whole tree, root included, materialized or not.
   int32_t num_nodes() const { return num_nodes_; }
+  // Longest context suffix whose matches were sampled (0: none); set by retrieval.
+  int32_t matched_prefix() const { return matched_prefix_; }
+  void set_matched_prefix(int32_t m) { matched_prefix_ = m; }
   int32_t token(int32_t node) const { return nodes_[static_cast<size_t>(node)].token; }
   uint32_t count(int32_t node) const { return nodes_[static_cast<size_t>(node)].count; }
   // Materializes the node's children on first use (logically const).
@@ -118,6 +121,7 @@ class CandidateTree {
   std::vector<Sample> merged_;   // add()'s merge buffer; meaningless between calls
   mutable std::vector<Node> nodes_;  // [0] is the root; grows as nodes are materialized
   int32_t num_nodes_ = 1;
+  int32_t matched_prefix_ = 0;
 };
 
 // A draft tree in breadth-first order: parents[i] < i, -1 = child of the root.
@@ -125,6 +129,30 @@ struct Draft {
   std::vector<int32_t> tokens;
   std::vector<int32_t> parents;
   std::vector<float> scores;
+  // kNodeFeatures values per node, row-major in NodeFeature order; filled only when
+  // fuse() is asked to explain (tools and offline training), else empty.
+  std::vector<double> features;
+};
+
+// What fusion knew about a draft node when it chose it: the raw evidence of every
+// source behind the node's path. For each source, "count" is the node's own count
+// in that source (samples or input occurrences through it) and "parent" the count
+// its conditional probability is taken over; 0 and 0 when the source is absent.
+enum NodeFeature : int32_t {
+  kFeatDepth = 0,         // 1 = child of the root
+  kFeatSiblings,          // candidates offered under the same draft parent, itself included
+                          // (each source offers at most `budget` children)
+  kFeatInputCount,        // of the input member with the longest match
+  kFeatInputParent,
+  kFeatInputMatch,        // that member's match length m (the context suffix it continues)
+  kFeatInputMembers,      // input matches (of different lengths) behind the node
+  kFeatBaseCount,         // the datastore (a split datastore's base)
+  kFeatBaseParent,
+  kFeatBasePrefix,        // longest context suffix the datastore tree was sampled for
+  kFeatLiveCount,         // a split datastore's live part
+  kFeatLiveParent,
+  kFeatLivePrefix,
+  kNodeFeatures
 };
 
 // Where the context's last m tokens occur in a request's input trie (m = 1..P, at
@@ -149,6 +177,8 @@ struct Member {
   double denominator;    // count(node) (count(u) - 1 for an input match root), before smoothing
   double multiplier;     // a child's score = count(child) / (denominator + smoothing) * multiplier
   double discount;       // per-level discount of this source
+  double parent_count;   // the count this member's own score was taken over
+  int32_t match;         // input: length of the context suffix the path continues; else 0
 };
 
 // A child waiting in the queue: draft parent + token, backed by members[begin, end).
@@ -158,6 +188,7 @@ struct Candidate {
   int32_t token;
   int32_t draft_parent;  // internal index, 0 = root
   int32_t begin, end;    // range in the member pool
+  int32_t siblings;      // candidates pushed under the same draft parent
 };
 
 struct DraftNode {
@@ -165,6 +196,7 @@ struct DraftNode {
   int32_t parent;  // internal index; 0 is the root
   int32_t depth;   // 1 for children of the root
   double score;
+  int32_t begin, end, siblings;  // the candidate it came from (for explaining)
 };
 
 // Child of a member, gathered before grouping by token.
@@ -175,6 +207,8 @@ struct Offer {
   Source source;
   int32_t order;  // position among the offers of one expansion (ties by token keep it)
   double discount;
+  double parent_count;
+  int32_t match;
 };
 
 }  // namespace fusion
@@ -227,10 +261,12 @@ void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_l
                       int64_t extended, const DraftConfig& config, std::vector<InputMatch>& out);
 
 // Merges the input-trie matches and the datastore tree into at most `budget`
-// draft nodes with a priority queue (SSSD Algorithm 3). Deterministic.
+// draft nodes with a priority queue (SSSD Algorithm 3). Deterministic. With
+// `explain`, out.features holds every node's NodeFeature values (same tree).
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
-          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree);
+          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree,
+          bool explain = false);
 // Without a live tree.
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,

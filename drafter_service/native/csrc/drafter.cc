@@ -114,7 +114,7 @@ BatchDrafts gather(const std::vector<Draft>& drafts) {
 // fusion with the input matches already in scratch.matches.
 void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t context_len,
                          const Datastore* datastore, const DraftConfig& config, int32_t budget,
-                         DraftScratch& scratch, Draft& out) {
+                         DraftScratch& scratch, Draft& out, bool explain = false) {
   const CandidateTree* tree = nullptr;
   const CandidateTree* live = nullptr;
   if (datastore != nullptr && datastore->split()) {
@@ -129,7 +129,7 @@ void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t 
     retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
     tree = &scratch.datastore_tree;
   }
-  fuse(trie, scratch.matches, tree, config, budget, scratch, out, live);
+  fuse(trie, scratch.matches, tree, config, budget, scratch, out, live, explain);
 }
 
 }  // namespace
@@ -311,6 +311,20 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
   });
 
   return gather(drafts);
+}
+
+Draft Drafter::explain(int64_t handle, int32_t budget) {
+  check_budgets(&budget, 1, config_);
+  auto state = find(handle);
+  const std::shared_ptr<const Datastore> datastore = this->datastore();
+  DraftScratch scratch;
+  Draft out;
+  std::lock_guard<std::mutex> lock(state->mu);
+  committed_matches(state->trie, config_, scratch.matches);
+  fuse_with_datastore(&state->trie, state->tokens.data(),
+                      static_cast<int64_t>(state->tokens.size()), datastore.get(), config_, budget,
+                      scratch, out, /*explain=*/true);
+  return out;
 }
 
 BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,

@@ -89,6 +89,10 @@ class Drafter {
   // times. The input trie contributes the matches of the extended context's suffixes
   // among the committed tokens (see extended_matches); the datastore sees the
   // extended context. Validates everything first; changes no state.
+  // The draft request `handle` would get now at `budget`, with the NodeFeature values
+  // of every node (Draft::features): for tools and offline training. Changes no state.
+  Draft explain(int64_t handle, int32_t budget);
+
   BatchDrafts draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
                           int64_t num_extension_tokens, const int64_t* offsets,
                           const int32_t* budgets);
