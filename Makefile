@@ -48,7 +48,7 @@ run: setup
 # Greedy-replay benchmark of the drafter on real model outputs, datastore
 # prebuilt from the shared corpus, PLD baseline alongside.
 replay: setup
-	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32
+	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32 --node-score default
 
 # The engines' virtualenvs first: the main suite also checks the deployment examples'
 # command lines with the engines' own argument parsers.

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from benchmarks.token_records import (
 from benchmarks.worker_bench import add_worker_parser
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.node_score import NodeScore, NodeScoreError, default_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.snapshot.store import SnapshotError, load_snapshot
 
@@ -65,7 +67,7 @@ def _fan_outs(text: str) -> tuple[int, ...]:
 
 def _config_override(text: str) -> tuple[str, int | float]:
     name, sep, raw = text.partition("=")
-    types = {f.name: f.type for f in fields(DraftConfig)}
+    types = {f.name: f.type for f in fields(DraftConfig) if f.name != "node_score"}
     if not sep or name not in types:
         raise argparse.ArgumentTypeError(
             f"expected KEY=VALUE with KEY one of {', '.join(types)}, got {text!r}"
@@ -177,9 +179,33 @@ def add_replay_parser(subparsers: Any) -> None:
         "(e.g. 1,2,4,8) and report the hit rate against the recorded outcome, the "
         "pre-drafts' accepted length and their cost (issue 13); tau is unchanged",
     )
+    p.add_argument(
+        "--node-score",
+        default="hand",
+        metavar="hand|default|FILE",
+        help="how draft nodes are scored: hand = the hand-set SSSD fusion (default), "
+        "default = the learned node score shipped with the package, FILE = a node score's "
+        "JSON (datastore-builder train-score --score-out)",
+    )
     p.add_argument("--vocab-size", type=_positive, default=LLAMA3_VOCAB_SIZE)
     p.add_argument("--json", action="store_true", help="one JSON object per configuration")
     p.set_defaults(func=run_replay)
+
+
+def _node_score(name: str) -> tuple[float, ...]:
+    """``--node-score``'s DraftConfig value."""
+    if name == "hand":
+        return ()
+    if name == "default":
+        return default_node_score().as_config()
+    try:
+        obj = json.loads(Path(name).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"--node-score {name}: {exc}") from None
+    try:
+        return NodeScore.from_json(obj, where=name).as_config()
+    except NodeScoreError as exc:
+        raise DataError(str(exc)) from None
 
 
 def _percentile(values: Sequence[int], q: float, scale: float) -> float | None:
@@ -192,7 +218,7 @@ def run_replay(args: argparse.Namespace) -> int:
     """Runs every (budget, method) configuration and prints one report each."""
     if args.pld_min > args.pld_max:
         raise DataError(f"--pld-min {args.pld_min} exceeds --pld-max {args.pld_max}")
-    config = DraftConfig(**dict(args.config))
+    config = replace(DraftConfig(**dict(args.config)), node_score=_node_score(args.node_score))
     wanted = set(args.sources or ["both"]) | ({"pld"} if args.pld else set())
     methods = [m for m in METHODS if m in wanted]
     budgets = list(dict.fromkeys(args.budget or [16]))
@@ -286,6 +312,7 @@ def run_replay(args: argparse.Namespace) -> int:
                                    if args.live and uses_store else None),
                 "wall_s": round(result.wall_s, 3), "batch": args.batch, "threads": args.threads,
                 "live_base": args.live_base if live_base and uses_store else None,
+                "node_score": args.node_score if method != "pld" else None,
             }  # fmt: skip
             if method == "pld":
                 row["pld_n"] = [args.pld_min, args.pld_max]

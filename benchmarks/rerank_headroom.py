@@ -3,7 +3,7 @@
 A study for issue 15 (item 1). For every replay position the Drafter (method ``both``,
 corpus mode) drafts a large candidate tree (``--candidate-budget``, 256 by default) with
 :meth:`Drafter.explain`, which also says what fusion knew of each node (its sources'
-counts, the input match length, ...: ``NODE_FEATURES``). Models of P(node right | parent
+counts, the input match length, ...: ``SCORE_FEATURES``). Models of P(node right | parent
 right) are trained on features read off that tree's tokens, parents and scores, on the
 request's context, and on the native features; the ``budget``-node subtree with the
 highest path probabilities (a node needs its parent) is then verified against the
@@ -61,7 +61,7 @@ from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.drafter import NODE_FEATURES, Drafter
+from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
 
 FEATURES = (
     "log_parent_score", "log_cond", "depth", "root_child", "log1p_siblings",
@@ -73,18 +73,11 @@ FEATURES = (
 :func:`node_features`. The node's own (path) score is left out: its log is
 log_parent_score + log_cond."""
 
-SOURCES = ("input", "base", "live")
-NATIVE_FEATURES = (
-    "log1p_offered_siblings", "sources",
-    *(f"{src}_{name}" for src in SOURCES
-      for name in ("present", "log_cond", "log1p_count", "log1p_parent")),
-    "input_match", "input_members", "base_prefix", "live_prefix",
-)  # fmt: skip
-"""Features from what fusion knew of each node (:meth:`Drafter.explain`), all known when
-the node is offered: per source, whether it offers the node, its conditional probability
-count / parent (log), and both counts; the input match length and members; the longest
-datastore prefix matched; the number of candidates offered beside it and of sources
-agreeing on it."""
+NATIVE_FEATURES = tuple(f"native_{name}" for name in SCORE_FEATURES)
+"""Features from what fusion knew of each node when it offered it (:meth:`Drafter.explain`,
+:data:`SCORE_FEATURES`): per source whether it offers the node, its conditional and
+counts; the input match length and members; the datastore prefixes; the siblings offered
+beside it and its rank among them; the context n-grams it extends."""
 
 PUSHED = ("log_parent_score", "log_cond", "depth", "root_child", *NATIVE_FEATURES)
 """Features a native scorer could compute when a candidate is offered (no look at the
@@ -196,17 +189,8 @@ def node_features(
 
 
 def native_columns(native: Array) -> Array:
-    """:data:`NATIVE_FEATURES` from :data:`NODE_FEATURES` rows."""
-    col = {name: native[:, i] for i, name in enumerate(NODE_FEATURES)}
-    columns = [np.log1p(col["siblings"]), np.zeros(len(native))]
-    for src in SOURCES:
-        count, parent = col[f"{src}_count"], col[f"{src}_parent"]
-        present = (count > 0) & (parent > 0)
-        columns[1] = columns[1] + present
-        cond = np.where(present, count / np.where(present, parent, 1.0), 1.0)
-        columns += [present, np.log(cond), np.log1p(count), np.log1p(parent)]
-    columns += [col["input_match"], col["input_members"], col["base_prefix"], col["live_prefix"]]
-    return np.column_stack(columns).astype(np.float64)
+    """:data:`NATIVE_FEATURES` from :data:`SCORE_FEATURES` rows (the same columns)."""
+    return native.astype(np.float64)
 
 
 def matched_depth(tokens: Array, parents: Array, output: Sequence[int], p: int) -> Array:

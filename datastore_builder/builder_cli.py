@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from datastore_builder.score_cli import add_train_score_parser, run_train_score
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.pipeline import (
     DEFAULT_BATCH_DOCS,
@@ -215,11 +216,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_build_parser(subparsers)
+    add_train_score_parser(subparsers, _positive)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (status 2) and --help (status 0)
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.command == "train-score":
+            return run_train_score(args)
         report = build(_config(args))
     except BuildError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cmp_to_key
@@ -17,7 +18,7 @@ from functools import cmp_to_key
 import numpy as np
 
 from drafter_service import DraftConfig
-from drafter_service.drafting.drafter import NODE_FEATURES
+from drafter_service.drafting.drafter import SCORE_FEATURES
 
 SEPARATOR = -1
 
@@ -31,7 +32,7 @@ SPEC_FIELDS = frozenset({
     "datastore_samples", "datastore_max_continuation", "datastore_min_tree_nodes",
     "input_weight", "input_child_discount_base", "input_child_discount_per_match",
     "datastore_weight", "datastore_child_discount", "max_budget",
-    "input_smoothing", "datastore_smoothing",
+    "input_smoothing", "datastore_smoothing", "node_score",
 })
 
 
@@ -231,10 +232,31 @@ class RefDraft:
     tokens: np.ndarray  # int32
     parents: np.ndarray  # int32
     scores: np.ndarray  # float32
-    features: np.ndarray | None = None  # (n, len(NODE_FEATURES)) float64: what fusion knew
+    features: np.ndarray | None = None  # (n, len(SCORE_FEATURES)) float64: what fusion knew
 
 
-FEATURE_INDEX = {name: i for i, name in enumerate(NODE_FEATURES)}
+FEATURE_INDEX = {name: i for i, name in enumerate(SCORE_FEATURES)}
+
+
+def log_count(n: float) -> float:
+    """log of a count (the native core's table holds the same libm values)."""
+    return math.log(n)
+
+
+def log_score(s: float) -> float:
+    """log of a hand-set score, with the native floor for a zero score."""
+    return math.log(s) if s > 0 else -100.0
+
+
+def learned_probability(weights: Sequence[float], x: Sequence[float]) -> float:
+    """The logistic of bias + sum of weight * feature, summed in feature order."""
+    z = weights[0]
+    for f, value in enumerate(x):
+        z += weights[f + 1] * value
+    try:
+        return 1.0 / (1.0 + math.exp(-z))
+    except OverflowError:  # exp overflows to inf natively: probability 0
+        return 0.0
 
 
 def fuse(
@@ -259,9 +281,44 @@ def fuse(
     # discount, source, parent count, match length). Its child c scores
     # (tree[c] / (denominator + smoothing)) * multiplier.
     Member = tuple[Tree, dict[Path, list[int]], Path, float, float, float, float, str, float, int]
-    # -score, seq, token, parent, members, siblings
-    queue: list[tuple[float, int, int, int, list[Member], int]] = []
+    # -score, seq, token, parent, members, hand score, features
+    queue: list[tuple[float, int, int, int, list[Member], float, list[float]]] = []
     seq = 0
+    learned = bool(config.node_score)
+    # Draft nodes in creation order: (token, parent index or -1, depth, score, hand score).
+    nodes: list[tuple[int, int, int, float, float]] = []
+
+    def path_to(index: int) -> list[int]:
+        out: list[int] = []
+        while index >= 0:
+            out.append(nodes[index][0])
+            index = nodes[index][1]
+        return out[::-1]
+
+    def seen(ngram: Sequence[int]) -> float:
+        return 1.0 if trie is not None and tuple(ngram) in trie else 0.0
+
+    def features(members: list[Member], depth: int) -> list[float]:
+        """The member-backed ScoreFeature values (the rest need the siblings)."""
+        f = [0.0] * len(SCORE_FEATURES)
+        f[FEATURE_INDEX["depth"]] = depth
+        f[FEATURE_INDEX["base_prefix"]] = prefixes[0] if datastore_tree is not None else 0
+        f[FEATURE_INDEX["live_prefix"]] = prefixes[1] if live_tree is not None else 0
+        evidence: dict[str, tuple[float, float]] = {}
+        for tree, _, node, _, _, _, _, source, parent_count, match in members:
+            if source == "input":
+                f[FEATURE_INDEX["input_members"]] += 1
+                if match <= f[FEATURE_INDEX["input_match"]]:
+                    continue
+                f[FEATURE_INDEX["input_match"]] = match
+            evidence[source] = (tree[node], parent_count)
+        for source, (count, parent_count) in evidence.items():
+            if count > 0 and parent_count > 0:
+                f[FEATURE_INDEX[f"{source}_present"]] = 1.0
+                f[FEATURE_INDEX[f"{source}_log_cond"]] = log_count(count) - log_count(parent_count)
+                f[FEATURE_INDEX[f"{source}_log_count"]] = log_count(count + 1.0)
+                f[FEATURE_INDEX[f"{source}_log_parent"]] = log_count(parent_count + 1.0)
+        return f
 
     def expand(members: list[Member], parent: int) -> None:
         nonlocal seq
@@ -272,36 +329,36 @@ def fuse(
                 continue
             offered = [(tree[(*node, tok)] / (denominator + smoothing)) * multiplier
                        for tok in kids.get(node, [])]
-            # A member offers its `budget` best children (by score, then token): the rest
-            # could only enter after `budget` better ones. The tree is the same either
-            # way; what the node's "siblings" feature counts is what was offered.
+            # A member offers its best children (by score, then token) up to the draft
+            # nodes still to be chosen: with the hand-set score the rest could only enter
+            # after as many better ones, so the tree is the same either way; with a learned
+            # score this defines the candidates, and the sibling features count them.
             for s, tok in sorted(zip(offered, kids.get(node, []), strict=True),
-                                 key=lambda c: (-c[0], c[1]))[:budget]:
+                                 key=lambda c: (-c[0], c[1]))[:budget - len(nodes)]:
                 child = (*node, tok)
                 best, grouped = groups.get(tok, (0.0, []))
                 grouped.append((tree, kids, child, tree[child], smoothing, s * discount, discount,
                                 source, denominator, match))
                 groups[tok] = (max(best, s), grouped)
-        for tok in sorted(groups):
-            score, grouped = groups[tok]
-            heapq.heappush(queue, (-score, seq, tok, parent, grouped, len(groups)))
+        toks = sorted(groups)
+        parent_score, parent_hand = (1.0, 1.0) if parent < 0 else nodes[parent][3:5]
+        depth = 1 if parent < 0 else nodes[parent][2] + 1
+        before = [*ctx, *(path_to(parent) if parent >= 0 else [])]
+        hands = [groups[tok][0] for tok in toks]
+        best_hand = max(hands, default=0.0)
+        for tok in toks:
+            hand, grouped = groups[tok]
+            f = features(grouped, depth)
+            f[FEATURE_INDEX["log_siblings"]] = log_count(len(toks))
+            f[FEATURE_INDEX["log_over_best"]] = log_score(hand) - log_score(best_hand)
+            f[FEATURE_INDEX["log_hand_cond"]] = log_score(hand) - log_score(parent_hand)
+            f[FEATURE_INDEX["unigram_seen"]] = seen([tok])
+            f[FEATURE_INDEX["bigram_seen"]] = seen([*before[-1:], tok]) if before else 0.0
+            f[FEATURE_INDEX["trigram_seen"]] = (seen([*before[-2:], tok])
+                                                if len(before) >= 2 else 0.0)  # fmt: skip
+            score = parent_score * learned_probability(config.node_score, f) if learned else hand
+            heapq.heappush(queue, (-score, seq, tok, parent, grouped, hand, f))
             seq += 1
-
-    def features(members: list[Member], depth: int, siblings: int) -> list[float]:
-        f = [0.0] * len(NODE_FEATURES)
-        f[FEATURE_INDEX["depth"]] = depth
-        f[FEATURE_INDEX["siblings"]] = siblings
-        f[FEATURE_INDEX["base_prefix"]] = prefixes[0] if datastore_tree is not None else 0
-        f[FEATURE_INDEX["live_prefix"]] = prefixes[1] if live_tree is not None else 0
-        for tree, _, node, _, _, _, _, source, parent_count, match in members:
-            if source == "input":
-                f[FEATURE_INDEX["input_members"]] += 1
-                if match <= f[FEATURE_INDEX["input_match"]]:
-                    continue
-                f[FEATURE_INDEX["input_match"]] = match
-            f[FEATURE_INDEX[f"{source}_count"]] = tree[node]
-            f[FEATURE_INDEX[f"{source}_parent"]] = parent_count
-        return f
 
     roots: list[Member] = []
     if datastore_tree is not None:
@@ -330,15 +387,14 @@ def fuse(
                           discount, "input", 0.0, m))
     expand(roots, -1)
 
-    # Draft nodes in creation order: (token, parent index or -1, depth, score).
-    nodes: list[tuple[int, int, int, float]] = []
     rows: list[list[float]] = []
     while queue and len(nodes) < budget:
-        neg_score, _, tok, parent, members, siblings = heapq.heappop(queue)
+        neg_score, _, tok, parent, members, hand, f = heapq.heappop(queue)
         depth = 1 if parent < 0 else nodes[parent][2] + 1
-        nodes.append((tok, parent, depth, -neg_score))
-        rows.append(features(members, depth, siblings))
-        expand(members, len(nodes) - 1)
+        nodes.append((tok, parent, depth, -neg_score, hand))
+        rows.append(f)
+        if len(nodes) < budget:  # the last node's children could never be chosen
+            expand(members, len(nodes) - 1)
 
     order = sorted(range(len(nodes)), key=lambda i: (nodes[i][2], i))
     new_index = {old: new for new, old in enumerate(order)}
@@ -349,7 +405,7 @@ def fuse(
         ),
         scores=np.array([nodes[i][3] for i in order], dtype=np.float64).astype(np.float32),
         features=np.array([rows[i] for i in order], dtype=np.float64).reshape(
-            len(order), len(NODE_FEATURES)),
+            len(order), len(SCORE_FEATURES)),
     )
 
 
@@ -414,7 +470,8 @@ def draft_after(
     ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
     trie = input_trie_counts(committed, config.input_max_depth)
     return fuse(trie, context, ds_tree, config, budget, committed=len(committed),
-                live_tree=live_tree)
+                live_tree=live_tree,
+                prefixes=datastore_prefixes(sub_indices, context, config, budget, base_count))
 
 
 def assert_same_draft(got: tuple[np.ndarray, ...], want: RefDraft) -> None:

@@ -9,6 +9,7 @@ import reference as ref
 from hypothesis import strategies as st
 
 from drafter_service import Datastore, DraftConfig, SubIndex
+from drafter_service.drafting.drafter import SCORE_FEATURES
 
 MAX_BUDGET = 40
 
@@ -37,6 +38,11 @@ def texts(draw: st.DrawFn, max_size: int = 40) -> tuple[list[int], int]:
 
 weights = st.one_of(st.sampled_from([0.0, 0.1, 0.6, 1.0]), st.floats(0.0, 3.0))
 smoothings = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 10.0))
+# The hand-set score, or a learned node score: a bias and one weight per ScoreFeature.
+node_scores = st.one_of(
+    st.just(()),
+    st.tuples(*[st.floats(-4.0, 4.0)] * (len(SCORE_FEATURES) + 1)),
+)
 
 
 @st.composite
@@ -65,6 +71,7 @@ def draft_configs(draw: st.DrawFn, max_discount: float = 3.0) -> DraftConfig:
         max_budget=draw(st.integers(MAX_BUDGET, 64)),
         input_smoothing=draw(smoothings),
         datastore_smoothing=draw(smoothings),
+        node_score=draw(node_scores),
     )
 
 

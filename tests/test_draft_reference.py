@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from reference import assert_same_draft
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
-from drafter_service.drafting.drafter import NODE_FEATURES
+from drafter_service.drafting.drafter import SCORE_FEATURES
 from drafter_service.native import _core
 
 # --- helpers ------------------------------------------------------------------------------
@@ -291,8 +292,9 @@ def test_zero_weights_tie_break_by_push_order() -> None:
 def test_explain_equals_reference(corpus: Corpus, config: DraftConfig, budget: int,
                                   delta: int) -> None:
     """Drafter.explain gives the tree draft_batch would (and changes nothing), and each
-    node's features are the reference's: per source its count and parent count, the input
-    match length and members, siblings offered, depth, the datastore's matched prefixes."""
+    node's features are the reference's (SCORE_FEATURES): per source its presence,
+    conditional and counts, the input match length and members, its siblings and rank,
+    depth, the datastore's matched prefixes, the context n-grams it extends."""
     drafter = Drafter(corpus.vocab_size, config, corpus.datastore())
     context = list(corpus.context)
     drafter.start("r", context[: len(context) - delta])
@@ -307,7 +309,7 @@ def test_explain_equals_reference(corpus: Corpus, config: DraftConfig, budget: i
     want = ref.draft(corpus.context, corpus.reference(), config, budget, True,
                      base_count=corpus.base_count)
     assert_same_draft((tree.tokens, tree.parents, tree.scores), want)
-    assert explained.features.shape == (len(tree), len(NODE_FEATURES))
+    assert explained.features.shape == (len(tree), len(SCORE_FEATURES))
     assert want.features is not None
     np.testing.assert_array_equal(explained.features, want.features)
 
@@ -319,15 +321,53 @@ def test_explain_by_hand() -> None:
     drafter.start("r", [1, 2, 3, 1, 2, 4, 1, 2])
     explained = drafter.explain("r", 2)
     assert sorted(explained.tree.tokens.tolist()) == [3, 4]
-    col = {name: explained.features[:, i] for i, name in enumerate(NODE_FEATURES)}
-    assert col["depth"].tolist() == [1, 1] and col["siblings"].tolist() == [2, 2]
+    col = {name: explained.features[:, i] for i, name in enumerate(SCORE_FEATURES)}
+    assert col["depth"].tolist() == [1, 1]
+    assert col["log_siblings"].tolist() == [math.log(2)] * 2
+    assert col["log_over_best"].tolist() == [0.0, 0.0]
     assert col["input_match"].tolist() == [2, 2] and col["input_members"].tolist() == [2, 2]
-    assert col["input_count"].tolist() == [1, 1] and col["input_parent"].tolist() == [2, 2]
-    assert not col["base_count"].any() and not col["base_prefix"].any()
+    # "1 2" occurred twice with a continuation, once followed by each token.
+    assert col["input_present"].tolist() == [1, 1]
+    assert col["input_log_cond"].tolist() == [math.log(1) - math.log(2)] * 2
+    assert col["input_log_count"].tolist() == [math.log(2)] * 2
+    assert col["input_log_parent"].tolist() == [math.log(3)] * 2
+    assert not col["base_present"].any() and not col["base_prefix"].any()
+    # "3", "2 3" and "1 2 3" (and the same for 4) all occur in the context.
+    for gram in ("unigram_seen", "bigram_seen", "trigram_seen"):
+        assert col[gram].tolist() == [1, 1]
     with pytest.raises(KeyError, match="unknown request"):
         drafter.explain("nobody", 2)
     with pytest.raises(ValueError, match="budget 999"):
         drafter.explain("r", 999)
+
+
+def test_learned_score_by_hand() -> None:
+    """A node score that weighs only bigram_seen: after 5 6 7 / 5 6 8 / ... 9 5, the
+    context's "5" was followed by 6 only, and a bigram weight makes a child the context
+    has seen beat one it has not, whatever their counts."""
+    weights = [0.0] * (len(SCORE_FEATURES) + 1)
+    weights[1 + SCORE_FEATURES.index("bigram_seen")] = 3.0
+    context = [5, 6, 7, 5, 6, 8, 9, 5]
+    ctx = np.asarray(context, dtype=np.int32)
+
+    def draft(config: DraftConfig) -> tuple[np.ndarray, ...]:
+        return _core.draft_context(ctx, None, config.to_native(), 1, True, 16)
+
+    hand = draft(DraftConfig())
+    learned = draft(DraftConfig(node_score=tuple(weights)))
+    assert hand[0].tolist() == learned[0].tolist() == [6]
+    # The path probability: the logistic of 3 * 1 (bias 0).
+    assert learned[2].tolist() == [np.float32(1 / (1 + math.exp(-3.0)))]
+
+
+def test_node_score_config_is_validated() -> None:
+    n = len(SCORE_FEATURES) + 1
+    with pytest.raises(ValueError, match="node_score length = 3 must be 0"):
+        DraftConfig(node_score=(1.0, 2.0, 3.0))
+    with pytest.raises(ValueError, match=r"node_score\[2\] = nan must be finite"):
+        DraftConfig(node_score=(0.0, 0.0, math.nan) + (0.0,) * (n - 3))
+    with pytest.raises(TypeError, match="node_score must be a tuple of numbers"):
+        DraftConfig(node_score=[0.0] * n)  # type: ignore[arg-type]
 
 
 # --- real token data --------------------------------------------------------------------

@@ -13,13 +13,15 @@ import pytest
 from packed import pack_deltas, unpack_drafts
 from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
 
-from drafter_service import Datastore, Drafter
+from drafter_service import Datastore, DraftConfig, Drafter
+from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.snapshot.store import TokenizerIdentity, load_snapshot, write_snapshot
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
 UNKNOWN_TOKENIZER = TokenizerIdentity("unknown", VOCAB, "")
+SHIPPED = DraftConfig(node_score=default_node_score().as_config())
 
 
 def phrases_corpus(seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -84,7 +86,8 @@ def test_deltas_draft_like_the_full_context(
             for draft, rid in zip(response.drafts, contexts, strict=True):
                 assert draft.request_id == rid and draft.status == OK
                 assert draft.length == held[rid]
-                local = Drafter(VOCAB, datastore=datastore)
+                # The service drafts with the shipped node score (the snapshot has none).
+                local = Drafter(VOCAB, SHIPPED, datastore=datastore)
                 local.start(rid, contexts[rid][: held[rid]])
                 tree = local.speculate([rid], [[]], budgets=0 if step == 5 else 16).tree(0)
                 assert trees_equal(draft, tree.tokens, tree.parents, tree.scores), (step, rid)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
+from drafter_service.drafting.drafter import SCORE_FEATURES
 from drafter_service.native import _core
 
 VOCAB = 10
@@ -227,6 +228,11 @@ OUT_OF_RANGE: dict[str, list[Any]] = {
     "max_budget": [-1, 4097, 2**63],
     "input_smoothing": [-1.0, float("nan")],
     "datastore_smoothing": [-1.0, float("nan")],
+    "node_score": [
+        (1.0, 2.0),  # neither empty nor a bias and a weight per feature
+        (float("nan"),) * (len(SCORE_FEATURES) + 1),
+        (0.0,) * len(SCORE_FEATURES) + (float("inf"),),
+    ],
 }
 
 

@@ -51,9 +51,21 @@ class DraftConfig:
     """Shrinks datastore probabilities to count(child) / (count(node) + k). Deep
     datastore nodes rest on one or two samples and would otherwise score 1; k = 2
     raised greedy-replay acceptance on every dev set (k = 0 is the paper)."""
+    node_score: tuple[float, ...] = ()
+    """A learned node score (:mod:`drafter_service.drafting.node_score`): a bias and one
+    weight per :data:`~drafter_service.drafting.drafter.SCORE_FEATURES` column, the
+    logistic regression of P(node accepted | parent accepted); a node's score is the
+    product of these probabilities along its path. Empty: the hand-set SSSD score."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.node_score, tuple) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.node_score
+        ):
+            raise TypeError(f"DraftConfig.node_score must be a tuple of numbers, "
+                            f"got {self.node_score!r}"[:200])  # fmt: skip
         for f in fields(self):
+            if f.name == "node_score":
+                continue
             value = getattr(self, f.name)
             expected = int if f.type in ("int", int) else float
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -67,5 +79,5 @@ class DraftConfig:
     def to_native(self) -> _core.DraftConfig:
         native = _core.DraftConfig()
         for name, value in asdict(self).items():
-            setattr(native, name, value)
+            setattr(native, name, list(value) if name == "node_score" else value)
         return native

@@ -60,25 +60,31 @@ class DraftBatch:
         return DraftTree(self.tokens[lo:hi], self.parents[lo:hi], self.scores[lo:hi])
 
 
-NODE_FEATURES = (
-    "depth", "siblings", "input_count", "input_parent", "input_match", "input_members",
-    "base_count", "base_parent", "base_prefix", "live_count", "live_parent", "live_prefix",
+SCORE_FEATURES = (
+    "depth", "log_siblings", "log_over_best", "log_hand_cond",
+    *(f"{src}_{name}" for src in ("input", "base", "live")
+      for name in ("present", "log_cond", "log_count", "log_parent")),
+    "input_match", "input_members", "base_prefix", "live_prefix",
+    "unigram_seen", "bigram_seen", "trigram_seen",
 )  # fmt: skip
-"""Columns of :meth:`Drafter.explain`'s features, the native ``NodeFeature`` order: what
-fusion knew of each draft node. Per source (the request's input trie; the datastore, or a
-split datastore's base; its live part), ``count`` is the node's own count there (samples
-or occurrences through it) and ``parent`` the count its conditional probability is taken
-over, both 0 where the source does not offer the node. ``input_match`` is the length of
-the context suffix the input path continues (of the longest match behind the node),
-``input_members`` how many input matches offer it, ``*_prefix`` the longest context
-suffix a datastore tree was sampled for, ``siblings`` the candidates offered under the
-same parent (itself included)."""
-assert len(NODE_FEATURES) == _core.NODE_FEATURE_COUNT
+"""Columns of :meth:`Drafter.explain`'s features, the native ``ScoreFeature`` order: what
+fusion knows of a candidate when it offers it, the inputs of the learned node score
+(:attr:`DraftConfig.node_score`). ``siblings`` are the candidates offered under the same
+parent (itself included); ``log_over_best`` compares its hand-set SSSD score (``hand``)
+with the best of theirs, ``log_hand_cond`` with its parent's. Per source (the request's
+input trie, where the match of the longest context suffix speaks; the datastore, or a
+split datastore's base; its live part): whether it offers the node, log(count / parent
+count), log(1 + count) and log(1 + parent count), all 0 where it does not. ``input_match``
+is the longest context suffix an input match behind it continues, ``input_members`` how
+many input matches offer it, ``*_prefix`` the longest context suffix a datastore tree was
+sampled for; ``*gram_seen`` whether the request's input trie holds the token, the token
+after the one before it, the token after the two before it."""
+assert len(SCORE_FEATURES) == _core.SCORE_FEATURE_COUNT
 
 
 @dataclass(frozen=True, slots=True)
 class ExplainedTree:
-    """A :class:`DraftTree` with ``features[i]``: row :data:`NODE_FEATURES` of node ``i``."""
+    """A :class:`DraftTree` with ``features[i]``: row :data:`SCORE_FEATURES` of node ``i``."""
 
     tree: DraftTree
     features: npt.NDArray[np.float64]
@@ -246,10 +252,10 @@ class Drafter:
 
     def explain(self, request_id: str, budget: int) -> ExplainedTree:
         """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
-        knew of each node (:data:`NODE_FEATURES`): for offline training and tools.
+        knew of each node (:data:`SCORE_FEATURES`): for offline training and tools.
         Changes no state; the tree is the one :meth:`draft_batch` would return."""
         tokens, parents, scores, flat = self._native.explain(self._handle(request_id), budget)
-        features = flat.reshape(len(tokens), len(NODE_FEATURES))
+        features = flat.reshape(len(tokens), len(SCORE_FEATURES))
         return ExplainedTree(DraftTree(tokens, parents, scores), features)
 
     def _batch_call(

@@ -104,6 +104,12 @@ class DraftConfig:
     @datastore_smoothing.setter
     def datastore_smoothing(self, arg: float, /) -> None: ...
 
+    @property
+    def node_score(self) -> list[float]: ...
+
+    @node_score.setter
+    def node_score(self, arg: Sequence[float], /) -> None: ...
+
     def validate(self) -> None: ...
 
 class SubIndex:
@@ -183,4 +189,4 @@ class Drafter:
 
     def explain(self, handle: int, budget: int) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))], Annotated[NDArray[numpy.float64], dict(shape=(None,))]]: ...
 
-NODE_FEATURE_COUNT: int = 12
+SCORE_FEATURE_COUNT: int = 23

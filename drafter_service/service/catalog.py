@@ -7,10 +7,11 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
+from drafter_service.drafting.node_score import resolve_node_score
 from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
 from drafter_service.live.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
 from drafter_service.service.admin_token import load_token
@@ -207,10 +208,18 @@ def open_catalog(config: ServeConfig) -> Catalog:
     """Opens every datastore (blocking: snapshot loads, log replay). Raises ValueError
     (SnapshotError included) for a bad setting or snapshot."""
     tokenizer = resolve_tokenizer(config)
-    draft_config = config.draft_settings()
+    settings = config.draft_settings()
     slots: dict[str, DatastoreSlot] = {}
 
-    def new_slot(name: str) -> tuple[Drafter, ThreadPoolExecutor]:
+    def new_slot(
+        name: str, snapshot: SnapshotInfo | None
+    ) -> tuple[Drafter, ThreadPoolExecutor]:
+        # Each datastore drafts with the node score its snapshot carries (or the default).
+        where = str(snapshot.path) if snapshot is not None else name
+        score = resolve_node_score(
+            config.node_score, snapshot.metadata if snapshot is not None else None, where
+        )
+        draft_config = replace(settings, node_score=score)
         drafter = Drafter(tokenizer.vocab_size, draft_config, num_threads=config.draft_threads)
         return drafter, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
 
@@ -229,7 +238,8 @@ def open_catalog(config: ServeConfig) -> Catalog:
             )
         if config.snapshot is not None:
             seed_snapshot(config.snapshot, config.data_dir, tokenizer)
-        drafter, executor = new_slot(DEFAULT_DATASTORE)
+        seed = read_manifest(config.snapshot) if config.snapshot is not None else None
+        drafter, executor = new_slot(DEFAULT_DATASTORE, seed)
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
         live = LiveDatastore(
             config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
@@ -239,8 +249,8 @@ def open_catalog(config: ServeConfig) -> Catalog:
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:
-            datastore, _ = load_snapshot(directory, expect_tokenizer=tokenizer)
-            drafter, executor = new_slot(name)
+            datastore, info = load_snapshot(directory, expect_tokenizer=tokenizer)
+            drafter, executor = new_slot(name, info)
             drafter.set_datastore(datastore)
             slots[name] = DatastoreSlot(name, drafter, None, executor)
             log.info("datastore %r: %s (%d positions)", name, directory, datastore.num_tokens)

@@ -46,6 +46,7 @@ from pydantic_settings import (
 )
 
 from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.service.settings_layers import (
@@ -222,6 +223,12 @@ class ServeConfig(BaseSettings):
         description="drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
         "datastore_smoothing=1; repeatable",
     )
+    node_score: str = Field(
+        "default",
+        description="how draft nodes are scored: default = the learned node score of the "
+        "--snapshot (datastore-builder train-score), else the one shipped with the package; "
+        "hand = the hand-set SSSD fusion; or a node score JSON file",
+    )
     draft_threads: Annotated[int, _bounds(1, 1024)] = Field(
         default_factory=_cpu_count,
         description="native drafting threads per datastore (default: CPUs)",
@@ -380,6 +387,8 @@ class ServeConfig(BaseSettings):
         """The checks that span several settings."""
         self.live_policy()  # raises ValueError naming a bad live knob
         self.draft_settings()  # raises ValueError naming a bad drafting knob
+        if self.node_score not in NODE_SCORE_CHOICES:
+            read_node_score(self.node_score)  # raises NodeScoreError naming the file
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("ServeConfig.tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
@@ -399,8 +408,9 @@ class ServeConfig(BaseSettings):
         )
 
     def draft_settings(self) -> DraftConfig:
-        """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config."""
-        kinds = {f.name: f.type for f in fields(DraftConfig)}
+        """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config
+        (the node score is each datastore's: :func:`resolve_node_score`)."""
+        kinds = {f.name: f.type for f in fields(DraftConfig) if f.name != "node_score"}
         values: dict[str, Any] = {"max_budget": self.max_budget}
         for key, text in self.draft_config:
             if key == "max_budget":

@@ -1144,8 +1144,15 @@ std::vector<Draft> run_shadow(std::map<int64_t, std::unique_ptr<ShadowRequest>>&
 
 constexpr int32_t kVocab = 64;
 
-void test_drafter_basic(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
+void test_drafter_basic(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src,
+                        bool learned = false) {
   DraftConfig config;  // paper defaults
+  if (learned) {  // a learned node score: any finite weights
+    config.node_score.resize(static_cast<size_t>(drafter::kScoreFeatures) + 1);
+    for (size_t i = 0; i < config.node_score.size(); ++i) {
+      config.node_score[i] = 0.1 * static_cast<double>(static_cast<int>(i % 5) - 2);
+    }
+  }
   CHECK_THROWS(Drafter(config, kVocab, 0), std::invalid_argument);
   CHECK_THROWS(Drafter(config, 0, 1), std::invalid_argument);
   {
@@ -1510,19 +1517,21 @@ void test_drafter_after(const std::shared_ptr<const Datastore>& ds, const Markov
   const BatchDrafts plain = four.draft_batch(&h0, 1, nullptr, 0, zero, &budget);
   CHECK(after.tokens == plain.tokens && after.parents == plain.parents &&
         after.scores == plain.scores);
-  // explain: the same tree, with drafter::kNodeFeatures values per node, every path's sources
-  // recorded (a node has a source, a source's count never exceeds its parent count).
+  // explain: the same tree, with drafter::kScoreFeatures values per node, every path's
+  // sources recorded (a node has a source, a source's count never exceeds its parent count).
   for (const int32_t bud : {0, 1, 16, 256}) {
     const Draft explained = four.explain(h0, bud);
     const BatchDrafts drafted = four.draft_batch(&h0, 1, nullptr, 0, zero, &bud);
     CHECK(explained.tokens == drafted.tokens && explained.parents == drafted.parents &&
           explained.scores == drafted.scores);
-    CHECK_EQ(explained.features.size(), explained.tokens.size() * drafter::kNodeFeatures);
+    CHECK_EQ(explained.features.size(), explained.tokens.size() * drafter::kScoreFeatures);
     for (size_t i = 0; i < explained.tokens.size(); ++i) {
-      const double* f = explained.features.data() + i * drafter::kNodeFeatures;
-      CHECK(f[drafter::kFeatInputCount] > 0 || f[drafter::kFeatBaseCount] > 0 || f[drafter::kFeatLiveCount] > 0);
-      CHECK(f[drafter::kFeatInputCount] <= f[drafter::kFeatInputParent] && f[drafter::kFeatBaseCount] <= f[drafter::kFeatBaseParent]);
-      CHECK(f[drafter::kFeatDepth] >= 1 && f[drafter::kFeatSiblings] >= 1);
+      const double* f = explained.features.data() + i * drafter::kScoreFeatures;
+      CHECK(f[drafter::kFeatInputPresent] + f[drafter::kFeatBasePresent] +
+                f[drafter::kFeatLivePresent] >= 1);
+      CHECK(f[drafter::kFeatInputLogCond] <= 0 && f[drafter::kFeatBaseLogCond] <= 0);
+      CHECK(f[drafter::kFeatDepth] >= 1 && f[drafter::kFeatLogSiblings] >= 0);
+      CHECK(f[drafter::kFeatLogOverBest] <= 0);
     }
   }
   CHECK_THROWS(four.explain(99, budget), std::out_of_range);
@@ -1642,6 +1651,7 @@ int main() {
       {"retrieve_and_fuse", test_retrieve_and_fuse},
       {"candidate_tree", test_candidate_tree_batches},
       {"drafter_basic", [&] { test_drafter_basic(cds, src); }},
+      {"drafter_basic_learned", [&] { test_drafter_basic(cds, src, true); }},
       {"drafter_bad_input", [&] { test_drafter_bad_input(cds, src); }},
       {"drafter_concurrent", [&] { test_drafter_concurrent(cds, src); }},
       {"drafter_after", [&] { test_drafter_after(cds, src); }},

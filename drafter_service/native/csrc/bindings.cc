@@ -181,6 +181,7 @@ NB_MODULE(_core, m) {
       .def_rw("max_budget", &DraftConfig::max_budget)
       .def_rw("input_smoothing", &DraftConfig::input_smoothing)
       .def_rw("datastore_smoothing", &DraftConfig::datastore_smoothing)
+      .def_rw("node_score", &DraftConfig::node_score)
       .def("validate", [](const DraftConfig& c) { validate(c); });
 
   nb::class_<PySubIndex>(m, "SubIndex")
@@ -329,5 +330,5 @@ NB_MODULE(_core, m) {
                                    to_numpy(std::move(draft.features)));
           },
           "handle"_a, "budget"_a);
-  m.attr("NODE_FEATURE_COUNT") = static_cast<int32_t>(kNodeFeatures);
+  m.attr("SCORE_FEATURE_COUNT") = static_cast<int32_t>(kScoreFeatures);
 }

@@ -1,6 +1,7 @@
 #include "draft.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <iterator>
 #include <sstream>
@@ -51,6 +52,17 @@ void validate(const DraftConfig& c) {
   require_in("datastore_child_discount", c.datastore_child_discount, 0.0, 1e6);
   require_in("input_smoothing", c.input_smoothing, 0.0, 1e6);
   require_in("datastore_smoothing", c.datastore_smoothing, 0.0, 1e6);
+  if (!c.node_score.empty()) {
+    require(c.node_score.size() == static_cast<size_t>(kScoreFeatures) + 1, "node_score length",
+            static_cast<double>(c.node_score.size()),
+            ("must be 0 (the hand-set score) or " + std::to_string(kScoreFeatures + 1) +
+             " (a bias and a weight per feature)").c_str());
+    for (size_t i = 0; i < c.node_score.size(); ++i) {
+      require(std::isfinite(c.node_score[i]),
+              ("node_score[" + std::to_string(i) + "]").c_str(), c.node_score[i],
+              "must be finite");
+    }
+  }
 }
 
 void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config) {
@@ -275,14 +287,45 @@ struct SourceView {
   }
 };
 
-// NodeFeature values of a candidate backed by members [begin, end).
-void node_features(const Member* begin, const Member* end, int32_t depth, int32_t siblings,
-                   const SourceView& view, double* f) {
-  std::fill(f, f + kNodeFeatures, 0.0);
+// log(n) of the integer counts the features are made of: a table of std::log's own
+// values below kLogTable, std::log above (and for anything not a whole number).
+constexpr int32_t kLogTable = 4096;
+double log_count(double n) {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(kLogTable, 0.0);
+    for (int32_t i = 1; i < kLogTable; ++i) t[static_cast<size_t>(i)] = std::log(double(i));
+    return t;
+  }();
+  if (n >= 1.0 && n < kLogTable) {
+    const auto i = static_cast<size_t>(n);
+    if (static_cast<double>(i) == n) return table[i];
+  }
+  return std::log(n);
+}
+
+// log of a hand-set score; a zero score (a source weighted 0) gets a finite floor.
+constexpr double kLogFloor = -100.0;
+double log_score(double s) { return s > 0.0 ? std::log(s) : kLogFloor; }
+
+// One source's four ScoreFeature values (present, log_cond, log1p count, log1p parent)
+// from `first` on.
+void source_features(double count, double parent, double* first) {
+  if (count <= 0.0 || parent <= 0.0) return;  // left 0: the source does not offer it
+  first[0] = 1.0;
+  first[1] = log_count(count) - log_count(parent);
+  first[2] = log_count(count + 1.0);
+  first[3] = log_count(parent + 1.0);
+}
+
+// The member-backed ScoreFeature values of a candidate backed by members [begin, end):
+// everything but the sibling and hand-score columns, which need the whole expansion.
+void member_features(const Member* begin, const Member* end, int32_t depth,
+                     const SourceView& view, double* f) {
+  std::fill(f, f + kScoreFeatures, 0.0);
   f[kFeatDepth] = depth;
-  f[kFeatSiblings] = siblings;
   f[kFeatBasePrefix] = view.tree != nullptr ? view.tree->matched_prefix() : 0;
   f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
+  double input_count = 0.0, input_parent = 0.0;
   for (const Member* m = begin; m != end; ++m) {
     const double count = view.count(m->source, m->node);
     switch (m->source) {
@@ -290,20 +333,27 @@ void node_features(const Member* begin, const Member* end, int32_t depth, int32_
         f[kFeatInputMembers] += 1.0;
         if (m->match > f[kFeatInputMatch]) {
           f[kFeatInputMatch] = m->match;
-          f[kFeatInputCount] = count;
-          f[kFeatInputParent] = m->parent_count;
+          input_count = count;
+          input_parent = m->parent_count;
         }
         break;
       case Source::kDatastore:
-        f[kFeatBaseCount] = count;
-        f[kFeatBaseParent] = m->parent_count;
+        source_features(count, m->parent_count, f + kFeatBasePresent);
         break;
       case Source::kLive:
-        f[kFeatLiveCount] = count;
-        f[kFeatLiveParent] = m->parent_count;
+        source_features(count, m->parent_count, f + kFeatLivePresent);
         break;
     }
   }
+  source_features(input_count, input_parent, f + kFeatInputPresent);
+}
+
+// P(accepted | parent accepted) under the learned node score: the logistic of
+// w[0] + sum_f w[1 + f] * x[f], summed in feature order.
+double learned_probability(const std::vector<double>& w, const double* x) {
+  double z = w[0];
+  for (int32_t f = 0; f < kScoreFeatures; ++f) z += w[static_cast<size_t>(f) + 1] * x[f];
+  return 1.0 / (1.0 + std::exp(-z));
 }
 
 struct WorseFirst {
@@ -352,52 +402,100 @@ void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_l
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
           DraftScratch& scratch, Draft& out) {
-  fuse(trie, matches, datastore_tree, config, budget, scratch, out, nullptr);
+  fuse(trie, matches, datastore_tree, config, budget, scratch, out, nullptr, nullptr, 0);
 }
 
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
-          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree, bool explain) {
+          DraftScratch& scratch, Draft& out, const CandidateTree* live_tree,
+          const int32_t* context, int64_t context_len, bool explain) {
   out.tokens.clear();
   out.features.clear();
   out.parents.clear();
   out.scores.clear();
   if (budget <= 0) return;
   const SourceView view{trie, datastore_tree, live_tree};
+  const bool learned = !config.node_score.empty();
+  // Features are computed only where something reads them.
+  const bool featured = learned || explain;
   std::vector<Member>& pool = scratch.members;
   std::vector<Offer>& offers = scratch.offers;
   std::vector<DraftNode>& nodes = scratch.nodes;
   std::vector<Candidate>& heap = scratch.heap;  // max-heap under WorseFirst
+  std::vector<Candidate>& group = scratch.group;
+  std::vector<double>& group_features = scratch.group_features;
+  std::vector<double>& feature_pool = scratch.feature_pool;
   pool.clear();
   offers.clear();
   nodes.clear();
   heap.clear();
+  feature_pool.clear();
   uint64_t seq = 0;
   std::vector<int32_t>& kids = scratch.children;
 
-  // Offers the children of one member, at most `budget` of them (a member's
-  // lower-ranked children can only matter if `budget` better ones were taken).
-  auto offer_children = [&](const Member& m) {
+  // Offers the children of one member, at most `cap` of them: the draft nodes still to
+  // be chosen. With the hand-set score a member's lower-ranked children could only be
+  // chosen after `cap` better ones, so the tree is the same; with a learned score the
+  // candidates are defined this way (docs/algorithm.md).
+  auto offer_children = [&](const Member& m, int32_t cap) {
     const double smoothing =
         m.source == Source::kInput ? config.input_smoothing : config.datastore_smoothing;
     const double denominator = m.denominator + smoothing;
-    if (m.denominator <= 0.0) return;
+    if (m.denominator <= 0.0 || cap <= 0) return;
     kids.clear();
     for (int32_t c = view.first_child(m.source, m.node); c != -1;
          c = view.next_sibling(m.source, c)) {
       kids.push_back(c);
     }
     auto score_of = [&](int32_t c) { return view.count(m.source, c) / denominator * m.multiplier; };
-    if (kids.size() > static_cast<size_t>(budget)) {
-      std::nth_element(kids.begin(), kids.begin() + budget, kids.end(), [&](int32_t a, int32_t b) {
+    if (kids.size() > static_cast<size_t>(cap)) {
+      std::nth_element(kids.begin(), kids.begin() + cap, kids.end(), [&](int32_t a, int32_t b) {
         const double sa = score_of(a), sb = score_of(b);
         return sa > sb || (sa == sb && view.token(m.source, a) < view.token(m.source, b));
       });
-      kids.resize(static_cast<size_t>(budget));
+      kids.resize(static_cast<size_t>(cap));
     }
     for (int32_t c : kids) {
       offers.push_back({view.token(m.source, c), c, score_of(c), m.source,
                         static_cast<int32_t>(offers.size()), m.discount, m.denominator, m.match});
+    }
+  };
+
+  // The n-gram columns. A candidate an input match offers extends a string the trie holds
+  // (the matched context suffix, the path, the token), and so every shorter n-gram that
+  // ends it: its unigram and bigram, and its trigram once that string has 3 tokens. Only
+  // the others are looked up (a trie lookup is a likely cache miss).
+  auto ngram_features = [&](const Candidate& c, const DraftNode& parent, double* f) {
+    const double input_len = f[kFeatInputMatch] + f[kFeatDepth];  // 0 + depth: no input
+    const bool input = f[kFeatInputMatch] > 0.0;
+    f[kFeatUnigramSeen] = input || trie->child(InputTrie::kRoot, c.token) >= 0 ? 1.0 : 0.0;
+    f[kFeatBigramSeen] =
+        input || (parent.unigram >= 0 && trie->child(parent.unigram, c.token) >= 0) ? 1.0 : 0.0;
+    f[kFeatTrigramSeen] = (input && input_len >= 3.0) ||
+                                  (parent.bigram >= 0 && trie->child(parent.bigram, c.token) >= 0)
+                              ? 1.0
+                              : 0.0;
+  };
+
+  // The ScoreFeature values of the expansion's candidates (group), into group_features:
+  // each one's members, then the columns that compare it with its siblings.
+  auto group_score_features = [&](const DraftNode& parent) {
+    const size_t n = group.size();
+    group_features.resize(n * kScoreFeatures);
+    double best = 0.0;
+    for (const Candidate& c : group) best = std::max(best, c.hand);
+    const double log_best = log_score(best);
+    const double log_parent = log_score(parent.hand);
+    const double log_siblings = log_count(static_cast<double>(n));
+    for (size_t i = 0; i < n; ++i) {
+      const Candidate& c = group[i];
+      double* f = group_features.data() + i * kScoreFeatures;
+      member_features(pool.data() + c.begin, pool.data() + c.end, parent.depth + 1, view, f);
+      const double log_hand = log_score(c.hand);
+      f[kFeatLogSiblings] = log_siblings;
+      f[kFeatLogOverBest] = log_hand - log_best;
+      f[kFeatLogHandCond] = log_hand - log_parent;
+      if (trie != nullptr) ngram_features(c, parent, f);
     }
   };
 
@@ -407,25 +505,37 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     std::sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
       return a.token < b.token || (a.token == b.token && a.order < b.order);
     });
-    int32_t siblings = 0;
-    for (size_t i = 0; i < offers.size(); ++i) {
-      siblings += i == 0 || offers[i].token != offers[i - 1].token ? 1 : 0;
-    }
+    const DraftNode parent = nodes[static_cast<size_t>(draft_parent)];
+    group.clear();
     for (size_t i = 0; i < offers.size();) {
       const auto begin = static_cast<int32_t>(pool.size());
-      double score = 0.0;
+      double hand = 0.0;
       const int32_t token = offers[i].token;
       for (; i < offers.size() && offers[i].token == token; ++i) {
         const Offer& o = offers[i];
-        score = std::max(score, o.score);  // the most confident source decides
+        hand = std::max(hand, o.score);  // the most confident source decides
         pool.push_back({o.node, o.source, o.score, view.count(o.source, o.node),
                         o.score * o.discount, o.discount, o.parent_count, o.match});
       }
-      heap.push_back({score, seq++, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
-                      siblings});
-      std::push_heap(heap.begin(), heap.end(), WorseFirst{});
+      group.push_back({hand, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
+                       hand, -1});
     }
     offers.clear();
+    if (featured) group_score_features(parent);
+    for (size_t i = 0; i < group.size(); ++i) {
+      Candidate c = group[i];
+      const double* f = featured ? group_features.data() + i * kScoreFeatures : nullptr;
+      // A path's learned score is the product of its nodes' probabilities, each <= 1,
+      // so a node never outranks its parent and best-first yields a tree.
+      if (learned) c.score = parent.score * learned_probability(config.node_score, f);
+      if (explain) {
+        c.features = static_cast<int32_t>(feature_pool.size() / kScoreFeatures);
+        feature_pool.insert(feature_pool.end(), f, f + kScoreFeatures);
+      }
+      c.seq = seq++;
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), WorseFirst{});
+    }
   };
 
   // Roots of the sources, in a fixed order: the datastore tree (a split datastore's
@@ -434,12 +544,14 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
   if (datastore_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
                     static_cast<double>(datastore_tree->count(CandidateTree::kRoot)),
-                    config.datastore_weight, config.datastore_child_discount, 0.0, 0});
+                    config.datastore_weight, config.datastore_child_discount, 0.0, 0},
+                   budget);
   }
   if (live_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
                     static_cast<double>(live_tree->count(CandidateTree::kRoot)),
-                    config.datastore_weight, config.datastore_child_discount, 0.0, 0});
+                    config.datastore_weight, config.datastore_child_discount, 0.0, 0},
+                   budget);
   }
   if (trie != nullptr) {
     for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {
@@ -447,10 +559,17 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
       if (match.node < 0) continue;
       offer_children({match.node, Source::kInput, 1.0, match.continued, config.input_weight,
                       config.input_child_discount_base + config.input_child_discount_per_match * m,
-                      0.0, m});
+                      0.0, m},
+                     budget);
     }
   }
-  nodes.push_back({-1, -1, 0, 0.0, 0, 0, 0});
+  // The root: the context's last token (and the two last) start the n-grams.
+  int32_t root_unigram = -1, root_bigram = -1;
+  if (featured && trie != nullptr && context != nullptr && context_len >= 1) {
+    root_unigram = trie->find(context + context_len - 1, 1);
+    if (context_len >= 2) root_bigram = trie->find(context + context_len - 2, 2);
+  }
+  nodes.push_back({-1, -1, 0, 1.0, 1.0, root_unigram, root_bigram, -1});
   push_offers(0);
 
   // Best-first: every candidate is a distinct (parent, token), so each pop adds
@@ -461,10 +580,21 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     const Candidate cand = heap.back();
     heap.pop_back();
     const auto slot = static_cast<int32_t>(nodes.size());
-    nodes.push_back(
-        {cand.token, cand.draft_parent, nodes[static_cast<size_t>(cand.draft_parent)].depth + 1,
-         cand.score, cand.begin, cand.end, cand.siblings});
-    for (int32_t k = cand.begin; k < cand.end; ++k) offer_children(pool[static_cast<size_t>(k)]);
+    const DraftNode& parent = nodes[static_cast<size_t>(cand.draft_parent)];
+    // The trie nodes of its unigram and bigram, where its children's n-grams start.
+    int32_t unigram = -1, bigram = -1;
+    if (featured && trie != nullptr) {
+      unigram = trie->child(InputTrie::kRoot, cand.token);
+      bigram = parent.unigram >= 0 ? trie->child(parent.unigram, cand.token) : -1;
+    }
+    nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.hand,
+                     unigram, bigram, cand.features});
+    // The draft nodes still to be chosen; the last node's children could never be.
+    const int32_t remaining = budget - slot;
+    if (remaining <= 0) break;
+    for (int32_t k = cand.begin; k < cand.end; ++k) {
+      offer_children(pool[static_cast<size_t>(k)], remaining);
+    }
     push_offers(slot);
   }
 
@@ -491,13 +621,12 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     out.parents.push_back(remap[static_cast<size_t>(d.parent)]);  // root (0) maps to -1
     out.scores.push_back(static_cast<float>(d.score));
   }
-  out.features.clear();
   if (explain) {
-    out.features.resize(static_cast<size_t>(num) * kNodeFeatures);
+    out.features.resize(static_cast<size_t>(num) * kScoreFeatures);
     for (int32_t i = 0; i < num; ++i) {
       const DraftNode& d = nodes[static_cast<size_t>(order[static_cast<size_t>(i)])];
-      node_features(pool.data() + d.begin, pool.data() + d.end, d.depth, d.siblings, view,
-                    out.features.data() + static_cast<size_t>(i) * kNodeFeatures);
+      std::copy_n(feature_pool.data() + static_cast<size_t>(d.features) * kScoreFeatures,
+                  kScoreFeatures, out.features.data() + static_cast<size_t>(i) * kScoreFeatures);
     }
   }
 }

@@ -31,6 +31,9 @@ struct DraftConfig {
   // Small counts (deep nodes, rare prefixes) are over-confident; 0 = the paper.
   double input_smoothing = 0.0;
   double datastore_smoothing = 2.0;
+  // A learned node score: node_score[0] + sum of node_score[1 + f] * ScoreFeature f is
+  // the logit of P(node accepted | its parent accepted). Empty: the hand-set score.
+  std::vector<double> node_score;
 };
 
 // Throws std::invalid_argument naming the first field out of range.
@@ -129,30 +132,44 @@ struct Draft {
   std::vector<int32_t> tokens;
   std::vector<int32_t> parents;
   std::vector<float> scores;
-  // kNodeFeatures values per node, row-major in NodeFeature order; filled only when
+  // kScoreFeatures values per node, row-major in ScoreFeature order; filled only when
   // fuse() is asked to explain (tools and offline training), else empty.
   std::vector<double> features;
 };
 
-// What fusion knew about a draft node when it chose it: the raw evidence of every
-// source behind the node's path. For each source, "count" is the node's own count
-// in that source (samples or input occurrences through it) and "parent" the count
-// its conditional probability is taken over; 0 and 0 when the source is absent.
-enum NodeFeature : int32_t {
-  kFeatDepth = 0,         // 1 = child of the root
-  kFeatSiblings,          // candidates offered under the same draft parent, itself included
-                          // (each source offers at most `budget` children)
-  kFeatInputCount,        // of the input member with the longest match
-  kFeatInputParent,
-  kFeatInputMatch,        // that member's match length m (the context suffix it continues)
-  kFeatInputMembers,      // input matches (of different lengths) behind the node
-  kFeatBaseCount,         // the datastore (a split datastore's base)
-  kFeatBaseParent,
-  kFeatBasePrefix,        // longest context suffix the datastore tree was sampled for
-  kFeatLiveCount,         // a split datastore's live part
-  kFeatLiveParent,
-  kFeatLivePrefix,
-  kNodeFeatures
+// What fusion knows about a candidate when it offers it: the evidence of every source
+// behind its path, its siblings, and whether the request's own context holds it. These
+// are the inputs of the learned node score (DraftConfig::node_score) and what explain
+// reports. For each source, "count" is the candidate's own count there (samples or
+// input occurrences through it) and "parent" the count its conditional probability is
+// taken over (the input member with the longest match speaks for the input trie);
+// present, log_cond = log(count) - log(parent), log(1 + count) and log(1 + parent) are
+// all 0 where the source does not offer it. "Hand" is the hand-set SSSD score.
+enum ScoreFeature : int32_t {
+  kFeatDepth = 0,       // 1 = child of the root
+  kFeatLogSiblings,     // log(candidates offered under the same draft parent, itself included)
+  kFeatLogOverBest,     // log(hand score / the best sibling's hand score), <= 0
+  kFeatLogHandCond,     // log(hand score / the draft parent's hand score)
+  kFeatInputPresent,
+  kFeatInputLogCond,
+  kFeatInputLogCount,
+  kFeatInputLogParent,
+  kFeatBasePresent,     // the datastore (a split datastore's base)
+  kFeatBaseLogCond,
+  kFeatBaseLogCount,
+  kFeatBaseLogParent,
+  kFeatLivePresent,     // a split datastore's live part
+  kFeatLiveLogCond,
+  kFeatLiveLogCount,
+  kFeatLiveLogParent,
+  kFeatInputMatch,      // longest context suffix an input member continues (0: none)
+  kFeatInputMembers,    // input matches (of different lengths) behind the candidate
+  kFeatBasePrefix,      // longest context suffix the datastore tree was sampled for
+  kFeatLivePrefix,      // the same for the live tree
+  kFeatUnigramSeen,     // 1 if the request's input trie holds the token,
+  kFeatBigramSeen,      // the token after the one before it (its parent, or the context's
+  kFeatTrigramSeen,     // last token), the token after the two before it
+  kScoreFeatures
 };
 
 // Where the context's last m tokens occur in a request's input trie (m = 1..P, at
@@ -183,20 +200,25 @@ struct Member {
 
 // A child waiting in the queue: draft parent + token, backed by members[begin, end).
 struct Candidate {
-  double score;   // combined score of its members
+  double score;   // the queue's key: the learned path probability, or the hand score
   uint64_t seq;   // push order; breaks score ties (earlier first)
   int32_t token;
   int32_t draft_parent;  // internal index, 0 = root
   int32_t begin, end;    // range in the member pool
-  int32_t siblings;      // candidates pushed under the same draft parent
+  double hand;           // hand-set SSSD score: the most confident member's
+  int32_t features;      // row in the feature pool (explain only), else -1
 };
 
 struct DraftNode {
   int32_t token;
   int32_t parent;  // internal index; 0 is the root
   int32_t depth;   // 1 for children of the root
-  double score;
-  int32_t begin, end, siblings;  // the candidate it came from (for explaining)
+  double score;    // what the draft reports: as Candidate::score
+  double hand;
+  // Input-trie nodes of [token] and [token before, token] (-1: absent, or not needed):
+  // where its children's n-grams start.
+  int32_t unigram, bigram;
+  int32_t features;  // as Candidate's
 };
 
 // Child of a member, gathered before grouping by token.
@@ -231,6 +253,9 @@ struct DraftScratch {
   std::vector<fusion::Offer> offers;    // children of one expansion
   std::vector<fusion::DraftNode> nodes; // the draft being built; [0] is the root
   std::vector<fusion::Candidate> heap;  // the priority queue
+  std::vector<double> feature_pool;     // kScoreFeatures per candidate (explain only)
+  std::vector<double> group_features;   // kScoreFeatures per candidate of one expansion
+  std::vector<fusion::Candidate> group; // the candidates of one expansion, before pushing
 };
 
 // Fills scratch.datastore_tree with continuations of the context's suffixes, longest first,
@@ -261,12 +286,15 @@ void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_l
                       int64_t extended, const DraftConfig& config, std::vector<InputMatch>& out);
 
 // Merges the input-trie matches and the datastore tree into at most `budget`
-// draft nodes with a priority queue (SSSD Algorithm 3). Deterministic. With
-// `explain`, out.features holds every node's NodeFeature values (same tree).
+// draft nodes with a priority queue (SSSD Algorithm 3). Deterministic. A candidate's
+// score is its path's hand-set SSSD score, or with config.node_score the product of
+// the learned probabilities along its path. `context[0, context_len)` ends the
+// context (its last two tokens are read, for the n-gram features). With `explain`,
+// out.features holds every node's ScoreFeature values (same tree).
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
           DraftScratch& scratch, Draft& out, const CandidateTree* live_tree,
-          bool explain = false);
+          const int32_t* context, int64_t context_len, bool explain = false);
 // Without a live tree.
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,

@@ -129,7 +129,8 @@ void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t 
     retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
     tree = &scratch.datastore_tree;
   }
-  fuse(trie, scratch.matches, tree, config, budget, scratch, out, live, explain);
+  fuse(trie, scratch.matches, tree, config, budget, scratch, out, live, context, context_len,
+       explain);
 }
 
 }  // namespace
@@ -334,9 +335,10 @@ BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const in
   const BatchInputs in = prepare(handles, batch, extensions, num_extension_tokens, offsets,
                                  budgets, /*unique=*/false);
   // Both sources only look at the end of the context: the datastore its last
-  // datastore_max_prefix tokens, the input trie its last input_max_prefix.
-  const auto tail_max =
-      static_cast<size_t>(std::max(config_.datastore_max_prefix, config_.input_max_prefix));
+  // datastore_max_prefix tokens, the input trie its last input_max_prefix
+  // (and fusion its last two, for the n-gram features).
+  const auto tail_max = static_cast<size_t>(
+      std::max({config_.datastore_max_prefix, config_.input_max_prefix, int32_t{2}}));
 
   std::vector<Draft> drafts(static_cast<size_t>(batch));
   pool_.parallel_for(batch, [&](int64_t i) {

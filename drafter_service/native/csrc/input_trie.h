@@ -28,6 +28,9 @@ class InputTrie {
   // substring (or len is outside [1, max_depth]). O(len).
   int32_t find(const int32_t* tokens, int32_t len) const;
 
+  // Child of `parent` along `token`, or -1. O(1) expected.
+  int32_t child(int32_t parent, int32_t token) const;
+
   int32_t token(int32_t node) const { return nodes_[node].token; }
   uint32_t count(int32_t node) const { return nodes_[node].count; }
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
@@ -43,7 +46,6 @@ class InputTrie {
     int32_t next_sibling;  // next older sibling, or -1
   };
 
-  int32_t child(int32_t parent, int32_t token) const;
   int32_t get_or_add_child(int32_t parent, int32_t token);
   void grow_table();
 

@@ -1,0 +1,232 @@
+"""Fits the learned node score (``datastore-builder train-score``).
+
+A corpus is replayed against itself: ``holdout`` records (seeded) are drafted at every
+output position against a datastore of the other records' outputs, with the hand-set
+score and a large candidate tree (:meth:`Drafter.explain` gives each node's
+:data:`SCORE_FEATURES`). A node is labelled when its parent lies on the recorded
+continuation (a child of the root always is): 1 if the node itself does. A logistic
+regression of those labels on the features is P(node accepted | parent accepted), the
+factor the native fusion multiplies along a path.
+
+The datastore leaves out every other answer to a held-out record's prompt: a corpus that
+answers each prompt many times would otherwise look far more predictive in training than
+it is on new prompts. scikit-learn is needed here only (the ``train`` extra), never by
+the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.corpus.build_errors import BuildError
+from drafter_service.corpus.readers import detect_format, iter_records
+from drafter_service.corpus.records import RecordSpec, id_parts
+from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
+from drafter_service.drafting.node_score import NodeScore
+
+PROMPT_KEY_TOKENS = 48
+"""A prompt is known by its last tokens (the end of the last user turn and the assistant
+header): system prompts that differ by model do not hide a repeated question."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRecord:
+    prompt: npt.NDArray[np.int32]
+    output: npt.NDArray[np.int32]
+
+    def prompt_key(self) -> bytes:
+        return self.prompt[-PROMPT_KEY_TOKENS:].tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingReport:
+    """What a fit saw: nodes, positions, the positive rate and the held-out log-loss of
+    the model against always predicting that rate."""
+
+    records: int
+    positions: int
+    nodes: int
+    positive_rate: float
+    validation_logloss: float
+    base_logloss: float
+
+
+def read_training_records(
+    path: Path, vocab_size: int, prompt_field: str = "prompt_ids", output_field: str = "output_ids"
+) -> list[TrainingRecord]:
+    """Token-id records (JSONL or Parquet) with a prompt and an output field."""
+    spec = RecordSpec(
+        kind="token-ids", prompt_field=prompt_field, output_field=output_field,
+        store="prompt+output",
+    )  # fmt: skip
+    fmt = detect_format(path)
+    if fmt == "text":
+        raise BuildError(f"{path}: train-score reads token-id records (.jsonl[.gz], .parquet)")
+    records = []
+    for where, record in iter_records(path, fmt, spec.fields, "line", lambda _: None):
+        prompt, output = id_parts(spec, record, where, vocab_size)
+        records.append(TrainingRecord(prompt, output))
+    if not records:
+        raise BuildError(f"{path}: no records")
+    return records
+
+
+def split_holdout(
+    records: Sequence[TrainingRecord], holdout: int, seed: int
+) -> tuple[list[TrainingRecord], list[npt.NDArray[np.int32]]]:
+    """The held-out records, and the outputs of the others that answer none of their
+    prompts (the training datastore's documents)."""
+    if not 1 <= holdout < len(records):
+        raise BuildError(f"--holdout {holdout} must be in [1, {len(records) - 1}] "
+                         f"for {len(records)} records")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    chosen = set(rng.choice(len(records), holdout, replace=False).tolist())
+    held = [r for i, r in enumerate(records) if i in chosen]
+    prompts = {r.prompt_key() for r in held}
+    rest = [r.output for i, r in enumerate(records)
+            if i not in chosen and r.prompt_key() not in prompts]  # fmt: skip
+    return held, rest
+
+
+def labelled_nodes(
+    parents: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32], truth: Sequence[int]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int8]]:
+    """Which nodes of a breadth-first tree are labelled (parent on the path ``truth``
+    starts, or a child of the root), and their labels (on that path)."""
+    on_path = np.zeros(len(tokens), dtype=np.bool_)
+    labelled = np.zeros(len(tokens), dtype=np.bool_)
+    depth = np.zeros(len(tokens), dtype=np.int64)
+    for i, (parent, token) in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
+        if parent < 0:
+            depth[i] = 1
+            labelled[i] = True
+        else:
+            depth[i] = depth[parent] + 1
+            labelled[i] = bool(on_path[parent])
+        d = int(depth[i])
+        on_path[i] = labelled[i] and d <= len(truth) and token == truth[d - 1]
+    return labelled, on_path[labelled].astype(np.int8)
+
+
+def collect(
+    drafter: Drafter,
+    records: Sequence[TrainingRecord],
+    candidate_budget: int,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8], npt.NDArray[np.int64], int]:
+    """Features, labels and record index of every labelled node, over every output
+    position of ``records``; and the number of positions."""
+    xs: list[npt.NDArray[np.float64]] = []
+    ys: list[npt.NDArray[np.int8]] = []
+    gs: list[npt.NDArray[np.int64]] = []
+    positions = 0
+    empty = np.zeros(0, dtype=np.int32)
+    budgets = np.zeros(1, dtype=np.int32)  # advancing only: explain drafts
+    for index, record in enumerate(records):
+        rid = f"train-{index}"
+        drafter.start(rid, record.prompt)
+        try:
+            output = record.output.tolist()
+            for p in range(len(output)):
+                delta = record.output[p - 1 : p] if p else empty
+                drafter.draft_batch([rid], delta, np.array([0, len(delta)]), budgets)
+                explained = drafter.explain(rid, candidate_budget)
+                positions += 1
+                tree = explained.tree
+                if not len(tree.tokens):
+                    continue
+                labelled, labels = labelled_nodes(tree.parents, tree.tokens, output[p:])
+                xs.append(explained.features[labelled])
+                ys.append(labels)
+                gs.append(np.full(len(labels), index, dtype=np.int64))
+        finally:
+            drafter.stop(rid)
+        if progress is not None:
+            progress(index + 1)
+    if not xs:
+        raise BuildError("the held-out records gave no draft nodes to learn from")
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
+
+
+def fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.int8], trained_on: str) -> NodeScore:
+    """Logistic regression (scikit-learn, L2, C = 1) on standardized features, folded back
+    into weights on the raw features that the native core evaluates."""
+    try:
+        linear_model = import_module("sklearn.linear_model")
+    except ImportError:
+        raise BuildError(
+            "train-score needs scikit-learn: pip install 'sssd-drafter[train]'"
+        ) from None
+    if len(np.unique(y)) < 2:
+        raise BuildError("the held-out records gave only one kind of label; hold out more")
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    scale[scale == 0] = 1.0
+    model = linear_model.LogisticRegression(max_iter=2000)
+    model.fit((x - mean) / scale, y)
+    coef = model.coef_[0] / scale
+    bias = float(model.intercept_[0] - np.sum(model.coef_[0] * mean / scale))
+    return NodeScore(bias, tuple(float(c) for c in coef), trained_on)
+
+
+def share_datastore_weights(score: NodeScore, x: npt.NDArray[np.float64]) -> NodeScore:
+    """A fit on one datastore never sees a split datastore's live source (its columns are
+    all 0, so their weights are too): give the live columns the base's weights, since
+    both are suffix-array samples read the same way."""
+    live = [i for i, name in enumerate(SCORE_FEATURES) if name.startswith("live_")]
+    if x[:, live].any():
+        return score
+    weights = list(score.weights)
+    for i in live:
+        weights[i] = weights[SCORE_FEATURES.index("base_" + SCORE_FEATURES[i][len("live_"):])]
+    return dataclasses.replace(score, weights=tuple(weights))
+
+
+def log_loss(score: NodeScore, x: npt.NDArray[np.float64], y: npt.NDArray[np.int8]) -> float:
+    """Mean negative log-likelihood of ``y`` under ``score``."""
+    z = x @ np.asarray(score.weights) + score.bias
+    # log sigmoid(z) and log sigmoid(-z), stably.
+    return float(np.mean(np.where(y > 0, np.logaddexp(0.0, -z), np.logaddexp(0.0, z))))
+
+
+def train(
+    records: Sequence[TrainingRecord],
+    vocab_size: int,
+    *,
+    holdout: int = 300,
+    seed: int = 0,
+    candidate_budget: int = 256,
+    config: DraftConfig | None = None,
+    trained_on: str = "",
+    progress: Callable[[int], None] | None = None,
+) -> tuple[NodeScore, TrainingReport]:
+    """Fits a node score on ``records`` replayed against themselves (module docstring).
+
+    A fifth of the held-out records (by record) is kept out of a first fit to report its
+    log-loss; the score returned is fitted on all of them."""
+    held, rest = split_holdout(records, holdout, seed)
+    if not rest:
+        raise BuildError("every record shares a prompt with a held-out one: no datastore left")
+    base = config if config is not None else DraftConfig()
+    hand = dataclasses.replace(base, node_score=())
+    drafter = Drafter(vocab_size, hand, Datastore([SubIndex.build(rest, vocab_size)], vocab_size))
+    x, y, groups, positions = collect(drafter, held, candidate_budget, progress)
+    val = groups % 5 == 0
+    rate = float(np.clip(y[~val].mean(), 1e-6, 1 - 1e-6))
+    base_loss = -float(np.mean(np.where(y[val] > 0, math.log(rate), math.log1p(-rate))))
+    val_loss = math.nan
+    if val.any():
+        val_loss = log_loss(fit(x[~val], y[~val], trained_on), x[val], y[val])
+    score = share_datastore_weights(fit(x, y, trained_on), x)
+    report = TrainingReport(len(held), positions, len(y), float(y.mean()), val_loss, base_loss)
+    return score, report

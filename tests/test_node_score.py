@@ -1,0 +1,200 @@
+"""The learned node score: its JSON form, training (datastore-builder train-score), and
+which score each datastore of the service drafts with."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datastore_builder.builder_cli import main as builder_main
+from datastore_builder.score_training import labelled_nodes
+from drafter_service.drafting.drafter import SCORE_FEATURES
+from drafter_service.drafting.node_score import (
+    METADATA_KEY,
+    NodeScore,
+    NodeScoreError,
+    default_node_score,
+    resolve_node_score,
+)
+from drafter_service.service.catalog import DEFAULT_DATASTORE, open_catalog
+from drafter_service.service.settings import ServeConfig
+from drafter_service.snapshot.store import load_snapshot, read_manifest
+
+VOCAB = 64
+
+
+def _score(bias: float = 0.5) -> NodeScore:
+    return NodeScore(bias, tuple(0.01 * i for i in range(len(SCORE_FEATURES))), "test")
+
+
+def test_json_round_trip_and_config_order() -> None:
+    score = _score()
+    again = NodeScore.from_json(json.loads(json.dumps(score.to_json())))
+    assert again == score
+    assert again.as_config() == (0.5, *score.weights)
+    assert list(score.to_json()["weights"]) == list(SCORE_FEATURES)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda o: o.update(format_version=2), "format_version 2 is not supported"),
+        (lambda o: o["weights"].pop("depth"), "missing ['depth']"),
+        (lambda o: o["weights"].update(colour=1.0), "unknown ['colour']"),
+        (lambda o: o["weights"].update(depth="x"), "depth = 'x' is not a number"),
+        (lambda o: o.update(bias=math.inf), "bias = inf is not finite"),
+        (lambda o: o.update(weights=[1.0]), "'weights' must be an object"),
+    ],
+)
+def test_a_bad_score_is_refused_by_name(change: object, message: str) -> None:
+    obj = _score().to_json()
+    change(obj)  # type: ignore[operator]
+    with pytest.raises(NodeScoreError, match=f"in.json: .*{_escape(message)}"):
+        NodeScore.from_json(obj, where="in.json")
+
+
+def _escape(text: str) -> str:
+    return text.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+
+
+def test_the_shipped_default_and_how_a_datastore_picks_its_score(tmp_path: Path) -> None:
+    shipped = default_node_score()
+    assert len(shipped.weights) == len(SCORE_FEATURES) and shipped.trained_on
+    assert resolve_node_score("hand", None, "x") == ()
+    assert resolve_node_score("default", None, "x") == shipped.as_config()
+    carried = _score(-1.0)
+    metadata: dict[str, object] = {METADATA_KEY: carried.to_json()}
+    assert resolve_node_score("default", metadata, "x") == carried.as_config()
+    path = tmp_path / "score.json"
+    path.write_text(json.dumps(_score(2.0).to_json()))
+    assert resolve_node_score(str(path), metadata, "x")[0] == 2.0  # a file beats the snapshot
+    with pytest.raises(NodeScoreError, match=r"snap-7: metadata\.node_score: expected an object"):
+        resolve_node_score("default", {METADATA_KEY: 3}, "snap-7")
+
+
+def test_labels_follow_the_recorded_continuation() -> None:
+    # Root children 5 and 6; 7 under 5, 8 under 6; the truth is 5 7 9.
+    parents = np.array([-1, -1, 0, 1], dtype=np.int32)
+    tokens = np.array([5, 6, 7, 8], dtype=np.int32)
+    labelled, labels = labelled_nodes(parents, tokens, [5, 7, 9])
+    assert labelled.tolist() == [True, True, True, False]  # 8's parent 6 is wrong
+    assert labels.tolist() == [1, 0, 1]
+    labelled, labels = labelled_nodes(parents, tokens, [5])  # the output ends after 5
+    assert labelled.tolist() == [True, True, True, False] and labels.tolist() == [1, 0, 0]
+
+
+def _write_records(path: Path, n_prompts: int = 24, answers: int = 3) -> None:
+    """Token records: every prompt answered ``answers`` times, each answer a noisy walk
+    through a few fixed phrases (so n-grams repeat within and across records)."""
+    rng = np.random.default_rng(7)
+    phrases = [rng.integers(0, VOCAB, size=int(rng.integers(3, 9))).tolist() for _ in range(12)]
+    with gzip.open(path, "wt") as f:
+        for p in range(n_prompts):
+            prompt = rng.integers(0, VOCAB, size=20).tolist()
+            for _ in range(answers):
+                output: list[int] = []
+                while len(output) < 60:
+                    output += phrases[(p + int(rng.integers(0, 4))) % len(phrases)]
+                    if rng.random() < 0.3:
+                        output.append(int(rng.integers(0, VOCAB)))
+                f.write(json.dumps({"prompt_ids": prompt, "output_ids": output}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A corpus, its snapshot, and the snapshot train-score made from both."""
+    root = tmp_path_factory.mktemp("score")
+    records = root / "records.jsonl.gz"
+    _write_records(records)
+    base, scored = root / "base", root / "scored"
+    assert builder_main(["build", "--quiet", "--input", str(records), "--records", "token-ids",
+                         "--vocab-size", str(VOCAB), "--output", str(base)]) == 0  # fmt: skip
+    code = builder_main([
+        "train-score", "--records", str(records), "--snapshot", str(base), "--output",
+        str(scored), "--score-out", str(root / "score.json"), "--holdout", "12",
+        "--candidate-budget", "32", "--quiet",
+    ])  # fmt: skip
+    assert code == 0
+    return records, base, scored
+
+
+def test_train_score_ships_the_score_with_a_new_snapshot(
+    trained: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, base, scored = trained
+    info = read_manifest(scored)
+    score = NodeScore.from_json(info.metadata[METADATA_KEY])
+    assert NodeScore.from_json(json.loads((base.parent / "score.json").read_text())) == score
+    assert METADATA_KEY not in read_manifest(base).metadata  # the input is untouched
+    # The data is the input's, hardlinked rather than copied.
+    for entry in info.sub_indices:
+        for suffix in (".tokens.i32", ".sa.i32"):
+            a, b = base / f"{entry.name}{suffix}", scored / f"{entry.name}{suffix}"
+            assert os.stat(a).st_ino == os.stat(b).st_ino
+    datastore, _ = load_snapshot(scored)
+    assert datastore.num_tokens == load_snapshot(base)[0].num_tokens
+    # Trained on one datastore, the live source borrows the base's weights.
+    weights = dict(zip(SCORE_FEATURES, score.weights, strict=True))
+    for name in ("present", "log_cond", "log_count", "log_parent"):
+        assert weights[f"live_{name}"] == weights[f"base_{name}"]
+    assert weights["base_present"] != 0.0 and "12 held-out records" in score.trained_on
+
+
+def test_train_score_reports_a_fit_better_than_the_base_rate(
+    tmp_path: Path, trained: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = trained[0]
+    out = tmp_path / "s.json"
+    assert builder_main(["train-score", "--records", str(records), "--vocab-size", str(VOCAB),
+                         "--score-out", str(out), "--holdout", "12", "--quiet"]) == 0  # fmt: skip
+    line = capsys.readouterr().out.splitlines()[0]
+    loss, base = (float(x.rstrip(")"))
+                  for x in line.split("log-loss ")[1].split(" (always the base rate: "))
+    assert loss < base
+    NodeScore.from_json(json.loads(out.read_text()))
+
+
+def test_train_score_errors_name_the_problem(
+    tmp_path: Path, trained: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    records, base, scored = trained
+    cases = [
+        (["--vocab-size", "64"], "nothing to write"),
+        (["--snapshot", str(base)], "--snapshot and --output go together"),
+        (["--snapshot", str(base), "--output", str(scored)], "already exists"),
+        (["--score-out", str(tmp_path / "s.json")], "give --vocab-size"),
+        (["--vocab-size", "8", "--score-out", str(tmp_path / "s.json")], "outside [0, 8)"),
+        (["--vocab-size", "64", "--holdout", "999", "--score-out", str(tmp_path / "s.json")],
+         "--holdout 999 must be in [1, 71]"),
+    ]  # fmt: skip
+    for extra, message in cases:
+        assert builder_main(["train-score", "--records", str(records), *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+
+
+def test_each_datastore_drafts_with_its_snapshots_score(
+    tmp_path: Path, trained: tuple[Path, Path, Path]
+) -> None:
+    _, base, scored = trained
+    carried = NodeScore.from_json(read_manifest(scored).metadata[METADATA_KEY]).as_config()
+
+    def scores(**settings: object) -> dict[str, tuple[float, ...]]:
+        config = ServeConfig(vocab_size=VOCAB, draft_threads=1, **settings)  # type: ignore[arg-type]
+        catalog = open_catalog(config)
+        try:
+            return {name: slot.drafter.config.node_score for name, slot in catalog.slots.items()}
+        finally:
+            catalog.close()
+
+    got = scores(data_dir=tmp_path / "a", snapshot=scored, datastores=(("plain", base),))
+    assert got == {DEFAULT_DATASTORE: carried, "plain": default_node_score().as_config()}
+    got = scores(data_dir=tmp_path / "b", datastores=(("tuned", scored),), node_score="hand")
+    assert got == {DEFAULT_DATASTORE: (), "tuned": ()}
+    with pytest.raises(ValueError, match=r"node score file .*nowhere\.json"):
+        ServeConfig(node_score=str(tmp_path / "nowhere.json"))
