@@ -18,7 +18,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks.replay import ReplaySettings, replay
@@ -54,6 +54,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
 """Variant -> the features left out of its fit."""
 
 
+def emit_row(row: Mapping[str, object], out: Path | None) -> None:
+    """Prints ``row`` as one JSON line, and appends it to ``out`` when given."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out is not None:
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.node_score_ablation")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
@@ -86,11 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "data": data_name(dev), "mode": "corpus", "budget": budget,
                        "tau": round(result.tau, 4), "steps": result.steps,
                        "command": command}  # fmt: skip
-                line = json.dumps(row)
-                print(line, flush=True)
-                if args.out is not None:
-                    with open(args.out, "a", encoding="utf-8") as f:
-                        f.write(line + "\n")
+                emit_row(row, args.out)
     return 0
 
 

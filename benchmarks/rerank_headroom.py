@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import shlex
 import sys
@@ -58,6 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from benchmarks.acceptance import accepted_length
+from benchmarks.node_score_ablation import emit_row
 from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
@@ -552,11 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "validation_logloss": logloss,
                 "wall_s": round(wall, 1), "train_s": round(train_s, 1), "command": command,
             }  # fmt: skip
-            line = json.dumps(row)
-            print(line, flush=True)
-            if args.out is not None:
-                with open(args.out, "a", encoding="utf-8") as f:
-                    f.write(line + "\n")
+            emit_row(row, args.out)
     return 0
 
 

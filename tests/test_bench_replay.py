@@ -20,6 +20,7 @@ from benchmarks.pld import PldIndex, propose
 from benchmarks.replay import ReplaySettings, replay
 from benchmarks.token_records import DataError, Record, iter_records, read_records
 from drafter_service.datastore.sub_indices import SubIndex
+from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LivePolicy
 
 VOCAB = 128256
@@ -329,6 +330,31 @@ def test_cli_prints_one_json_report_per_configuration(
     batched = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["tau"] for r in batched] == [r["tau"] for r in rows]
     assert all(r["batch_ms_p99"] > 0 and r["draft_us_p50"] is None for r in batched)
+
+
+def test_cli_node_score_choices(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--node-score: hand (the default), the shipped learned score, or a file; the row
+    says which, and a bad file is an error naming it."""
+    data, corpus = files
+    argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--no-pld", "--json"]
+
+    def run(*extra: str) -> dict[str, object]:
+        assert main([*argv, *extra]) == 0
+        row: dict[str, object] = json.loads(capsys.readouterr().out.splitlines()[-1])
+        return row
+
+    assert run()["node_score"] == "hand"
+    shipped = run("--node-score", "default")
+    assert shipped["node_score"] == "default" and shipped["records"] == 12
+    path = tmp_path / "score.json"
+    path.write_text(json.dumps(default_node_score().to_json()))
+    from_file = run("--node-score", str(path))
+    assert (from_file["tau"], from_file["steps"]) == (shipped["tau"], shipped["steps"])
+    path.write_text('{"format_version": 1}')
+    assert main([*argv, "--node-score", str(path)]) == 2
+    assert f"{path}: 'weights' must be an object" in capsys.readouterr().err
 
 
 def test_cli_live_table_and_errors(

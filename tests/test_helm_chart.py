@@ -259,6 +259,15 @@ def test_large_numbers_are_not_rendered_in_exponent_form() -> None:
     assert data["DRAFTER_MAX_SUB_INDEX_TOKENS"] == "512000000"
 
 
+def test_the_node_score_choice_reaches_the_drafter() -> None:
+    """Unset, the drafter picks the seed snapshot's learned score (or the shipped one);
+    `hand` selects the hand-set fusion."""
+    assert "DRAFTER_NODE_SCORE" not in settings_map(render({}))["data"]
+    data = settings_map(render({"settings": {"node_score": "hand"}}))["data"]
+    assert data["DRAFTER_NODE_SCORE"] == "hand"
+    assert ServeConfig.from_env_and_args([], environ=data).node_score == "hand"
+
+
 def test_ports_and_probes() -> None:
     objects = rendered("default")
     drafter = container(objects)
