@@ -318,7 +318,8 @@ void source_features(double count, double parent, double* first) {
 }
 
 // The member-backed ScoreFeature values of a candidate backed by members [begin, end):
-// everything but the sibling and hand-score columns, which need the whole expansion.
+// everything but the sibling, hand-score and n-gram columns, which need the whole
+// expansion and the trie. A candidate's member holds its node's count as `denominator`.
 void member_features(const Member* begin, const Member* end, int32_t depth,
                      const SourceView& view, double* f) {
   std::fill(f, f + kScoreFeatures, 0.0);
@@ -327,7 +328,7 @@ void member_features(const Member* begin, const Member* end, int32_t depth,
   f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
   double input_count = 0.0, input_parent = 0.0;
   for (const Member* m = begin; m != end; ++m) {
-    const double count = view.count(m->source, m->node);
+    const double count = m->denominator;
     switch (m->source) {
       case Source::kInput:
         f[kFeatInputMembers] += 1.0;
