@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from benchmarks.token_records import (
 from benchmarks.worker_bench import add_worker_parser
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.node_score import NodeScore, NodeScoreError, default_node_score
+from drafter_service.drafting.node_score import NodeScoreError, resolve_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.snapshot.store import SnapshotError, load_snapshot
 
@@ -193,17 +192,10 @@ def add_replay_parser(subparsers: Any) -> None:
 
 
 def _node_score(name: str) -> tuple[float, ...]:
-    """``--node-score``'s DraftConfig value."""
-    if name == "hand":
-        return ()
-    if name == "default":
-        return default_node_score().as_config()
+    """``--node-score``'s DraftConfig value, chosen as ``drafter serve`` chooses it (no
+    snapshot score: the replay builds its datastore itself)."""
     try:
-        obj = json.loads(Path(name).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DataError(f"--node-score {name}: {exc}") from None
-    try:
-        return NodeScore.from_json(obj, where=name).as_config()
+        return resolve_node_score(name, None, "--node-score")
     except NodeScoreError as exc:
         raise DataError(str(exc)) from None
 
