@@ -59,6 +59,7 @@ import numpy.typing as npt
 from benchmarks.acceptance import accepted_length
 from benchmarks.node_score_ablation import emit_row
 from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
+from datastore_builder.score_training import labelled_nodes
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
@@ -304,13 +305,12 @@ def collect_training(
             if not len(tokens):
                 continue
             depth = node_depths(parents)
-            matched = matched_depth(tokens, parents, output, p)
-            labelled = (parents < 0) | (matched[np.maximum(parents, 0)] > 0)
+            labelled, labels = labelled_nodes(parents, tokens, output[p:])
             x = np.hstack([node_features(tokens, parents, scores, depth, ctx, p),
                            native_columns(native)])  # fmt: skip
             xs.append(x[labelled])
-            ys.append((matched[labelled] > 0).astype(np.int8))
-            gs.append(np.full(int(labelled.sum()), index))
+            ys.append(labels)
+            gs.append(np.full(len(labels), index))
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
 
 

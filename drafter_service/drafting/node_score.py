@@ -102,7 +102,7 @@ class NodeScore:
 def default_node_score() -> NodeScore:
     """The node score shipped with this package (trained with ``datastore-builder
     train-score`` on a held-out split of a public Llama-3-family corpus; the features
-    are counts, lengths and ranks, so it does not depend on the tokenizer)."""
+    are counts, lengths and n-gram flags, so it does not depend on the tokenizer)."""
     text = resources.files(__package__).joinpath(_DEFAULT_RESOURCE).read_text("utf-8")
     return NodeScore.from_json(json.loads(text), where=f"{__package__}/{_DEFAULT_RESOURCE}")
 
