@@ -249,10 +249,12 @@ def log_score(s: float) -> float:
 
 
 def learned_probability(weights: Sequence[float], x: Sequence[float]) -> float:
-    """The logistic of bias + sum of weight * feature, summed in feature order."""
-    z = weights[0]
+    """The logistic of bias + ((lane 0 + lane 1) + (lane 2 + lane 3)), where lane k sums
+    weight * feature over the features f = k (mod 4) in feature order, from 0."""
+    lane = [0.0, 0.0, 0.0, 0.0]
     for f, value in enumerate(x):
-        z += weights[f + 1] * value
+        lane[f % 4] += weights[f + 1] * value
+    z = weights[0] + ((lane[0] + lane[1]) + (lane[2] + lane[3]))
     try:
         return 1.0 / (1.0 + math.exp(-z))
     except OverflowError:  # exp overflows to inf natively: probability 0

@@ -799,7 +799,10 @@ void test_input_trie() {
   for (int iter = 0; iter < 500; ++iter) {
     const int32_t depth = uniform(rng, 1, 9);
     const int32_t alphabet = uniform(rng, 1, 5);
-    const int32_t offset = coin(rng, 0.3) ? uniform(rng, 0, 100000) : 0;
+    // Some alphabets straddle the end of the trie's token bitmap (holds()).
+    const int32_t offset = coin(rng, 0.15)  ? static_cast<int32_t>(InputTrie::kBitmapTokens) - 2
+                           : coin(rng, 0.3) ? uniform(rng, 0, 100000)
+                                            : 0;
     InputTrie trie(depth);
     Tokens input;
     const int32_t chunks = uniform(rng, 1, 6);
@@ -860,6 +863,14 @@ void test_input_trie() {
         }
       }
       CHECK_MSG(suffix_ok, "suffix_node, depth " + std::to_string(depth) + " input " + show(input));
+      // holds(t): the input has token t, as the root's child along t says.
+      bool holds_ok = !trie.holds(-1) && !trie.holds(INT32_MAX);
+      for (int32_t t = offset - 1; t <= offset + alphabet + 1; ++t) {
+        const bool has = std::find(input.begin(), input.end(), t) != input.end();
+        holds_ok = holds_ok && trie.holds(t) == has &&
+                   (trie.child(InputTrie::kRoot, t) >= 0) == has;
+      }
+      CHECK_MSG(holds_ok, "holds, input " + show(input));
       CHECK(trie.resident_bytes() > 0);
     }
   }

@@ -266,6 +266,7 @@ using fusion::DraftNode;
 using fusion::Member;
 using fusion::Offer;
 using fusion::Source;
+using fusion::kNotLookedUp;
 
 // Uniform read access to the kinds of source tree.
 struct SourceView {
@@ -350,10 +351,15 @@ void member_features(const Member* begin, const Member* end, int32_t depth,
 }
 
 // P(accepted | parent accepted) under the learned node score: the logistic of
-// w[0] + sum_f w[1 + f] * x[f], summed in feature order.
+// w[0] + ((lane 0 + lane 1) + (lane 2 + lane 3)), where lane k sums w[1 + f] * x[f] over
+// the features f = k (mod 4) in feature order, from 0. Four independent sums instead of
+// one chain of kScoreFeatures additions; the reference adds in the same order.
 double learned_probability(const std::vector<double>& w, const double* x) {
-  double z = w[0];
-  for (int32_t f = 0; f < kScoreFeatures; ++f) z += w[static_cast<size_t>(f) + 1] * x[f];
+  double lane[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int32_t f = 0; f < kScoreFeatures; ++f) {
+    lane[f % 4] += w[static_cast<size_t>(f) + 1] * x[f];
+  }
+  const double z = w[0] + ((lane[0] + lane[1]) + (lane[2] + lane[3]));
   return 1.0 / (1.0 + std::exp(-z));
 }
 
@@ -465,15 +471,22 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
   // The n-gram columns. A candidate an input match offers extends a string the trie holds
   // (the matched context suffix, the path, the token), and so every shorter n-gram that
   // ends it: its unigram and bigram, and its trigram once that string has 3 tokens. Only
-  // the others are looked up (a trie lookup is a likely cache miss).
-  auto ngram_features = [&](const Candidate& c, const DraftNode& parent, double* f) {
+  // the others are looked up (a trie lookup is a likely cache miss), and only while the
+  // shorter one is held: the trie holds every substring of an n-gram it holds. The nodes
+  // found are kept in the candidate for its children's n-grams.
+  auto ngram_features = [&](Candidate& c, const DraftNode& parent, double* f) {
     const double input_len = f[kFeatInputMatch] + f[kFeatDepth];  // 0 + depth: no input
-    const bool input = f[kFeatInputMatch] > 0.0;
-    f[kFeatUnigramSeen] = input || trie->child(InputTrie::kRoot, c.token) >= 0 ? 1.0 : 0.0;
-    f[kFeatBigramSeen] =
-        input || (parent.unigram >= 0 && trie->child(parent.unigram, c.token) >= 0) ? 1.0 : 0.0;
-    f[kFeatTrigramSeen] = (input && input_len >= 3.0) ||
-                                  (parent.bigram >= 0 && trie->child(parent.bigram, c.token) >= 0)
+    bool unigram = true, bigram = true;
+    if (f[kFeatInputMatch] <= 0.0) {
+      unigram = trie->holds(c.token);
+      c.bigram = unigram && parent.unigram >= 0 ? trie->child(parent.unigram, c.token) : -1;
+      bigram = c.bigram >= 0;
+    }
+    f[kFeatUnigramSeen] = unigram ? 1.0 : 0.0;
+    f[kFeatBigramSeen] = bigram ? 1.0 : 0.0;
+    f[kFeatTrigramSeen] = (f[kFeatInputMatch] > 0.0 && input_len >= 3.0) ||
+                                  (bigram && parent.bigram >= 0 &&
+                                   trie->child(parent.bigram, c.token) >= 0)
                               ? 1.0
                               : 0.0;
   };
@@ -489,7 +502,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     const double log_parent = log_score(parent.hand);
     const double log_siblings = log_count(static_cast<double>(n));
     for (size_t i = 0; i < n; ++i) {
-      const Candidate& c = group[i];
+      Candidate& c = group[i];
       double* f = group_features.data() + i * kScoreFeatures;
       member_features(pool.data() + c.begin, pool.data() + c.end, parent.depth + 1, view, f);
       const double log_hand = log_score(c.hand);
@@ -519,7 +532,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
                         o.score * o.discount, o.discount, o.parent_count, o.match});
       }
       group.push_back({hand, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
-                       hand, -1});
+                       hand, -1, kNotLookedUp});
     }
     offers.clear();
     if (featured) group_score_features(parent);
@@ -585,8 +598,11 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     // The trie nodes of its unigram and bigram, where its children's n-grams start.
     int32_t unigram = -1, bigram = -1;
     if (featured && trie != nullptr) {
-      unigram = trie->child(InputTrie::kRoot, cand.token);
-      bigram = parent.unigram >= 0 ? trie->child(parent.unigram, cand.token) : -1;
+      unigram = trie->holds(cand.token) ? trie->child(InputTrie::kRoot, cand.token) : -1;
+      bigram = cand.bigram != kNotLookedUp
+                   ? cand.bigram
+                   : (unigram >= 0 && parent.unigram >= 0 ? trie->child(parent.unigram, cand.token)
+                                                          : -1);
     }
     nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.hand,
                      unigram, bigram, cand.features});

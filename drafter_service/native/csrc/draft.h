@@ -207,7 +207,11 @@ struct Candidate {
   int32_t begin, end;    // range in the member pool
   double hand;           // hand-set SSSD score: the most confident member's
   int32_t features;      // row in the feature pool (explain only), else -1
+  // Input-trie node of [token before, token] when the n-gram features looked it up
+  // (-1: absent), else kNotLookedUp; a chosen node reuses it.
+  int32_t bigram;
 };
+constexpr int32_t kNotLookedUp = -2;
 
 struct DraftNode {
   int32_t token;

@@ -36,7 +36,8 @@ InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
 int64_t InputTrie::resident_bytes() const {
   return static_cast<int64_t>(nodes_.capacity() * sizeof(Node) +
                               keys_.capacity() * sizeof(uint64_t) +
-                              values_.capacity() * sizeof(int32_t));
+                              values_.capacity() * sizeof(int32_t) +
+                              seen_.capacity() * sizeof(uint64_t));
 }
 
 int32_t InputTrie::suffix_node(int32_t len) const {
@@ -102,6 +103,11 @@ void InputTrie::append(int32_t token) {
   // The suffixes ending at the new token are the old suffixes (up to length
   // max_depth - 1) extended by `token`, plus the one-token suffix.
   scratch_.clear();
+  const auto t = static_cast<uint32_t>(token);
+  if (t < kBitmapTokens) {
+    if (t / 64 >= seen_.size()) seen_.resize(t / 64 + 1, 0);
+    seen_[t / 64] |= uint64_t{1} << (t % 64);
+  }
   const int32_t first = get_or_add_child(kRoot, token);
   ++nodes_[static_cast<size_t>(first)].count;
   scratch_.push_back(first);

@@ -1,6 +1,7 @@
 // Per-request trie over prompt + committed tokens (SSSD §3.1.1, Algorithm 1).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -30,6 +31,19 @@ class InputTrie {
 
   // Child of `parent` along `token`, or -1. O(1) expected.
   int32_t child(int32_t parent, int32_t token) const;
+
+  // Whether the input holds `token` (the root has a child along it). Reads a bitmap of
+  // the tokens below kBitmapTokens, a few KiB that stay in cache where a hash probe
+  // would miss; larger tokens take the hash table.
+  bool holds(int32_t token) const {
+    const auto t = static_cast<uint32_t>(token);
+    if (t < kBitmapTokens) {
+      const size_t word = t / 64;
+      return word < seen_.size() && ((seen_[word] >> (t % 64)) & 1) != 0;
+    }
+    return child(kRoot, token) >= 0;
+  }
+  static constexpr uint32_t kBitmapTokens = uint32_t{1} << 20;
 
   int32_t token(int32_t node) const { return nodes_[node].token; }
   uint32_t count(int32_t node) const { return nodes_[node].count; }
@@ -61,6 +75,7 @@ class InputTrie {
   // active_[k] is the node of the input suffix of length k + 1, for
   // k < min(num_tokens_, max_depth_).
   std::vector<int32_t> active_;
+  std::vector<uint64_t> seen_;  // bit t: token t < kBitmapTokens was appended
   std::vector<int32_t> scratch_;
 };
 
