@@ -354,12 +354,20 @@ void member_features(const Member* begin, const Member* end, int32_t depth,
 // w[0] + ((lane 0 + lane 1) + (lane 2 + lane 3)), where lane k sums w[1 + f] * x[f] over
 // the features f = k (mod 4) in feature order, from 0. Four independent sums instead of
 // one chain of kScoreFeatures additions; the reference adds in the same order.
-double learned_probability(const std::vector<double>& w, const double* x) {
-  double lane[4] = {0.0, 0.0, 0.0, 0.0};
-  for (int32_t f = 0; f < kScoreFeatures; ++f) {
-    lane[f % 4] += w[static_cast<size_t>(f) + 1] * x[f];
+double learned_probability(const std::vector<double>& weights, const double* x) {
+  const double* w = weights.data() + 1;
+  double lane0 = 0.0, lane1 = 0.0, lane2 = 0.0, lane3 = 0.0;  // registers, not an array
+  int32_t f = 0;
+  for (; f + 4 <= kScoreFeatures; f += 4) {
+    lane0 += w[f] * x[f];
+    lane1 += w[f + 1] * x[f + 1];
+    lane2 += w[f + 2] * x[f + 2];
+    lane3 += w[f + 3] * x[f + 3];
   }
-  const double z = w[0] + ((lane[0] + lane[1]) + (lane[2] + lane[3]));
+  if (f < kScoreFeatures) lane0 += w[f] * x[f];
+  if (f + 1 < kScoreFeatures) lane1 += w[f + 1] * x[f + 1];
+  if (f + 2 < kScoreFeatures) lane2 += w[f + 2] * x[f + 2];
+  const double z = weights[0] + ((lane0 + lane1) + (lane2 + lane3));
   return 1.0 / (1.0 + std::exp(-z));
 }
 
