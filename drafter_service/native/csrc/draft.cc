@@ -290,16 +290,18 @@ struct SourceView {
 
 // log(n) of the integer counts the features are made of: a table of std::log's own
 // values below kLogTable, std::log above (and for anything not a whole number).
+// The table is built once at load, at namespace scope, so the lookup inlines without a
+// guard check.
 constexpr int32_t kLogTable = 4096;
-double log_count(double n) {
-  static const std::vector<double> table = [] {
-    std::vector<double> t(kLogTable, 0.0);
-    for (int32_t i = 1; i < kLogTable; ++i) t[static_cast<size_t>(i)] = std::log(double(i));
-    return t;
-  }();
+const std::vector<double> kLogOf = [] {
+  std::vector<double> t(kLogTable, 0.0);
+  for (int32_t i = 1; i < kLogTable; ++i) t[static_cast<size_t>(i)] = std::log(double(i));
+  return t;
+}();
+inline double log_count(double n) {
   if (n >= 1.0 && n < kLogTable) {
     const auto i = static_cast<size_t>(n);
-    if (static_cast<double>(i) == n) return table[i];
+    if (static_cast<double>(i) == n) return kLogOf[i];
   }
   return std::log(n);
 }
