@@ -70,6 +70,9 @@ def add_load_parser(subparsers: Any) -> None:
     p.add_argument("--prefetch-fan-out", type=int, default=0, metavar="F",
                    help="pre-drafted outcomes per request (DrafterClient prefetch_fan_out; "
                         "stream mode; default 0 = off)")
+    p.add_argument("--node-score", metavar="hand|default|FILE",
+                   help="passed to the started service's drafter serve --node-score "
+                        "(default: serve's own choice, the shipped learned score)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_load)
 
@@ -111,6 +114,8 @@ class _Lane:
 def run_load(args: argparse.Namespace) -> int:
     if args.server_cpus is not None and args.target is not None:
         raise ValueError("--server-cpus pins the service load starts; with --target pin it there")
+    if args.node_score is not None and args.target is not None:
+        raise ValueError("--node-score sets the service load starts; with --target set it there")
     records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
     if not records:
         raise ValueError(f"{args.data}: no record with output tokens")
@@ -149,6 +154,8 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
         write_snapshot(tmp / "corpus", Datastore([index], args.vocab_size),
                        TokenizerIdentity("bench", args.vocab_size, ""))
         cmd += ["--snapshot", str(tmp / "corpus")]
+    if args.node_score is not None:
+        cmd += ["--node-score", args.node_score]
     pin = None
     if args.server_cpus is not None:
         # drafter serve's default is a thread per CPU of the machine, not of its CPU set.
@@ -282,6 +289,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
     return {
         "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(wait_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
+        "node_score": args.node_score,
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),

@@ -533,3 +533,27 @@ def test_load_benchmark_with_pre_drafting_reports_the_wait_and_the_hit_rate(
     assert pre["hit_rate"] is not None and 0 <= pre["hit_rate"] <= 1
     assert 0 <= pre["wait_ms_p50"] <= pre["wait_ms_p99"]
     assert pre["failed_steps"] == 0
+
+
+def test_load_benchmark_passes_the_node_score_to_the_service(files: tuple[Path, Path]) -> None:
+    """`drafter-bench load --node-score` sets the started service's score: `default` drafts
+    the same trees (same tau) as the service's own default, a missing file stops the
+    service from starting, and a --target service is refused the flag."""
+    data, corpus = files
+    base = [sys.executable, "-m", "benchmarks.bench_cli", "load", "--data", str(data),
+            "--corpus", str(corpus), "--batch", "2", "--steps", "40", "--warmup", "0",
+            "--vocab-size", "1000", "--json"]  # fmt: skip
+    rows = {}
+    for extra in ([], ["--node-score", "default"], ["--node-score", "hand"]):
+        proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        rows[extra[-1] if extra else None] = json.loads(proc.stdout)
+    assert rows[None]["node_score"] is None and rows["hand"]["node_score"] == "hand"
+    assert rows["default"]["tau"] == rows[None]["tau"]
+    assert rows["hand"]["failed_steps"] == 0 and rows["hand"]["tau"] > 1.0
+    missing = subprocess.run([*base, "--node-score", "/nonexistent/score.json"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert missing.returncode != 0 and "did not start" in missing.stderr
+    target = subprocess.run([*base, "--target", "127.0.0.1:1", "--node-score", "hand"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert target.returncode != 0 and "--node-score sets the service" in target.stderr
