@@ -346,13 +346,13 @@ def fuse(
         parent_score, parent_hand = (1.0, 1.0) if parent < 0 else nodes[parent][3:5]
         depth = 1 if parent < 0 else nodes[parent][2] + 1
         before = [*ctx, *(path_to(parent) if parent >= 0 else [])]
-        hands = [groups[tok][0] for tok in toks]
-        best_hand = max(hands, default=0.0)
+        # The best sibling's log: the largest of the siblings' logs.
+        log_best = max((log_score(groups[tok][0]) for tok in toks), default=0.0)
         for tok in toks:
             hand, grouped = groups[tok]
             f = features(grouped, depth)
             f[FEATURE_INDEX["log_siblings"]] = log_count(len(toks))
-            f[FEATURE_INDEX["log_over_best"]] = log_score(hand) - log_score(best_hand)
+            f[FEATURE_INDEX["log_over_best"]] = log_score(hand) - log_best
             f[FEATURE_INDEX["log_hand_cond"]] = log_score(hand) - log_score(parent_hand)
             f[FEATURE_INDEX["unigram_seen"]] = seen([tok])
             f[FEATURE_INDEX["bigram_seen"]] = seen([*before[-1:], tok]) if before else 0.0

@@ -506,19 +506,21 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
   auto group_score_features = [&](const DraftNode& parent) {
     const size_t n = group.size();
     group_features.resize(n * kScoreFeatures);
-    double best = 0.0;
-    for (const Candidate& c : group) best = std::max(best, c.hand);
-    const double log_best = log_score(best);
-    const double log_parent = log_score(parent.hand);
+    // The best sibling's log is the largest of the siblings' logs, and the parent's was
+    // computed when it was a candidate: one log per candidate, none per expansion.
+    double log_best = -HUGE_VAL;
+    for (Candidate& c : group) {
+      c.log_hand = log_score(c.hand);
+      log_best = std::max(log_best, c.log_hand);
+    }
     const double log_siblings = log_count(static_cast<double>(n));
     for (size_t i = 0; i < n; ++i) {
       Candidate& c = group[i];
       double* f = group_features.data() + i * kScoreFeatures;
       member_features(pool.data() + c.begin, pool.data() + c.end, parent.depth + 1, view, f);
-      const double log_hand = log_score(c.hand);
       f[kFeatLogSiblings] = log_siblings;
-      f[kFeatLogOverBest] = log_hand - log_best;
-      f[kFeatLogHandCond] = log_hand - log_parent;
+      f[kFeatLogOverBest] = c.log_hand - log_best;
+      f[kFeatLogHandCond] = c.log_hand - parent.log_hand;
       if (trie != nullptr) ngram_features(c, parent, f);
     }
   };
@@ -542,7 +544,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
                         o.score * o.discount, o.discount, o.parent_count, o.match});
       }
       group.push_back({hand, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
-                       hand, -1, kNotLookedUp});
+                       hand, 0.0, -1, kNotLookedUp});
     }
     offers.clear();
     if (featured) group_score_features(parent);
@@ -593,7 +595,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     root_unigram = trie->find(context + context_len - 1, 1);
     if (context_len >= 2) root_bigram = trie->find(context + context_len - 2, 2);
   }
-  nodes.push_back({-1, -1, 0, 1.0, 1.0, root_unigram, root_bigram, -1});
+  nodes.push_back({-1, -1, 0, 1.0, 0.0, root_unigram, root_bigram, -1});  // log(hand 1) = 0
   push_offers(0);
 
   // Best-first: every candidate is a distinct (parent, token), so each pop adds
@@ -614,7 +616,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
                    : (unigram >= 0 && parent.unigram >= 0 ? trie->child(parent.unigram, cand.token)
                                                           : -1);
     }
-    nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.hand,
+    nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.log_hand,
                      unigram, bigram, cand.features});
     // The draft nodes still to be chosen; the last node's children could never be.
     const int32_t remaining = budget - slot;

@@ -206,6 +206,7 @@ struct Candidate {
   int32_t draft_parent;  // internal index, 0 = root
   int32_t begin, end;    // range in the member pool
   double hand;           // hand-set SSSD score: the most confident member's
+  double log_hand;       // its log (-100 for 0), set with the features
   int32_t features;      // row in the feature pool (explain only), else -1
   // Input-trie node of [token before, token] when the n-gram features looked it up
   // (-1: absent), else kNotLookedUp; a chosen node reuses it.
@@ -218,7 +219,7 @@ struct DraftNode {
   int32_t parent;  // internal index; 0 is the root
   int32_t depth;   // 1 for children of the root
   double score;    // what the draft reports: as Candidate::score
-  double hand;
+  double log_hand; // as Candidate's: what its children's hand conditional is taken over
   // Input-trie nodes of [token] and [token before, token] (-1: absent, or not needed):
   // where its children's n-grams start.
   int32_t unigram, bigram;
