@@ -482,8 +482,8 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
   // (the matched context suffix, the path, the token), and so every shorter n-gram that
   // ends it: its unigram and bigram, and its trigram once that string has 3 tokens. Only
   // the others are looked up (a trie lookup is a likely cache miss), and only while the
-  // shorter one is held: the trie holds every substring of an n-gram it holds. The nodes
-  // found are kept in the candidate for its children's n-grams.
+  // shorter one is held: the trie holds every substring of an n-gram it holds. The bigram
+  // node found is kept in the candidate, for its children's trigrams if it is chosen.
   auto ngram_features = [&](Candidate& c, const DraftNode& parent, double* f) {
     const double input_len = f[kFeatInputMatch] + f[kFeatDepth];  // 0 + depth: no input
     bool unigram = true, bigram = true;

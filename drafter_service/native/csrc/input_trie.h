@@ -33,8 +33,9 @@ class InputTrie {
   int32_t child(int32_t parent, int32_t token) const;
 
   // Whether the input holds `token` (the root has a child along it). Reads a bitmap of
-  // the tokens below kBitmapTokens, a few KiB that stay in cache where a hash probe
-  // would miss; larger tokens take the hash table.
+  // the tokens below kBitmapTokens (one bit per token id up to the largest appended:
+  // 16 KiB for a 128k vocabulary), which stays in cache where a hash probe would miss;
+  // larger tokens take the hash table.
   bool holds(int32_t token) const {
     const auto t = static_cast<uint32_t>(token);
     if (t < kBitmapTokens) {
