@@ -478,6 +478,12 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     }
   };
 
+  // The trie node of [parent's token, token] (-1: absent), from the parent's unigram
+  // node; only a held token can end a bigram the trie holds.
+  auto bigram_node = [&](const DraftNode& parent, int32_t token) {
+    return parent.unigram >= 0 && trie->holds(token) ? trie->child(parent.unigram, token) : -1;
+  };
+
   // The n-gram columns. A candidate an input match offers extends a string the trie holds
   // (the matched context suffix, the path, the token), and so every shorter n-gram that
   // ends it: its unigram and bigram, and its trigram once that string has 3 tokens. Only
@@ -489,7 +495,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     bool unigram = true, bigram = true;
     if (f[kFeatInputMatch] <= 0.0) {
       unigram = trie->holds(c.token);
-      c.bigram = unigram && parent.unigram >= 0 ? trie->child(parent.unigram, c.token) : -1;
+      c.bigram = bigram_node(parent, c.token);
       bigram = c.bigram >= 0;
     }
     f[kFeatUnigramSeen] = unigram ? 1.0 : 0.0;
@@ -611,10 +617,7 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
     int32_t unigram = -1, bigram = -1;
     if (featured && trie != nullptr) {
       unigram = trie->holds(cand.token) ? trie->child(InputTrie::kRoot, cand.token) : -1;
-      bigram = cand.bigram != kNotLookedUp
-                   ? cand.bigram
-                   : (unigram >= 0 && parent.unigram >= 0 ? trie->child(parent.unigram, cand.token)
-                                                          : -1);
+      bigram = cand.bigram != kNotLookedUp ? cand.bigram : bigram_node(parent, cand.token);
     }
     nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.log_hand,
                      unigram, bigram, cand.features});
