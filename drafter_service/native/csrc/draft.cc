@@ -203,18 +203,28 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
   const size_t num_sub = end;
+  // ranges[s * stride + m - 1]: the rows of sub-index s matching the last m tokens.
+  // They are searched shortest first: a suffix that occurs nowhere in a sub-index has
+  // no longer suffix there either (an occurrence of the longer one contains it), so the
+  // longer searches, most of them misses, are skipped. The longest-first loop below
+  // reads them.
+  const auto stride = static_cast<size_t>(longest);
   std::vector<SaRange>& ranges = scratch.ranges;
-  ranges.resize(num_sub);
+  ranges.assign(num_sub * stride, SaRange{0, 0});
+  for (size_t s = begin; s < num_sub; ++s) {
+    const SubIndex& index = *datastore.sub_indices[s];
+    for (int32_t m = 1; m <= longest; ++m) {
+      const SaRange r = index.find_range(context + context_len - m, m);
+      if (r.size() == 0) break;
+      ranges[s * stride + static_cast<size_t>(m) - 1] = r;
+    }
+  }
   std::vector<SampledRow>& rows = scratch.sample_rows;
   std::vector<Sample>& samples = scratch.samples;
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
-    const int32_t* prefix = context + context_len - m;
     int64_t total = 0;
-    for (size_t s = begin; s < num_sub; ++s) {
-      ranges[s] = datastore.sub_indices[s]->find_range(prefix, m);
-      total += ranges[s].size();
-    }
+    for (size_t s = begin; s < num_sub; ++s) total += ranges[s * stride + static_cast<size_t>(m) - 1].size();
     if (total == 0) continue;
     if (tree.matched_prefix() == 0) tree.set_matched_prefix(m);
     // Interval sampling: the rows of a range are sorted by continuation, so evenly
@@ -222,7 +232,8 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
     // split over sub-indices in proportion to their matches.
     rows.clear();
     for (size_t s = begin; s < num_sub; ++s) {
-      const int64_t found = ranges[s].size();
+      const SaRange& range = ranges[s * stride + static_cast<size_t>(m) - 1];
+      const int64_t found = range.size();
       if (found == 0) continue;
       const int64_t count =
           total <= config.datastore_samples
@@ -230,7 +241,7 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
               : std::max<int64_t>(1, config.datastore_samples * found / total);
       const int32_t* sa = datastore.sub_indices[s]->suffix_array();
       for (int64_t k = 0; k < count; ++k) {
-        rows.push_back({ranges[s].begin + (k * found) / count, s});
+        rows.push_back({range.begin + (k * found) / count, s});
         __builtin_prefetch(sa + rows.back().row);
       }
     }

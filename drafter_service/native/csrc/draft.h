@@ -245,7 +245,7 @@ struct Offer {
 struct DraftScratch {
   CandidateTree datastore_tree;         // the whole datastore, or a split one's base
   CandidateTree live_tree;              // a split datastore's live sub-indices
-  std::vector<SaRange> ranges;          // one per sub-index
+  std::vector<SaRange> ranges;          // per sub-index and prefix length
   std::vector<SampledRow> sample_rows;  // rows sampled for one prefix length
   std::vector<Sample> samples;          // continuations sampled for one prefix length
   std::vector<int32_t> children;
