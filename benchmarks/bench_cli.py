@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from benchmarks.token_records import (
 )
 from benchmarks.worker_bench import add_worker_parser
 from drafter_service.datastore.sub_indices import SubIndex
-from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.draft_config import DraftConfig, parse_config_pair
 from drafter_service.drafting.node_score import NodeScoreError, resolve_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.snapshot.store import SnapshotError, load_snapshot
@@ -65,16 +65,10 @@ def _fan_outs(text: str) -> tuple[int, ...]:
 
 
 def _config_override(text: str) -> tuple[str, int | float]:
-    name, sep, raw = text.partition("=")
-    types = {f.name: f.type for f in fields(DraftConfig) if f.name != "node_score"}
-    if not sep or name not in types:
-        raise argparse.ArgumentTypeError(
-            f"expected KEY=VALUE with KEY one of {', '.join(types)}, got {text!r}"
-        )
     try:
-        return name, int(raw) if types[name] in ("int", int) else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad value for {name}: {raw!r}") from None
+        return parse_config_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_replay_parser(subparsers: Any) -> None:

@@ -18,9 +18,17 @@ from typing import Any
 
 from datastore_builder.score_training import read_training_records, train
 from drafter_service.corpus.build_errors import BuildError
+from drafter_service.drafting.draft_config import DraftConfig, parse_config_pair
 from drafter_service.drafting.node_score import METADATA_KEY
 from drafter_service.snapshot.manifest import SnapshotError
 from drafter_service.snapshot.store import load_snapshot, write_snapshot
+
+
+def _config_pair(text: str) -> tuple[str, int | float]:
+    try:
+        return parse_config_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_train_score_parser(subparsers: Any, positive: Any) -> None:
@@ -54,6 +62,11 @@ def add_train_score_parser(subparsers: Any, positive: Any) -> None:
         "--candidate-budget", type=positive, default=256, metavar="N",
         help="nodes of the candidate tree labelled at each position (default %(default)s)",
     )  # fmt: skip
+    p.add_argument(
+        "--config", action="append", default=[], type=_config_pair, metavar="KEY=VALUE",
+        help="a DraftConfig field of the drafting the score is for, as drafter serve's "
+        "--draft-config (the candidates it learns from are drafted with it); repeatable",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="of the held-out sample")
     p.add_argument("--quiet", action="store_true", help="no progress")
 
@@ -83,11 +96,22 @@ def run_train_score(args: argparse.Namespace) -> int:
             print(f"\rreplayed {done}/{min(args.holdout, len(records))} records",
                   end="", file=sys.stderr, flush=True)  # fmt: skip
 
+    overrides = dict(args.config)
+    if "max_budget" in overrides:
+        raise BuildError("--config: max_budget is not set here (--candidate-budget sizes the "
+                         "trees learned from)")  # fmt: skip
+    try:
+        config = DraftConfig(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise BuildError(f"--config: {exc}") from None
     trained_on = (f"{args.records.name}: {args.holdout} held-out records, candidate budget "
                   f"{args.candidate_budget}, seed {args.seed}")  # fmt: skip
+    if overrides:
+        trained_on += ", " + ", ".join(f"{k}={v}" for k, v in overrides.items())
     score, report = train(
         records, vocab_size, holdout=args.holdout, seed=args.seed,
-        candidate_budget=args.candidate_budget, trained_on=trained_on, progress=progress,
+        candidate_budget=args.candidate_budget, config=config, trained_on=trained_on,
+        progress=progress,
     )  # fmt: skip
     if not args.quiet:
         print(file=sys.stderr)

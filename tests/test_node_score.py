@@ -3,6 +3,7 @@ which score each datastore of the service drafts with."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -158,6 +159,35 @@ def test_train_score_reports_a_fit_better_than_the_base_rate(
                   for x in line.split("log-loss ")[1].split(" (always the base rate: "))
     assert loss < base
     NodeScore.from_json(json.loads(out.read_text()))
+
+
+def test_train_score_learns_from_the_drafting_its_config_sets(
+    tmp_path: Path, trained: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    records = trained[0]
+    common = ["train-score", "--records", str(records), "--vocab-size", str(VOCAB),
+              "--holdout", "12", "--candidate-budget", "32", "--quiet"]  # fmt: skip
+    scores = {}
+    for name, extra in (("default", []), ("narrow", ["--config", "datastore_max_prefix=1",
+                                                     "--config", "datastore_samples=4"])):
+        out = tmp_path / f"{name}.json"
+        assert builder_main([*common, *extra, "--score-out", str(out)]) == 0
+        scores[name] = NodeScore.from_json(json.loads(out.read_text()))
+    # Other candidates, another fit; the score says what drafting it was fitted for.
+    assert scores["narrow"].weights != scores["default"].weights
+    assert scores["narrow"].trained_on.endswith("datastore_max_prefix=1, datastore_samples=4")
+    assert "datastore_" not in scores["default"].trained_on
+    cases = [
+        (["--config", "smoothing=1"], "'smoothing' is not a DraftConfig field"),
+        (["--config", "datastore_samples=many"], "datastore_samples = 'many' is not a int"),
+        (["--config", "datastore_samples=0"], "datastore_samples"),
+        (["--config", "max_budget=512"], "max_budget is not set here"),
+    ]
+    for extra, message in cases:
+        with contextlib.suppress(SystemExit):
+            assert builder_main([*common, *extra, "--score-out", str(tmp_path / "x.json")]) == 2
+        assert message in capsys.readouterr().err, extra
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_train_score_errors_name_the_problem(

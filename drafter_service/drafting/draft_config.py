@@ -81,3 +81,25 @@ class DraftConfig:
         for name, value in asdict(self).items():
             setattr(native, name, list(value) if name == "node_score" else value)
         return native
+
+
+def config_field_value(key: str, text: str) -> int | float:
+    """The value of the :class:`DraftConfig` field ``key`` written as ``text`` (the
+    ``KEY=VALUE`` options of the CLIs); :class:`ValueError` names the bad key or value.
+    ``node_score`` is not set this way (it is a datastore's, or ``--node-score``)."""
+    kinds = {f.name: f.type for f in fields(DraftConfig) if f.name != "node_score"}
+    if key not in kinds:
+        raise ValueError(f"{key!r} is not a DraftConfig field ({', '.join(sorted(kinds))})")
+    kind = int if kinds[key] in ("int", int) else float
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{key} = {text!r} is not a {kind.__name__}") from None
+
+
+def parse_config_pair(text: str) -> tuple[str, int | float]:
+    """``KEY=VALUE`` as the field name and its value (:func:`config_field_value`)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    return key, config_field_value(key, value)

@@ -25,7 +25,6 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -45,7 +44,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.draft_config import DraftConfig, config_field_value
 from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.live.shared_log import SharedLogConfig
@@ -410,23 +409,14 @@ class ServeConfig(BaseSettings):
     def draft_settings(self) -> DraftConfig:
         """The drafting parameters: DraftConfig defaults, max_budget, then --draft-config
         (the node score is each datastore's: :func:`resolve_node_score`)."""
-        kinds = {f.name: f.type for f in fields(DraftConfig) if f.name != "node_score"}
         values: dict[str, Any] = {"max_budget": self.max_budget}
         for key, text in self.draft_config:
             if key == "max_budget":
                 raise ValueError("ServeConfig.draft_config: set max_budget with --max-budget")
-            if key not in kinds:
-                raise ValueError(
-                    f"ServeConfig.draft_config: {key!r} is not a DraftConfig field "
-                    f"({', '.join(sorted(kinds))})"
-                )
-            kind = int if kinds[key] in ("int", int) else float
             try:
-                values[key] = kind(text)
-            except ValueError:
-                raise ValueError(
-                    f"ServeConfig.draft_config: {key} = {text!r} is not a {kind.__name__}"
-                ) from None
+                values[key] = config_field_value(key, text)
+            except ValueError as exc:
+                raise ValueError(f"ServeConfig.draft_config: {exc}") from None
         return DraftConfig(**values)
 
     def live_policy(self) -> LivePolicy:
