@@ -93,7 +93,9 @@ def run_train_score(args: argparse.Namespace) -> int:
 
     def progress(done: int) -> None:
         if not args.quiet:
-            print(f"\rreplayed {done}/{min(args.holdout, len(records))} records",
+            # Two passes over the held-out records: against the datastore, then with a
+            # live source beside it.
+            print(f"\rreplayed {done}/{2 * min(args.holdout, len(records))} records",
                   end="", file=sys.stderr, flush=True)  # fmt: skip
 
     overrides = dict(args.config)
@@ -116,8 +118,9 @@ def run_train_score(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(file=sys.stderr)
     print(
-        f"fitted on {report.nodes:,} nodes ({report.positions:,} positions of "
-        f"{report.records} records, {report.positive_rate:.3f} accepted): held-out log-loss "
+        f"fitted on {report.nodes:,} nodes ({report.live_nodes:,} of them with a live source; "
+        f"{report.positions:,} positions of {report.records} records, twice; "
+        f"{report.positive_rate:.3f} accepted): held-out log-loss "
         f"{report.validation_logloss:.4f} (always the base rate: {report.base_logloss:.4f})"
     )
     if args.score_out is not None:

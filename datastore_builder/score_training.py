@@ -10,12 +10,22 @@ factor the native fusion multiplies along a path.
 
 The datastore leaves out every other answer to a held-out record's prompt: a corpus that
 answers each prompt many times would otherwise look far more predictive in training than
-it is on new prompts. scikit-learn is needed here only (the ``train`` extra), never by
-the service.
+it is on new prompts.
+
+A second, live pass drafts each held-out record again with a live source beside that
+datastore: the held-out records before it, stored as a live datastore stores finished
+generations (other answers to its own prompt left out). The fit thus sees the candidate
+trees of a split datastore (more candidates, more siblings) and learns the other weights
+with live evidence present, while the live columns are tied to the base's
+(:func:`tie_live_to_base`): both are suffix-array samples read the same way, and how much
+live data is worth depends on the traffic, which held-out corpus records are not.
+
+scikit-learn is needed here only (the ``train`` extra), never by the service.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -33,10 +43,16 @@ from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
 from drafter_service.drafting.node_score import NodeScore
+from drafter_service.live.ingestion import generation_document
+from drafter_service.live.live_policy import LivePolicy
 
 PROMPT_KEY_TOKENS = 48
 """A prompt is known by its last tokens (the end of the last user turn and the assistant
 header): system prompts that differ by model do not hide a repeated question."""
+
+
+class NoDraftNodes(BuildError):
+    """The records replayed gave no candidate tree to learn from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +72,8 @@ class TrainingReport:
     records: int
     positions: int
     nodes: int
+    live_nodes: int
+    """Of ``nodes``, those of the live pass."""
     positive_rate: float
     validation_logloss: float
     base_logloss: float
@@ -154,8 +172,62 @@ def collect(
         if progress is not None:
             progress(index + 1)
     if not xs:
-        raise BuildError("the held-out records gave no draft nodes to learn from")
+        raise NoDraftNodes("the held-out records gave no draft nodes to learn from")
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
+
+
+def collect_live(
+    drafter: Drafter,
+    records: Sequence[TrainingRecord],
+    base: SubIndex,
+    candidate_budget: int,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8], npt.NDArray[np.int64], int]:
+    """The live pass (module docstring): :func:`collect` over ``records[1:]``, each drafted
+    against ``base`` plus a live source of the records before it. Group indices are the
+    records' own; ``progress`` counts on from ``len(records)``."""
+    vocab_size = base.vocab_size
+    policy = LivePolicy()
+    xs: list[npt.NDArray[np.float64]] = []
+    ys: list[npt.NDArray[np.int8]] = []
+    gs: list[npt.NDArray[np.int64]] = []
+    positions = 0
+    try:
+        for index in range(1, len(records)):
+            record = records[index]
+            key = record.prompt_key()
+            live = [generation_document(r.prompt, r.output, policy, vocab_size)
+                    for r in records[:index] if r.prompt_key() != key]  # fmt: skip
+            if live:
+                drafter.set_datastore(
+                    Datastore([base, SubIndex.build(live, vocab_size)], vocab_size, base_count=1)
+                )
+                with contextlib.suppress(NoDraftNodes):
+                    x, y, _, n = collect(drafter, [record], candidate_budget)
+                    xs.append(x)
+                    ys.append(y)
+                    gs.append(np.full(len(y), index, dtype=np.int64))
+                    positions += n
+            if progress is not None:
+                progress(len(records) + index + 1)
+    finally:
+        drafter.set_datastore(Datastore([base], vocab_size))
+    if not xs:
+        empty = np.zeros((0, len(SCORE_FEATURES)))
+        return empty, np.zeros(0, np.int8), np.zeros(0, np.int64), positions
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
+
+
+def tie_live_to_base(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``x`` with each live column added into its base column and then zeroed: a linear
+    fit on it has one weight for both sources (w·base + w·live = w·(base + live)), which
+    :func:`share_datastore_weights` then copies to the live columns."""
+    tied = x.copy()
+    live = [i for i, name in enumerate(SCORE_FEATURES) if name.startswith("live_")]
+    for i in live:
+        tied[:, SCORE_FEATURES.index("base_" + SCORE_FEATURES[i][len("live_"):])] += x[:, i]
+        tied[:, i] = 0.0
+    return tied
 
 
 def fit(x: npt.NDArray[np.float64], y: npt.NDArray[np.int8], trained_on: str) -> NodeScore:
@@ -219,8 +291,15 @@ def train(
         raise BuildError("every record shares a prompt with a held-out one: no datastore left")
     base = config if config is not None else DraftConfig()
     hand = dataclasses.replace(base, node_score=())
-    drafter = Drafter(vocab_size, hand, Datastore([SubIndex.build(rest, vocab_size)], vocab_size))
+    index = SubIndex.build(rest, vocab_size)
+    drafter = Drafter(vocab_size, hand, Datastore([index], vocab_size))
     x, y, groups, positions = collect(drafter, held, candidate_budget, progress)
+    lx, ly, lgroups, live_positions = collect_live(drafter, held, index, candidate_budget,
+                                                   progress)  # fmt: skip
+    x = tie_live_to_base(np.concatenate([x, lx]))
+    y = np.concatenate([y, ly])
+    groups = np.concatenate([groups, lgroups])
+    positions += live_positions
     val = groups % 5 == 0
     rate = float(np.clip(y[~val].mean(), 1e-6, 1 - 1e-6))
     base_loss = -float(np.mean(np.where(y[val] > 0, math.log(rate), math.log1p(-rate))))
@@ -228,5 +307,6 @@ def train(
     if val.any():
         val_loss = log_loss(fit(x[~val], y[~val], trained_on), x[val], y[val])
     score = share_datastore_weights(fit(x, y, trained_on), x)
-    report = TrainingReport(len(held), positions, len(y), float(y.mean()), val_loss, base_loss)
+    report = TrainingReport(len(held), positions, len(y), len(ly), float(y.mean()), val_loss,
+                            base_loss)  # fmt: skip
     return score, report

@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 
 from datastore_builder.builder_cli import main as builder_main
-from datastore_builder.score_training import labelled_nodes
+from datastore_builder.score_training import (
+    labelled_nodes,
+    read_training_records,
+    tie_live_to_base,
+    train,
+)
 from drafter_service.drafting.drafter import SCORE_FEATURES
 from drafter_service.drafting.node_score import (
     METADATA_KEY,
@@ -159,6 +164,28 @@ def test_train_score_reports_a_fit_better_than_the_base_rate(
                   for x in line.split("log-loss ")[1].split(" (always the base rate: "))
     assert loss < base
     NodeScore.from_json(json.loads(out.read_text()))
+
+
+def test_training_drafts_again_with_a_live_source_whose_weights_are_the_bases(
+    trained: tuple[Path, Path, Path],
+) -> None:
+    records = read_training_records(trained[0], VOCAB)
+    score, report = train(records, VOCAB, holdout=12, candidate_budget=32)
+    # The live pass added rows (the records before each one as a live source), and its
+    # fit has one weight per base/live pair.
+    assert 0 < report.live_nodes < report.nodes
+    weights = dict(zip(SCORE_FEATURES, score.weights, strict=True))
+    for name in ("present", "log_cond", "log_count", "log_parent"):
+        assert weights[f"live_{name}"] == weights[f"base_{name}"] != 0.0
+    # Tying adds each live column into its base column.
+    x = np.arange(3 * len(SCORE_FEATURES), dtype=np.float64).reshape(3, -1)
+    tied = tie_live_to_base(x)
+    for i, name in enumerate(SCORE_FEATURES):
+        if name.startswith("live_"):
+            j = SCORE_FEATURES.index("base_" + name[len("live_"):])
+            assert (tied[:, i] == 0).all() and (tied[:, j] == x[:, j] + x[:, i]).all()
+        elif not name.startswith("base_"):
+            assert (tied[:, i] == x[:, i]).all()
 
 
 def test_train_score_learns_from_the_drafting_its_config_sets(

@@ -10,8 +10,11 @@ from drafter_service.native import _core
 @dataclass(frozen=True, slots=True)
 class DraftConfig:
     """How candidate trees are built. Defaults follow the SSSD paper where it
-    gives a value (P = 4, 100 samples, 50-node threshold, 0.6 input weight),
-    except ``datastore_smoothing`` (the paper's estimator is k = 0).
+    gives a value (P = 4, 100 samples, 0.6 input weight), except
+    ``datastore_smoothing`` (the paper's estimator is k = 0) and the datastore tree's
+    width: the paper reads 16-token continuations until the tree holds 50 nodes; here
+    they are 8 tokens and the threshold is 100, so prefix shortening goes on until
+    about 13 distinct continuations are in (docs/benchmarks.md, "Wider retrieval").
 
     Probabilities are occurrence ratios count(prefix + path) / count(prefix).
     A draft node's score is the product of its path's probabilities, scaled by
@@ -29,9 +32,9 @@ class DraftConfig:
     """Shortest context suffix looked up when longer ones find too little."""
     datastore_samples: int = 100
     """Continuations sampled per prefix length, split over sub-indices by match count."""
-    datastore_max_continuation: int = 16
+    datastore_max_continuation: int = 8
     """Tokens read after each sampled match (capped by the budget)."""
-    datastore_min_tree_nodes: int = 50
+    datastore_min_tree_nodes: int = 100
     """Prefix shortening stops once the datastore tree has this many nodes."""
     input_weight: float = 0.6
     """Scale of input-trie probabilities (they are over-confident)."""

@@ -19,8 +19,8 @@ struct DraftConfig {
   int32_t datastore_max_prefix = 4;        // longest context suffix looked up in the datastore
   int32_t datastore_min_prefix = 1;        // shortest context suffix looked up
   int32_t datastore_samples = 100;         // continuations sampled per prefix, split over sub-indices
-  int32_t datastore_max_continuation = 16; // tokens taken after each sampled match
-  int32_t datastore_min_tree_nodes = 50;   // stop shortening the prefix once the tree has this many
+  int32_t datastore_max_continuation = 8;  // tokens taken after each sampled match
+  int32_t datastore_min_tree_nodes = 100;  // stop shortening the prefix once the tree has this many
   double input_weight = 0.6;               // scale of input-trie probabilities
   double input_child_discount_base = 0.6;  // per-level discount of input paths: base + per_match * m
   double input_child_discount_per_match = 0.1;
