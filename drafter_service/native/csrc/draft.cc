@@ -224,7 +224,9 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
     int64_t total = 0;
-    for (size_t s = begin; s < num_sub; ++s) total += ranges[s * stride + static_cast<size_t>(m) - 1].size();
+    for (size_t s = begin; s < num_sub; ++s) {
+      total += ranges[s * stride + static_cast<size_t>(m) - 1].size();
+    }
     if (total == 0) continue;
     if (tree.matched_prefix() == 0) tree.set_matched_prefix(m);
     // Interval sampling: the rows of a range are sorted by continuation, so evenly
