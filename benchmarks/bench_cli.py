@@ -33,7 +33,7 @@ from benchmarks.token_records import (
 )
 from benchmarks.worker_bench import add_worker_parser
 from drafter_service.datastore.sub_indices import SubIndex
-from drafter_service.drafting.draft_config import DraftConfig, parse_config_pair
+from drafter_service.drafting.draft_config import DraftConfig, config_pair_argument
 from drafter_service.drafting.node_score import NodeScoreError, resolve_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.snapshot.store import SnapshotError, load_snapshot
@@ -63,12 +63,6 @@ def _fan_outs(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"fan-outs must be >= 1, got {text!r}")
     return tuple(sorted(values))
 
-
-def _config_override(text: str) -> tuple[str, int | float]:
-    try:
-        return parse_config_pair(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_replay_parser(subparsers: Any) -> None:
@@ -151,7 +145,7 @@ def add_replay_parser(subparsers: Any) -> None:
     p.add_argument("--threads", type=_positive, default=1, help="drafter threads (default 1)")
     p.add_argument(
         "--config",
-        type=_config_override,
+        type=config_pair_argument,
         action="append",
         default=[],
         metavar="KEY=VALUE",

@@ -37,6 +37,7 @@ import numpy as np
 
 from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import Record, iter_documents, read_records
+from drafter_service.drafting.draft_config import config_pair_argument
 from verifier_client import ClientStats, DrafterClient, StepResult
 
 
@@ -73,6 +74,11 @@ def add_load_parser(subparsers: Any) -> None:
     p.add_argument("--node-score", metavar="hand|default|FILE",
                    help="passed to the started service's drafter serve --node-score "
                         "(default: serve's own choice, the shipped learned score)")
+    p.add_argument("--draft-config", action="append", default=[], type=config_pair_argument,
+                   metavar="KEY=VALUE",
+                   help="passed to the started service's drafter serve --draft-config "
+                        "(a DraftConfig field, e.g. the SSSD paper's "
+                        "datastore_min_tree_nodes=50); repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_load)
 
@@ -116,6 +122,9 @@ def run_load(args: argparse.Namespace) -> int:
         raise ValueError("--server-cpus pins the service load starts; with --target pin it there")
     if args.node_score is not None and args.target is not None:
         raise ValueError("--node-score sets the service load starts; with --target set it there")
+    if args.draft_config and args.target is not None:
+        raise ValueError("--draft-config sets the service load starts; with --target set it "
+                         "there")  # fmt: skip
     records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
     if not records:
         raise ValueError(f"{args.data}: no record with output tokens")
@@ -156,6 +165,8 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
         cmd += ["--snapshot", str(tmp / "corpus")]
     if args.node_score is not None:
         cmd += ["--node-score", args.node_score]
+    for key, value in args.draft_config:
+        cmd += ["--draft-config", f"{key}={value}"]
     pin = None
     if args.server_cpus is not None:
         # drafter serve's default is a thread per CPU of the machine, not of its CPU set.
@@ -289,7 +300,7 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
     return {
         "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(wait_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
-        "node_score": args.node_score,
+        "node_score": args.node_score, "draft_config": [f"{k}={v}" for k, v in args.draft_config],
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),

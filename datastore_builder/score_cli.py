@@ -18,17 +18,10 @@ from typing import Any
 
 from datastore_builder.score_training import read_training_records, train
 from drafter_service.corpus.build_errors import BuildError
-from drafter_service.drafting.draft_config import DraftConfig, parse_config_pair
+from drafter_service.drafting.draft_config import DraftConfig, config_pair_argument
 from drafter_service.drafting.node_score import METADATA_KEY
 from drafter_service.snapshot.manifest import SnapshotError
 from drafter_service.snapshot.store import load_snapshot, write_snapshot
-
-
-def _config_pair(text: str) -> tuple[str, int | float]:
-    try:
-        return parse_config_pair(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_train_score_parser(subparsers: Any, positive: Any) -> None:
@@ -63,7 +56,7 @@ def add_train_score_parser(subparsers: Any, positive: Any) -> None:
         help="nodes of the candidate tree labelled at each position (default %(default)s)",
     )  # fmt: skip
     p.add_argument(
-        "--config", action="append", default=[], type=_config_pair, metavar="KEY=VALUE",
+        "--config", action="append", default=[], type=config_pair_argument, metavar="KEY=VALUE",
         help="a DraftConfig field of the drafting the score is for, as drafter serve's "
         "--draft-config (the candidates it learns from are drafted with it); repeatable",
     )  # fmt: skip

@@ -557,3 +557,29 @@ def test_load_benchmark_passes_the_node_score_to_the_service(files: tuple[Path, 
     target = subprocess.run([*base, "--target", "127.0.0.1:1", "--node-score", "hand"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert target.returncode != 0 and "--node-score sets the service" in target.stderr
+
+
+def test_load_benchmark_passes_draft_config_to_the_service(files: tuple[Path, Path]) -> None:
+    """`drafter-bench load --draft-config KEY=VALUE` reaches the started service's
+    `drafter serve --draft-config`: the row names the pairs, a pair serve refuses stops it
+    from starting, a bad key is refused before anything starts, and so is --target."""
+    data, corpus = files
+    base = [sys.executable, "-m", "benchmarks.bench_cli", "load", "--data", str(data),
+            "--corpus", str(corpus), "--batch", "2", "--steps", "40", "--warmup", "0",
+            "--vocab-size", "1000", "--json"]  # fmt: skip
+    paper = ["--draft-config", "datastore_min_tree_nodes=50",
+             "--draft-config", "datastore_max_continuation=16"]  # fmt: skip
+    proc = subprocess.run([*base, *paper], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    assert row["draft_config"] == ["datastore_min_tree_nodes=50", "datastore_max_continuation=16"]
+    assert row["failed_steps"] == 0 and row["tau"] > 1.0
+    refused = subprocess.run([*base, "--draft-config", "max_budget=64"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode != 0 and "did not start" in refused.stderr
+    bad = subprocess.run([*base, "--draft-config", "smoothing=1"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "'smoothing' is not a DraftConfig field" in bad.stderr
+    target = subprocess.run([*base, "--target", "127.0.0.1:1", *paper],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert target.returncode != 0 and "--draft-config sets the service" in target.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass, fields
 
 from drafter_service.native import _core
@@ -106,3 +107,12 @@ def parse_config_pair(text: str) -> tuple[str, int | float]:
     if not sep:
         raise ValueError(f"expected KEY=VALUE, got {text!r}")
     return key, config_field_value(key, value)
+
+
+def config_pair_argument(text: str) -> tuple[str, int | float]:
+    """:func:`parse_config_pair` as an argparse ``type=``: the error names the bad key or
+    value (a plain ValueError would be reported without its message)."""
+    try:
+        return parse_config_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
