@@ -188,6 +188,9 @@ def collect_live(
     records' own; ``progress`` counts on from ``len(records)``."""
     vocab_size = base.vocab_size
     policy = LivePolicy()
+    # What each record stores once finished, and its prompt, computed once.
+    documents = [generation_document(r.prompt, r.output, policy, vocab_size) for r in records]
+    keys = [r.prompt_key() for r in records]
     xs: list[npt.NDArray[np.float64]] = []
     ys: list[npt.NDArray[np.int8]] = []
     gs: list[npt.NDArray[np.int64]] = []
@@ -195,9 +198,8 @@ def collect_live(
     try:
         for index in range(1, len(records)):
             record = records[index]
-            key = record.prompt_key()
-            live = [generation_document(r.prompt, r.output, policy, vocab_size)
-                    for r in records[:index] if r.prompt_key() != key]  # fmt: skip
+            live = [doc for doc, key in zip(documents[:index], keys[:index], strict=True)
+                    if key != keys[index]]  # fmt: skip
             if live:
                 drafter.set_datastore(
                     Datastore([base, SubIndex.build(live, vocab_size)], vocab_size, base_count=1)
