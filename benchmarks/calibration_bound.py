@@ -34,8 +34,7 @@ import numpy.typing as npt
 from benchmarks.live_replay import ReplayLiveStore
 from benchmarks.replay import ReplaySettings, replay
 from benchmarks.token_records import Record, iter_documents, read_records
-from datastore_builder.score_training import TrainingRecord, collect, fit
-from drafter_service.corpus.build_errors import BuildError
+from datastore_builder.score_training import NoDraftNodes, TrainingRecord, collect, fit
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import Drafter
@@ -73,7 +72,7 @@ def collect_live(
             drafter = Drafter(VOCAB, config, live.datastore)
             try:
                 x, y, _, _ = collect(drafter, _training([record]), CANDIDATE_BUDGET)
-            except BuildError:  # nothing drafted for this record: nothing to learn from
+            except NoDraftNodes:  # nothing drafted for this record: nothing to learn from
                 pass
             else:
                 xs.append(x)
