@@ -167,6 +167,15 @@ def add_replay_parser(subparsers: Any) -> None:
         "pre-drafts' accepted length and their cost (issue 13); tau is unchanged",
     )
     p.add_argument(
+        "--ceiling",
+        type=_positive,
+        metavar="C",
+        help="recall ceiling instead of tau: draft C-node trees and accept at most --budget "
+        "tokens of each; what the best --budget-node choice among each step's C candidates "
+        "would reach (the bound of any node score); needs C >= every --budget and "
+        "--config max_budget >= C",
+    )
+    p.add_argument(
         "--node-score",
         default="hand",
         metavar="hand|default|FILE",
@@ -202,6 +211,14 @@ def run_replay(args: argparse.Namespace) -> int:
     wanted = set(args.sources or ["both"]) | ({"pld"} if args.pld else set())
     methods = [m for m in METHODS if m in wanted]
     budgets = list(dict.fromkeys(args.budget or [16]))
+    if args.ceiling is not None:
+        if args.prefetch:
+            raise DataError("--ceiling does not pre-draft: drop --prefetch")
+        if args.ceiling < max(budgets):
+            raise DataError(f"--ceiling {args.ceiling} is below --budget {max(budgets)}")
+        if args.ceiling > config.max_budget and methods != ["pld"]:
+            raise DataError(f"--ceiling {args.ceiling} exceeds max_budget {config.max_budget} "
+                            "(raise it with --config max_budget=N)")  # fmt: skip
     too_big = [b for b in budgets if b > config.max_budget and methods != ["pld"]]
     if too_big:
         raise DataError(
@@ -268,6 +285,7 @@ def run_replay(args: argparse.Namespace) -> int:
         ),
         vocab_size=args.vocab_size,
         datastore_via=args.datastore_via,
+        ceiling=args.ceiling or 0,
     )
     rows = []
     for budget in budgets:
@@ -300,6 +318,8 @@ def run_replay(args: argparse.Namespace) -> int:
                 row["corpus_load_s"] = round(load_s, 3)
             if args.prefetch:
                 row["prefetch"] = result.prefetch
+            if args.ceiling:
+                row["ceiling"] = args.ceiling
             if args.curve:
                 row["tau_curve"] = [[n, round(t, 4)] for n, t in result.tau_curve(args.curve)]
             if args.json:

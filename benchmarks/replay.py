@@ -73,6 +73,11 @@ class ReplaySettings:
     prefetch: tuple[int, ...] = ()
     """Fan-outs whose pre-drafts are measured at every step (Drafter-backed methods only:
     see :func:`can_prefetch`); empty: none."""
+    ceiling: int = 0
+    """Recall ceiling (0: off): draft trees of this many nodes and accept at most
+    ``budget`` tokens of each, so tau is what the best ``budget``-node subtree of every
+    step's ``ceiling``-node tree would reach: the bound of any re-ranking of those
+    candidates (any node score), given the output."""
 
 
 @dataclass(slots=True)
@@ -168,7 +173,14 @@ def replay(
         else None
     )
     store = Datastore(base if uses_store else (), settings.vocab_size)
-    proposer = make_proposer(settings, store)
+    if settings.ceiling and settings.ceiling < settings.budget:
+        raise ValueError(f"ceiling {settings.ceiling} is below budget {settings.budget}")
+    if settings.ceiling and settings.prefetch:
+        raise ValueError("a recall ceiling does not pre-draft: drop one of them")
+    # Under a ceiling every step drafts its large tree; a path of up to `budget` tokens
+    # of it is a `budget`-node subtree, so capping the accepted length bounds re-ranking.
+    proposer = make_proposer(replace(settings, budget=settings.ceiling or settings.budget), store)
+    accept_cap = settings.budget if settings.ceiling else None
     meter = None
     if settings.prefetch:
         if not isinstance(proposer, DrafterProposer):
@@ -205,6 +217,8 @@ def replay(
             lane = lanes[slot]
             assert lane is not None
             accepted = accepted_length(tokens, parents, lane.output, lane.p)
+            if accept_cap is not None:
+                accepted = min(accepted, accept_cap)
             commit = min(accepted + 1, len(lane.output) - lane.p)
             lane.delta = lane.record.output_ids[lane.p : lane.p + commit]
             lane.p += commit

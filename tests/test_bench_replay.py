@@ -80,6 +80,34 @@ def test_budget_caps_the_accepted_length() -> None:
     assert (result.steps, result.output_tokens) == (8, 20)
 
 
+# Prompt 1 2 1 2 1 3 9; output 1 3 8 1 3 8 1 3. A 1-node input tree always follows "1"
+# with its likelier "2" and misses; an 8-node tree also holds "3" (and "3 8" once seen).
+# Ceiling 8, budget 1, by hand:
+#  p=0: 9 has no continuation -> commit 1
+#  p=1: "1" -> 2 | 3 -> 9: 3 right, then 8 not under it -> 1 accepted, commit 3 8
+#  p=3: "8" has no continuation -> commit 1
+#  p=4: "1" -> 2 | 3 -> 9 | 8: 3 8 right, capped at 1 -> commit 3 8
+#  p=6: "1 3 8" -> 1 -> 3: 2 right, capped at 1 -> commit 1 3, done
+ALTERNATIVE = rec([1, 2, 1, 2, 1, 3, 9], [1, 3, 8, 1, 3, 8, 1, 3])
+
+
+def test_ceiling_accepts_from_the_larger_tree_up_to_the_budget() -> None:
+    plain = replay([ALTERNATIVE], ReplaySettings("input", 1))
+    ceiling = replay([ALTERNATIVE], ReplaySettings("input", 1, ceiling=8))
+    assert (plain.steps, plain.accepted_tokens) == (7, 2)
+    assert (ceiling.steps, ceiling.accepted_tokens) == (5, 3)
+    # A ceiling of the budget itself drafts the same trees: the same replay.
+    records = random_records(4, 20)
+    for method in ("input", "both"):
+        same = replay(records, ReplaySettings(method, 6, ceiling=6))
+        base = replay(records, ReplaySettings(method, 6))
+        assert (same.steps, same.accepted_tokens) == (base.steps, base.accepted_tokens)
+    with pytest.raises(ValueError, match="ceiling 4 is below budget 6"):
+        replay(records, ReplaySettings("input", 6, ceiling=4))
+    with pytest.raises(ValueError, match="does not pre-draft"):
+        replay(records, ReplaySettings("input", 6, ceiling=8, prefetch=(1,)))
+
+
 def test_live_mode_ingests_finished_records() -> None:
     a = rec([1, 2, 3], [40, 41, 42, 43], "a")
     b = rec([9, 2, 3], [40, 41, 42, 43], "b")
@@ -392,6 +420,27 @@ def test_cli_live_base_layouts(
     assert "--live-base seed needs --live and --corpus" in capsys.readouterr().err
     assert main(["replay", "--data", str(data), "--budget", "300"]) == 2
     assert "max_budget" in capsys.readouterr().err
+
+
+def test_cli_ceiling_marks_its_rows_and_refuses_what_it_cannot_run(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, corpus = files
+    argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--budget", "4",
+            "--no-pld", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--ceiling", "4"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["ceiling"] == 4 and "ceiling" not in plain
+    assert (same["tau"], same["steps"]) == (plain["tau"], plain["steps"])
+    assert main([*argv, "--ceiling", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["ceiling"] == 64
+    for extra, message in ((["--ceiling", "2"], "--ceiling 2 is below --budget 4"),
+                           (["--ceiling", "300"], "--ceiling 300 exceeds max_budget 256"),
+                           (["--ceiling", "8", "--prefetch", "1"], "drop --prefetch")):  # fmt: skip
+        assert main([*argv, *extra]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_cli_prefetch_reports_hit_rates_per_fan_out(
