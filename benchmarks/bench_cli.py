@@ -64,7 +64,6 @@ def _fan_outs(text: str) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-
 def add_replay_parser(subparsers: Any) -> None:
     """Registers ``replay`` (greedy replay of recorded outputs)."""
     p = subparsers.add_parser(
