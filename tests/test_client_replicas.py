@@ -60,9 +60,24 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[DrafterP
             server.stop()
 
 
-def batch(prefix: str, n: int = 12) -> dict[str, list[int]]:
-    """``n`` request ids and their prompts."""
-    return {f"{prefix}{i}": DOCS[i % len(DOCS)][:PROMPT] for i in range(n)}
+def batch(prefix: str, n: int = 12, owners: list[str] | None = None) -> dict[str, list[int]]:
+    """``n`` request ids and their prompts. With ``owners``, the ids are picked so that
+    each of those replicas owns ``n / len(owners)`` of them: a test that kills or hangs
+    one replica must not find, by the luck of its ports, that it owned none (12 random
+    ids leave one of three replicas empty about 2% of the time)."""
+    ids = (f"{prefix}{i}" for i in range(1 << 16))
+    if owners is None:
+        chosen = [next(ids) for _ in range(n)]
+    else:
+        share = {owner: n // len(owners) for owner in owners}
+        chosen = []
+        while len(chosen) < n:
+            rid = next(ids)
+            owner = rendezvous_owner(rid, owners)
+            if share[owner] > 0:
+                share[owner] -= 1
+                chosen.append(rid)
+    return {rid: DOCS[i % len(DOCS)][:PROMPT] for i, rid in enumerate(chosen)}
 
 
 def commits_at(prompts: dict[str, list[int]], step: int) -> dict[str, list[int]]:
@@ -150,8 +165,8 @@ def test_ownership_is_rendezvous_stable_across_orders_clients_and_processes(
 def test_drafts_match_one_drafter_and_budgets_come_from_the_whole_batch(
     replicas: list[DrafterProcess],
 ) -> None:
-    prompts = batch("same-")
     targets = [server.target for server in replicas]
+    prompts = batch("same-", owners=targets)
     with (
         ReplicaSetClient(targets, deadline_ms=5000, budget=RULE) as spread,
         DrafterClient(replicas[0].target, deadline_ms=5000, budget=RULE) as single,
@@ -180,9 +195,9 @@ def test_drafts_match_one_drafter_and_budgets_come_from_the_whole_batch(
 def test_a_replica_killed_loses_only_its_requests_drafts_and_gets_them_back(
     replicas: list[DrafterProcess],
 ) -> None:
-    prompts = batch("kill-")
     deadline_s = 0.3
     targets = [server.target for server in replicas]
+    prompts = batch("kill-", owners=targets)
     client = ReplicaSetClient(targets, deadline_ms=deadline_s * 1e3, budget=RULE,
                               breaker=FAST_BREAKER, probe_timeout_s=0.3)  # fmt: skip
     victim = replicas[1]
@@ -237,9 +252,9 @@ def test_hung_replicas_cost_a_step_one_deadline_and_lose_only_their_drafts(
 ) -> None:
     """Two replicas stop answering at once (SIGSTOP: connected, silent): a step waits for
     them in parallel, by one deadline, and the third replica's requests keep drafting."""
-    prompts = batch("hung-")
     deadline_s = 0.15
     targets = [server.target for server in replicas]
+    prompts = batch("hung-", owners=targets)
     client = ReplicaSetClient(targets, deadline_ms=deadline_s * 1e3, budget=RULE,
                               breaker=FAST_BREAKER, probe_timeout_s=0.2)  # fmt: skip
     hung = replicas[1:]

@@ -19,6 +19,7 @@ from client_servers import VOCAB_SIZE, DrafterProcess
 from log_server import RedisServer, free_port
 
 from verifier_client import BreakerConfig, DrafterClient, ReplicaSetClient
+from verifier_client.replica_targets import rendezvous_owner
 
 TOKEN = "replica-admin-token-0123456789"
 CONVERGE_S = 15.0  # ingest-to-visible bound on this 2-core machine (rebuilds every 0.2 s)
@@ -204,19 +205,23 @@ def test_kill_9_under_load_steps_keep_the_deadline_and_the_replica_catches_up(
     _, replicas, _ = cluster
     deadline_s, margin_s = 0.2, 0.15  # a loaded 2-core machine: scheduling slack
     breaker = BreakerConfig(failure_threshold=2, cooldown_s=0.05, max_cooldown_s=0.2)
-    outputs = {f"k{i}": generation(100 + i, n=60) for i in range(12)}
-    finish_through(replicas[0], "seed", [3], outputs["k0"])  # something to draft from
+    targets = [r.target for r in replicas]
+    victim = targets[2]
+    # Four of the twelve ids on the victim, whatever its port (random ids: none ~1%).
+    ids = [f"k{i}" for i in range(200) if rendezvous_owner(f"k{i}", targets) == victim][:4]
+    ids += [f"k{i}" for i in range(200) if rendezvous_owner(f"k{i}", targets) != victim][:8]
+    outputs = {rid: generation(100 + i, n=60) for i, rid in enumerate(ids)}
+    finish_through(replicas[0], "seed", [3], outputs[ids[0]])  # something to draft from
     converged(replicas)
-    client = ReplicaSetClient([r.target for r in replicas], deadline_ms=deadline_s * 1e3,
-                              breaker=breaker, mode="unary")  # fmt: skip
-    stored: list[list[int]] = [[3, *outputs["k0"]]]  # store="output": 3 prompt tokens kept
+    client = ReplicaSetClient(targets, deadline_ms=deadline_s * 1e3, breaker=breaker,
+                              mode="unary")  # fmt: skip
+    stored: list[list[int]] = [[3, *outputs[ids[0]]]]  # store="output": 3 prompt tokens kept
     try:
         client.wait_ready()
         for rid, out in outputs.items():
             client.add_request(rid, [3, *out[:8]])
-        victim = replicas[2].target
         theirs = [rid for rid in outputs if client.replica_of(rid) == victim]
-        assert theirs, "no request on the victim: pick other ids"
+        assert len(theirs) == 4
         position = dict.fromkeys(outputs, 8)
         drafted_after_kill: set[str] = set()
         for step in range(40):
