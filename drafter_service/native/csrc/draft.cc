@@ -566,6 +566,16 @@ void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
                        hand, 0.0, -1, kNotLookedUp});
     }
     offers.clear();
+    if (featured && trie != nullptr) {
+      // The n-gram lookups below are likely cache misses (a request's trie is cold when
+      // its draft starts): issue them for the whole group first, so they overlap.
+      for (const Candidate& c : group) {
+        trie->prefetch_holds(c.token);
+        trie->prefetch_child(InputTrie::kRoot, c.token);
+        if (parent.unigram >= 0) trie->prefetch_child(parent.unigram, c.token);
+        if (parent.bigram >= 0) trie->prefetch_child(parent.bigram, c.token);
+      }
+    }
     if (featured) group_score_features(parent);
     for (size_t i = 0; i < group.size(); ++i) {
       Candidate c = group[i];

@@ -9,16 +9,6 @@ namespace {
 
 constexpr uint64_t kEmptyKey = ~uint64_t{0};
 
-uint64_t edge_key(int32_t parent, int32_t token) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) |
-         static_cast<uint32_t>(token);
-}
-
-// Fibonacci hashing: multiply by 2^64 / phi and keep the high bits.
-size_t slot_of(uint64_t key, size_t mask, int shift) {
-  return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift) & mask;
-}
-
 }  // namespace
 
 InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
@@ -55,8 +45,7 @@ int32_t InputTrie::find(const int32_t* tokens, int32_t len) const {
 int32_t InputTrie::child(int32_t parent, int32_t token) const {
   const uint64_t key = edge_key(parent, token);
   const size_t mask = keys_.size() - 1;
-  const int shift = 64 - __builtin_ctzll(keys_.size());
-  for (size_t s = slot_of(key, mask, shift);; s = (s + 1) & mask) {
+  for (size_t s = slot_of(key);; s = (s + 1) & mask) {
     if (keys_[s] == key) return values_[s];
     if (keys_[s] == kEmptyKey) return -1;
   }
@@ -68,10 +57,9 @@ void InputTrie::grow_table() {
   old_keys.swap(keys_);
   old_values.swap(values_);
   const size_t mask = keys_.size() - 1;
-  const int shift = 64 - __builtin_ctzll(keys_.size());
   for (size_t i = 0; i < old_keys.size(); ++i) {
     if (old_keys[i] == kEmptyKey) continue;
-    size_t s = slot_of(old_keys[i], mask, shift);
+    size_t s = slot_of(old_keys[i]);
     while (keys_[s] != kEmptyKey) s = (s + 1) & mask;
     keys_[s] = old_keys[i];
     values_[s] = old_values[i];
@@ -82,8 +70,7 @@ int32_t InputTrie::get_or_add_child(int32_t parent, int32_t token) {
   if (2 * (used_ + 1) > static_cast<int64_t>(keys_.size())) grow_table();
   const uint64_t key = edge_key(parent, token);
   const size_t mask = keys_.size() - 1;
-  const int shift = 64 - __builtin_ctzll(keys_.size());
-  size_t s = slot_of(key, mask, shift);
+  size_t s = slot_of(key);
   for (; keys_[s] != kEmptyKey; s = (s + 1) & mask) {
     if (keys_[s] == key) return values_[s];
   }
@@ -108,10 +95,13 @@ void InputTrie::append(int32_t token) {
     if (t / 64 >= seen_.size()) seen_.resize(t / 64 + 1, 0);
     seen_[t / 64] |= uint64_t{1} << (t % 64);
   }
+  const size_t keep = std::min(active_.size(), static_cast<size_t>(max_depth_) - 1);
+  // The suffixes' edges are independent lookups, each a likely cache miss: start them all.
+  prefetch_child(kRoot, token);
+  for (size_t k = 0; k < keep; ++k) prefetch_child(active_[k], token);
   const int32_t first = get_or_add_child(kRoot, token);
   ++nodes_[static_cast<size_t>(first)].count;
   scratch_.push_back(first);
-  const size_t keep = std::min(active_.size(), static_cast<size_t>(max_depth_) - 1);
   for (size_t k = 0; k < keep; ++k) {
     const int32_t node = get_or_add_child(active_[k], token);
     ++nodes_[static_cast<size_t>(node)].count;

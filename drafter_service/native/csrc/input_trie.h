@@ -31,6 +31,18 @@ class InputTrie {
 
   // Child of `parent` along `token`, or -1. O(1) expected.
   int32_t child(int32_t parent, int32_t token) const;
+  // Starts loading what child(parent, token) reads first (its hash slot), so that several
+  // lookups' cache misses overlap. No effect on results.
+  void prefetch_child(int32_t parent, int32_t token) const {
+    const size_t s = slot_of(edge_key(parent, token));
+    __builtin_prefetch(keys_.data() + s);
+    __builtin_prefetch(values_.data() + s);
+  }
+  // The same for holds(token).
+  void prefetch_holds(int32_t token) const {
+    const auto t = static_cast<uint32_t>(token);
+    if (t < kBitmapTokens && t / 64 < seen_.size()) __builtin_prefetch(seen_.data() + t / 64);
+  }
 
   // Whether the input holds `token` (the root has a child along it). Reads a bitmap of
   // the tokens below kBitmapTokens (one bit per token id up to the largest appended:
@@ -61,6 +73,17 @@ class InputTrie {
     int32_t next_sibling;  // next older sibling, or -1
   };
 
+  static uint64_t edge_key(int32_t parent, int32_t token) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) |
+           static_cast<uint32_t>(token);
+  }
+  // Home slot of `key` in the table: Fibonacci hashing (multiply by 2^64 / phi, keep
+  // the high bits).
+  size_t slot_of(uint64_t key) const {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >>
+                               (64 - __builtin_ctzll(keys_.size()))) &
+           (keys_.size() - 1);
+  }
   int32_t get_or_add_child(int32_t parent, int32_t token);
   void grow_table();
 
