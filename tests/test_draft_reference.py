@@ -17,6 +17,7 @@ from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
 from drafter_service.drafting.drafter import SCORE_FEATURES
+from drafter_service.drafting.node_score import default_node_score
 from drafter_service.native import _core
 
 # --- helpers ------------------------------------------------------------------------------
@@ -373,9 +374,14 @@ def test_node_score_config_is_validated() -> None:
 # --- real token data --------------------------------------------------------------------
 
 
+# The hand-set score and the shipped learned one.
+REAL_OUTPUT_SCORES = {"hand": (), "shipped": default_node_score().as_config()}
+
+
+@pytest.mark.parametrize("score", REAL_OUTPUT_SCORES)
 @pytest.mark.parametrize("num_sub_indices", [1, 2])
 def test_draft_on_real_outputs_equals_reference(
-    humaneval_records: list[dict[str, Any]], num_sub_indices: int
+    humaneval_records: list[dict[str, Any]], num_sub_indices: int, score: str
 ) -> None:
     if len(humaneval_records) < 60:
         pytest.skip("needs at least 60 records")
@@ -384,7 +390,7 @@ def test_draft_on_real_outputs_equals_reference(
     parts = [train[i::num_sub_indices] for i in range(num_sub_indices)]
     datastore = Datastore([SubIndex.build(p, LLAMA3_VOCAB) for p in parts], LLAMA3_VOCAB)
     reference = [ref.RefSubIndex.from_documents(p) for p in parts]
-    config = DraftConfig(max_budget=64)
+    config = DraftConfig(max_budget=64, node_score=REAL_OUTPUT_SCORES[score])
     nonempty = 0
     for i, record in enumerate(held_out):
         output = record["output_ids"]
