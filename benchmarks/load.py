@@ -118,13 +118,13 @@ class _Lane:
 
 
 def run_load(args: argparse.Namespace) -> int:
-    if args.server_cpus is not None and args.target is not None:
-        raise ValueError("--server-cpus pins the service load starts; with --target pin it there")
-    if args.node_score is not None and args.target is not None:
-        raise ValueError("--node-score sets the service load starts; with --target set it there")
-    if args.draft_config and args.target is not None:
-        raise ValueError("--draft-config sets the service load starts; with --target set it "
-                         "there")  # fmt: skip
+    service_flags = {"--server-cpus": args.server_cpus is not None,
+                     "--node-score": args.node_score is not None,
+                     "--draft-config": bool(args.draft_config)}  # fmt: skip
+    for flag, given in service_flags.items():
+        if given and args.target is not None:
+            raise ValueError(f"{flag} sets up the service load starts; with --target, set it "
+                             "up there")  # fmt: skip
     records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
     if not records:
         raise ValueError(f"{args.data}: no record with output tokens")

@@ -202,21 +202,23 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
-  const size_t num_sub = end;
-  // ranges[s * stride + m - 1]: the rows of sub-index s matching the last m tokens.
-  // They are searched shortest first: a suffix that occurs nowhere in a sub-index has
+  // range_of(s, m): the rows of sub-index s matching the last m tokens (a sub-index
+  // outside [begin, end) has none). They are searched shortest first: a suffix that occurs nowhere in a sub-index has
   // no longer suffix there either (an occurrence of the longer one contains it), so the
   // longer searches, most of them misses, are skipped. The longest-first loop below
   // reads them.
   const auto stride = static_cast<size_t>(longest);
   std::vector<SaRange>& ranges = scratch.ranges;
-  ranges.assign(num_sub * stride, SaRange{0, 0});
-  for (size_t s = begin; s < num_sub; ++s) {
+  ranges.assign((end - begin) * stride, SaRange{0, 0});
+  auto range_of = [&](size_t s, int32_t m) -> SaRange& {
+    return ranges[(s - begin) * stride + static_cast<size_t>(m) - 1];
+  };
+  for (size_t s = begin; s < end; ++s) {
     const SubIndex& index = *datastore.sub_indices[s];
     for (int32_t m = 1; m <= longest; ++m) {
       const SaRange r = index.find_range(context + context_len - m, m);
       if (r.size() == 0) break;
-      ranges[s * stride + static_cast<size_t>(m) - 1] = r;
+      range_of(s, m) = r;
     }
   }
   std::vector<SampledRow>& rows = scratch.sample_rows;
@@ -224,8 +226,8 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
     int64_t total = 0;
-    for (size_t s = begin; s < num_sub; ++s) {
-      total += ranges[s * stride + static_cast<size_t>(m) - 1].size();
+    for (size_t s = begin; s < end; ++s) {
+      total += range_of(s, m).size();
     }
     if (total == 0) continue;
     if (tree.matched_prefix() == 0) tree.set_matched_prefix(m);
@@ -233,8 +235,8 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
     // spaced rows approximate the continuation distribution. The sample budget is
     // split over sub-indices in proportion to their matches.
     rows.clear();
-    for (size_t s = begin; s < num_sub; ++s) {
-      const SaRange& range = ranges[s * stride + static_cast<size_t>(m) - 1];
+    for (size_t s = begin; s < end; ++s) {
+      const SaRange& range = range_of(s, m);
       const int64_t found = range.size();
       if (found == 0) continue;
       const int64_t count =
