@@ -47,6 +47,8 @@ def step_until_ok(client: DrafterClient, commits: dict[str, list[int]]) -> StepR
 @pytest.mark.parametrize("mode", ["stream", "unary"])
 def test_a_slow_drafter_costs_one_deadline_and_no_drafts(slow: SlowDrafter, mode: str) -> None:
     with warm_client(slow, mode) as client:
+        # Warming up on a loaded machine may itself have missed a deadline or two.
+        deadlines_before = client.stats.fallbacks[Outcome.DEADLINE]
         slow.delay_s = SLOW_S
         durations_s = []
         for token in range(4, 9):
@@ -58,7 +60,7 @@ def test_a_slow_drafter_costs_one_deadline_and_no_drafts(slow: SlowDrafter, mode
         deadline_s = DEADLINE_MS / 1e3
         assert statistics.median(durations_s) < deadline_s + 0.003, durations_s
         assert max(durations_s) < deadline_s + 0.040, durations_s
-        assert client.stats.fallbacks[Outcome.DEADLINE] == 5
+        assert client.stats.fallbacks[Outcome.DEADLINE] == deadlines_before + 5
 
         # The drafter recovers; the late answers are discarded, and the requests of the
         # timed-out steps go whole, since the drafter may or may not have applied them.
