@@ -202,8 +202,8 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
-  // range_of(s, m): the rows of sub-index s matching the last m tokens (a sub-index
-  // outside [begin, end) has none). They are searched shortest first: a suffix that occurs nowhere in a sub-index has
+  // range_of(s, m): the rows of sub-index s (in [begin, end)) matching the last m tokens.
+  // They are searched shortest first: a suffix that occurs nowhere in a sub-index has
   // no longer suffix there either (an occurrence of the longer one contains it), so the
   // longer searches, most of them misses, are skipped. The longest-first loop below
   // reads them.
