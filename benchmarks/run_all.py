@@ -5,7 +5,11 @@
 Writes replay.jsonl (acceptance and per-request latency: every dev set, corpus
 and live, budgets 8/16/32, PLD / input / datastore / both) and batch.jsonl
 (batch-64 step time), then prints the Markdown tables (benchmarks/report.py).
-Takes about ten minutes on 2 cores.
+Every replay drafts with ``--node-score`` (default: the shipped learned score, what
+``drafter serve`` drafts with) and the DraftConfig defaults, changed by ``--config``.
+Takes about ten minutes on 2 cores. The hand-set SSSD fusion with the paper's
+retrieval: ``--node-score hand --config datastore_max_continuation=16 --config
+datastore_min_tree_nodes=50``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--node-score", default="default",
+                        help="passed to every replay: default (shipped), hand, or a FILE")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a DraftConfig field, passed to every replay; repeatable")
     args = parser.parse_args()
+    score = ["--node-score", args.node_score]
+    for pair in args.config:
+        score += ["--config", pair]
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = str(args.data_dir / CORPUS)
     budgets = ["--budget", "8", "--budget", "16", "--budget", "32"]
@@ -43,8 +54,8 @@ def main() -> None:
     lines: list[str] = []
     for name in DEV_SETS:
         data = str(args.data_dir / "dev" / f"{name}.jsonl.gz")
-        lines += replay(["--data", data, "--corpus", corpus, *budgets, *methods])
-        lines += replay(["--data", data, "--live", *budgets, *methods])
+        lines += replay(["--data", data, "--corpus", corpus, *budgets, *methods, *score])
+        lines += replay(["--data", data, "--live", *budgets, *methods, *score])
     (args.out / "replay.jsonl").write_text("\n".join(lines) + "\n")
 
     batch: list[str] = []
@@ -53,7 +64,7 @@ def main() -> None:
         for threads in ("1", "2"):
             batch += replay([
                 "--data", data, "--corpus", corpus, "--budget", "16", "--budget", "32",
-                "--sources", "both", "--no-pld", "--batch", "64", "--threads", threads,
+                "--sources", "both", "--no-pld", "--batch", "64", "--threads", threads, *score,
             ])
     (args.out / "batch.jsonl").write_text("\n".join(batch) + "\n")
 
