@@ -23,6 +23,7 @@ from packed import pack_drafts, pack_predrafts, prefetched_flags, unpack_deltas
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from verifier_client.replica_targets import rendezvous_owner
 
 VOCAB_SIZE = 1000
 _START_TIMEOUT_S = 30.0
@@ -34,6 +35,24 @@ def drafter_command() -> list[str]:
     if exe is None:
         pytest.skip("the `drafter` command is not installed (pip install -e .)")
     return [exe, "serve"]
+
+
+def owned_ids(prefix: str, owners: Sequence[str], per_owner: int) -> list[str]:
+    """Request ids ``prefix0``, ``prefix1``, ... picked so that each of ``owners`` (replica
+    addresses) owns exactly ``per_owner`` of them under rendezvous ownership. A test that
+    kills or hangs a replica must not find, by the luck of its random port, that it owned
+    none (12 random ids leave one of three replicas empty about 2% of the time)."""
+    share = dict.fromkeys(owners, per_owner)
+    chosen: list[str] = []
+    i = 0
+    while len(chosen) < per_owner * len(share):
+        rid = f"{prefix}{i}"
+        owner = rendezvous_owner(rid, owners)
+        if owner is not None and share[owner] > 0:
+            share[owner] -= 1
+            chosen.append(rid)
+        i += 1
+    return chosen
 
 
 class DrafterProcess:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from client_servers import VOCAB_SIZE, DrafterProcess
+from client_servers import VOCAB_SIZE, DrafterProcess, owned_ids
 
 from drafter_service import Datastore
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
@@ -61,23 +61,13 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[DrafterP
 
 
 def batch(prefix: str, n: int = 12, owners: list[str] | None = None) -> dict[str, list[int]]:
-    """``n`` request ids and their prompts. With ``owners``, the ids are picked so that
-    each of those replicas owns ``n / len(owners)`` of them: a test that kills or hangs
-    one replica must not find, by the luck of its ports, that it owned none (12 random
-    ids leave one of three replicas empty about 2% of the time)."""
-    ids = (f"{prefix}{i}" for i in range(1 << 16))
+    """``n`` request ids and their prompts; with ``owners``, each of those replicas owns
+    ``n / len(owners)`` of the ids (:func:`owned_ids`)."""
     if owners is None:
-        chosen = [next(ids) for _ in range(n)]
+        ids = [f"{prefix}{i}" for i in range(n)]
     else:
-        share = {owner: n // len(owners) for owner in owners}
-        chosen = []
-        while len(chosen) < n:
-            rid = next(ids)
-            owner = rendezvous_owner(rid, owners)
-            if share[owner] > 0:
-                share[owner] -= 1
-                chosen.append(rid)
-    return {rid: DOCS[i % len(DOCS)][:PROMPT] for i, rid in enumerate(chosen)}
+        ids = owned_ids(prefix, owners, n // len(owners))
+    return {rid: DOCS[i % len(DOCS)][:PROMPT] for i, rid in enumerate(ids)}
 
 
 def commits_at(prompts: dict[str, list[int]], step: int) -> dict[str, list[int]]:

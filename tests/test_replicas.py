@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from client_servers import VOCAB_SIZE, DrafterProcess
+from client_servers import VOCAB_SIZE, DrafterProcess, owned_ids
 from log_server import RedisServer, free_port
 
 from verifier_client import BreakerConfig, DrafterClient, ReplicaSetClient
-from verifier_client.replica_targets import rendezvous_owner
 
 TOKEN = "replica-admin-token-0123456789"
 CONVERGE_S = 15.0  # ingest-to-visible bound on this 2-core machine (rebuilds every 0.2 s)
@@ -207,9 +206,7 @@ def test_kill_9_under_load_steps_keep_the_deadline_and_the_replica_catches_up(
     breaker = BreakerConfig(failure_threshold=2, cooldown_s=0.05, max_cooldown_s=0.2)
     targets = [r.target for r in replicas]
     victim = targets[2]
-    # Four of the twelve ids on the victim, whatever its port (random ids: none ~1%).
-    ids = [f"k{i}" for i in range(200) if rendezvous_owner(f"k{i}", targets) == victim][:4]
-    ids += [f"k{i}" for i in range(200) if rendezvous_owner(f"k{i}", targets) != victim][:8]
+    ids = owned_ids("k", targets, 4)  # four of the twelve on the victim, whatever its port
     outputs = {rid: generation(100 + i, n=60) for i, rid in enumerate(ids)}
     finish_through(replicas[0], "seed", [3], outputs[ids[0]])  # something to draft from
     converged(replicas)
