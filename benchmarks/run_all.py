@@ -43,9 +43,9 @@ def main() -> None:
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="a DraftConfig field, passed to every replay; repeatable")
     args = parser.parse_args()
-    score = ["--node-score", args.node_score]
+    draft_args = ["--node-score", args.node_score]
     for pair in args.config:
-        score += ["--config", pair]
+        draft_args += ["--config", pair]
     args.out.mkdir(parents=True, exist_ok=True)
     corpus = str(args.data_dir / CORPUS)
     budgets = ["--budget", "8", "--budget", "16", "--budget", "32"]
@@ -54,8 +54,8 @@ def main() -> None:
     lines: list[str] = []
     for name in DEV_SETS:
         data = str(args.data_dir / "dev" / f"{name}.jsonl.gz")
-        lines += replay(["--data", data, "--corpus", corpus, *budgets, *methods, *score])
-        lines += replay(["--data", data, "--live", *budgets, *methods, *score])
+        lines += replay(["--data", data, "--corpus", corpus, *budgets, *methods, *draft_args])
+        lines += replay(["--data", data, "--live", *budgets, *methods, *draft_args])
     (args.out / "replay.jsonl").write_text("\n".join(lines) + "\n")
 
     batch: list[str] = []
@@ -64,7 +64,7 @@ def main() -> None:
         for threads in ("1", "2"):
             batch += replay([
                 "--data", data, "--corpus", corpus, "--budget", "16", "--budget", "32",
-                "--sources", "both", "--no-pld", "--batch", "64", "--threads", threads, *score,
+                "--sources", "both", "--no-pld", "--batch", "64", "--threads", threads, *draft_args,
             ])
     (args.out / "batch.jsonl").write_text("\n".join(batch) + "\n")
 
