@@ -58,6 +58,7 @@ from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSn
 from drafter_service.live.startup import open_live_state
 from drafter_service.live.stream_follower import StreamFollower
 from drafter_service.live.stream_ids import StreamId
+from drafter_service.live.thread_priority import check_nice
 from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity
 
 __all__ = [
@@ -92,7 +93,9 @@ class LiveDatastore:
         background: bool = True,
         salvage: bool = False,
         shared_log: RedisStream | None = None,
+        background_nice: int = 0,
     ) -> None:
+        check_nice(background_nice)
         self.directory = Path(directory)
         self.tokenizer = tokenizer
         self._state = open_live_state(
@@ -109,13 +112,15 @@ class LiveDatastore:
         if background:
             self._thread = threading.Thread(
                 target=run_maintenance,
-                args=(self._state, self.rebuild, self.snapshot),
+                args=(self._state, self.rebuild, self.snapshot, background_nice),
                 name="live-datastore",
                 daemon=True,
             )
             self._thread.start()
         if shared_log is not None:
-            self._follower = StreamFollower(self._state, shared_log, self.directory.name)
+            self._follower = StreamFollower(
+                self._state, shared_log, self.directory.name, background_nice
+            )
             self._follower.start()
 
     @property

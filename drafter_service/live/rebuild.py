@@ -21,6 +21,7 @@ import numpy.typing as npt
 from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
 from drafter_service.live.live_policy import LivePolicy
 from drafter_service.live.live_state import LiveState
+from drafter_service.live.thread_priority import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +138,18 @@ def join_group(docs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
 
 
 def run_maintenance(
-    state: LiveState, rebuild: Callable[[], object], snapshot: Callable[[], object]
+    state: LiveState,
+    rebuild: Callable[[], object],
+    snapshot: Callable[[], object],
+    background_nice: int = 0,
 ) -> None:
     """The background thread: wakes at least once a second (or when an ingest fills the
     buffer, the policy changes or the datastore closes) and calls ``rebuild`` when
     enough waits or the interval has passed with anything waiting, then ``snapshot``
     when the sub-indices hold log records the newest snapshot does not and the snapshot
-    interval has passed. Returns once the state is closed."""
+    interval has passed. Returns once the state is closed. It first lowers its own
+    priority to ``background_nice`` (thread_priority)."""
+    lower_thread_priority(background_nice)
     while True:
         with state.lock:
             policy = state.policy  # may change while serving (update_policy)

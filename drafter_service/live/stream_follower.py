@@ -29,6 +29,7 @@ from drafter_service.live.live_policy import DatastoreFull
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.shared_log import BadEntry, LogError, RedisStream, decode_tokens
 from drafter_service.live.stream_ids import StreamId
+from drafter_service.live.thread_priority import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,11 @@ _MAX_BACKOFF_S = 5.0
 class StreamFollower:
     """Takes the entries of ``stream`` into the datastore whose state is ``state``."""
 
-    def __init__(self, state: LiveState, stream: RedisStream, name: str) -> None:
+    def __init__(
+        self, state: LiveState, stream: RedisStream, name: str, background_nice: int = 0
+    ) -> None:
         self._state = state
+        self._nice = background_nice
         self._stream = stream
         self._stop = threading.Event()
         self._checked_loss = False
@@ -59,6 +63,7 @@ class StreamFollower:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        lower_thread_priority(self._nice)
         backoff = 0.1
         with self._state.lock:
             after = self._state.consumed

@@ -244,7 +244,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
         live = LiveDatastore(
             config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
             salvage=config.salvage,
-            shared_log=stream,
+            shared_log=stream, background_nice=config.background_nice,
         )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)

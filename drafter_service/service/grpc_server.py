@@ -198,7 +198,7 @@ class DrafterServer:
         table = RequestTable(
             config.request_ttl_s, config.max_request_states, config.max_request_state_bytes
         )
-        ingester = GenerationIngester(config.ingest_queue_size)
+        ingester = GenerationIngester(config.ingest_queue_size, config.background_nice)
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,

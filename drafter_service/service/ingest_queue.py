@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.live.thread_priority import check_nice, lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,10 @@ class _Generation:
 class GenerationIngester:
     """Bounded queue + one worker thread. Counters are for logs and metrics."""
 
-    def __init__(self, max_queued: int) -> None:
+    def __init__(self, max_queued: int, background_nice: int = 0) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued {max_queued} must be at least 1")
+        self._nice = check_nice(background_nice)
         self._queue: queue.Queue[_Generation | None] = queue.Queue(maxsize=max_queued)
         self.queued = 0
         # Each counter is written by one thread only (dropped: the caller of offer; the
@@ -84,6 +86,7 @@ class GenerationIngester:
             log.warning("ingest queue still draining after %s s", timeout_s)
 
     def _run(self) -> None:
+        lower_thread_priority(self._nice)
         while (item := self._queue.get()) is not None:
             tokens = np.concatenate(item.chunks) if item.chunks else np.zeros(0, np.int32)
             p = item.prompt_length

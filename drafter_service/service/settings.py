@@ -48,6 +48,7 @@ from drafter_service.drafting.draft_config import DraftConfig, config_field_valu
 from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.live.shared_log import SharedLogConfig
+from drafter_service.live.thread_priority import MAX_NICE
 from drafter_service.service.settings_layers import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -273,6 +274,12 @@ class ServeConfig(BaseSettings):
     grace_period_s: _Seconds = Field(5.0, description="shutdown grace for in-flight calls")
     ingest_queue_size: _AtLeastOne = Field(
         1024, description="finished generations waiting to be stored"
+    )
+    background_nice: Annotated[int, _bounds(0, MAX_NICE)] = Field(
+        MAX_NICE,
+        description="nice value of the threads that store generations, rebuild, snapshot "
+        "and follow the shared log, so that drafting runs first where they share a core "
+        "(Linux; 0 = as drafting)",
     )
     keepalive_time_s: _PositiveSeconds = Field(
         30.0, description="interval of server keepalive pings"
