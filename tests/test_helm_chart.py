@@ -259,6 +259,16 @@ def test_large_numbers_are_not_rendered_in_exponent_form() -> None:
     assert data["DRAFTER_MAX_SUB_INDEX_TOKENS"] == "512000000"
 
 
+def test_the_chart_runs_background_threads_behind_drafting() -> None:
+    """The pod is a cgroup of its own: the chart sets --background-nice 19 (drafter serve's
+    own default, for machines it shares, is 0); a value can turn it off."""
+    data = settings_map(render({}))["data"]
+    assert ServeConfig.from_env_and_args([], environ=data).background_nice == 19
+    off = settings_map(render({"settings": {"background_nice": 0}}))["data"]
+    assert ServeConfig.from_env_and_args([], environ=off).background_nice == 0
+    assert ServeConfig.from_env_and_args([], environ={}).background_nice == 0
+
+
 def test_the_node_score_choice_reaches_the_drafter() -> None:
     """Unset, the drafter picks the seed snapshot's learned score (or the shipped one);
     `hand` selects the hand-set fusion."""

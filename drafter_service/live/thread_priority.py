@@ -3,11 +3,14 @@
 Drafting is on the decode loop's critical path; storing finished generations, rebuilding
 and snapshotting the live datastore and following a shared log are not. Where they share
 a core with drafting, the kernel's scheduler would give them equal turns, and a step that
-arrives while one of them runs waits for its turn. Each of those threads therefore raises
-its own nice value first thing (``drafter serve --background-nice``, 19 by default): the
-scheduler then runs a waking drafting thread at once and gives the background threads
-what drafting leaves. On a core that drafting keeps busy they progress slowly, which is
-what the ingest queue's bound and the live datastore's limits are for.
+arrives while one of them runs waits for its turn. With ``drafter serve --background-nice
+N`` each of those threads raises its own nice value to N first thing: at 19 the scheduler
+runs a waking drafting thread at once and gives the background threads what drafting
+leaves. Nice values weigh threads against every other thread of the same scheduling group
+(a container's cgroup, else a login session), not only against drafting, so the default
+is 0 (equal turns) and the Helm chart, whose pod is a group of its own, sets 19. On a
+core kept busy the background threads progress slowly, which is what the ingest queue's
+bound and the live datastore's limits are for.
 
 Only Linux can renice one thread: there ``setpriority(PRIO_PROCESS, tid)`` applies to the
 thread ``tid``, where POSIX systems elsewhere would renice the whole process (drafting

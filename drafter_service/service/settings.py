@@ -276,10 +276,11 @@ class ServeConfig(BaseSettings):
         1024, description="finished generations waiting to be stored"
     )
     background_nice: Annotated[int, _bounds(0, MAX_NICE)] = Field(
-        MAX_NICE,
+        0,
         description="nice value of the threads that store generations, rebuild, snapshot "
-        "and follow the shared log, so that drafting runs first where they share a core "
-        "(Linux; 0 = as drafting)",
+        "and follow the shared log (Linux): 19 lets drafting run first where the drafter "
+        "has its cores or its container to itself; on a machine shared with other busy "
+        "processes it starves them (0 = as drafting)",
     )
     keepalive_time_s: _PositiveSeconds = Field(
         30.0, description="interval of server keepalive pings"
