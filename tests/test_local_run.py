@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -24,6 +25,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "deploy" / "local-run.sh"
 MARKER = "SSSD_LOCAL_RUN_TEST"
+RESET_SIGINT_AND_EXEC = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -94,7 +99,11 @@ def start(tmp_path: Path, token: str, duration_s: int) -> tuple[subprocess.Popen
         "WORKER_METRICS_PORT": str(worker_metrics_port),
         "PROMETHEUS_PORT": str(free_port()),
     }
-    proc = subprocess.Popen([str(SCRIPT)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+    # As from a terminal, Ctrl-C must reach the script: a suite started in the background
+    # by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and a shell
+    # cannot trap a signal ignored on entry. So SIGINT is reset before the script starts.
+    command = [sys.executable, "-c", RESET_SIGINT_AND_EXEC, str(SCRIPT)]
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     return proc, worker_metrics_port
 
