@@ -7,8 +7,9 @@ arrives while one of them runs waits for its turn. With ``drafter serve --backgr
 N`` each of those threads raises its own nice value to N first thing: at 19 the scheduler
 runs a waking drafting thread at once and gives the background threads what drafting
 leaves. Nice values weigh threads against every other thread of the same scheduling group
-(a container's cgroup, else a login session), not only against drafting, so the default
-is 0 (equal turns) and the Helm chart, whose pod is a group of its own, sets 19. On a
+(a container's cgroup; on a plain machine the login session, or with autogroup off the
+whole machine), not only against drafting, so the default is 0 (equal turns) and the Helm
+chart, whose pod is a group of its own, sets 19. On a
 core kept busy the background threads progress slowly, which is what the ingest queue's
 bound and the live datastore's limits are for.
 
