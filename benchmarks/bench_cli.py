@@ -176,11 +176,11 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--node-score",
-        default="hand",
+        default="default",
         metavar="hand|default|FILE",
-        help="how draft nodes are scored: hand = the hand-set SSSD fusion (default), "
-        "default = the learned node score shipped with the package, FILE = a node score's "
-        "JSON (datastore-builder train-score --score-out)",
+        help="how draft nodes are scored: default = the learned node score shipped with "
+        "the package, what drafter serve drafts with (the default), hand = the hand-set "
+        "SSSD fusion, FILE = a node score's JSON (datastore-builder train-score --score-out)",
     )
     p.add_argument("--vocab-size", type=_positive, default=LLAMA3_VOCAB_SIZE)
     p.add_argument("--json", action="store_true", help="one JSON object per configuration")

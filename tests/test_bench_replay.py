@@ -363,8 +363,9 @@ def test_cli_prints_one_json_report_per_configuration(
 def test_cli_node_score_choices(
     tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--node-score: hand (the default), the shipped learned score, or a file; the row
-    says which, and a bad file is an error naming it."""
+    """--node-score: the shipped learned score (the default, what drafter serve drafts
+    with), the hand-set fusion, or a file; the row says which, and a bad file is an error
+    naming it."""
     data, corpus = files
     argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--no-pld", "--json"]
 
@@ -373,9 +374,13 @@ def test_cli_node_score_choices(
         row: dict[str, object] = json.loads(capsys.readouterr().out.splitlines()[-1])
         return row
 
-    assert run()["node_score"] == "hand"
-    shipped = run("--node-score", "default")
+    shipped = run()
     assert shipped["node_score"] == "default" and shipped["records"] == 12
+    explicit = run("--node-score", "default")
+    assert (explicit["tau"], explicit["steps"]) == (shipped["tau"], shipped["steps"])
+    hand = run("--node-score", "hand")
+    assert hand["node_score"] == "hand"
+    assert (hand["tau"], hand["steps"]) != (shipped["tau"], shipped["steps"])
     path = tmp_path / "score.json"
     path.write_text(json.dumps(default_node_score().to_json()))
     from_file = run("--node-score", str(path))
