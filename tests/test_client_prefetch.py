@@ -458,6 +458,7 @@ def _depth(parents: list[int], node: int) -> int:
 
 
 ITEMS = [[5, 17, 300, 42, 7], [11, 12, 13], [400, 401, 402, 403, 404, 405], [9]]
+FORWARD_PASS_S = 0.01  # a decode step's forward pass, as on a GPU (see its use)
 
 
 def decode(model: Any, client: Any, metrics: WorkerMetrics | None = None) -> dict[str, list[int]]:
@@ -472,6 +473,11 @@ def test_outputs_are_identical_with_pre_drafting_on_and_off() -> None:
     model = model64("llama")
     refs = {str(i): plain_greedy(model, p, 24) for i, p in enumerate(ITEMS)}
     truths = {rid: [*ITEMS[int(rid)], *out, *out] for rid, out in refs.items()}
+    # Pre-drafts are sent right after each answer and meant to arrive during the forward
+    # pass. This model's pass takes about a millisecond, so on a busy machine the next
+    # step could overtake them (no step sent ahead): give each pass the few milliseconds
+    # a GPU's would take.
+    model.register_forward_pre_hook(lambda *_: time.sleep(FORWARD_PASS_S))
     outputs, stats = {}, {}
     for fan_out in (0, 1, 4):
         server = truth_drafter(truths, seed=fan_out)
