@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -37,6 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def freeze_startup_heap() -> int:
+    """Collects what startup left as garbage, then moves every object still alive (modules,
+    gRPC, the datastores' wrappers: ~90,000 objects) out of the cyclic garbage collector's
+    reach, and returns how many that is. Otherwise each full collection traverses them all
+    while holding the GIL: ~30 ms on a 2-core host, every ~150 steps when pre-drafting
+    allocates, and a step arriving meanwhile waits for it. Objects made later are collected
+    as usual; frozen ones are still freed when their last reference goes."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve(config: ServeConfig) -> None:
     """Runs until SIGTERM/SIGINT, then shuts down gracefully."""
     loop = asyncio.get_running_loop()
@@ -44,6 +57,7 @@ async def serve(config: ServeConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # before loading: a signal then stops cleanly
         loop.add_signal_handler(sig, stop.set)
     server = await start_server(config)
+    log.info("froze %d objects that outlive startup (gc.freeze)", freeze_startup_heap())
     print(f"drafter listening on {server.address}", flush=True)
     await stop.wait()
     log.info("signal received: shutting down (grace %.1f s)", config.grace_period_s)

@@ -5,6 +5,7 @@ ingest across kill -9, clean exit on SIGTERM)."""
 from __future__ import annotations
 
 import queue
+import re
 import signal
 import socket
 import time
@@ -144,6 +145,22 @@ def test_subprocess_restart_resyncs_and_keeps_acknowledged_ingests(tmp_path: Pat
         code, rest, err = second.stop(signal.SIGTERM)
     assert code == 0, err
     assert rest == ""  # exactly one line on stdout
+
+
+def test_serve_freezes_what_outlives_startup(tmp_path: Path) -> None:
+    """`drafter serve` moves the objects that outlive startup out of the cyclic garbage
+    collector's reach: a full collection would otherwise traverse them all while holding
+    the GIL (~30 ms on the benchmark host) and stall every call meanwhile."""
+    server = Subprocess("--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path),
+                        "--vocab-size", str(VOCAB))  # fmt: skip
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.DrafterServiceStub(channel)
+        r = stub.Draft(pb.DraftRequest(requests=[delta("r", [1, 2, 3, 4])]), timeout=10)
+        assert r.drafts[0].status == pb.DRAFT_STATUS_OK
+    code, _, err = server.stop(signal.SIGTERM)
+    assert code == 0, err
+    frozen = re.search(r"froze (\d+) objects that outlive startup", err)
+    assert frozen is not None and int(frozen.group(1)) > 10_000, err
 
 
 def test_serve_reports_bad_settings_with_status_2(
