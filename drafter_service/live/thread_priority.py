@@ -9,9 +9,9 @@ runs a waking drafting thread at once and gives the background threads what draf
 leaves. Nice values weigh threads against every other thread of the same scheduling group
 (a container's cgroup; on a plain machine the login session, or with autogroup off the
 whole machine), not only against drafting, so the default is 0 (equal turns) and the Helm
-chart, whose pod is a group of its own, sets 19. On a
-core kept busy the background threads progress slowly, which is what the ingest queue's
-bound and the live datastore's limits are for.
+chart, whose pod is a group of its own, sets 19. On a core kept busy the background
+threads progress slowly, which is what the ingest queue's bound and the live datastore's
+limits are for.
 
 Only Linux can renice one thread: there ``setpriority(PRIO_PROCESS, tid)`` applies to the
 thread ``tid``, where POSIX systems elsewhere would renice the whole process (drafting
