@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, sleep
 from typing import Any
 
 __all__ = ["EngineRun", "build_tiny_llama", "compare", "main", "read_prompts", "run_vllm"]
@@ -165,7 +165,7 @@ def run_vllm(
         if drafter is not None:
             from verifier_client.engines.vllm import worker_stats
 
-            plugin = llm.collective_rpc(worker_stats)[0]
+            plugin = _settled_stats(llm, worker_stats)
         if on_done is not None:
             on_done()
         return EngineRun([outputs.get(i, []) for i in range(len(prompts))], step_ms, counters,
@@ -174,6 +174,22 @@ def run_vllm(
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def _settled_stats(
+    llm: Any, stats: Callable[[Any], dict[str, Any]], timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """The plug-in's counters once the engine core has told the runner about the last
+    finished requests. vLLM sends a step's finished ids with the *next* scheduler
+    output, so the core runs one more (empty) step after the last outputs, and our
+    ``stats`` request can overtake it: poll until no request is left live (a leak
+    still shows, after ``timeout_s``)."""
+    deadline = perf_counter() + timeout_s
+    while True:
+        plugin: dict[str, Any] = llm.collective_rpc(stats)[0]
+        if plugin.get("live_requests", 0) == 0 or perf_counter() >= deadline:
+            return plugin
+        sleep(0.01)
 
 
 def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) -> dict[str, Any]:
