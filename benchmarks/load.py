@@ -153,7 +153,11 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
     cmd = [sys.executable, "-m", "drafter_service.drafter_cli", "serve", "--host", "127.0.0.1",
            "--port", "0", "--metrics-port", "0", "--admin-port", "-1",
            "--data-dir", str(tmp / "data"),
-           "--vocab-size", str(args.vocab_size)]
+           "--vocab-size", str(args.vocab_size),
+           # The replay loops over the dev set: rebuilds brought forward would fold its own
+           # answers back in and draft later passes from them. Stored, but folded in only
+           # on the interval, as before rebuild_max_share.
+           "--rebuild-max-share", "0"]
     if args.corpus:
         from drafter_service.datastore.sub_indices import Datastore, SubIndex
         from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot

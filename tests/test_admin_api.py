@@ -140,6 +140,7 @@ def server_config(tmp_path: Path, corpora: Path, **overrides: Any) -> ServeConfi
         tokenizer=tokenizer,
         rebuild_interval_s=3600,
         rebuild_min_tokens=10**6,
+        rebuild_max_share=0,
         snapshot_interval_s=0,
         datastores=(("ro", readonly),),
     )
@@ -656,6 +657,8 @@ def test_error_statuses_and_shape(admin: Admin) -> None:
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     r = http.patch("/v1/datastores/default/settings", headers=AUTH, json={"rebuild_interval_s": 0})
     assert r.status_code == 422
+    r = http.patch("/v1/datastores/default/settings", headers=AUTH, json={"rebuild_max_share": 1})
+    assert r.status_code == 422
     r = http.patch("/v1/datastores/default/settings", headers=AUTH, json={"max_sub_indices": 2})
     assert r.status_code == 422  # not a live setting
     assert admin.http.get("/v1/jobs", headers=AUTH).json() == {"jobs": []}
@@ -670,6 +673,7 @@ def test_live_settings_change_when_maintenance_runs(admin: Admin) -> None:
     assert http.get(url, headers=AUTH).json() == {
         "rebuild_min_tokens": 10**6,
         "rebuild_interval_s": 3600.0,
+        "rebuild_max_share": 0.0,
         "snapshot_interval_s": 0.0,
         "keep_snapshots": 2,
     }
@@ -688,6 +692,17 @@ def test_live_settings_change_when_maintenance_runs(admin: Admin) -> None:
         assert time.monotonic() < deadline, "the background rebuild never ran"
         time.sleep(0.05)
     assert http.get(url, headers=AUTH).json()["rebuild_interval_s"] == 0.05
+
+    # Back to hourly, then cheap rebuilds brought forward: the next ingest is folded in
+    # about a second after the last rebuild, not an hour.
+    r = http.patch(url, headers=AUTH, json={"rebuild_interval_s": 3600, "rebuild_max_share": 0.5})
+    assert r.status_code == 200 and r.json()["rebuild_max_share"] == 0.5
+    with DrafterClient(admin.server.address, deadline_ms=10_000, mode="unary") as client:
+        assert client.ingest([[5, 6, 7]]) and client.flush(10)
+    deadline = time.monotonic() + 10
+    while http.get("/v1/datastores/default", headers=AUTH).json()["num_tokens"] != 4 + 1 + 3:
+        assert time.monotonic() < deadline, "the cheap rebuild was not brought forward"
+        time.sleep(0.05)
 
 
 # -- as a subprocess -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 from drafter_service import Drafter
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore, LivePolicy
+from drafter_service.live.rebuild import early_rebuild_due
 from drafter_service.snapshot.store import (
     SnapshotError,
     TokenizerIdentity,
@@ -126,6 +128,46 @@ def test_drafting_uses_the_swapped_datastore(tmp_path: Path) -> None:
         drafter.start("r", [9, 1, 2, 3])
         tree = drafter.speculate(["r"], [[]], 3).tree(0)
         assert tree.tokens.tolist() == [4, 5, 6]
+
+
+def test_cheap_rebuilds_are_brought_forward(tmp_path: Path) -> None:
+    """rebuild_max_share folds a small datastore's documents in about a second after the
+    last rebuild, long before rebuild_interval_s; 0 leaves only the interval."""
+    hourly = {"rebuild_min_tokens": 10**9, "rebuild_interval_s": 3600.0}
+    with LiveDatastore(tmp_path / "off", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0),
+                       background=True) as store:  # fmt: skip
+        store.ingest(doc(1))
+        time.sleep(2.5)
+        assert store.stats().rebuilds == 0 and not contains(store, doc(1))
+    with LiveDatastore(tmp_path / "on", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0.05),
+                       background=True) as store:  # fmt: skip
+        store.ingest(doc(1))
+        deadline = time.monotonic() + 10
+        while store.stats().rebuilds == 0:
+            assert time.monotonic() < deadline, "the cheap rebuild was not brought forward"
+            time.sleep(0.01)
+        assert contains(store, doc(1))
+        assert store.stats().last_rebuild_seconds < 0.05 * 10  # it was cheap
+
+
+def test_an_expensive_rebuild_waits_for_its_share(tmp_path: Path) -> None:
+    """The expected duration scales with the newest sub-index, which the rebuild re-sorts:
+    at the measured rate, 200,000 tokens wait 2x longer than 100,000."""
+    policy = LivePolicy(rebuild_min_tokens=1, max_sub_index_tokens=10**6, rebuild_max_share=0.1)
+    with LiveDatastore(tmp_path, TOKENIZER, policy, background=False) as store:
+        store.ingest(doc(1, 100_000))  # rebuilt at once: the newest sub-index
+        store.update_policy(rebuild_min_tokens=10**9)
+        store.ingest(doc(2, 99_999))  # waits: with the newest, 200,000 tokens to re-sort
+        state = store._state
+        assert state.rebuilds == 1 and state.rebuild_tokens_per_s > 0  # measured
+        state.rebuild_tokens_per_s = 1e6  # fix the rate: 0.2 s of sorting
+        policy = state.policy
+        assert not early_rebuild_due(state, policy, 1.9)  # 0.2 s is over 10% of 1.9 s
+        assert early_rebuild_due(state, policy, 2.0)
+        state.rebuild_tokens_per_s = 1e9
+        assert not early_rebuild_due(state, policy, 0.5)  # never under 1 s apart
+        assert early_rebuild_due(state, policy, 1.0)
+        assert not early_rebuild_due(state, replace(policy, rebuild_max_share=0), 10**6)
 
 
 CHILD = r"""

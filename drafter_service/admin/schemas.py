@@ -162,6 +162,7 @@ class Settings(BaseModel):
 
     rebuild_min_tokens: int
     rebuild_interval_s: float
+    rebuild_max_share: float
     snapshot_interval_s: float
     keep_snapshots: int
 
@@ -169,6 +170,9 @@ class Settings(BaseModel):
 class SettingsPatch(Strict):
     rebuild_min_tokens: int | None = Field(default=None, ge=1, le=2**62)
     rebuild_interval_s: float | None = Field(default=None, gt=0, le=10**9)
+    rebuild_max_share: float | None = Field(
+        default=None, ge=0, lt=1, description="0 = only rebuild_min_tokens and rebuild_interval_s"
+    )
     snapshot_interval_s: float | None = Field(
         default=None, ge=0, le=10**9, description="0 = only on request"
     )

@@ -9,11 +9,21 @@ from typing import Literal
 LIVE_SETTINGS = (
     "rebuild_min_tokens",
     "rebuild_interval_s",
+    "rebuild_max_share",
     "snapshot_interval_s",
     "keep_snapshots",
 )
 """The policy fields :meth:`LiveDatastore.update_policy` may change while serving: they
 only say *when* maintenance runs, never what a datastore holds."""
+
+
+MIN_REBUILD_GAP_S = 1.0
+"""The shortest time between two rebuilds that ``rebuild_max_share`` brings forward."""
+
+REBUILD_TOKENS_PER_S = 5_000_000.0
+"""Expected rebuild speed before the first rebuild has measured it (tokens re-sorted per
+second; the suffix-array build runs at about 7M a second on one core of the benchmark
+host)."""
 
 
 class DatastoreFull(RuntimeError):
@@ -31,7 +41,14 @@ class LivePolicy:
     rebuild_min_tokens: int = 1_000_000
     """Rebuild once this many tokens are waiting..."""
     rebuild_interval_s: float = 60.0
-    """...or once this long has passed since the last rebuild with anything waiting."""
+    """...or once this long has passed since the last rebuild with anything waiting..."""
+    rebuild_max_share: float = 0.01
+    """...or sooner while rebuilding is cheap: once the time since the last rebuild is at
+    least the next one's expected duration divided by this share (and at least
+    :data:`MIN_REBUILD_GAP_S`), so early rebuilds take at most about this share of one
+    core. A small live datastore then learns a generation within seconds; a large one,
+    whose rebuild re-sorts more, waits longer, up to ``rebuild_interval_s``. 0: only
+    the two rules above."""
     snapshot_interval_s: float = 900.0
     """Write a snapshot this often when the datastore changed (0 = only on request)."""
     keep_snapshots: int = 2
@@ -51,6 +68,7 @@ class LivePolicy:
             "max_sub_index_tokens": 1 <= self.max_sub_index_tokens < 2**31 - 2,
             "rebuild_min_tokens": self.rebuild_min_tokens >= 1,
             "rebuild_interval_s": self.rebuild_interval_s > 0,
+            "rebuild_max_share": 0 <= self.rebuild_max_share < 1,
             "snapshot_interval_s": self.snapshot_interval_s >= 0,
             "keep_snapshots": self.keep_snapshots >= 1,
             "max_resident_bytes": self.max_resident_bytes is None or self.max_resident_bytes > 0,

@@ -86,6 +86,7 @@ class LiveState:
     rebuild_seconds: float = 0.0
     last_rebuild_seconds: float = 0.0
     last_rebuild_monotonic: float = field(default_factory=time.monotonic)
+    rebuild_tokens_per_s: float = 0.0  # measured by the last rebuild; 0: none yet
     last_error: str | None = None
     ingested_sequences: int = 0
     ingested_tokens: int = 0

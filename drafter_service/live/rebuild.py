@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
-from drafter_service.live.live_policy import LivePolicy
+from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.thread_priority import lower_thread_priority
 
@@ -33,8 +33,9 @@ def fold_pending(state: LiveState) -> bool:
         with state.lock:
             if not state.pending:
                 return False
-            batch, state.pending, state.pending_tokens = state.pending, [], 0
             base = state.learned
+            work = rebuild_work(base, state.pending_tokens)
+            batch, state.pending, state.pending_tokens = state.pending, [], 0
             static = sum(c.resident_bytes for c in state.corpora)
             through = batch[-1].seq
             origins = [record.origin for record in batch if record.origin is not None]
@@ -61,11 +62,30 @@ def fold_pending(state: LiveState) -> bool:
             state.rebuild_seconds += elapsed
             state.last_rebuild_seconds = elapsed
             state.last_rebuild_monotonic = time.monotonic()
+            if elapsed > 0:
+                state.rebuild_tokens_per_s = work / elapsed
             listeners = state.rebuild_listeners
         state.publish(datastore)
         for listener in listeners:
             listener(elapsed)
         return True
+
+
+def rebuild_work(learned: tuple[SubIndex, ...], pending_tokens: int) -> int:
+    """Tokens the next rebuild re-sorts, at most: the newest sub-index's text, which
+    the waiting documents extend, and theirs."""
+    return pending_tokens + (learned[-1].num_tokens if learned else 0)
+
+
+def early_rebuild_due(state: LiveState, policy: LivePolicy, since_s: float) -> bool:
+    """Whether ``rebuild_max_share`` brings the next rebuild forward, ``since_s`` after the
+    last: its expected duration is at most that share of the time since (the caller
+    holds the state lock)."""
+    share = policy.rebuild_max_share
+    if share <= 0 or since_s < MIN_REBUILD_GAP_S:
+        return False
+    rate = state.rebuild_tokens_per_s or REBUILD_TOKENS_PER_S
+    return rebuild_work(state.learned, state.pending_tokens) / rate <= share * since_s
 
 
 def fold_documents(
@@ -145,7 +165,8 @@ def run_maintenance(
 ) -> None:
     """The background thread: wakes at least once a second (or when an ingest fills the
     buffer, the policy changes or the datastore closes) and calls ``rebuild`` when
-    enough waits or the interval has passed with anything waiting, then ``snapshot``
+    enough waits, or the interval has passed with anything waiting, or a rebuild is
+    cheap enough for ``rebuild_max_share`` (:func:`early_rebuild_due`), then ``snapshot``
     when the sub-indices hold log records the newest snapshot does not and the snapshot
     interval has passed. Returns once the state is closed. It first lowers its own
     priority to ``background_nice`` (thread_priority)."""
@@ -156,10 +177,11 @@ def run_maintenance(
             state.wake.wait(timeout=min(policy.rebuild_interval_s, 1.0))
             if state.closed:
                 return
-            now = time.monotonic()
+            since = time.monotonic() - state.last_rebuild_monotonic
             rebuild_due = state.pending and (
                 state.pending_tokens >= policy.rebuild_min_tokens
-                or now - state.last_rebuild_monotonic >= policy.rebuild_interval_s
+                or since >= policy.rebuild_interval_s
+                or early_rebuild_due(state, policy, since)
             )
             last = state.last_snapshot_unix
             snapshot_due = (

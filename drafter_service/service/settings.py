@@ -293,6 +293,11 @@ class ServeConfig(BaseSettings):
     # The live datastore's policy: LivePolicy checks these (see live_policy).
     rebuild_min_tokens: int = Field(1_000_000, description="live: rebuild once this many wait")
     rebuild_interval_s: float = Field(60.0, description="live: or this often with any waiting")
+    rebuild_max_share: float = Field(
+        0.01,
+        description="live: or sooner while a rebuild takes at most this share of the time "
+        "since the last (at least 1 s apart; 0 = only the two rules above)",
+    )
     snapshot_interval_s: float = Field(900.0, description="live: snapshot period (0 = never)")
     keep_snapshots: int = Field(2, description="live: complete snapshots kept")
     max_sub_indices: int = Field(8, description="live: sub-indices kept (oldest dropped)")
@@ -434,6 +439,7 @@ class ServeConfig(BaseSettings):
             max_sub_index_tokens=self.max_sub_index_tokens,
             rebuild_min_tokens=self.rebuild_min_tokens,
             rebuild_interval_s=self.rebuild_interval_s,
+            rebuild_max_share=self.rebuild_max_share,
             snapshot_interval_s=self.snapshot_interval_s,
             keep_snapshots=self.keep_snapshots,
             max_resident_bytes=self.max_resident_bytes,

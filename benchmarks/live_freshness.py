@@ -1,0 +1,80 @@
+"""How soon the live datastore drafts from a generation it has just stored.
+
+A finished generation is searchable after the next background rebuild. Rebuilds run
+once ``rebuild_min_tokens`` wait, at least every ``rebuild_interval_s`` (60 s), and,
+with ``rebuild_max_share``, sooner while the rebuild is cheap. For live datastores of
+several sizes (random documents; the rebuild re-sorts the newest sub-index, so its cost
+grows with it), this stores one generation with the default policy and times how long
+until the datastore holds it. Prints one JSON line per size: seconds until searchable,
+the rebuild's own seconds, and its share of the time since the rebuild before it.
+
+    python -m benchmarks.live_freshness --tokens 0,1000000,4000000,16000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.snapshot.store import TokenizerIdentity
+
+VOCAB = 128256
+TOKENIZER = TokenizerIdentity(name="bench", vocab_size=VOCAB, fingerprint="")
+
+
+def holds(store: LiveDatastore, tokens: np.ndarray) -> bool:
+    return any(s.find_range(tokens)[1] > s.find_range(tokens)[0]
+               for s in store.datastore.sub_indices)  # fmt: skip
+
+
+def measure(
+    directory: Path, tokens: int, policy: LivePolicy, timeout_s: float
+) -> dict[str, object]:
+    rng = np.random.default_rng(tokens)
+    with LiveDatastore(directory, TOKENIZER, policy, background=True) as store:
+        if tokens:  # the datastore's learned text so far, folded in at once
+            store.ingest(rng.integers(0, VOCAB, size=tokens).astype(np.int32))
+            store.rebuild()
+        last_rebuild = time.monotonic()
+        time.sleep(1.0)  # traffic arrives some time after the last rebuild
+        probe = rng.integers(0, VOCAB, size=200).astype(np.int32)
+        start = time.monotonic()
+        store.ingest(probe)
+        while not holds(store, probe) and time.monotonic() - start < timeout_s:
+            time.sleep(0.005)
+        found_at = time.monotonic()
+        waited = found_at - start
+        stats = store.stats()
+    return {
+        "live_tokens": tokens,
+        "searchable_after_s": round(waited, 3),
+        "found": waited < timeout_s,
+        "rebuild_s": round(stats.last_rebuild_seconds, 4),
+        # the probe's rebuild against the time since the one before it
+        "rebuild_share": round(stats.last_rebuild_seconds / (found_at - last_rebuild), 4),
+        "rebuild_max_share": policy.rebuild_max_share,
+        "rebuild_interval_s": policy.rebuild_interval_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="0,1000000,4000000,16000000",
+                        help="comma-separated live datastore sizes (tokens)")  # fmt: skip
+    parser.add_argument("--rebuild-max-share", type=float, default=LivePolicy().rebuild_max_share)
+    parser.add_argument("--timeout-s", type=float, default=90.0)
+    args = parser.parse_args()
+    policy = LivePolicy(rebuild_max_share=args.rebuild_max_share, snapshot_interval_s=0)
+    for size in (int(t) for t in args.tokens.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(measure(Path(tmp), size, policy, args.timeout_s)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
