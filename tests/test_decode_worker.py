@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,20 @@ def test_greedy_equals_plain_decoding_with_hits_and_misses(model: Any) -> None:
     assert stats.accepted_tokens > 0 and stats.output_tokens == sum(limits)
     assert stats.steps < sum(limits)  # speculation saved steps
     assert worker.idle and worker.kv.batch_size == 0
+
+
+def test_forward_passes_use_the_installed_transformers_cache_keyword(model: Any) -> None:
+    """transformers 5.24 renamed forward's ``past_key_values`` to ``cache``; the old name
+    warns (FutureWarning) and goes in 5.40. Prefill and tree steps pass the name the
+    installed release takes, so a decode run warns nothing."""
+    items = prompts(2, seed=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        refs = references(model, items, 6)
+        truths = {rid: [*items[int(rid)], *out] for rid, out in refs.items()}
+        worker = DecodeWorker(model, OracleDrafter(truths, seed=3), max_batch=2)
+        generations = worker.run(GenerationRequest(str(i), p, 6) for i, p in enumerate(items))
+    assert [g.output_ids for g in generations] == [refs[str(i)] for i in range(2)]
 
 
 def test_trees_that_always_miss_change_nothing(model: Any) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from verifier_client.reference_worker.decode_loop import cache_keyword
 from verifier_client.reference_worker.target_models import tiny_model
 from verifier_client.results import Outcome, StepResult, Tree
 
@@ -36,7 +37,7 @@ def plain_greedy(model: PreTrainedModel, prompt: Sequence[int], n: int) -> list[
     ids = torch.tensor([list(prompt)])
     out: list[int] = []
     for _ in range(n):
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        logits = model(input_ids=ids, use_cache=True, **{cache_keyword(model): cache}).logits
         token = int(logits[0, -1].argmax())
         out.append(token)
         ids = torch.tensor([[token]])

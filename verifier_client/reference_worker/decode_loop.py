@@ -19,6 +19,7 @@ model's own logits, so output never depends on the drafter's answers or timing.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -74,6 +75,14 @@ class _Active:
     generator: torch.Generator | None = None
 
 
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The name ``module.forward`` takes its KV cache under: ``cache`` since transformers
+    5.24, which warns on the older ``past_key_values`` (to be removed in 5.40) that every
+    earlier release takes."""
+    parameters = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class DecodeWorker:
     """Batched speculative decoding of ``model`` with drafts from ``drafter``.
 
@@ -110,6 +119,8 @@ class DecodeWorker:
         self.vocab_size = int(model.config.vocab_size)  # rows of the output embedding
         self.dtype: torch.dtype = model.dtype
         self.kv = BatchKVCache(model.config)
+        self._cache_kw = cache_keyword(model)
+        self._base_cache_kw = cache_keyword(model.base_model)
         self.stats = WorkerStats()
         self._pending: deque[GenerationRequest] = deque()
         self._active: list[_Active] = []
@@ -164,8 +175,8 @@ class DecodeWorker:
                                    packed.attention_mask, self.dtype)  # fmt: skip
         packed_at = self._clock()
         logits = self.model(input_ids=packed.tokens, position_ids=packed.positions,
-                            attention_mask=mask, past_key_values=self.kv.cache,
-                            use_cache=True).logits  # fmt: skip
+                            attention_mask=mask, use_cache=True,
+                            **{self._cache_kw: self.kv.cache}).logits  # fmt: skip
         forward_at = self._clock()
         result = self._verify(packed, logits)
         verified_at = self._clock()
@@ -205,8 +216,8 @@ class DecodeWorker:
             for row, context in enumerate(contexts):
                 ids[row, : lengths[row]] = torch.tensor(context[:-1])
             cache = self.kv.new_request_cache()
-            self.model.base_model(input_ids=ids.to(self.device), past_key_values=cache,
-                                  use_cache=True)  # fmt: skip
+            self.model.base_model(input_ids=ids.to(self.device), use_cache=True,
+                                  **{self._base_cache_kw: cache})  # fmt: skip
         self.kv.append_rows(cache, lengths)
         for request, context in zip(joining, contexts, strict=True):
             generator = None
