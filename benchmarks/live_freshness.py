@@ -29,8 +29,8 @@ TOKENIZER = TokenizerIdentity(name="bench", vocab_size=VOCAB, fingerprint="")
 
 
 def holds(store: LiveDatastore, tokens: np.ndarray) -> bool:
-    return any(s.find_range(tokens)[1] > s.find_range(tokens)[0]
-               for s in store.datastore.sub_indices)  # fmt: skip
+    ranges = (s.find_range(tokens) for s in store.datastore.sub_indices)
+    return any(end > begin for begin, end in ranges)
 
 
 def measure(
