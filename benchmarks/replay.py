@@ -6,10 +6,6 @@ each step, with ``p`` output tokens committed, the drafter proposes a tree;
 ``output[p], output[p+1], ...``; the step commits ``accepted + 1`` tokens (the
 target's bonus token), capped at the end of the output. tau = output tokens /
 steps. ``batch`` records run in lockstep, one drafter call per step.
-
-With ``prefetch`` fan-outs, each step of a Drafter-backed method is also pre-drafted
-and measured against the recorded outcome (:mod:`benchmarks.prefetch_meter`); the
-plain trees still drive the replay, so tau does not change.
 """
 
 from __future__ import annotations
@@ -23,17 +19,16 @@ import numpy.typing as npt
 
 from benchmarks.acceptance import accepted_length
 from benchmarks.live_replay import ReplayLiveStore
-from benchmarks.prefetch_meter import PrefetchMeter
 from benchmarks.proposers import (
     ContextProposer,
     DrafterProposer,
-    MeteredDrafter,
     PldProposer,
     Proposer,
 )
 from benchmarks.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.drafter import Drafter
 from drafter_service.live.live_datastore import LivePolicy
 
 METHODS = ("pld", "input", "datastore", "both")
@@ -70,9 +65,6 @@ class ReplaySettings:
     """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
     depth-1 input trie (its match node has no children, so the input adds nothing);
     ``context`` = ``_core.draft_context(use_input=False)``. Same trees either way."""
-    prefetch: tuple[int, ...] = ()
-    """Fan-outs whose pre-drafts are measured at every step (Drafter-backed methods only:
-    see :func:`can_prefetch`); empty: none."""
     ceiling: int = 0
     """Recall ceiling (0: off): draft trees of this many nodes and accept at most
     ``budget`` tokens of each, so tau is what the best ``budget``-node subtree of every
@@ -98,9 +90,6 @@ class ReplayResult:
     """(output tokens, steps) of each record, in the order records finished."""
     datastore_tokens: int = 0
     wall_s: float = 0.0
-    """Includes the pre-drafting measurement, if any."""
-    prefetch: dict[str, object] | None = None
-    """:meth:`PrefetchMeter.report` when ``settings.prefetch`` was given."""
 
     def tau_curve(self, window: int) -> list[tuple[int, float]]:
         """(records finished so far, tau over the last ``window`` of them) per window."""
@@ -115,11 +104,6 @@ class ReplayResult:
         return self.output_tokens / self.steps if self.steps else 0.0
 
 
-def can_prefetch(method: str, datastore_via: str = "drafter") -> bool:
-    """Whether ``method`` drafts with the Drafter, whose requests can be pre-drafted."""
-    return method in ("input", "both") or (method == "datastore" and datastore_via == "drafter")
-
-
 def make_proposer(settings: ReplaySettings, datastore: Datastore) -> Proposer:
     """The proposer for ``settings.method`` over ``datastore`` (ignored by pld/input)."""
     s = settings
@@ -129,12 +113,10 @@ def make_proposer(settings: ReplaySettings, datastore: Datastore) -> Proposer:
         return ContextProposer(datastore, s.config, s.budget)
     if s.method == "datastore" and s.datastore_via == "drafter":
         config = replace(s.config, input_max_prefix=1, input_max_depth=1)
-        return DrafterProposer(MeteredDrafter(s.vocab_size, config, datastore, s.threads),
-                               s.budget)  # fmt: skip
+        return DrafterProposer(Drafter(s.vocab_size, config, datastore, s.threads), s.budget)
     if s.method in ("input", "both"):
         store = datastore if s.method == "both" else None
-        return DrafterProposer(MeteredDrafter(s.vocab_size, s.config, store, s.threads),
-                               s.budget)  # fmt: skip
+        return DrafterProposer(Drafter(s.vocab_size, s.config, store, s.threads), s.budget)
     raise ValueError(
         f"unknown method {s.method!r} (datastore via {s.datastore_via!r}); "
         f"expected one of {', '.join(METHODS)}"
@@ -148,10 +130,6 @@ class _Lane:
     p: int = 0
     steps: int = 0
     delta: npt.NDArray[np.int32] = field(default_factory=lambda: _EMPTY)
-
-    def ahead(self, n: int) -> list[int]:
-        """The next ``n`` output tokens (fewer at the end)."""
-        return self.output[self.p : self.p + n]
 
 
 def replay(
@@ -175,20 +153,10 @@ def replay(
     store = Datastore(base if uses_store else (), settings.vocab_size)
     if settings.ceiling and settings.ceiling < settings.budget:
         raise ValueError(f"ceiling {settings.ceiling} is below budget {settings.budget}")
-    if settings.ceiling and settings.prefetch:
-        raise ValueError("a recall ceiling does not pre-draft: drop one of them")
     # Under a ceiling every step drafts its large tree; a path of up to `budget` tokens
     # of it is a `budget`-node subtree, so capping the accepted length bounds re-ranking.
     proposer = make_proposer(replace(settings, budget=settings.ceiling or settings.budget), store)
     accept_cap = settings.budget if settings.ceiling else None
-    meter = None
-    if settings.prefetch:
-        if not isinstance(proposer, DrafterProposer):
-            raise ValueError(
-                f"pre-drafting needs a Drafter-backed method, not {settings.method!r} "
-                f"(datastore via {settings.datastore_via!r})"
-            )
-        meter = PrefetchMeter(proposer, settings.prefetch, settings.config.max_budget)
     result = ReplayResult()
     lanes: list[_Lane | None] = [None] * settings.batch
     queue = iter(records)
@@ -209,9 +177,6 @@ def replay(
     while active := [slot for slot, lane in enumerate(lanes) if lane is not None]:
         trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
-        if meter is not None:
-            # No tree is deeper than its budget: budget + 1 tokens decide every outcome.
-            meter.step(active, [lanes[s].ahead(settings.budget + 1) for s in active])  # type: ignore[union-attr]
         finished: list[Record] = []
         for slot, (tokens, parents) in zip(active, trees, strict=True):
             lane = lanes[slot]
@@ -228,8 +193,6 @@ def replay(
             result.output_tokens += commit
             if lane.p == len(lane.output):
                 proposer.end(slot)
-                if meter is not None:
-                    meter.end(slot)
                 lanes[slot] = None
                 result.finished.append((len(lane.output), lane.steps))
                 finished.append(lane.record)
@@ -239,7 +202,6 @@ def replay(
     result.wall_s = time.perf_counter() - wall_start
     final = live.datastore if live is not None else store
     result.datastore_tokens = final.num_tokens
-    result.prefetch = meter.report() if meter is not None else None
     if live is not None:
         stats = live.store.stats()
         result.live_rebuilds, result.live_rebuild_s = stats.rebuilds, stats.rebuild_seconds_total

@@ -479,7 +479,7 @@ def _measure_tau(
                     steps, lost = steps + record_steps, lost + record_lost
                     output_tokens += len(batch[w].output_ids)
                     before = _lost_work(clients[w])
-                    clients[w].finish(rids[w], last, store=True, durable=True)
+                    clients[w].finish(rids[w], tail=last, store=True, durable=True)
                     # flush() returns once the call was made, even if it failed.
                     if not clients[w].flush(60) or _lost_work(clients[w]) != before:
                         raise RuntimeError(f"the finish of {rids[w]} was not stored as sent")

@@ -65,7 +65,7 @@ def run_worker_bench(args: argparse.Namespace) -> int:
     from verifier_client import BudgetRule, DrafterClient
     from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
     from verifier_client.reference_worker.target_models import DTYPES, on_device, tiny_model
-    from verifier_client.reference_worker.worker_cli import summary
+    from verifier_client.reference_worker.worker_run import summary
 
     if args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")

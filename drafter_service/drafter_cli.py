@@ -11,10 +11,14 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
+from drafter_service.malloc_tuning import ENV as MALLOC_ENV
+from drafter_service.malloc_tuning import fix_mmap_threshold
+from drafter_service.service.admin_token import load_token
 from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.serving import start_server
 from drafter_service.snapshot.array_files import DamagedDataError
@@ -42,10 +46,9 @@ def freeze_startup_heap() -> int:
     """Collects what startup left as garbage, then moves every object still alive (modules,
     gRPC, the datastores' wrappers: ~90,000 objects) out of the cyclic garbage collector's
     reach, and returns how many that is. Otherwise each full collection traverses them all
-    while holding the GIL: ~30 ms on a 2-core host, every ~150 steps when pre-drafting
-    allocates, and a step arriving meanwhile waits for it. Objects made later are collected
-    as usual; frozen ones are still freed when their last reference goes. ``serve``
-    unfreezes them once it has stopped."""
+    while holding the GIL: ~30 ms on a 2-core host, and a step arriving meanwhile waits
+    for it. Objects made later are collected as usual; frozen ones are still freed when
+    their last reference goes. ``serve`` unfreezes them once it has stopped."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -57,6 +60,10 @@ async def serve(config: ServeConfig) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before loading: a signal then stops cleanly
         loop.add_signal_handler(sig, stop.set)
+    threshold = fix_mmap_threshold(os.environ)
+    if threshold is not None:
+        log.info("malloc: buffers of %d KiB or more are returned to the system when freed "
+                 "(M_MMAP_THRESHOLD fixed; %s overrides)", threshold >> 10, MALLOC_ENV)  # fmt: skip
     server = await start_server(config)
     log.info("froze %d objects that outlive startup (gc.freeze)", freeze_startup_heap())
     try:
@@ -75,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = ServeConfig.from_namespace(args)
+        if config.admin_port >= 0 or config.bootstrap_peers:  # checked before anything starts
+            load_token(config.admin_token_file, os.environ)
     except ValueError as exc:
         print(f"drafter serve: error: {exc}", file=sys.stderr)
         return 2

@@ -15,6 +15,8 @@ The service knows the admin API only as a sidecar it starts and stops
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import partial
 
 from drafter_service.admin.http_server import AdminServer
@@ -24,17 +26,22 @@ from drafter_service.service.settings import ServeConfig
 __all__ = ["drafter_server", "start_server"]
 
 
-def drafter_server(config: ServeConfig) -> DrafterServer:
-    """The server, not yet listening, with the admin API wired in when ``admin_port >= 0``."""
+def drafter_server(
+    config: ServeConfig, clock: Callable[[], float] = time.monotonic
+) -> DrafterServer:
+    """The server, not yet listening, with the admin API wired in when ``admin_port >= 0``
+    (``clock``: what request idleness is measured by, see ``DrafterServer``)."""
     admin = partial(AdminServer, config) if config.admin_port >= 0 else None
-    return DrafterServer(config, admin=admin)
+    return DrafterServer(config, admin=admin, clock=clock)
 
 
-async def start_server(config: ServeConfig) -> DrafterServer:
+async def start_server(
+    config: ServeConfig, clock: Callable[[], float] = time.monotonic
+) -> DrafterServer:
     """Starts a drafter service and returns once it is SERVING (see ``DrafterServer.port``,
     ``.address``, ``await .stop(grace)``). Raises ValueError for a bad setting or snapshot
     (nothing is left running)."""
-    server = drafter_server(config)
+    server = drafter_server(config, clock)
     try:
         await server.listen()
         await server.load()

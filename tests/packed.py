@@ -99,35 +99,3 @@ def pack_drafts(drafts: Sequence[pb.RequestDraft], step: int = 0) -> pb.DraftRes
             scores=np.array([t for d in drafts for t in d.scores], "<f4").tobytes(),
         ),
     )
-
-
-def prefetched_flags(request: pb.DraftRequest) -> list[bool]:
-    """PackedDeltas.prefetched of a packed DraftRequest, one per request (empty: all False)."""
-    p = request.packed
-    n = len(p.request_ids)
-    flags = np.frombuffer(p.prefetched, np.uint8) if p.prefetched else np.zeros(n, np.uint8)
-    assert len(flags) == n
-    return [bool(f) for f in flags]
-
-
-# One pre-draft: (accepted node, bonus token, tokens, parents, scores).
-Predraft = tuple[int, int, Sequence[int], Sequence[int], Sequence[float]]
-
-
-def pack_predrafts(step: int, predrafts: dict[str, list[Predraft]]) -> pb.DraftResponse:
-    """A prefetch response (DraftResponse.prefetch) with each request's pre-drafts in the
-    order given."""
-    every = [p for trees in predrafts.values() for p in trees]
-    return pb.DraftResponse(
-        step=step,
-        prefetch=pb.PrefetchedDrafts(
-            request_ids=list(predrafts),
-            outcome_counts=np.array([len(t) for t in predrafts.values()], "<u4").tobytes(),
-            accepted_nodes=np.array([p[0] for p in every], "<i4").tobytes(),
-            bonus_tokens=np.array([p[1] for p in every], "<i4").tobytes(),
-            node_counts=np.array([len(p[2]) for p in every], "<u4").tobytes(),
-            tokens=np.array([t for p in every for t in p[2]], "<i4").tobytes(),
-            parents=np.array([t for p in every for t in p[3]], "<i4").tobytes(),
-            scores=np.array([t for p in every for t in p[4]], "<f4").tobytes(),
-        ),
-    )

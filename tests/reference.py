@@ -267,16 +267,13 @@ def fuse(
     datastore_tree: Tree | None,
     config: DraftConfig,
     budget: int,
-    committed: int | None = None,
     live_tree: Tree | None = None,
     prefixes: tuple[int, int] = (0, 0),
 ) -> RefDraft:
     """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
 
-    ``committed``: the trie holds only ``context[:committed]`` (a pre-draft after a
-    hypothetical extension): an input match is any occurrence of the context's m-gram
-    among those tokens that has a continuation there. ``prefixes``: the base's and the
-    live tree's matched prefixes (:func:`matched_prefix`), for the features."""
+    ``prefixes``: the base's and the live tree's matched prefixes (:func:`matched_prefix`),
+    for the features."""
     check_spec_fields(config)
     ctx = [int(t) for t in context]
     # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
@@ -378,13 +375,7 @@ def fuse(
                 continue
             u = tuple(ctx[-m:])
             discount = config.input_child_discount_base + config.input_child_discount_per_match * m
-            if committed is None or committed == len(ctx):
-                continued = trie[u] - 1  # the occurrence at the very end has no continuation
-            else:  # the occurrence ending where the committed tokens end continues unseen
-                at_end = committed >= m and tuple(ctx[committed - m : committed]) == u
-                continued = trie.get(u, 0) - int(at_end)
-                if continued <= 0:
-                    continue
+            continued = trie[u] - 1  # the occurrence at the very end has no continuation
             roots.append((trie, kids, u, continued, config.input_smoothing, config.input_weight,
                           discount, "input", 0.0, m))
     expand(roots, -1)
@@ -457,23 +448,6 @@ def datastore_prefixes(
         return (matched_prefix(sub_indices[:base_count], context, config, budget),
                 matched_prefix(sub_indices[base_count:], context, config, budget))
     return matched_prefix(sub_indices, context, config, budget), 0
-
-
-def draft_after(
-    committed: Sequence[int],
-    extension: Sequence[int],
-    sub_indices: Sequence[RefSubIndex] | None,
-    config: DraftConfig,
-    budget: int,
-    base_count: int = 0,
-) -> RefDraft:
-    """A pre-draft: the datastore sees committed + extension, the input trie only committed."""
-    context = [*committed, *extension]
-    ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
-    trie = input_trie_counts(committed, config.input_max_depth)
-    return fuse(trie, context, ds_tree, config, budget, committed=len(committed),
-                live_tree=live_tree,
-                prefixes=datastore_prefixes(sub_indices, context, config, budget, base_count))
 
 
 def assert_same_draft(got: tuple[np.ndarray, ...], want: RefDraft) -> None:

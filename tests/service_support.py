@@ -8,7 +8,8 @@ import concurrent.futures
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         return self.submit(coro).result(timeout)
 
     def close(self) -> None:
@@ -57,7 +58,8 @@ class Running:
         self, *deltas: pb.RequestDelta, step: int = 0, fingerprint: str = ""
     ) -> pb.DraftResponse:
         request = pb.DraftRequest(requests=deltas, step=step, tokenizer_fingerprint=fingerprint)
-        response: pb.DraftResponse = self.stub.Draft(request, timeout=10)
+        # A bound on failure only: a loaded machine's call can take seconds.
+        response: pb.DraftResponse = self.stub.Draft(request, timeout=60)
         return response
 
 
@@ -75,9 +77,22 @@ def config(data_dir: Path, **overrides: Any) -> ServeConfig:
     return ServeConfig(**settings)
 
 
+@dataclass(slots=True)
+class FakeClock:
+    """A monotonic clock that moves only when a test moves it."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @contextmanager
-def serving(loop: LoopThread, cfg: ServeConfig) -> Iterator[Running]:
-    server = loop.run(start_server(cfg))
+def serving(
+    loop: LoopThread, cfg: ServeConfig, clock: Callable[[], float] = time.monotonic
+) -> Iterator[Running]:
+    """A started server (``clock``: what request idleness is measured by)."""
+    server = loop.run(start_server(cfg, clock))
     channel = grpc.insecure_channel(server.address)
     try:
         yield Running(server, channel, pb_grpc.DrafterServiceStub(channel))

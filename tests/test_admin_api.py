@@ -4,6 +4,7 @@ real gRPC client (verifier_client)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -281,13 +282,14 @@ def test_the_mutating_routes_listed_here_are_all_of_them(admin: Admin) -> None:
     assert mutating_routes(served) == sorted(MUTATING)
 
 
-@pytest.mark.parametrize(("method", "path"), MUTATING)
-def test_mutating_calls_need_the_right_token(admin: Admin, method: str, path: str) -> None:
+def test_mutating_calls_need_the_right_token(admin: Admin) -> None:
+    """Each mutating route (one server: a refused call changes nothing)."""
     before = admin.http.get("/v1/datastores/default", headers=AUTH).json()
     body = {"name": "x", "path": "ids.jsonl", "kind": "token-ids"}
-    for headers in ({}, WRONG, {"Authorization": f"Bearer {TOKEN[:-1]}"}, {"X-Token": TOKEN}):
+    bad = ({}, WRONG, {"Authorization": f"Bearer {TOKEN[:-1]}"}, {"X-Token": TOKEN})
+    for (method, path), headers in itertools.product(MUTATING, bad):
         r = admin.http.request(method, path, headers=headers, json=body)
-        assert r.status_code == 401, (headers, r.text)
+        assert r.status_code == 401, (method, path, headers, r.text)
         assert r.headers["www-authenticate"] == 'Bearer realm="drafter-admin"'
         assert r.json() == {
             "error": {"code": "unauthenticated", "message": r.json()["error"]["message"]}
@@ -303,13 +305,10 @@ def tokenless(loop_thread: LoopThread, tmp_path: Path, corpora_dir: Path) -> Ite
     running.close()
 
 
-@pytest.mark.parametrize(("method", "path"), MUTATING)
-def test_without_a_configured_token_mutating_calls_are_refused(
-    tokenless: Admin, method: str, path: str
-) -> None:
-    for headers in ({}, AUTH):
+def test_without_a_configured_token_mutating_calls_are_refused(tokenless: Admin) -> None:
+    for (method, path), headers in itertools.product(MUTATING, ({}, AUTH)):
         r = tokenless.http.request(method, path, headers=headers, json={})
-        assert r.status_code == 403, r.text
+        assert r.status_code == 403, (method, path, r.text)
         assert "--admin-token-file" in r.json()["error"]["message"]
         assert "DRAFTER_ADMIN_TOKEN" in r.json()["error"]["message"]
     # Reads stay open without a token (there is none to present).
@@ -550,48 +549,45 @@ def test_text_corpora_need_a_tokenizer_and_corpora_need_a_directory(
 # -- path traversal ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("path", "status"),
-    [
-        ("../outside.jsonl", 400),
-        ("sub/../../outside.jsonl", 400),
-        ("/etc/passwd", 400),
-        (str(Path("/tmp").resolve()), 400),
-        ("%2e%2e%2foutside.jsonl", 400),
-        ("..%2Foutside.jsonl", 400),
-        ("sub\\..\\..\\outside.jsonl", 400),
-        (".hidden", 400),
-        ("escape.jsonl", 400),  # a symlink leading outside the corpora directory
-        ("sub", 400),  # a directory
-        ("missing.jsonl", 404),
-        ("a\x00b", 400),
-    ],
-)
-def test_corpus_paths_cannot_leave_the_corpora_directory(
-    admin: Admin, path: str, status: int
-) -> None:
-    body = {"name": "c1", "path": path, "kind": "token-ids"}
-    r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
-    assert r.status_code == status, r.text
-    assert r.json()["error"]["code"] in ("bad_request", "not_found")
+ESCAPING_PATHS = [
+    ("../outside.jsonl", 400),
+    ("sub/../../outside.jsonl", 400),
+    ("/etc/passwd", 400),
+    (str(Path("/tmp").resolve()), 400),
+    ("%2e%2e%2foutside.jsonl", 400),
+    ("..%2Foutside.jsonl", 400),
+    ("sub\\..\\..\\outside.jsonl", 400),
+    (".hidden", 400),
+    ("escape.jsonl", 400),  # a symlink leading outside the corpora directory
+    ("sub", 400),  # a directory
+    ("missing.jsonl", 404),
+    ("a\x00b", 400),
+]
+
+
+def test_corpus_paths_cannot_leave_the_corpora_directory(admin: Admin) -> None:
+    for path, status in ESCAPING_PATHS:
+        body = {"name": "c1", "path": path, "kind": "token-ids"}
+        r = admin.http.post("/v1/datastores/default/corpora", headers=AUTH, json=body)
+        assert r.status_code == status, (path, r.text)
+        assert r.json()["error"]["code"] in ("bad_request", "not_found")
     assert admin.http.get("/v1/jobs", headers=AUTH).json() == {"jobs": []}
 
 
-@pytest.mark.parametrize(
-    "raw_name",
-    [
-        "..",
-        "%2e%2e",
-        "%2e%2e%2f%2e%2e%2fwal",
-        "..%2f..%2fwal",
-        "%2fetc%2fpasswd",
-        "a.b",
-        "-x",
-        "x" * 65,
-        "%00",
-    ],
-)
-def test_snapshot_and_corpus_names_are_validated(admin: Admin, raw_name: str) -> None:
+BAD_NAMES = [
+    "..",
+    "%2e%2e",
+    "%2e%2e%2f%2e%2e%2fwal",
+    "..%2f..%2fwal",
+    "%2fetc%2fpasswd",
+    "a.b",
+    "-x",
+    "x" * 65,
+    "%00",
+]
+
+
+def test_snapshot_and_corpus_names_are_validated(admin: Admin) -> None:
     admin.ingest([[1, 2, 3]])
     assert (
         admin.wait_job(
@@ -602,29 +598,30 @@ def test_snapshot_and_corpus_names_are_validated(admin: Admin, raw_name: str) ->
     data_dir = admin.server.config.data_dir
     before = sorted(p.name for p in data_dir.rglob("*"))
     base = "/v1/datastores/default"
-    requests = [
-        ("GET", f"{base}/snapshots/{raw_name}"),
-        ("DELETE", f"{base}/snapshots/{raw_name}"),
-        ("POST", f"{base}/snapshots/{raw_name}/restore"),
-        ("DELETE", f"{base}/corpora/{raw_name}"),
-    ]
-    for method, target in requests:
-        # The raw request target: no client-side normalisation of dot segments.
-        request = admin.http.build_request(method, base, headers=AUTH)
-        request.extensions["target"] = target.encode()
-        r = admin.http.send(request)
-        assert r.status_code in (404, 422), (method, target, r.status_code, r.text)
-        assert r.json()["error"]["code"] in ("not_found", "invalid_request")
-    decoded = raw_name.replace("%2e", ".").replace("%2f", "/").replace("%00", "\x00")
-    for body in ({"name": decoded}, {"name": f"../{decoded}"}):
-        r = admin.http.post("/v1/datastores/default/snapshots", headers=AUTH, json=body)
-        assert r.status_code == 422, r.text
-        r = admin.http.post(
-            "/v1/datastores/default/corpora",
-            headers=AUTH,
-            json={**body, "path": "ids.jsonl", "kind": "token-ids"},
-        )
-        assert r.status_code == 422, r.text
+    for raw_name in BAD_NAMES:
+        requests = [
+            ("GET", f"{base}/snapshots/{raw_name}"),
+            ("DELETE", f"{base}/snapshots/{raw_name}"),
+            ("POST", f"{base}/snapshots/{raw_name}/restore"),
+            ("DELETE", f"{base}/corpora/{raw_name}"),
+        ]
+        for method, target in requests:
+            # The raw request target: no client-side normalisation of dot segments.
+            request = admin.http.build_request(method, base, headers=AUTH)
+            request.extensions["target"] = target.encode()
+            r = admin.http.send(request)
+            assert r.status_code in (404, 422), (method, target, r.status_code, r.text)
+            assert r.json()["error"]["code"] in ("not_found", "invalid_request")
+        decoded = raw_name.replace("%2e", ".").replace("%2f", "/").replace("%00", "\x00")
+        for body in ({"name": decoded}, {"name": f"../{decoded}"}):
+            r = admin.http.post("/v1/datastores/default/snapshots", headers=AUTH, json=body)
+            assert r.status_code == 422, r.text
+            r = admin.http.post(
+                "/v1/datastores/default/corpora",
+                headers=AUTH,
+                json={**body, "path": "ids.jsonl", "kind": "token-ids"},
+            )
+            assert r.status_code == 422, r.text
     assert sorted(p.name for p in data_dir.rglob("*")) == before
     assert (data_dir / "snapshots" / "keep" / "manifest.json").is_file()
 
@@ -715,6 +712,7 @@ def free_port() -> int:
         return port
 
 
+@pytest.mark.system
 def test_drafter_serve_subprocess_serves_admin_with_an_env_token(tmp_path: Path) -> None:
     port = free_port()
     os.environ["DRAFTER_ADMIN_TOKEN"] = TOKEN  # inherited by the child only for this call
@@ -756,10 +754,11 @@ def test_drafter_serve_subprocess_serves_admin_with_an_env_token(tmp_path: Path)
 # -- fuzzing against the served OpenAPI schema ---------------------------------------------
 
 
-FUZZ_EXAMPLES = 10  # per operation and generation mode: the two runs take ~20 s here
+FUZZ_EXAMPLES = 3  # per operation and generation mode: every operation, valid and invalid inputs
 
 
 @pytest.mark.parametrize("authenticated", [True, False])
+@pytest.mark.system
 def test_fuzz_against_the_openapi_schema(admin: Admin, authenticated: bool) -> None:
     """Every operation of the served schema with generated inputs, valid (positive) and
     invalid (negative): never a 5xx, and every response (status, content type, body)

@@ -18,15 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from dev_data import CORPUS_IDS, CORPUS_TEXT, need
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from datastore_builder.builder_cli import main
 from drafter_service.datastore.sub_indices import SEPARATOR
 from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, load_snapshot
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
-CORPUS_TEXT = DATA_DIR / "corpus" / "datastore_llama3_family.text.jsonl.gz"
-CORPUS_IDS = DATA_DIR / "corpus" / "datastore_llama3_family.jsonl.gz"
 
 SENTENCES = [
     "the cat sat on the mat .",
@@ -402,10 +399,10 @@ def llama3_tokenizer() -> Path:
     return path
 
 
+@pytest.mark.system
 def test_llama3_tokenization_matches_the_token_files(tmp_path: Path, capsys: Capsys) -> None:
     tokenizer = llama3_tokenizer()
-    if not (CORPUS_TEXT.is_file() and CORPUS_IDS.is_file()):
-        pytest.skip(f"corpus not found under {DATA_DIR} (needs ../shared/data beside the repo)")
+    need(CORPUS_TEXT, CORPUS_IDS)
     with gzip.open(CORPUS_TEXT, "rt") as ft, gzip.open(CORPUS_IDS, "rt") as fi:
         pairs = [
             (json.loads(a), json.loads(b)) for a, b, _ in zip(ft, fi, range(200), strict=False)

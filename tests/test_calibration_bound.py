@@ -36,6 +36,7 @@ def _write(path: Path, records: int, seed: int) -> None:
             f.write(json.dumps({"prompt_ids": prompt, "output_ids": output}) + "\n")
 
 
+@pytest.mark.system
 def test_rows_replay_the_second_half_with_each_score(tmp_path: Path) -> None:
     _write(tmp_path / calibration_bound.CORPUS, 60, seed=1)
     _write(tmp_path / "dev" / "tiny.jsonl.gz", 20, seed=2)

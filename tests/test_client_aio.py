@@ -4,7 +4,6 @@ deadline against a slow one."""
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,17 +49,18 @@ def test_aio_drafts_deltas_and_finish(drafter: DrafterProcess, mode: str) -> Non
                 tree = result[rid]
                 assert tree is not None and tree.tokens[0] == PATTERN[(i + 1) % 5]
                 assert client.stats.tokens_sent == sent_before + 1
-            assert client.finish(rid, final_tokens=[PATTERN[0]])
-            assert await client.flush(timeout_s=10)
+            assert client.finish(rid, tail=[PATTERN[0]])
+            assert await client.flush(timeout_s=60)
             assert client.stats.background_sent == 1 and client.stats.fallback_steps == 0
 
     asyncio.run(flow())
 
 
 async def step_until_ok(
-    client: AioDrafterClient, commits: dict[str, list[int]], timeout_s: float = 5.0
+    client: AioDrafterClient, commits: dict[str, list[int]], timeout_s: float = 60.0
 ) -> StepResult:
-    """Steps until one is answered; the commits go with the first step only."""
+    """Steps until one is answered (``timeout_s`` bounds failure only); the commits go
+    with the first step only."""
     end_s = time.monotonic() + timeout_s
     while not (result := await client.step(commits)).ok:
         assert time.monotonic() < end_s, client.stats
@@ -80,17 +80,12 @@ def test_aio_deadline_and_late_answers(mode: str) -> None:
             await client.wait_ready()
             client.add_request("a", [1, 2])
             await step_until_ok(client, {"a": []})
-            slow.delay_s = 0.1
-            durations_s = []
+            slow.hold()  # no answer comes back until release()
             for token in (3, 4, 5):
-                start_s = time.perf_counter()
                 result = await client.step({"a": [token]})
-                durations_s.append(time.perf_counter() - start_s)
                 assert result.outcome is Outcome.DEADLINE and result["a"] is None
-            assert statistics.median(durations_s) < 0.005 + 0.003, durations_s
-            assert max(durations_s) < 0.005 + 0.040, durations_s
-            slow.delay_s = 0.0
-            await asyncio.sleep(0.4)
+            assert slow.held  # every step returned while its answer was held: none waited
+            slow.release()
             result = await step_until_ok(client, {"a": [6]})
             assert result["a"] is not None
             assert client.stats.late_responses >= (3 if mode == "stream" else 0)
@@ -103,12 +98,13 @@ def test_aio_deadline_and_late_answers(mode: str) -> None:
         slow.stop()
 
 
+@pytest.mark.system
 def test_aio_outage_opens_the_breaker_and_a_restart_resyncs(tmp_path: Path) -> None:
     server = DrafterProcess(tmp_path / "data")
     ids = ["x", "y"]
 
     async def step_until_drafted(client: AioDrafterClient, token: int) -> None:
-        result = await step_until_ok(client, {rid: [token] for rid in ids}, timeout_s=10)
+        result = await step_until_ok(client, {rid: [token] for rid in ids}, timeout_s=60)
         assert all(result[rid] is not None for rid in ids), result
 
     async def flow() -> None:

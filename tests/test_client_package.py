@@ -23,6 +23,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_PROJECT = ROOT / "clients" / "python"
 TOP = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]

@@ -14,7 +14,8 @@ from verifier_client import BreakerConfig, BreakerState, BudgetRule, DrafterClie
 from verifier_client.results import StepResult
 
 PATTERN = [10, 11, 12, 13, 14, 15]
-DEADLINE_MS = 1000.0  # functional tests: the deadline must not decide the outcome here
+DEADLINE_MS = 60_000.0  # functional tests: the deadline must not decide the outcome (a bound
+# on failure only: a loaded machine took over a second for one step)
 FAST_BREAKER = BreakerConfig(failure_threshold=3, cooldown_s=0.05, max_cooldown_s=0.2)
 
 
@@ -105,6 +106,7 @@ def test_a_request_the_drafter_would_refuse_costs_the_batch_nothing(
         assert client.stats.refused == 2 and client.stats.fallback_steps == 0
 
 
+@pytest.mark.system
 def test_resync_after_a_restart_is_transparent(tmp_path: Path) -> None:
     server = DrafterProcess(tmp_path / "data")
     try:
@@ -126,6 +128,7 @@ def test_resync_after_a_restart_is_transparent(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.system
 def test_breaker_opens_costs_nothing_per_step_and_recovers(tmp_path: Path) -> None:
     server = DrafterProcess(tmp_path / "data")
     ids = [f"b{i}" for i in range(8)]
@@ -166,7 +169,7 @@ def test_finished_generations_and_ingests_reach_the_datastore(drafter: DrafterPr
         client.add_request("writer", generation[:10])
         for i in range(10, 40, 5):
             client.step({"writer": generation[i : i + 5]})
-        assert client.finish("writer", final_tokens=generation[40:])
+        assert client.finish("writer", tail=generation[40:])
         assert client.flush(timeout_s=10)
         # A new request ending inside that text gets its continuation from the datastore
         # (its own context has none) once the live datastore has indexed it.

@@ -167,6 +167,46 @@ def test_finish_of_a_synced_request_sends_only_the_tail() -> None:
     assert isinstance(work, FinishWork) and work.do_not_store and work.generation is None
 
 
+def test_finish_with_the_whole_output_stores_each_token_once() -> None:
+    """Issue 33, item 5: the whole output after stepping stores no token twice."""
+    s = session()
+    synced(s, "a", [1, 2, 3, 4, 5, 6])
+    plan = begin(s, {"a": [7, 8]})  # output so far: 7, 8 (sent)
+    s.complete(plan, ok_answer(plan), 0.0)
+    s.tracker.commit("a", [9])  # committed, not sent
+    (work,) = s.finish("a", [], store=True, output=[7, 8, 9, 10])
+    assert isinstance(work, FinishWork) and list(work.final_tokens) == [9, 10]
+    assert list(work.generation or ()) == [4, 5, 6, 7, 8, 9, 10]
+    synced(s, "b", [1, 2])  # nothing stepped: the whole output is new
+    (work,) = s.finish("b", [], store=True, output=[3])
+    assert isinstance(work, FinishWork) and list(work.final_tokens) == [3]
+
+
+def test_an_output_that_disagrees_is_refused_and_the_request_stays_open() -> None:
+    s = session()
+    synced(s, "a", [1, 2])
+    plan = begin(s, {"a": [3, 4]})
+    s.complete(plan, ok_answer(plan), 0.0)
+    with pytest.raises(ValueError, match=r"first difference at 1"):
+        s.finish("a", [], store=True, output=[3, 5, 6])
+    with pytest.raises(ValueError, match=r"does not start with the 2 tokens"):
+        s.finish("a", [], store=True, output=[3])
+    with pytest.raises(ValueError, match="not both"):
+        s.finish("a", [5], store=True, output=[3, 4, 5])
+    (work,) = s.finish("a", [5], store=True)  # still tracked: ends normally
+    assert isinstance(work, FinishWork) and list(work.final_tokens) == [5]
+
+
+def test_the_clients_take_tail_and_output_only_by_name() -> None:
+    from verifier_client import DrafterClient
+
+    with DrafterClient("127.0.0.1:1") as client:
+        client.add_request("r", [1, 2])
+        with pytest.raises(TypeError):
+            client.finish("r", [3])  # type: ignore[misc]
+        assert client.finish("r", output=[3])
+
+
 def test_finish_of_an_unsure_request_aborts_and_ingests_the_generation() -> None:
     s = session()
     s.add("a", [1, 2], "code", None)

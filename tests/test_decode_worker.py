@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import math
 import signal
+import subprocess
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -152,7 +154,7 @@ def test_a_drafter_with_malformed_trees_cannot_break_decoding(
 
     class Hostile:
         def add_request(self, request_id: str, prompt_ids: Any) -> None: ...
-        def finish(self, request_id: str, final_tokens: Any = ()) -> bool:
+        def finish(self, request_id: str, *, tail: Any = ()) -> bool:
             return True
 
         def step(self, commits: Any) -> StepResult:
@@ -166,6 +168,7 @@ def test_a_drafter_with_malformed_trees_cannot_break_decoding(
     assert worker.stats.rejected_trees == worker.stats.steps
 
 
+@pytest.mark.system
 def test_through_a_real_drafter_killed_mid_generation(tmp_path: Path) -> None:
     """A real `drafter serve` subprocess drafts (the input trie learns the model's
     repetitions), then is killed with SIGKILL mid-generation: every step after that
@@ -227,6 +230,7 @@ def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, 5, 0.9)],
                          ids=["T1", "T0.7-k5-p0.9"])  # fmt: skip
+@pytest.mark.system
 def test_sampling_matches_the_target_distribution(params: SamplingParams) -> None:
     """Chi-square goodness of fit of the first two sampled tokens, joint (64 cells on an
     8-token vocabulary, cells expected below 5 pooled), against the exact distribution
@@ -245,7 +249,7 @@ def test_sampling_matches_the_target_distribution(params: SamplingParams) -> Non
 
     class FixedTrees:
         def add_request(self, request_id: str, prompt_ids: Any) -> None: ...
-        def finish(self, request_id: str, final_tokens: Any = ()) -> bool:
+        def finish(self, request_id: str, *, tail: Any = ()) -> bool:
             return True
 
         def step(self, commits: Any) -> StepResult:
@@ -327,3 +331,23 @@ def test_drafter_worker_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert [g["output_ids"] for g in again] == [g["output_ids"] for g in lines] * 2
     assert main([*rounds, "-1"]) == 2
     assert "--rounds must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_drafter_worker_help_and_argument_errors_import_no_torch() -> None:
+    """`drafter-worker --help` and a refused argument answer before torch is imported
+    (importing it takes seconds; a loaded machine's, minutes)."""
+    script = (
+        "import sys\n"
+        "from verifier_client.reference_worker.worker_cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as stop:\n"
+        "    assert stop.code == 0, stop.code\n"
+        "assert main(['--tiny', 'llama', '--prompts', 'p.jsonl', '--rounds', '-1']) == 2\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, check=True)  # fmt: skip
+    assert "usage: drafter-worker" in proc.stdout and "--tiny" in proc.stdout
+    assert "--rounds must be >= 0, got -1" in proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"

@@ -4,17 +4,16 @@ examples, the Dockerfile keeps its compiler in the build stage and builds the wh
 what its ignore file lets through, and local-run.sh parses.
 
 Kubernetes objects are validated like the chart's (test_helm_chart.py): Kubernetes 1.33,
-strict, with our own schema for the Prometheus Operator's PodMonitor. Where the engines'
-virtualenvs exist (make setup-vllm, make setup-sglang), the engines' own parsers read the
-containers' command lines (engine_cli.py): the flags are real, and SGLang's launch checks
-with our plug-in registered pass.
+strict, with our own schema for the Prometheus Operator's PodMonitor. The engine suites
+(tests/engines/, in the engines' virtualenvs) parse the containers' command lines with the
+engines' own parsers: the flags are real, and SGLang's launch checks with our plug-in
+registered pass.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
 import re
 import subprocess
 import tomllib
@@ -27,16 +26,24 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from engines.deploy_commands import (
+    EXAMPLE_DIRS,
+    MANIFESTS,
+    ROOT,
+    command_line,
+    container,
+    deployment,
+    env_of,
+    example_objects,
+    flag_value,
+    objects,
+)
 from operator_schemas import OPERATOR_SCHEMAS
 
 from verifier_client.engines import DrafterSettings
 from verifier_client.engines import vllm as vllm_plugin
 
-ROOT = Path(__file__).resolve().parents[1]
-SGLANG = ROOT / "deploy" / "sglang-pd"
-VLLM = ROOT / "deploy" / "vllm-decode"
-EXAMPLE_DIRS = (SGLANG, VLLM)
-MANIFESTS = sorted(path for d in EXAMPLE_DIRS for path in d.glob("*.yaml"))
+SGLANG, VLLM = EXAMPLE_DIRS
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
 CHART = ROOT / "helm" / "sssd-drafter"
@@ -45,51 +52,9 @@ CHART_EXAMPLES = {
     "sglang-decode": CHART / "examples" / "beside-sglang-pd.yaml",
     "vllm-decode": CHART / "examples" / "beside-vllm.yaml",
 }
-ENGINE_CLI = Path(__file__).with_name("engine_cli.py")
-ENGINE_VENVS = {"vllm": ROOT / ".venv-vllm", "sglang": ROOT / ".venv-sglang"}
 KUBE_VERSION = "1.33.0"
 COMPILERS = ("g++", "gcc", "clang", "build-essential", "cmake", "ninja")
 RETIRED_WORDING = ("shim", "no client", "not a working integration", "does not ship a client")
-
-
-def objects(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def example_objects() -> list[dict[str, Any]]:
-    return [obj for path in MANIFESTS for obj in objects(path)]
-
-
-def deployment(component: str) -> dict[str, Any]:
-    (found,) = [
-        o for o in example_objects()
-        if o["kind"] == "Deployment"
-        and o["metadata"]["labels"]["app.kubernetes.io/component"] == component
-    ]  # fmt: skip
-    return found
-
-
-def container(component: str) -> dict[str, Any]:
-    (found,) = deployment(component)["spec"]["template"]["spec"]["containers"]
-    engine: dict[str, Any] = found
-    return engine
-
-
-def env_of(component: str) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(component).get("env", [])}
-
-
-def command_line(component: str) -> list[str]:
-    found = container(component)
-    return [*found["command"], *found.get("args", [])]
-
-
-def flag_value(argv: list[str], flag: str) -> str:
-    """The value of ``--flag=value`` or ``--flag value`` (exactly once)."""
-    values = [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
-    values += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
-    assert len(values) == 1, f"{flag}: {values}"
-    return values[0]
 
 
 def drafter_settings(component: str) -> DrafterSettings:
@@ -240,47 +205,6 @@ def test_vllm_service_selects_the_decode_pods() -> None:
     labels = deployment("vllm-decode")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
-
-
-# --- the engines' own parsers (where their virtualenvs are installed) ---------------------
-
-
-def engine_parse(engine: str, components: list[str]) -> list[dict[str, Any]]:
-    """Each component's container command line as the engine itself parses it."""
-    python = ENGINE_VENVS[engine] / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"{ENGINE_VENVS[engine].name} not installed (make setup-{engine})")
-    commands = [{"argv": command_line(c), "env": env_of(c)} for c in components]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SSSD_")}
-    result = subprocess.run(
-        [str(python), str(ENGINE_CLI), engine], input=json.dumps(commands), env=environ,
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    parsed: list[dict[str, Any]] = json.loads(result.stdout)
-    for component, answer in zip(components, parsed, strict=True):
-        assert "error" not in answer, f"{component}: {answer['error']}"
-    return parsed
-
-
-def test_vllm_accepts_the_decode_command_line() -> None:
-    (parsed,) = engine_parse("vllm", ["vllm-decode"])
-    argv = command_line("vllm-decode")
-    assert parsed["speculative_config"] == json.loads(flag_value(argv, "--speculative-config"))
-    assert parsed["additional_config"] == json.loads(flag_value(argv, "--additional-config"))
-    assert parsed["port"] == int(flag_value(argv, "--port"))
-
-
-def test_sglang_accepts_the_prefill_and_decode_command_lines() -> None:
-    decode, prefill = engine_parse("sglang", ["sglang-decode", "sglang-prefill"])
-    assert decode["speculative_algorithm"] == "SSSD" and decode["enable_metrics"] is True
-    assert decode["disaggregation_mode"] == "decode"
-    argv = command_line("sglang-decode")
-    assert decode["speculative_num_draft_tokens"] == int(
-        flag_value(argv, "--speculative-num-draft-tokens")
-    )
-    assert prefill["speculative_algorithm"] is None
-    assert prefill["disaggregation_mode"] == "prefill"
 
 
 # --- Dockerfile ------------------------------------------------------------------------

@@ -27,8 +27,10 @@ def drafter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrafterProcess
 
 
 def settings_for(target: str, **extra: object) -> DrafterSettings:
+    # These tests check what is drafted and sent, not the deadline: a generous one, which a
+    # step on a loaded machine (a fresh stream's first call took over 1 s here) still makes.
     return DrafterSettings.from_mapping(
-        {"address": target, "deadline_ms": 1000, "budget": 8, **extra}, where="test"
+        {"address": target, "deadline_ms": 30_000, "budget": 8, **extra}, where="test"
     )
 
 
@@ -64,8 +66,7 @@ def test_settings_defaults_and_json_values() -> None:
         ({"deadline_ms": "5"}, r"deadline_ms must be a number > 0, got '5'"),
         ({"budget": "lots"}, r"unknown GPU profile 'lots'"),
         ({"mode": "udp"}, r"mode must be 'stream' or 'unary', got 'udp'"),
-        ({"prefetch_fan_out": 17}, r"prefetch_fan_out must be an int in \[0, 16\], got 17"),
-        ({"prefetch_fan_out": True}, r"prefetch_fan_out must be an int in \[0, 16\], got True"),
+        ({"prefetch_fan_out": 4}, r"--cfg: unknown setting\(s\) \['prefetch_fan_out'\]"),
         ({"store": "no"}, r"store must be true or false, got 'no'"),
         ({"metrics_port": 70000}, r"metrics_port must be an int in \[0, 65535\] or null, got 7"),
         ({"address": ""}, r"address must be a non-empty 'host:port', got ''"),

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client import BudgetRule, DrafterClient
+
+pytestmark = pytest.mark.system
 
 PROMPT, OUTPUT = 6, 20
 
@@ -84,7 +87,7 @@ def test_a_plain_finish_says_it_only_queued_and_the_service_flag_waits(tmp_path:
 
 def test_the_client_finishes_durably_on_request(tmp_path: Path) -> None:
     server = DrafterProcess(tmp_path / "data", "--rebuild-min-tokens", "1000000000")
-    client = DrafterClient(server.target, deadline_ms=1000, budget=BudgetRule.fixed(4))
+    client = DrafterClient(server.target, deadline_ms=60_000, budget=BudgetRule.fixed(4))
     client.wait_ready()
     for i, tokens in enumerate(_generations(40, seed=4)):
         client.add_request(f"c{i}", tokens[:PROMPT])

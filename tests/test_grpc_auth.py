@@ -1,6 +1,8 @@
-"""gRPC authentication (issue 17, item 6) against the real `drafter serve`: bearer tokens and
-mutual TLS; an unauthenticated caller is refused (UNAUTHENTICATED) and learns nothing,
-probes stay open, and one client's request ids cannot touch another's."""
+"""gRPC authentication (issue 17, item 6; issue 29, items 6 and 7) against the real `drafter
+serve` and server: bearer tokens and mutual TLS; an unauthenticated caller is refused
+(UNAUTHENTICATED) before its message is read and learns nothing, probes stay open, a
+certificate without a usable name is refused, and one client's request ids cannot touch
+another's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import grpc
 import pytest
 from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from service_support import LoopThread, config, serving
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
@@ -34,7 +37,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DrafterProcess
 
 
 def _client(server: DrafterProcess, token: str | None) -> DrafterClient:
-    client = DrafterClient(server.target, deadline_ms=1000, budget=BudgetRule.fixed(4),
+    client = DrafterClient(server.target, deadline_ms=60_000, budget=BudgetRule.fixed(4),
                            token=token)  # fmt: skip
     client.wait_ready()
     return client
@@ -88,7 +91,7 @@ def test_an_engine_plugin_authenticates_with_its_token_file(
 ) -> None:
     token = tmp_path / "engine-token"
     token.write_text(ALPHA + "\n")
-    settings = DrafterSettings(address=guarded.target, deadline_ms=1000, budget="4",
+    settings = DrafterSettings(address=guarded.target, deadline_ms=60_000, budget="4",
                                token_file=str(token))  # fmt: skip
     engine = EngineDrafter(settings)
     try:
@@ -104,17 +107,18 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def _certificates(root: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate (CN gamma)."""
+def _certificates(root: Path, **clients: str) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and client certificates: ``client`` (CN
+    gamma) and one per keyword (its subject)."""
     root.mkdir(parents=True, exist_ok=True)
-    files = {name: root / name for name in ("ca.key", "ca.pem", "server.key", "server.pem",
-                                             "client.key", "client.pem")}  # fmt: skip
+    subjects = {"client": "/CN=gamma", **clients}
+    files = {f"{who}.{kind}": root / f"{who}.{kind}"
+             for who in ("ca", "server", *subjects) for kind in ("key", "pem")}  # fmt: skip
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
              "-keyout", str(files["ca.key"]), "-out", str(files["ca.pem"]))  # fmt: skip
-    for who, subject, extension in (
-        ("server", "/CN=drafter", "subjectAltName=IP:127.0.0.1"),
-        ("client", "/CN=gamma", "extendedKeyUsage=clientAuth"),
-    ):
+    signed = [("server", "/CN=drafter", "subjectAltName=IP:127.0.0.1")]
+    signed += [(who, subject, "extendedKeyUsage=clientAuth") for who, subject in subjects.items()]
+    for who, subject, extension in signed:
         csr = root / f"{who}.csr"
         ext = root / f"{who}.ext"
         ext.write_text(extension + "\n")
@@ -126,33 +130,162 @@ def _certificates(root: Path) -> dict[str, Path]:
     return files
 
 
-def test_mutual_tls_admits_only_certified_clients(tmp_path: Path) -> None:
-    certs = _certificates(tmp_path)
+@pytest.fixture(scope="module")
+def mutual(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[DrafterProcess, dict[str, Path]]]:
+    """`drafter serve` with mutual TLS and no tokens, and certificates for: gamma, a
+    client without a common name, CN ``a`` and CN ``a/b``."""
+    root = tmp_path_factory.mktemp("mtls")
+    certs = _certificates(root / "certs", nameless="/O=drafter-tests", a="/CN=a", ab="/CN=a\\/b")
     server = DrafterProcess(
-        tmp_path / "data", "--tls-cert-file", str(certs["server.pem"]), "--tls-key-file",
+        root / "data", "--tls-cert-file", str(certs["server.pem"]), "--tls-key-file",
         str(certs["server.key"]), "--tls-client-ca-file", str(certs["ca.pem"]),
     )  # fmt: skip
+    yield server, certs
+    server.stop()
+
+
+def _tls_stub(
+    server: DrafterProcess, certs: dict[str, Path], who: str
+) -> tuple[grpc.Channel, pb_grpc.DrafterServiceStub]:
+    credentials = grpc.ssl_channel_credentials(
+        certs["ca.pem"].read_bytes(), certs[f"{who}.key"].read_bytes(),
+        certs[f"{who}.pem"].read_bytes(),
+    )  # fmt: skip
+    channel = grpc.secure_channel(server.target, credentials)
+    return channel, pb_grpc.DrafterServiceStub(channel)
+
+
+def test_mutual_tls_admits_only_certified_clients(
+    mutual: tuple[DrafterProcess, dict[str, Path]],
+) -> None:
+    server, certs = mutual
+    ca = certs["ca.pem"].read_bytes()
+    anonymous = DrafterClient(server.target, deadline_ms=500,
+                              credentials=grpc.ssl_channel_credentials(ca))  # fmt: skip
+    with pytest.raises(grpc.RpcError):  # the TLS handshake refuses a client without a cert
+        anonymous.wait_ready(timeout_s=3)
+    anonymous.close()
+    settings = DrafterSettings(
+        address=server.target, deadline_ms=60_000, budget="4", tls_ca_file=str(certs["ca.pem"]),
+        tls_cert_file=str(certs["client.pem"]), tls_key_file=str(certs["client.key"]),
+    )  # fmt: skip
+    engine = EngineDrafter(settings)
     try:
-        ca = certs["ca.pem"].read_bytes()
-        anonymous = DrafterClient(server.target, deadline_ms=500,
-                                  credentials=grpc.ssl_channel_credentials(ca))  # fmt: skip
-        with pytest.raises(grpc.RpcError):  # the TLS handshake refuses a client without a cert
-            anonymous.wait_ready(timeout_s=3)
-        anonymous.close()
-        settings = DrafterSettings(
-            address=server.target, deadline_ms=1000, budget="4", tls_ca_file=str(certs["ca.pem"]),
-            tls_cert_file=str(certs["client.pem"]), tls_key_file=str(certs["client.key"]),
-        )  # fmt: skip
-        engine = EngineDrafter(settings)
-        try:
-            context = [*PATTERN, *PATTERN]
-            trees = engine.draft(["m1"], [len(context)], [len(context)],
-                                 lambda row, a, b: context[a:b])  # fmt: skip
-            assert trees[0] is not None and trees[0].best_chain(2) == [10, 11]
-        finally:
-            engine.close()
+        context = [*PATTERN, *PATTERN]
+        trees = engine.draft(["m1"], [len(context)], [len(context)],
+                             lambda row, a, b: context[a:b])  # fmt: skip
+        assert trees[0] is not None and trees[0].best_chain(2) == [10, 11]
     finally:
-        server.stop()
+        engine.close()
+
+
+def test_a_certificate_without_a_common_name_is_refused(
+    mutual: tuple[DrafterProcess, dict[str, Path]],
+) -> None:
+    server, certs = mutual
+    channel, stub = _tls_stub(server, certs, "nameless")
+    with channel:
+        for call, request in ((stub.Draft, pb.DraftRequest(requests=[pb.RequestDelta(
+                request_id="n1", new_tokens=PATTERN, budget=4)])),
+                              (stub.GetServiceInfo, pb.GetServiceInfoRequest())):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "no common name" in refused.value.details()
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes stay open
+
+
+def test_certificate_names_cannot_reach_each_others_request_ids(
+    mutual: tuple[DrafterProcess, dict[str, Path]],
+) -> None:
+    """CN ``a`` with id ``b/y`` and CN ``a/b`` with id ``y`` would both be ``a/b/y``: a CN
+    with "/" is not a client name, so the second is refused and ``a``'s request is intact."""
+    server, certs = mutual
+    context = [*PATTERN, *PATTERN]
+    a_channel, a = _tls_stub(server, certs, "a")
+    ab_channel, ab = _tls_stub(server, certs, "ab")
+    with a_channel, ab_channel:
+        start = pb.RequestDelta(request_id="b/y", new_tokens=context, budget=4)
+        (draft,) = a.Draft(pb.DraftRequest(requests=[start]), timeout=5).drafts
+        assert draft.status == pb.DRAFT_STATUS_OK and draft.length == len(context)
+        steal = pb.RequestDelta(request_id="y", known_length=len(context), new_tokens=[1], budget=4)
+        for call, request in ((ab.Draft, pb.DraftRequest(requests=[steal])),
+                              (ab.Finish, pb.FinishRequest(requests=[pb.FinishedRequest(
+                                  request_id="y")]))):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "'a/b' is not a client name" in refused.value.details()
+        step = pb.RequestDelta(request_id="b/y", known_length=len(context), new_tokens=[10],
+                               budget=4)  # fmt: skip
+        (draft,) = a.Draft(pb.DraftRequest(requests=[step]), timeout=5).drafts
+        assert draft.status == pb.DRAFT_STATUS_OK and draft.length == len(context) + 1
+        assert list(draft.tokens[:1]) == [11]
+
+
+def _ingest_bytes(tokens: int) -> bytes:
+    """A valid serialized IngestRequest of one sequence of ``tokens`` sevens, built
+    without a message object (a big one would be slow to build)."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    sequence = b"\x0a" + varint(tokens) + b"\x07" * tokens  # TokenSequence.tokens, packed
+    return b"\x12" + varint(len(sequence)) + sequence  # IngestRequest.sequences
+
+
+def test_an_unauthenticated_call_is_refused_before_its_message_is_read(tmp_path: Path) -> None:
+    assert (
+        _ingest_bytes(3)
+        == pb.IngestRequest(sequences=[pb.TokenSequence(tokens=[7, 7, 7])]).SerializeToString()
+    )
+    big = _ingest_bytes(48 << 20)  # 48 MB: parsing it would take a while and much memory
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alpha {ALPHA}\n")
+    loop = LoopThread()
+    try:
+        with serving(loop, config(tmp_path / "data", grpc_tokens_file=tokens)) as running:
+            gate, registry = running.server.gate, running.server.registry
+            assert gate is not None
+            ingest = running.channel.unary_unary(
+                "/drafter.v1.DrafterService/Ingest",
+                response_deserializer=pb.IngestResponse.FromString,
+            )  # sends the bytes as they are
+            stream = running.channel.stream_stream(
+                "/drafter.v1.DrafterService/DraftStream",
+                response_deserializer=pb.DraftResponse.FromString,
+            )
+            for metadata in [(), (("authorization", "Bearer wrong-token-0123456789"),)]:
+                with pytest.raises(grpc.RpcError) as refused:
+                    ingest(big, metadata=metadata, timeout=30)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(stream(iter([big]), metadata=metadata, timeout=30))
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert gate.messages_read == 0  # not one of them was received and parsed
+            for method in ("Ingest", "DraftStream"):
+                assert (
+                    registry.get_sample_value(
+                        "sssd_drafter_rpc_errors_total",
+                        {"method": method, "code": "UNAUTHENTICATED"},
+                    )
+                    == 2
+                )
+            bearer = (("authorization", f"Bearer {ALPHA}"),)
+            assert ingest(_ingest_bytes(3), metadata=bearer, timeout=10).accepted == 1
+            assert gate.messages_read == 1  # an admitted call's message is
+    finally:
+        loop.close()
 
 
 def test_a_changed_tokens_file_takes_effect_without_a_restart(tmp_path: Path) -> None:
@@ -183,6 +316,7 @@ def test_a_changed_tokens_file_takes_effect_without_a_restart(tmp_path: Path) ->
         server.stop()
 
 
+@pytest.mark.system
 def test_renewed_certificates_are_served_without_a_restart(tmp_path: Path) -> None:
     first, second = _certificates(tmp_path / "first"), _certificates(tmp_path / "second")
     live = {name: tmp_path / f"live-{name}" for name in ("server.pem", "server.key", "ca.pem")}

@@ -570,7 +570,7 @@ def test_the_mtls_example_configures_a_drafter_that_its_probes_and_clients_reach
         client = {name: str(secrets["client"] / name)
                   for name in ("token", "ca.crt", "tls.crt", "tls.key")}  # fmt: skip
         settings = DrafterSettings(
-            address=server.target, deadline_ms=2000, budget="4", token_file=client["token"],
+            address=server.target, deadline_ms=60_000, budget="4", token_file=client["token"],
             tls_ca_file=client["ca.crt"], tls_cert_file=client["tls.crt"],
             tls_key_file=client["tls.key"],
         )  # fmt: skip
@@ -591,10 +591,28 @@ def test_the_mtls_example_configures_a_drafter_that_its_probes_and_clients_reach
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def expected_memory_mib(datastore_bytes: int, sub_index_tokens: int = 512_000_000) -> str:
-    """The README's formula: base 1 GiB + D + 2.05 x min(D, 8 x max_sub_index_tokens)."""
-    total = GIB + datastore_bytes + 2.05 * min(datastore_bytes, 8 * sub_index_tokens)
+REQUEST_STATE_BYTES = 512 * MIB  # datastore.requestStateBytes' default
+
+
+def expected_memory_mib(
+    datastore_bytes: int,
+    sub_index_tokens: int = 512_000_000,
+    request_state_bytes: int = REQUEST_STATE_BYTES,
+) -> str:
+    """The README's formula: base 1 GiB + R + D + 2.05 x min(D, 8 x max_sub_index_tokens)."""
+    total = (
+        GIB + request_state_bytes + datastore_bytes
+        + 2.05 * min(datastore_bytes, 8 * sub_index_tokens)
+    )  # fmt: skip
     return f"{-(-total // MIB):.0f}Mi"
+
+
+def memory_mib(objects: list[dict[str, Any]]) -> int:
+    """The container's memory, request and limit alike, in MiB."""
+    resources = container(objects)["resources"]
+    memory = resources["requests"]["memory"]
+    assert resources["limits"]["memory"] == memory and memory.endswith("Mi")
+    return int(memory[:-2])
 
 
 @pytest.mark.parametrize(
@@ -619,6 +637,75 @@ def test_memory_is_sized_from_datastore_bytes(
     assert resources["requests"]["cpu"] == "4"
     bound = settings_map(objects)["data"].get("DRAFTER_MAX_RESIDENT_BYTES")
     assert bound == (str(datastore_bytes) if datastore_bytes else None)
+
+
+def test_the_default_pod_memory_covers_base_and_request_states() -> None:
+    """An empty datastore: 1 GiB of base plus the 512 MiB request-state budget, which the
+    drafter gets as its bound (its own default, 4 GiB, would not fit)."""
+    objects = render({})
+    assert memory_mib(objects) == 1536
+    data = settings_map(objects)["data"]
+    assert data["DRAFTER_MAX_REQUEST_STATE_BYTES"] == str(REQUEST_STATE_BYTES)
+    config = ServeConfig.from_env_and_args([], environ=data)
+    assert config.max_request_state_bytes == REQUEST_STATE_BYTES
+
+
+@pytest.mark.parametrize("datastore_bytes", [0, 32 * GIB])
+def test_request_state_bytes_reach_the_drafter_and_the_pod_memory(datastore_bytes: int) -> None:
+    """datastore.requestStateBytes is the drafter's request-state budget and is added to
+    the pod's memory: raising it raises the memory limit by exactly as much."""
+    base = {"datastore": {"expectedBytes": datastore_bytes}}
+    before = memory_mib(render(base))
+    for raised in (3 * GIB, 3 * GIB + 7 * MIB):
+        objects = render({"datastore": {"expectedBytes": datastore_bytes,
+                                        "requestStateBytes": raised}})  # fmt: skip
+        data = settings_map(objects)["data"]
+        assert data["DRAFTER_MAX_REQUEST_STATE_BYTES"] == str(raised)
+        assert memory_mib(objects) - before == (raised - REQUEST_STATE_BYTES) // MIB
+        assert container(objects)["resources"]["limits"]["memory"] == expected_memory_mib(
+            datastore_bytes, request_state_bytes=raised
+        )
+
+
+def test_an_explicit_request_state_setting_wins() -> None:
+    """settings.max_request_state_bytes, when set, is both the drafter's budget and the
+    pod's share for request states; datastore.requestStateBytes is then ignored."""
+    explicit = 2 * GIB
+    for datastore in ({}, {"requestStateBytes": 6 * GIB}):
+        objects = render({"settings": {"max_request_state_bytes": explicit},
+                          "datastore": datastore})  # fmt: skip
+        data = settings_map(objects)["data"]
+        assert data["DRAFTER_MAX_REQUEST_STATE_BYTES"] == str(explicit)  # not 2.147483648e+09
+        assert container(objects)["resources"]["limits"]["memory"] == expected_memory_mib(
+            0, request_state_bytes=explicit
+        )
+    # The settings range leaves it out: one key in the ConfigMap (YAML would keep the last).
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render({"settings": {"max_request_state_bytes": explicit}},
+                                 name=RELEASE, namespace=NAMESPACE)  # fmt: skip
+    assert sum(t.count("DRAFTER_MAX_REQUEST_STATE_BYTES:") for t in manifests.values()) == 1
+    # null: the datastore value again
+    objects = render({"settings": {"max_request_state_bytes": None}})
+    assert settings_map(objects)["data"]["DRAFTER_MAX_REQUEST_STATE_BYTES"] == str(
+        REQUEST_STATE_BYTES
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"datastore": {"requestStateBytes": 1024}}, "/datastore/requestStateBytes"),
+        ({"datastore": {"requestStateBytes": "512Mi"}}, "/datastore/requestStateBytes"),
+        ({"settings": {"max_request_state_bytes": 1024}}, "/settings/max_request_state_bytes"),
+    ],
+)
+def test_request_state_bytes_are_checked_by_the_schema(
+    values: dict[str, Any], message: str
+) -> None:
+    """Below the drafter's own minimum (1 MiB) or not a number: refused at render time."""
+    with pytest.raises(helm.HelmValuesError) as caught:
+        render(values)
+    assert message in str(caught.value)
 
 
 def test_explicit_memory_wins() -> None:

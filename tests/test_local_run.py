@@ -31,6 +31,7 @@ RESET_SIGINT_AND_EXEC = (
 )
 
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.skipif(
         shutil.which("prometheus") is None or shutil.which("promtool") is None,
         reason="prometheus/promtool not installed (make tools)",

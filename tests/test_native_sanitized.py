@@ -21,8 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = ROOT / "build" / "native-asan"
-BUILD_TIMEOUT_S = 300
-RUN_TIMEOUT_S = 120
+BUILD_TIMEOUT_S = 3600  # bounds failure only: a loaded 2-core machine took 25 minutes
+RUN_TIMEOUT_S = 1200  # (same)
 OUTPUT_TAIL_CHARS = 20_000
 
 

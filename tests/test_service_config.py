@@ -7,11 +7,16 @@ import argparse
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from drafter_service.service.catalog import resolve_tokenizer
-from drafter_service.service.request_table import RequestState, RequestTable
+from drafter_service.service.request_table import (
+    NODE_BYTES_MAX,
+    PYTHON_STATE_BYTES,
+    RequestState,
+    RequestTable,
+    StateCost,
+)
 from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
 
 
@@ -120,38 +125,50 @@ def test_a_bad_settings_file_names_the_file_and_the_key(tmp_path: Path) -> None:
         ServeConfig.from_env_and_args([], missing)
 
 
-def state(now: float) -> RequestState:
-    return RequestState("default", 1, 1, None, now)
-
-
 def test_table_expires_idle_states_in_use_order() -> None:
     table = RequestTable(ttl_s=10, max_states=100)
     for i, rid in enumerate("abc"):
-        table.put(rid, state(float(i)))
+        table.start(rid, "default", 1, 1, float(i))
     table.touch("a", 5.0)  # a is now the most recent
     assert [rid for rid, _ in table.expire(11.5)] == ["b"]  # idle 10.5 s > 10
     assert [rid for rid, _ in table.expire(100.0)] == ["c", "a"]
-    assert len(table) == 0
+    assert len(table) == 0 and table.bytes == 0
 
 
 def test_table_trims_the_least_recent_but_never_the_current_call() -> None:
     table = RequestTable(ttl_s=10, max_states=2)
     for rid in "abcd":
-        table.put(rid, state(0.0))
+        table.start(rid, "default", 1, 1, 0.0)
     assert [rid for rid, _ in table.trim(keep=["a"])] == ["b", "c"]
     assert [rid for rid, _ in table.items()] == ["a", "d"]
-    table.put("e", state(0.0))
+    table.start("e", "default", 1, 1, 0.0)
     assert [rid for rid, _ in table.trim(keep=["a", "d", "e"])] == []  # the call may overflow
     assert len(table) == 3
 
 
-def test_state_keeps_history_only_when_asked() -> None:
-    kept = RequestState("default", 2, 2, [np.array([1, 2], np.int32)], 0.0)
-    kept.append(np.array([3], np.int32))
-    assert kept.length == 3 and np.concatenate(kept.history or []).tolist() == [1, 2, 3]
-    dropped = RequestState("named", 2, 2, None, 0.0)
-    dropped.append(np.array([3], np.int32))
-    assert dropped.length == 3 and dropped.history is None
+def test_table_counts_the_bound_until_measured_then_what_was_measured() -> None:
+    cost = StateCost(max_depth=4, vocab_size=640)
+    table = RequestTable(ttl_s=10, max_states=100, max_bytes=1 << 30, cost=cost)
+    a, reserved = table.start("a", "default", 100, 10, 0.0)
+    assert reserved == cost.worst(100) == cost.fixed + 100 * (4 * NODE_BYTES_MAX + 8)
+    assert table.bytes == a.bytes == reserved
+    table.measured("a", a, reserved, held=5_000, headroom=20)  # what the drafter reported
+    assert a.bytes == table.bytes == 5_000 + PYTHON_STATE_BYTES and a.reserved == 0
+    assert table.append("a", 20) == 0  # fits its headroom: nothing can be allocated
+    measured = a.bytes
+    assert table.append("a", 1) == cost.worst(121) - measured > 0  # may reallocate: the bound
+    assert table.bytes == cost.worst(121) and a.length == 121
+    table.measured("a", a, 0, held=5_000, headroom=0)  # the first call ran; one is pending
+    assert a.bytes == 5_000 + PYTHON_STATE_BYTES + a.reserved and a.headroom == 0
+    table.measured("a", a, a.reserved, held=9_000, headroom=7)
+    assert table.bytes == a.bytes == 9_000 + PYTHON_STATE_BYTES and a.headroom == 7
+    table.measured("a", RequestState("default", 1, 1, 0.0), 0, held=1, headroom=0)  # stale
+    assert table.bytes == a.bytes
+    b, _ = table.start("b", "default", 1, 1, 0.0)
+    table.max_bytes = table.bytes - 1  # over budget by one byte: the oldest goes
+    assert [rid for rid, _ in table.trim(keep=["b"])] == ["a"]
+    assert table.bytes == b.bytes and table.evicted["bytes"] == 1
+    assert table.pop("b") is b and table.bytes == 0
 
 
 def test_draft_config_reaches_the_drafting_parameters() -> None:

@@ -4,6 +4,7 @@ vocabulary; a data directory's recorded vocabulary wins over that default."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -120,6 +121,29 @@ def test_a_recorded_directory_refuses_another_vocabulary_with_status_2(
     err = capsys.readouterr().err
     assert "vocab_size 4096 differs from the tokenizer recorded in" in err
     assert f"'unknown' (vocab_size {VOCAB}" in err
+    # The message names the directory and the flags that fix it.
+    assert f"the datastore in --data-dir {data} keeps its vocabulary" in err
+    assert "drop --vocab-size, or give another --data-dir" in err
+
+
+def test_a_bad_admin_token_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The error alone, status 2: no "metrics on ..." and "stopped" lines before it, as
+    if the service had run, and no data directory created."""
+    caplog.set_level(logging.INFO)
+    token = tmp_path / "token"
+    token.write_text("short\n")
+    data = tmp_path / "data"
+    ports = ("--port", "0", "--metrics-port", "0", "--admin-port", "0")
+    argv = ["serve", *ports, "--data-dir", str(data), "--admin-token-file", str(token)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"drafter serve: error: admin_token_file {token}: the admin token must be at least "
+        "16 characters without whitespace\n"
+    )
+    assert not caplog.records and not data.exists()
 
 
 def test_an_unrecorded_ingest_log_needs_a_vocabulary(tmp_path: Path) -> None:

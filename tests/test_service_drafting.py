@@ -11,7 +11,16 @@ import grpc
 import numpy as np
 import pytest
 from packed import pack_deltas, unpack_drafts
-from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
+from service_support import (
+    VOCAB,
+    FakeClock,
+    LoopThread,
+    Running,
+    config,
+    delta,
+    rpc_error,
+    serving,
+)
 
 from benchmarks.acceptance import accepted_length
 from drafter_service import Datastore, DraftConfig, Drafter
@@ -142,16 +151,19 @@ def test_lru_bound_evicts_the_least_recent(loop_thread: LoopThread, tmp_path: Pa
 
 
 def test_idle_requests_expire(loop_thread: LoopThread, tmp_path: Path) -> None:
-    with serving(loop_thread, config(tmp_path, request_ttl_s=0.6)) as s:
+    clock = FakeClock()  # idleness is measured on it: no call is ever late by the wall
+    with serving(loop_thread, config(tmp_path, request_ttl_s=0.6), clock) as s:
         s.draft(delta("idle", [1, 2, 3]), delta("busy", [1, 2, 3]))
         for i in range(5):  # busy is never idle for long, idle is idle for 0.75 s
-            time.sleep(0.15)
+            clock.now += 0.15
             s.draft(delta("busy", [4], known_length=3 + i))
         r = s.draft(delta("idle", [4], known_length=3), delta("busy", [4], known_length=8))
         assert [d.status for d in r.drafts] == [RESYNC, OK]
         assert s.server.engine is not None
         drafter = s.server.engine.catalog.slots["default"].drafter
-        deadline = time.monotonic() + 10
+        assert drafter.num_requests == 1  # busy, until it too is idle past the TTL
+        clock.now += 0.61
+        deadline = time.monotonic() + 60  # a bound on failure only
         while drafter.num_requests and time.monotonic() < deadline:
             time.sleep(0.05)  # no calls: the sweeper frees the native state too
         assert drafter.num_requests == 0 and len(s.server.engine.table) == 0

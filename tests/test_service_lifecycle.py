@@ -26,6 +26,8 @@ from drafter_service.service.grpc_server import SERVICE_NAME
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.system
+
 Status = health_pb2.HealthCheckResponse
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from drafter_service import Datastore, Drafter, SubIndex
+from drafter_service.snapshot.manifest import CHECKSUM_KEY, manifest_checksum
 from drafter_service.snapshot.store import (
     FORMAT_VERSION,
     SnapshotError,
@@ -104,6 +105,7 @@ def test_manifest_is_sorted_json_with_trailing_newline(snapshot_dir: Path) -> No
     assert sorted(doc) == [
         "created_unix",
         "format_version",
+        "manifest_sha256",
         "metadata",
         "sub_indices",
         "tokenizer",
@@ -266,6 +268,8 @@ def edit_manifest(directory: Path, edit: str) -> None:
         doc["sub_indices"][1]["name"] = "sub-000"
     elif edit == "not an object":
         doc = [doc]
+    if isinstance(doc, dict):  # sealed again, so the check under test is the one that refuses
+        doc[CHECKSUM_KEY] = manifest_checksum(doc)
     path.write_text(json.dumps(doc))
 
 
@@ -331,6 +335,7 @@ for k in range(1000):
 """
 
 
+@pytest.mark.system
 def test_crash_safety_under_sigkill(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     big = Datastore(

@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 from client_servers import DrafterProcess
+
+pytestmark = pytest.mark.system
 
 METHODS = ("Draft", "Finish", "Ingest", "GetServiceInfo")
 FUZZ = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_fuzz.py"

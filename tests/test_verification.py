@@ -366,6 +366,7 @@ def test_tree_sampling_reproduces_the_target_distribution() -> None:
         assert p > ALPHA, (params, p)
 
 
+@pytest.mark.system
 def test_the_sampling_test_detects_a_biased_verifier() -> None:
     """Negative control: the same simulation with a verifier that enters any child in the
     target's top 2 fails the same chi-square test in every config."""

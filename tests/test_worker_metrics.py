@@ -7,6 +7,7 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pytest
 import torch
 from client_servers import DrafterProcess
 from prometheus_client import REGISTRY
@@ -43,13 +44,14 @@ def total(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: st
     return sum(samples.get(name, {}).values())
 
 
+@pytest.mark.system
 def test_exporter_after_a_real_run_agrees_with_the_run(tmp_path: Path) -> None:
     model = model64("llama")
     items = [[5, 17, 300, 42, 7], [11, 12, 13], [400, 401, 402]]
     drafter = DrafterProcess(tmp_path / "drafter", *NO_ADMIN)
     metrics = WorkerMetrics()
     server = metrics.serve(0, addr="127.0.0.1")
-    client = DrafterClient(drafter.target, deadline_ms=2000.0, budget=BudgetRule.fixed(6))
+    client = DrafterClient(drafter.target, deadline_ms=60_000.0, budget=BudgetRule.fixed(6))
     try:
         client.wait_ready()
         worker = DecodeWorker(model, client, max_batch=2, metrics=metrics,

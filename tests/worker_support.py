@@ -78,8 +78,8 @@ class OracleDrafter:
     def add_request(self, request_id: str, prompt_ids: Iterable[int]) -> None:
         self.contexts[request_id] = list(prompt_ids)
 
-    def finish(self, request_id: str, final_tokens: Iterable[int] = ()) -> bool:
-        self.finished[request_id] = [*self.contexts.pop(request_id), *final_tokens]
+    def finish(self, request_id: str, *, tail: Iterable[int] = ()) -> bool:
+        self.finished[request_id] = [*self.contexts.pop(request_id), *tail]
         return True
 
     def step(self, commits: Mapping[str, Iterable[int]]) -> StepResult:

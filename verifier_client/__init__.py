@@ -10,8 +10,6 @@ so GPU worker images need no compiled drafter::
     tree = result["r1"]                           # Tree(tokens, parents, scores) or None
     client.finish("r1")                           # stored in the background
 
-``DrafterClient(..., prefetch_fan_out=4)`` turns on pre-drafting (stream mode): steps
-whose requests all hit a pre-draft return without waiting for the drafter.
 ``ReplicaSetClient(["d0:50051", "d1:50051"])`` (or one headless Service name) drafts
 each request on one of several replicas, by rendezvous hashing of its id.
 """
@@ -19,9 +17,10 @@ each request on one of several replicas, by rendezvous hashing of its id.
 from verifier_client.aio import AioDrafterClient
 from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import PROFILES, BudgetRule, GpuProfile
+from verifier_client.channel import DrafterUnreachable
 from verifier_client.client import DrafterClient
 from verifier_client.replica_set import ReplicaSetClient
-from verifier_client.results import ClientStats, Outcome, PredraftReport, StepResult, Tree
+from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
 __all__ = [
     "PROFILES",
@@ -31,9 +30,9 @@ __all__ = [
     "BudgetRule",
     "ClientStats",
     "DrafterClient",
+    "DrafterUnreachable",
     "GpuProfile",
     "Outcome",
-    "PredraftReport",
     "ReplicaSetClient",
     "StepResult",
     "Tree",

@@ -25,7 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from verifier_client.results import NO_PREDRAFTS, Outcome, StepResult
+from verifier_client.results import Outcome, StepResult
 
 if TYPE_CHECKING:  # torch stays optional for importers of this module's types
     from torch import Tensor
@@ -88,26 +88,9 @@ class WorkerMetrics:
         self.resyncs = counter("drafter_resyncs", "Requests the drafter answered RESYNC for.")
         self.wait = Histogram(
             WORKER_METRIC_PREFIX + "drafter_wait_seconds",
-            "Time a step waited for its drafts (step() entry to trees in hand; near zero when "
-            "every request hit a pre-draft).",
+            "Time a step waited for its drafts (step() entry to trees in hand).",
             buckets=WAIT_BUCKETS_S,
             registry=self.registry,
-        )
-        self.predraft_hits = counter(
-            "drafter_predraft_hits", "Requests whose step tree was a pre-draft (no wait for it)."
-        )
-        self.predraft_misses = counter(
-            "drafter_predraft_misses",
-            "Requests that had pre-drafts, none for the outcome their verification made.",
-        )
-        self.predrafts_dropped = counter(
-            "drafter_predrafts_dropped",
-            "Pre-drafts dropped: per request for a step that was not its latest (stale), or "
-            "whole prefetch responses that did not add up (malformed).",
-            "reason",
-        )
-        self.predraft_bytes = counter(
-            "drafter_predraft_bytes", "Bytes of prefetch responses (pre-drafts) received."
         )
         self.budget = Gauge(
             WORKER_METRIC_PREFIX + "draft_budget",
@@ -116,8 +99,6 @@ class WorkerMetrics:
         )
         # Label children resolved once: a step touches them without a lookup.
         self._fallback = {o: self.fallbacks.labels(reason=o.value) for o in _FALLBACK_REASONS}
-        self._stale = self.predrafts_dropped.labels(reason="stale")
-        self._malformed = self.predrafts_dropped.labels(reason="malformed")
         self._positions: list[Counter] = []
 
     def record_step(
@@ -169,7 +150,7 @@ class WorkerMetrics:
         self, drafts: StepResult | None, round_trip_s: float | None, budget: int | None
     ) -> None:
         """Records one step's drafter call: its outcome, duration and budget (None = unknown),
-        the client's wait and what pre-drafting did (``drafts.wait_s``, ``drafts.predrafts``)."""
+        and the client's wait (``drafts.wait_s``)."""
         if drafts is not None:
             if drafts.outcome in self._fallback:
                 self._fallback[drafts.outcome].inc()
@@ -177,22 +158,10 @@ class WorkerMetrics:
                 self.resyncs.inc(len(drafts.resynced))
             if drafts.wait_s is not None:
                 self.wait.observe(drafts.wait_s)
-            if drafts.predrafts != NO_PREDRAFTS:
-                self._record_predrafts(drafts)
         if round_trip_s is not None:
             self.round_trip.observe(round_trip_s)
         if budget is not None:
             self.budget.set(budget)
-
-    def _record_predrafts(self, drafts: StepResult) -> None:
-        report = drafts.predrafts
-        self.predraft_hits.inc(report.hits)
-        self.predraft_misses.inc(report.misses)
-        self._stale.inc(report.stale)
-        self._malformed.inc(report.malformed)
-        self.predraft_bytes.inc(report.bytes_received)
-        # A step sent ahead returned before its answer: its RESYNCs come with this step.
-        self.resyncs.inc(report.ahead_resyncs)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
         """Serves ``/metrics`` on ``addr:port`` in a daemon thread (0 = any free port: read

@@ -18,8 +18,15 @@ import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import AioBackgroundSender
-from verifier_client.channel import CallFailed, aio_channel, failure_of
-from verifier_client.client_core import AheadAnswer, ClientCore
+from verifier_client.channel import (
+    CAUSE_TIMEOUT_S,
+    UNREACHABLE_CODES,
+    CallFailed,
+    DrafterUnreachable,
+    aio_channel,
+    failure_of,
+)
+from verifier_client.client_core import ClientCore
 from verifier_client.results import Outcome, StepResult
 from verifier_client.session import StepPlan
 from verifier_client.streams import AioStream
@@ -39,10 +46,22 @@ class AioDrafterClient(ClientCore[AioStream]):
     _stepping = False  # a step is awaiting its answer
 
     async def wait_ready(self, timeout_s: float = 10.0) -> pb.GetServiceInfoResponse:
-        """Connects (up to ``timeout_s``), checks the tokenizer, returns the service info."""
-        info: pb.GetServiceInfoResponse = await self._stub.GetServiceInfo(
-            pb.GetServiceInfoRequest(), timeout=timeout_s, wait_for_ready=True
-        )
+        """Connects (up to ``timeout_s``), checks the tokenizer, returns the service info;
+        DrafterUnreachable naming the cause when it cannot (see DrafterClient.wait_ready)."""
+        request = pb.GetServiceInfoRequest()
+        try:
+            info: pb.GetServiceInfoResponse = await self._stub.GetServiceInfo(
+                request, timeout=timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as e:
+            if e.code() not in UNREACHABLE_CODES:
+                raise
+            try:  # once more without waiting: gRPC then says why it cannot connect
+                info = await self._stub.GetServiceInfo(request, timeout=CAUSE_TIMEOUT_S)
+            except grpc.RpcError as last:
+                if last.code() not in UNREACHABLE_CODES:
+                    raise
+                raise DrafterUnreachable(self.target, timeout_s, str(last.details())) from None
         self._adopt(info)
         return info
 
@@ -87,18 +106,10 @@ class AioDrafterClient(ClientCore[AioStream]):
         )
         return asyncio.ensure_future(info)
 
-    async def _io(
-        self, io: StepPlan | AheadAnswer[AioStream]
-    ) -> pb.DraftResponse | CallFailed | None:
-        """The answer ``io`` waits for by its deadline, or why there is none; None once a
-        plan sent ahead is out."""
-        if isinstance(io, AheadAnswer):
-            return await io.stream.wait(io.plan.message.step, io.deadline_s)
-        plan = io
+    async def _io(self, plan: StepPlan) -> pb.DraftResponse | CallFailed:
+        """The answer to ``plan`` by its deadline, or why there is none."""
         stream = self._stream_to_send()
         if stream is not None:
-            if plan.ahead:
-                return await stream.send(plan.message, plan.deadline_s)
             return await stream.exchange(plan.message, plan.deadline_s)
         timeout_s = plan.deadline_s - perf_counter()
         if timeout_s <= 0:

@@ -11,8 +11,9 @@ import grpc
 
 from verifier_client.results import Outcome
 
-__all__ = ["CallFailed", "ChannelOptions", "aio_channel", "channel_options", "failure_of",
-           "outcome_of", "sync_channel"]  # fmt: skip
+__all__ = ["CAUSE_TIMEOUT_S", "UNREACHABLE_CODES", "CallFailed", "ChannelOptions",
+           "DrafterUnreachable", "aio_channel", "channel_options", "failure_of", "outcome_of",
+           "sync_channel", "unreachable_cause"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -63,6 +64,50 @@ def outcome_of(error: grpc.RpcError) -> Outcome:
 def failure_of(error: grpc.RpcError) -> CallFailed:
     """A failed call as the CallFailed that the step reports, with gRPC's details."""
     return CallFailed(outcome_of(error), str(error.details()))
+
+
+# wait_ready: the codes of a drafter that cannot be reached, and how long the last,
+# fail-fast attempt that asks gRPC for the cause may take.
+UNREACHABLE_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+CAUSE_TIMEOUT_S = 2.0
+
+
+class DrafterUnreachable(grpc.RpcError):  # type: ignore[misc]
+    """``wait_ready`` could not reach the drafter: an UNAVAILABLE RpcError whose message
+    names the target and the cause (the host name does not resolve, nothing listens,
+    the TLS handshake failed), from gRPC's own details of a last, fail-fast attempt."""
+
+    def __init__(self, target: str, timeout_s: float, details: str) -> None:
+        self.target = target
+        self.cause = unreachable_cause(details)
+        self._details = (f"drafter at {target!r} not ready after {timeout_s:g} s: {self.cause}"
+                         f" (gRPC: {details})")  # fmt: skip
+        super().__init__(self._details)
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return self._details
+
+
+_CAUSES = (  # (what gRPC's details say, in lower case) -> the cause a user can act on
+    (("resolving", "lookup", "name not found", "dns"),
+     "the host name does not resolve (check the address or the DNS name)"),
+    (("connection refused",), "nothing listens at that address (connection refused)"),
+    (("handshake", "ssl", "tls", "certificate"),
+     "the TLS handshake failed (one side uses TLS and the other does not, or the certificate "
+     "is not trusted)"),
+)  # fmt: skip
+
+
+def unreachable_cause(details: str) -> str:
+    """The cause of a failed connection, from gRPC's details of the failed call."""
+    lowered = details.lower()
+    for needles, cause in _CAUSES:
+        if any(n in lowered for n in needles):
+            return cause
+    return "no answer in time (the drafter is down, starting, or the network drops packets)"
 
 
 def sync_channel(

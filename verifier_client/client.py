@@ -24,8 +24,15 @@ import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import BackgroundSender
-from verifier_client.channel import CallFailed, failure_of, sync_channel
-from verifier_client.client_core import AheadAnswer, ClientCore, ProbeCall
+from verifier_client.channel import (
+    CAUSE_TIMEOUT_S,
+    UNREACHABLE_CODES,
+    CallFailed,
+    DrafterUnreachable,
+    failure_of,
+    sync_channel,
+)
+from verifier_client.client_core import ClientCore, ProbeCall
 from verifier_client.results import Outcome, StepResult
 from verifier_client.session import StepPlan
 from verifier_client.streams import SyncStream
@@ -55,11 +62,6 @@ class DrafterClient(ClientCore[SyncStream]):
         resync_retry: resend RESYNCed requests within the step when time is left.
         background_timeout_s: deadline of each background Finish/Ingest call.
         probe_timeout_s: how long a breaker probe waits for the drafter.
-        prefetch_fan_out: pre-drafting (stream mode; 0 or unary mode: off): the drafter
-            follows each answer with the next step's trees for up to this many likely
-            verification outcomes per request; a step whose requests all hit one returns
-            at once and sends its message without waiting for the answer (see
-            ``StepResult.wait_s`` and ``StepResult.predrafts``).
     """
 
     _open_channel = staticmethod(sync_channel)
@@ -71,10 +73,22 @@ class DrafterClient(ClientCore[SyncStream]):
     def wait_ready(self, timeout_s: float = 10.0) -> pb.GetServiceInfoResponse:
         """Connects (blocking, up to ``timeout_s``), checks the tokenizer, adopts the
         drafter's limits and returns its service info. Call once at startup so the
-        first steps draft. Raises grpc.RpcError when the drafter stays unreachable."""
-        info: pb.GetServiceInfoResponse = self._stub.GetServiceInfo(
-            pb.GetServiceInfoRequest(), timeout=timeout_s, wait_for_ready=True
-        )
+        first steps draft. Raises DrafterUnreachable (a grpc.RpcError, UNAVAILABLE) naming
+        the cause (host name, refused, TLS) when the drafter stays unreachable."""
+        request = pb.GetServiceInfoRequest()
+        try:
+            info: pb.GetServiceInfoResponse = self._stub.GetServiceInfo(
+                request, timeout=timeout_s, wait_for_ready=True
+            )
+        except grpc.RpcError as e:
+            if e.code() not in UNREACHABLE_CODES:
+                raise
+            try:  # once more without waiting: gRPC then says why it cannot connect
+                info = self._stub.GetServiceInfo(request, timeout=CAUSE_TIMEOUT_S)
+            except grpc.RpcError as last:
+                if last.code() not in UNREACHABLE_CODES:
+                    raise
+                raise DrafterUnreachable(self.target, timeout_s, str(last.details())) from None
         self._adopt(info)
         return info
 
@@ -112,16 +126,10 @@ class DrafterClient(ClientCore[SyncStream]):
         )
         return probe
 
-    def _io(self, io: StepPlan | AheadAnswer[SyncStream]) -> pb.DraftResponse | CallFailed | None:
-        """The answer ``io`` waits for by its deadline, or why there is none; None once a
-        plan sent ahead is out."""
-        if isinstance(io, AheadAnswer):
-            return io.stream.wait(io.plan.message.step, io.deadline_s)
-        plan = io
+    def _io(self, plan: StepPlan) -> pb.DraftResponse | CallFailed:
+        """The answer to ``plan`` by its deadline, or why there is none."""
         stream = self._stream_to_send()
         if stream is not None:
-            if plan.ahead:
-                return stream.send(plan.message)
             return stream.exchange(plan.message, plan.deadline_s)
         timeout_s = plan.deadline_s - perf_counter()
         if timeout_s <= 0:

@@ -11,12 +11,6 @@ circuit drops the stream; a broken stream is reopened before the next send.
 While the circuit is open, a step that the breaker lets probe starts one
 GetServiceInfo in the background; its outcome is applied by the next step.
 
-With pre-drafting (``prefetch_fan_out``, stream mode), a step whose requests all
-hit pre-drafts is sent without waiting (its plan is ``ahead``) and returns at
-once; the next step begins by waiting for that answer (an :class:`AheadAnswer`,
-usually already there) so that its plan starts from exact state, and never past
-its own deadline.
-
 Subclasses only do I/O: they name their channel, stream and background sender
 kinds, start the probe (``_launch_probe``), and make the calls that block or
 await (``wait_ready``, ``step`` with ``_io``, ``flush``, ``close``).
@@ -28,7 +22,6 @@ import dataclasses
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -41,11 +34,10 @@ from verifier_client.budget import BudgetRule
 from verifier_client.channel import CallFailed, ChannelOptions
 from verifier_client.channel import channel_options as merged_channel_options
 from verifier_client.pending_work import Work
-from verifier_client.predrafts import PredraftSet
-from verifier_client.results import ClientStats, Outcome, StepResult
-from verifier_client.session import DraftSession, StepPlan, StepStart, check_fan_out
+from verifier_client.results import ClientStats, StepResult
+from verifier_client.session import DraftSession, StepPlan
 
-__all__ = ["AheadAnswer", "ClientCore"]
+__all__ = ["ClientCore"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +48,6 @@ class DraftStreamCall(Protocol):
     broken: bool
 
     def close(self) -> None: ...
-    def take_predrafts(self) -> list[PredraftSet]: ...
 
 
 class WorkSender(Protocol):
@@ -75,17 +66,6 @@ class ProbeCall(Protocol):
 
 
 StreamT = TypeVar("StreamT", bound=DraftStreamCall)
-
-
-@dataclass(slots=True)
-class AheadAnswer(Generic[StreamT]):
-    """I/O a step asks for before its plan: the answer to ``plan``, sent ahead by the
-    step before on ``stream``, by ``deadline_s`` (the new step's own deadline)."""
-
-    stream: StreamT
-    plan: StepPlan
-    start: StepStart
-    deadline_s: float
 
 
 class ClientCore(ABC, Generic[StreamT]):
@@ -114,29 +94,26 @@ class ClientCore(ABC, Generic[StreamT]):
         resync_retry: bool = True,
         background_timeout_s: float = 5.0,
         probe_timeout_s: float = 1.0,
-        prefetch_fan_out: int = 0,
     ) -> None:
         if mode not in ("stream", "unary"):
             raise ValueError(f"mode must be 'stream' or 'unary', got {mode!r}")
-        fan_out = check_fan_out(prefetch_fan_out)
         self._session = DraftSession(
             deadline_s=deadline_ms / 1e3,
             budget=budget or BudgetRule.for_gpu("h100-sxm"),
             breaker=CircuitBreaker(breaker),
             tokenizer_fingerprint=tokenizer_fingerprint,
             resync_retry=resync_retry,
-            prefetch_fan_out=fan_out if mode == "stream" else 0,  # pre-drafts need the stream
         )
         self.stats: ClientStats = self._session.stats
         self._mode = mode
         self._stream: StreamT | None = None
-        self._ahead: StepPlan | None = None  # sent ahead; its answer is settled next step
         self._started_s = 0.0  # the current step's entry
         self._streams_opened = 0
         self._probe: ProbeCall | None = None
         self._probe_result: bool | None = None  # set when a probe ends, applied by step()
         self._probe_timeout_s = probe_timeout_s
         self._closed = False
+        self.target = target
         options = merged_channel_options(channel_options)
         self._channel = self._open_channel(target, options, credentials, token)
         self._stub = pb_grpc.DrafterServiceStub(self._channel)
@@ -170,15 +147,25 @@ class ClientCore(ABC, Generic[StreamT]):
     def finish(
         self,
         request_id: str,
-        final_tokens: Iterable[int] = (),
+        *,
+        tail: Iterable[int] = (),
+        output: Iterable[int] | None = None,
         store: bool = True,
         durable: bool = False,
     ) -> bool:
         """Ends a finished request in the background (stored unless ``store=False``).
+
+        Its last tokens come one of two ways, never both: ``tail``, the tokens it
+        committed after its last ``step`` (none when every token went through ``step``),
+        or ``output``, its whole generated output, of which the client sends only what
+        ``step`` has not (ValueError if ``output`` does not start with what was
+        committed: the request stays open). No token is stored twice either way.
         False when the work queue was full and the work was dropped (counted).
         ``durable``: the drafter acknowledges it only once the generation is in its
         ingest log, so a ``flush`` that returns True means it survives a crash."""
-        return self._sender.offer(self._session.finish(request_id, final_tokens, store, durable))
+        return self._sender.offer(
+            self._session.finish(request_id, tail, store, durable, output=output)
+        )
 
     def abort(self, request_id: str) -> bool:
         """Ends a cancelled request in the background; nothing is stored."""
@@ -199,10 +186,9 @@ class ClientCore(ABC, Generic[StreamT]):
 
     def _begin_step(
         self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None
-    ) -> StepPlan | AheadAnswer[StreamT] | StepResult:
-        """Records the commits; the I/O to do first (the answer to the step sent ahead,
-        the plan to send), or the step's result when nothing goes out (circuit open,
-        nothing to draft), after starting a probe if one is due."""
+    ) -> StepPlan | StepResult:
+        """Records the commits; the plan to send, or the step's result when nothing goes
+        out (circuit open, nothing to draft), after starting a probe if one is due."""
         if self._closed:
             raise RuntimeError(f"step() on a closed {type(self).__name__}")
         self._started_s = now_s = perf_counter()
@@ -210,76 +196,29 @@ class ClientCore(ABC, Generic[StreamT]):
         if self._probe_result is not None:
             reachable, self._probe_result = self._probe_result, None
             session.apply_probe(reachable, now_s)
-        start = session.record(commits, budgets, now_s)
-        if self._ahead is not None and self._stream is not None:
-            deadline_s = now_s + session.deadline_s
-            return AheadAnswer(self._stream, self._ahead, start, deadline_s)
-        return self._plan_step(start)
-
-    def _advance(
-        self,
-        io: StepPlan | AheadAnswer[StreamT],
-        answer: pb.DraftResponse | CallFailed | None,
-    ) -> StepPlan | AheadAnswer[StreamT] | StepResult:
-        """Applies what ``io`` brought: an answer, a CallFailed, or None for a plan sent
-        ahead. The step's result, or the next I/O within the same step."""
-        if isinstance(io, AheadAnswer):
-            return self._settled(io, answer)
-        if io.ahead:
-            assert not isinstance(answer, pb.DraftResponse), "a plan sent ahead is not waited on"
-            return self._finished(self._sent_ahead(io, answer))
-        assert answer is not None, "only a plan sent ahead goes unanswered"
-        session = self._session
-        if isinstance(answer, CallFailed):
-            result = session.fail(io, answer.outcome, perf_counter())
-            self._drop_stream_if_open(answer)
-            return self._finished(result)
-        result, resend = session.complete(io, answer, perf_counter())
-        return self._finished(result) if resend is None else resend
-
-    def _plan_step(self, start: StepStart) -> StepPlan | StepResult:
-        session = self._session
-        predrafts = self._stream.take_predrafts() if self._stream is not None else ()
-        plan = session.plan(start, perf_counter(), predrafts)
+        plan = session.begin(commits, budgets, now_s)
         if isinstance(plan, StepPlan):
             return plan
         if session.pop_probe_due():
             self._start_probe()
         return self._finished(plan)
 
-    def _settled(
-        self, io: AheadAnswer[StreamT], answer: pb.DraftResponse | CallFailed | None
+    def _advance(
+        self, plan: StepPlan, answer: pb.DraftResponse | CallFailed
     ) -> StepPlan | StepResult:
-        """The step sent ahead is answered (or lost): plan this step, unless its deadline
-        passed waiting."""
-        assert answer is not None, "waiting for an answer ends with one or a CallFailed"
-        self._ahead = None
+        """Applies what the call for ``plan`` brought, an answer or a CallFailed: the
+        step's result, or the next call within the same step (a resync resend)."""
         session = self._session
-        if not isinstance(answer, CallFailed):
-            session.settle(io.plan, answer, perf_counter())
-            return self._plan_step(io.start)
-        session.settle(io.plan, answer.outcome, perf_counter())
-        self._drop_stream_if_open(answer)
-        if answer.outcome is Outcome.DEADLINE:
-            return self._finished(session.give_up(io.start, Outcome.DEADLINE))
-        return self._plan_step(io.start)
-
-    def _sent_ahead(self, plan: StepPlan, failed: CallFailed | None) -> StepResult:
-        """A plan of hits only went out (``failed`` None) or could not: either way its
-        trees are the step's; an unsent message leaves the drafter's state unknown."""
-        session = self._session
-        result = session.sent_ahead(plan)
-        if failed is None:
-            self._ahead = plan
-        else:
-            session.settle(plan, failed.outcome, perf_counter())
-            self._drop_stream_if_open(failed)
-        return result
+        if isinstance(answer, CallFailed):
+            result = session.fail(plan, answer.outcome, perf_counter())
+            self._drop_stream_if_open(answer)
+            return self._finished(result)
+        result, resend = session.complete(plan, answer, perf_counter())
+        return self._finished(result) if resend is None else resend
 
     def _finished(self, result: StepResult) -> StepResult:
-        """``result`` with the step's wait and what pre-drafting did in it."""
-        wait_s = perf_counter() - self._started_s
-        return dataclasses.replace(result, wait_s=wait_s, predrafts=self._session.report())
+        """``result`` with the step's wait."""
+        return dataclasses.replace(result, wait_s=perf_counter() - self._started_s)
 
     def _drop_stream_if_open(self, failure: CallFailed) -> None:
         """After a failed call: the circuit opened, so the stream goes."""
@@ -308,11 +247,6 @@ class ClientCore(ABC, Generic[StreamT]):
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-        if self._ahead is not None:  # its answer went with the stream
-            self._session.lose(self._ahead)
-            self._ahead = None
-        if self._session.prefetch_fan_out:
-            self._session.predrafts.clear()  # they came on that stream, for its steps
 
     # --- breaker probe (its result is applied by the next step)
 

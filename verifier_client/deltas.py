@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Literal, NoReturn
@@ -81,6 +81,34 @@ def as_token_list(tokens: Iterable[int], what: str = "tokens") -> list[int]:
         bad = next(t for t in out if not 0 <= t <= _INT32_MAX)
         raise ValueError(f"{what}: token id {bad!r} is outside [0, 2^31)")
     return out
+
+
+def finish_tail(
+    state: RequestState, tail: Iterable[int], output: Iterable[int] | None
+) -> list[int]:
+    """The tokens a Finish adds to what step() recorded: ``tail`` (those committed since the
+    last step), or the part of ``output`` (the whole generated output) past what step()
+    already recorded, after checking that ``output`` starts with it. Raises ValueError,
+    and changes nothing, when both are given or ``output`` disagrees: no token is ever
+    stored twice."""
+    rid = state.request_id
+    tail_list = as_token_list(tail, f"tail of {rid!r}")
+    if output is None:
+        return tail_list
+    if tail_list:
+        raise ValueError(f"finish({rid!r}): give tail= (the tokens since the last step) or "
+                         "output= (the whole output), not both")  # fmt: skip
+    whole = as_token_list(output, f"output of {rid!r}")
+    held = state.tokens[state.prompt_length :]
+    if whole[: len(held)] != held:
+        at = next((i for i, (a, b) in enumerate(zip(whole, held, strict=False)) if a != b),
+                  min(len(whole), len(held)))  # fmt: skip
+        raise ValueError(
+            f"finish({rid!r}, output=...): the output ({len(whole)} tokens) does not start with "
+            f"the {len(held)} tokens committed through step() (first difference at {at}); "
+            "output= takes the whole generated output, tail= only the tokens since the last step"
+        )
+    return whole[len(held) :]
 
 
 @dataclass(slots=True)
@@ -239,15 +267,12 @@ class DeltaTracker:
         *,
         step: int,
         tokenizer_fingerprint: str = "",
-        prefetched: Collection[str] = (),
-        prefetch_fan_out: int = 0,
     ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
         """One DraftRequest for ``request_ids``; marks them in flight.
 
         Returns the message, the states sent and the ids refused (never sent).
         Requests with an empty context are left out too (nothing to match yet).
-        ``budget_of`` overrides ``default_budget`` per request. ``prefetched``: the
-        requests that draft this step from a pre-draft (sent as deltas, flagged).
+        ``budget_of`` overrides ``default_budget`` per request.
         """
         ids: list[str] = []
         knowns: list[int] = []
@@ -292,8 +317,6 @@ class DeltaTracker:
             state.sent = state.in_flight = True
             sent.append(state)
         self.tokens_sent += len(flat)
-        # uint8 per request; left empty (all 0) unless some request drafts from a pre-draft
-        flags = bytes(rid in prefetched for rid in ids) if prefetched else b""
         packed = pb.PackedDeltas(
             request_ids=ids,
             known_lengths=_le("I", knowns),
@@ -302,20 +325,16 @@ class DeltaTracker:
             budgets=_le("I", budgets),
             prompt_lengths=_le("I", prompts),
             datastores=datastores if named else (),
-            prefetched=flags,
         )
-        message = pb.DraftRequest(
-            step=step, tokenizer_fingerprint=tokenizer_fingerprint, packed=packed,
-            prefetch_fan_out=prefetch_fan_out,
-        )  # fmt: skip
+        message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint,
+                                  packed=packed)  # fmt: skip
         return message, sent, refused
 
     @staticmethod
     def apply(
-        response: pb.DraftResponse, sent: Sequence[RequestState], *, trees: bool = True
+        response: pb.DraftResponse, sent: Sequence[RequestState]
     ) -> tuple[dict[str, Tree], list[str]]:
-        """Applies an answer to the requests it answers; returns (trees, resynced ids),
-        the trees left out with ``trees=False``.
+        """Applies an answer to the requests it answers; returns (trees, resynced ids).
 
         Raises ProtocolError (after marking every request for a whole resend)
         when the answer does not list the sent requests in order.
@@ -344,9 +363,8 @@ class DeltaTracker:
             length = lengths[i]
             if statuses[i] == _STATUS_OK and 0 < length <= state.pending_length:
                 state.known_length = length
-                if trees:
-                    lo, hi = bounds[i], bounds[i + 1]
-                    answered[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
+                lo, hi = bounds[i], bounds[i + 1]
+                answered[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
             else:  # RESYNC, an unknown status, or a length the client never sent
                 state.known_length = 0
                 resynced.append(rid)

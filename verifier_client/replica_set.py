@@ -53,7 +53,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
-from verifier_client.deltas import DeltaTracker, RequestState, as_token_list
+from verifier_client.deltas import DeltaTracker, RequestState, as_token_list, finish_tail
 from verifier_client.replica_targets import (
     is_ip,
     parse_target,
@@ -62,14 +62,7 @@ from verifier_client.replica_targets import (
     resolve_target,
     weight,
 )
-from verifier_client.results import (
-    NO_PREDRAFTS,
-    ClientStats,
-    Outcome,
-    PredraftReport,
-    StepResult,
-    Tree,
-)
+from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
 __all__ = ["ClientOptions", "ReplicaSetClient", "parse_target", "rendezvous_owner",
            "resolve_target"]  # fmt: skip
@@ -97,7 +90,6 @@ class ClientOptions(TypedDict, total=False):
     resync_retry: bool
     background_timeout_s: float
     probe_timeout_s: float
-    prefetch_fan_out: int
 
 
 class _ReplicaClient(DrafterClient):
@@ -334,7 +326,9 @@ class ReplicaSetClient:
     def finish(
         self,
         request_id: str,
-        final_tokens: Iterable[int] = (),
+        *,
+        tail: Iterable[int] = (),
+        output: Iterable[int] | None = None,
         store: bool = True,
         durable: bool = False,
     ) -> bool:
@@ -342,13 +336,15 @@ class ReplicaSetClient:
         it had no replica to store it (counted in ``stats.ingest_drops``)."""
         owner = self._owner_of(request_id)
         if owner is None:
-            as_token_list(final_tokens, f"final tokens of {request_id!r}")
+            finish_tail(self._orphans.get(request_id), tail, output)
             self._orphans.finish(request_id)
             del self._owner[request_id]
             self._own.ingest_drops += store
             return not store
         self._idle(owner)
-        sent = owner.client.finish(request_id, final_tokens, store, durable)
+        sent = owner.client.finish(
+            request_id, tail=tail, output=output, store=store, durable=durable
+        )
         del self._owner[request_id]
         return sent
 
@@ -492,15 +488,14 @@ class ReplicaSetClient:
                 outcomes.update(dict.fromkeys(result.request_ids, result.outcome))
         own, step = self._own, self._own.steps
         wait_s = perf_counter() - started_s
-        predrafts = _summed([r.predrafts for r in results])
         failed = {o for o in outcomes.values() if o in _PRECEDENCE}
         if not failed or any(r.ok for r in results):
             own.drafted_steps += answered
-            return StepResult(step, Outcome.OK, request_ids, drafts, outcomes, wait_s, predrafts)
+            return StepResult(step, Outcome.OK, request_ids, drafts, outcomes, wait_s)
         outcome = next(o for o in _PRECEDENCE if o in failed)
         own.fallbacks[outcome] += 1
         result = StepResult.without_drafts(step, outcome, request_ids)
-        return dataclasses.replace(result, wait_s=wait_s, predrafts=predrafts)
+        return dataclasses.replace(result, wait_s=wait_s)
 
     # --- replicas and their requests
 
@@ -676,11 +671,3 @@ def _add_stats(total: ClientStats, stats: ClientStats) -> None:
                 total.fallbacks[outcome] += n
         else:
             setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
-
-
-def _summed(reports: Sequence[PredraftReport]) -> PredraftReport:
-    """The replicas' pre-drafting reports of one step, added."""
-    if all(r == NO_PREDRAFTS for r in reports):
-        return NO_PREDRAFTS
-    names = [f.name for f in dataclasses.fields(PredraftReport)]
-    return PredraftReport(*(sum(getattr(r, n) for r in reports) for n in names))

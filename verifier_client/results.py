@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-__all__ = ["NO_PREDRAFTS", "ClientStats", "Outcome", "PredraftReport", "StepResult", "Tree"]
+__all__ = ["ClientStats", "Outcome", "StepResult", "Tree"]
 
 
 class Outcome(StrEnum):
@@ -113,32 +113,12 @@ _NO_DRAFTS: Mapping[str, Tree] = MappingProxyType({})
 _NO_OUTCOMES: Mapping[str, Outcome] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class PredraftReport:
-    """Pre-drafting in one step (``prefetch_fan_out``; all zero with it off): what the
-    step's trees owe to pre-drafts, and what arrived from the drafter since the step
-    before. Per request unless said otherwise."""
-
-    hits: int = 0  # trees that are pre-drafts: no wait for the drafter
-    misses: int = 0  # requests that had pre-drafts, none for the outcome their commits made
-    stale: int = 0  # pre-drafts dropped: for a step that is not their request's latest
-    malformed: int = 0  # prefetch responses dropped whole: their arrays do not add up
-    bytes_received: int = 0  # serialized size of the prefetch responses taken
-    ahead_resyncs: int = 0  # RESYNC answers to a step sent ahead (not in its StepResult)
-
-
-NO_PREDRAFTS = PredraftReport()
-"""The report of a step in which pre-drafting did nothing."""
-
-
 @dataclass(frozen=True, slots=True, eq=False)  # Mapping equality, not field equality
 class StepResult(Mapping[str, Tree | None]):
     """The drafts of one decode step: ``result[request_id]`` is a Tree or None.
 
     Keys are the request ids the step was called with. ``outcome`` is the
-    step's as a whole; :meth:`why` gives one request's reason. A request whose tree
-    is a pre-draft keeps it even when the drafter answers it RESYNC (the tree was
-    drafted from the right context; only the drafter's copy of it was lost).
+    step's as a whole; :meth:`why` gives one request's reason.
     """
 
     step: int
@@ -147,7 +127,6 @@ class StepResult(Mapping[str, Tree | None]):
     drafts: Mapping[str, Tree]  # requests with a tree (OK answers)
     request_outcomes: Mapping[str, Outcome]  # requests that are not OK in an OK step
     wait_s: float | None = None  # step() entry to trees in hand, as the client measured it
-    predrafts: PredraftReport = NO_PREDRAFTS  # what pre-drafting did in this step
 
     @classmethod
     def without_drafts(
@@ -194,7 +173,7 @@ class ClientStats:
     """Plain counters of one client (monotonic; read them, never reset them)."""
 
     steps: int = 0  # step() calls
-    drafted_steps: int = 0  # steps the drafter answered (or drafted ahead: all hits)
+    drafted_steps: int = 0  # steps the drafter answered
     fallbacks: dict[Outcome, int] = field(default_factory=_zero_fallbacks)  # steps without drafts
     resyncs: int = 0  # requests the drafter answered RESYNC for
     resync_retries: int = 0  # immediate resends of resynced requests within a step
@@ -208,14 +187,6 @@ class ClientStats:
     ingest_drops: int = 0  # finish/abort/ingest work dropped because the queue was full
     refused: int = 0  # requests never drafted: tokens or length the drafter would refuse
     reingested: int = 0  # finished generations the drafter had lost, ingested instead
-    # Pre-drafting (prefetch_fan_out > 0; see PredraftReport):
-    predraft_hits: int = 0  # requests whose step tree was a pre-draft
-    predraft_misses: int = 0  # requests that had pre-drafts and missed
-    predrafts_stale: int = 0  # requests' pre-drafts dropped: not for their latest step
-    predrafts_malformed: int = 0  # prefetch responses dropped whole
-    predraft_bytes: int = 0  # bytes of prefetch responses received
-    ahead_steps: int = 0  # steps that returned at once, their DraftRequest sent ahead
-    ahead_resyncs: int = 0  # RESYNC answers to steps sent ahead (in ``resyncs`` too)
 
     @property
     def fallback_steps(self) -> int:

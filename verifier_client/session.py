@@ -7,15 +7,6 @@ the circuit breaker, picks the budgets and builds the message (``plan``);
 resend and counts the fallback. Both clients share this class, so they behave
 identically.
 
-Pre-drafting (``prefetch_fan_out`` > 0): a request whose commits make an outcome
-the drafter pre-drafted for it (predrafts.py) is a hit; its tree is that
-pre-draft, and it goes out flagged ``prefetched`` so that the drafter drafts
-nothing for it now. A step whose every sent request is a hit is sent *ahead*:
-its result is ready at once (``sent_ahead``), and its answer is applied by
-``settle`` before the next step is planned (the client waits for it then, within
-that step's deadline), so the delta state stays exact. A step with some misses
-waits as usual and takes the hits' trees from the cache.
-
 RESYNC handling: the requests the drafter answered RESYNC for are resent whole
 at once, inside the same step, when at least a quarter of the step's deadline
 is left (``resync_retry``); they then get drafts this very step, which matters
@@ -27,47 +18,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import Admission, CircuitBreaker
 from verifier_client.budget import BudgetRule
-from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
-from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
-from verifier_client.predrafts import PredraftCache, PredraftSet
-from verifier_client.results import (
-    NO_PREDRAFTS,
-    ClientStats,
-    Outcome,
-    PredraftReport,
-    StepResult,
-    Tree,
+from verifier_client.deltas import (
+    DeltaTracker,
+    ProtocolError,
+    RequestState,
+    as_token_list,
+    finish_tail,
 )
+from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
+from verifier_client.results import ClientStats, Outcome, StepResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DraftSession", "StepPlan", "StepStart", "check_fan_out"]
+__all__ = ["DraftSession", "StepPlan"]
 
 _RETRY_MIN_FRACTION = 0.25  # resend resynced requests at once only with this much deadline left
-_UINT32_MAX = 2**32 - 1  # DraftRequest.prefetch_fan_out is a uint32
-
-
-def check_fan_out(prefetch_fan_out: object) -> int:
-    """``prefetch_fan_out`` if it is a valid one (an int in [0, 2^32)); ValueError if not."""
-    if (not isinstance(prefetch_fan_out, int) or isinstance(prefetch_fan_out, bool)
-            or not 0 <= prefetch_fan_out <= _UINT32_MAX):  # fmt: skip
-        raise ValueError(f"prefetch_fan_out must be an int in [0, 2^32), got {prefetch_fan_out!r}")
-    return prefetch_fan_out
-
-
-@dataclass(slots=True)
-class StepStart:
-    """A step whose commits are recorded, not yet planned (a step sent ahead may first
-    need its answer settled)."""
-
-    request_ids: tuple[str, ...]
-    budget_of: Mapping[str, int] | None
-    started_s: float  # step() entry: the deadline and the wait count from it
 
 
 @dataclass(slots=True)
@@ -83,9 +53,6 @@ class StepPlan:
     default_budget: int
     refused: list[str]  # ids left out: they hold what the drafter would refuse
     base: StepResult | None = None  # set on a resync resend: the step's result so far
-    hits: Mapping[str, Tree] = field(default_factory=dict)  # sent requests drafting from
-    # a pre-draft (flagged prefetched): their trees
-    ahead: bool = False  # every sent request is a hit: send, do not wait (settle later)
 
 
 class DraftSession:
@@ -99,11 +66,9 @@ class DraftSession:
         breaker: CircuitBreaker,
         tokenizer_fingerprint: str = "",
         resync_retry: bool = True,
-        prefetch_fan_out: int = 0,
     ) -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline must be > 0, got {deadline_s * 1e3} ms")
-        self.prefetch_fan_out = check_fan_out(prefetch_fan_out)
         self.deadline_s = deadline_s
         self.budget = budget
         self.breaker = breaker
@@ -111,8 +76,6 @@ class DraftSession:
         self.resync_retry = resync_retry
         self.tracker = DeltaTracker()
         self.stats = ClientStats()
-        self.predrafts = PredraftCache(self.stats)
-        self._counted = _predraft_counters(self.stats)  # at the current step's start
         self.max_budget: int | None = None  # the drafter's limit, once known
         self.max_per_call = 1024  # requests per Finish / sequences per Ingest call
         self._read_only: frozenset[str] = frozenset()  # datastores that store nothing
@@ -152,19 +115,22 @@ class DraftSession:
             _log_refusal(state)
 
     def finish(
-        self, request_id: str, final_tokens: Iterable[int], store: bool, durable: bool = False
+        self,
+        request_id: str,
+        tail: Iterable[int],
+        store: bool,
+        durable: bool = False,
+        output: Iterable[int] | None = None,
     ) -> list[Work]:
-        """Stops tracking a finished request; returns the work that ends it."""
-        tail = as_token_list(final_tokens, f"final tokens of {request_id!r}")
+        """Stops tracking a finished request; returns the work that ends it (see
+        ``finish_tail`` for ``tail`` and ``output``: on a ValueError it is still tracked)."""
+        tail = finish_tail(self.tracker.get(request_id), tail, output)
         state = self.tracker.finish(request_id)
-        self.predrafts.forget((request_id,))
         return plan_finish(state, tail, store and state.datastore not in self._read_only, durable)
 
     def abort(self, request_id: str) -> list[Work]:
         """Stops tracking a cancelled request; returns the work that frees it."""
-        state = self.tracker.finish(request_id)
-        self.predrafts.forget((request_id,))
-        return plan_abort(state)
+        return plan_abort(self.tracker.finish(request_id))
 
     @staticmethod
     def ingest(sequences: Iterable[Iterable[int]], datastore: str) -> list[Work]:
@@ -177,57 +143,27 @@ class DraftSession:
     def begin(
         self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None, now_s: float
     ) -> StepPlan | StepResult:
-        """Records the commits; returns the plan to send, or the result if there is none."""
-        return self.plan(self.record(commits, budgets, now_s), now_s)
-
-    def record(
-        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None, now_s: float
-    ) -> StepStart:
-        """The first half of ``begin``: checks the budgets and records the commits."""
+        """Records the commits; returns the plan to send, or the result if there is none
+        (circuit open, or nothing to draft)."""
         budget_of = self._check_budgets(budgets) if budgets is not None else None
         self.tracker.commit_many(commits)
-        self.stats.steps += 1
-        if self.prefetch_fan_out:  # report() reads them; off, it reports nothing
-            self._counted = _predraft_counters(self.stats)
-        return StepStart(tuple(commits), budget_of, now_s)
-
-    def plan(
-        self, start: StepStart, now_s: float, predrafts: Iterable[PredraftSet] = ()
-    ) -> StepPlan | StepResult:
-        """The second half of ``begin``, once ``predrafts`` (arrived since the last step)
-        are filed: the plan to send, or the result if there is none."""
-        self.predrafts.take(predrafts)
         stats = self.stats
-        request_ids = start.request_ids
+        stats.steps += 1
+        request_ids = tuple(commits)
         admission = self.breaker.admit(now_s)
         if admission is not Admission.ALLOW:
             self._probe_due |= admission is Admission.PROBE
-            return self.give_up(start, Outcome.BREAKER_OPEN)
+            stats.fallbacks[Outcome.BREAKER_OPEN] += 1
+            return StepResult.without_drafts(stats.steps, Outcome.BREAKER_OPEN, request_ids)
         default_budget = self.budget.draft_budget(len(request_ids))
         if self.max_budget is not None:
             default_budget = min(default_budget, self.max_budget)
-        deadline_s = start.started_s + self.deadline_s
-        hits = self._hits(request_ids, start.budget_of, default_budget)
-        plan = self._plan(request_ids, request_ids, start.budget_of, default_budget, deadline_s,
-                          None, hits)  # fmt: skip
+        deadline_s = now_s + self.deadline_s
+        plan = self._plan(request_ids, request_ids, budget_of, default_budget, deadline_s, None)
         if plan.sent:
             return plan
         # Nothing to send: empty contexts (no draft yet) and refused requests.
         return StepResult(stats.steps, Outcome.OK, request_ids, {}, _outcomes((), plan.refused))
-
-    def give_up(self, start: StepStart, outcome: Outcome) -> StepResult:
-        """A step that sends nothing and returns no drafts (circuit open, or its deadline
-        passed while an earlier answer was awaited)."""
-        self.stats.fallbacks[outcome] += 1
-        self._forget(start.request_ids)
-        return StepResult.without_drafts(self.stats.steps, outcome, start.request_ids)
-
-    def report(self) -> PredraftReport:
-        """What pre-drafting did since the current step's ``record``."""
-        if not self.prefetch_fan_out:
-            return NO_PREDRAFTS
-        now = _predraft_counters(self.stats)
-        return PredraftReport(*(n - c for n, c in zip(now, self._counted, strict=True)))
 
     def complete(
         self, plan: StepPlan, response: pb.DraftResponse, now_s: float
@@ -239,9 +175,6 @@ class DraftSession:
             return self.fail(plan, Outcome.ERROR, now_s), None
         stats = self.stats
         stats.resyncs += len(resynced)
-        if self.prefetch_fan_out:
-            trees.update(plan.hits)  # the drafter sent none for them: it drafted them ahead
-            self._remember(plan, trees, resynced)
         base = plan.base
         if base is not None:  # a resync resend: merge into the step's result
             refused = [r for r, o in base.request_outcomes.items() if o is Outcome.ERROR]
@@ -265,44 +198,11 @@ class DraftSession:
     def fail(self, plan: StepPlan, outcome: Outcome, now_s: float) -> StepResult:
         """The answer did not come: resend the step's requests whole next time."""
         self.tracker.mark_unsynced(plan.sent)
-        self._forget(s.request_id for s in plan.sent)
         if plan.base is not None:  # a failed resync resend: the step itself succeeded
             return plan.base
         self.breaker.record_failure(now_s)
         self.stats.fallbacks[outcome] += 1
         return StepResult.without_drafts(plan.step, outcome, plan.request_ids)
-
-    def sent_ahead(self, plan: StepPlan) -> StepResult:
-        """The result of a step sent ahead (every sent request a hit): its trees are the
-        pre-drafts; its answer is settled before the next step is planned."""
-        stats = self.stats
-        stats.ahead_steps += 1
-        stats.drafted_steps += 1
-        self._remember(plan, plan.hits, ())
-        return StepResult(plan.step, Outcome.OK, plan.request_ids, dict(plan.hits),
-                          _outcomes((), plan.refused))  # fmt: skip
-
-    def settle(self, plan: StepPlan, answer: pb.DraftResponse | Outcome, now_s: float) -> None:
-        """Applies the answer to a step sent ahead, or its failure (``answer`` an Outcome):
-        RESYNCed requests, or all of them when the answer is lost, go whole next time."""
-        if isinstance(answer, pb.DraftResponse):
-            try:
-                _, resynced = self.tracker.apply(answer, plan.sent, trees=False)
-            except ProtocolError:
-                pass  # apply marked them unsynced: a failure, as below
-            else:
-                self.stats.resyncs += len(resynced)
-                self.stats.ahead_resyncs += len(resynced)
-                self._forget(resynced)
-                self.breaker.record_success()
-                return
-        self.lose(plan)
-        self.breaker.record_failure(now_s)
-
-    def lose(self, plan: StepPlan) -> None:
-        """A step sent ahead whose answer will never be read (its stream is gone)."""
-        self.tracker.mark_unsynced(plan.sent)
-        self._forget(s.request_id for s in plan.sent)
 
     def pop_probe_due(self) -> bool:
         """True once after the breaker asked for a probe (the client sends it)."""
@@ -325,7 +225,6 @@ class DraftSession:
         default_budget: int,
         deadline_s: float,
         base: StepResult | None,
-        hits: Mapping[str, Tree] | None = None,
     ) -> StepPlan:
         self._sequence += 1
         tracker = self.tracker
@@ -333,51 +232,13 @@ class DraftSession:
         message, sent, refused = tracker.build(
             send_ids, budget_of, default_budget,
             step=self._sequence, tokenizer_fingerprint=self.tokenizer_fingerprint,
-            prefetched=hits or (), prefetch_fan_out=self.prefetch_fan_out,
         )  # fmt: skip
         stats = self.stats
         stats.full_resends += tracker.full_resends - resends
         stats.tokens_sent += tracker.tokens_sent - tokens
         stats.refused = tracker.refused
-        plan = StepPlan(stats.steps, message, sent, step_ids, deadline_s, budget_of,
+        return StepPlan(stats.steps, message, sent, step_ids, deadline_s, budget_of,
                         default_budget, refused, base)  # fmt: skip
-        if hits:
-            plan.hits = {s.request_id: hits[s.request_id] for s in sent if s.request_id in hits}
-            plan.ahead = len(plan.hits) == len(sent)
-        return plan
-
-    def _hits(
-        self, request_ids: Iterable[str], budget_of: Mapping[str, int] | None, default_budget: int
-    ) -> dict[str, Tree]:
-        """The requests whose commits make an outcome pre-drafted for them: their trees,
-        cut to this step's budget (a breadth-first prefix is a tree)."""
-        if not self.prefetch_fan_out or not len(self.predrafts):
-            return {}
-        hits: dict[str, Tree] = {}
-        get, hit = self.tracker.get, self.predrafts.hit
-        for rid in request_ids:
-            state = get(rid)
-            if not state.known_length or state.refused:
-                continue  # the drafter lacks its context: a whole resend, drafted as ever
-            tree = hit(rid, state.tokens)
-            if tree is not None:
-                budget = default_budget if budget_of is None else budget_of.get(rid, default_budget)
-                hits[rid] = tree.first(budget)
-        return hits
-
-    def _remember(self, plan: StepPlan, trees: Mapping[str, Tree], resynced: Iterable[str]) -> None:
-        """Records the trees returned for ``plan``'s requests: the pre-drafts for their
-        outcomes will come for this message's step."""
-        step, cache = plan.message.step, self.predrafts
-        for state in plan.sent:
-            tree = trees.get(state.request_id)
-            if tree is not None:
-                cache.record(state.request_id, step, tree, state.pending_length)
-        cache.forget(resynced)  # the drafter lost their state: nothing comes for them
-
-    def _forget(self, request_ids: Iterable[str]) -> None:
-        if self.prefetch_fan_out:
-            self.predrafts.forget(request_ids)
 
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
         cap = self.max_budget
@@ -394,12 +255,6 @@ def _outcomes(resynced: Iterable[str], refused: Iterable[str]) -> dict[str, Outc
     outcomes = dict.fromkeys(refused, Outcome.ERROR)
     outcomes.update(dict.fromkeys(resynced, Outcome.RESYNC))
     return outcomes
-
-
-def _predraft_counters(stats: ClientStats) -> tuple[int, ...]:
-    """ClientStats' pre-drafting counters, in PredraftReport's order."""
-    return (stats.predraft_hits, stats.predraft_misses, stats.predrafts_stale,
-            stats.predrafts_malformed, stats.predraft_bytes, stats.ahead_resyncs)  # fmt: skip
 
 
 def _log_refusal(state: RequestState) -> None:

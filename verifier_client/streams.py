@@ -9,13 +9,6 @@ grpc.aio cancelling a ``read()`` cancels the whole call. ``exchange`` sends a
 message, then takes answers from that queue until its own comes or the
 deadline passes.
 
-A prefetch response (``DraftResponse.prefetch`` set: pre-drafts the drafter sends
-after a step's answer, with that step's number) answers no message: the reader
-decodes it and keeps it aside until the client's next step takes it
-(``take_predrafts``); it is neither the step's answer nor late. ``send`` and
-``wait`` are the two halves of ``exchange``, for a step whose message goes out
-ahead and whose answer is only needed by the next step.
-
 Which answer is the one waited for, and why a stream ended, is decided once,
 without I/O, in :class:`StreamAnswers`; :class:`SyncStream` (a thread and a
 SimpleQueue) and :class:`AioStream` (a task and an asyncio.Queue) only wait.
@@ -27,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any
 
@@ -36,7 +28,6 @@ import grpc
 
 from sssd.drafter.v1 import drafter_pb2 as pb
 from verifier_client.channel import CallFailed, failure_of
-from verifier_client.predrafts import PredraftSet, decode_predrafts
 from verifier_client.results import ClientStats, Outcome
 
 __all__ = ["AioStream", "StreamAnswers", "SyncStream"]
@@ -53,23 +44,6 @@ class StreamAnswers:
     def __init__(self, stats: ClientStats) -> None:
         self._stats = stats
         self.broken = False  # set once the call has ended or lost its order: reopen
-        # Appended by the reader, emptied by the decode loop (deque ends are thread-safe).
-        self._predrafts: deque[PredraftSet] = deque()
-
-    def take_predrafts(self) -> list[PredraftSet]:
-        """The pre-drafts that arrived since the last call, oldest first."""
-        taken = []
-        while self._predrafts:
-            taken.append(self._predrafts.popleft())
-        return taken
-
-    def _is_answer(self, response: pb.DraftResponse) -> bool:
-        """For the reader: False for a prefetch response, which is decoded and kept for
-        ``take_predrafts`` instead of being queued as an answer."""
-        if not response.HasField("prefetch"):
-            return True
-        self._predrafts.append(decode_predrafts(response))
-        return False
 
     def _refuse_if_broken(self) -> CallFailed | None:
         """Why nothing can be sent, if the stream is already broken."""
@@ -110,26 +84,15 @@ class SyncStream(StreamAnswers):
     def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
         """Sends ``message``; its answer, or why there is none by ``deadline_s``
         (perf_counter)."""
-        if (failure := self.send(message)) is not None:
-            return failure
-        return self.wait(message.step, deadline_s)
-
-    def send(self, message: pb.DraftRequest) -> CallFailed | None:
-        """Sends ``message`` without waiting; why it cannot go, if so."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
         self._requests.put(message)
-        return None
-
-    def wait(self, step: int, deadline_s: float) -> Answer:
-        """The answer to the message sent as ``step``, or why there is none by
-        ``deadline_s`` (perf_counter)."""
         while (left_s := deadline_s - perf_counter()) > 0:
             try:
                 answer = self._answers.get(timeout=left_s)
             except queue.Empty:
                 break
-            if (mine := self._take(answer, step)) is not None:
+            if (mine := self._take(answer, message.step)) is not None:
                 return mine
         return CallFailed(Outcome.DEADLINE)
 
@@ -147,8 +110,7 @@ class SyncStream(StreamAnswers):
         error = None
         try:
             for answer in self._call:
-                if self._is_answer(answer):
-                    self._answers.put(answer)
+                self._answers.put(answer)
         except grpc.RpcError as failed:
             error = failed
         self._answers.put(self._ended(error))
@@ -159,42 +121,25 @@ class AioStream(StreamAnswers):
 
     def __init__(self, stub: Any, stats: ClientStats) -> None:
         super().__init__(stats)
+        # Messages go out through a request iterator, like SyncStream's: a step that gives
+        # up at its deadline cancels only its own wait, never a write (cancelling a
+        # grpc.aio write cancels the whole call).
+        self._requests: asyncio.Queue[pb.DraftRequest | None] = asyncio.Queue()
         self._answers: asyncio.Queue[Answer] = asyncio.Queue()
-        self._call = stub.DraftStream()
+        self._call = stub.DraftStream(self._outgoing())
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
         """Sends ``message``; its answer, or why there is none by ``deadline_s``
         (perf_counter)."""
-        if (failure := await self.send(message, deadline_s)) is not None:
-            return failure
-        return await self.wait(message.step, deadline_s)
-
-    async def send(self, message: pb.DraftRequest, deadline_s: float) -> CallFailed | None:
-        """Writes ``message`` (by ``deadline_s``) without waiting for its answer; why it
-        could not, if so."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
-        try:
-            async with asyncio.timeout(deadline_s - perf_counter()):
-                await self._call.write(message)
-        except TimeoutError:
-            return CallFailed(Outcome.DEADLINE)
-        except grpc.RpcError as error:
-            return failure_of(error)
-        except (grpc.aio.UsageError, asyncio.InvalidStateError) as error:  # write after the end
-            self.broken = True
-            return CallFailed(Outcome.UNAVAILABLE, str(error))
-        return None
-
-    async def wait(self, step: int, deadline_s: float) -> Answer:
-        """The answer to the message sent as ``step``, or why there is none by
-        ``deadline_s`` (perf_counter)."""
+        self._requests.put_nowait(message)
         try:
             async with asyncio.timeout(deadline_s - perf_counter()):
                 mine = None
                 while mine is None:
-                    mine = self._take(await self._answers.get(), step)
+                    mine = self._take(await self._answers.get(), message.step)
                 return mine
         except TimeoutError:
             return CallFailed(Outcome.DEADLINE)
@@ -202,15 +147,19 @@ class AioStream(StreamAnswers):
     def close(self) -> None:
         """Ends the call (the server drops whatever it still had queued)."""
         self.broken = True
+        self._requests.put_nowait(_END)
         self._call.cancel()
         self._reader.cancel()
+
+    async def _outgoing(self) -> AsyncIterator[pb.DraftRequest]:
+        while (message := await self._requests.get()) is not None:
+            yield message
 
     async def _read(self) -> None:
         error = None
         try:
             while (answer := await self._call.read()) is not grpc.aio.EOF:
-                if self._is_answer(answer):
-                    self._answers.put_nowait(answer)
+                self._answers.put_nowait(answer)
         except grpc.RpcError as failed:
             error = failed
         finally:  # also on cancellation by close()

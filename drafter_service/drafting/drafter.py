@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,8 @@ from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.datastore.tokens import as_token_array
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.native import _core
+
+_NO_INT64: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 
@@ -51,6 +53,10 @@ class DraftBatch:
     parents: npt.NDArray[np.int32]
     scores: npt.NDArray[np.float32]
     offsets: npt.NDArray[np.int64]
+    # Each request's state after the call: the bytes it holds and how many more tokens
+    # it takes without allocating.
+    state_bytes: npt.NDArray[np.int64] = field(default_factory=lambda: _NO_INT64)
+    state_headroom: npt.NDArray[np.int64] = field(default_factory=lambda: _NO_INT64)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -192,9 +198,16 @@ class Drafter:
             raise KeyError(f"unknown request {request_id!r}") from None
 
     def request_bytes(self, request_id: str) -> int:
-        """Memory held for ``request_id`` (trie + token history)."""
+        """Bytes held for ``request_id``: its input trie's buffers and its tokens."""
         try:
             return self._native.request_bytes(self._handle(request_id))
+        except IndexError:
+            raise KeyError(f"unknown request {request_id!r}") from None
+
+    def tokens(self, request_id: str) -> npt.NDArray[np.int32]:
+        """A copy of the tokens held for ``request_id`` (prompt + committed), in order."""
+        try:
+            return self._native.tokens(self._handle(request_id))
         except IndexError:
             raise KeyError(f"unknown request {request_id!r}") from None
 
@@ -234,21 +247,6 @@ class Drafter:
                 raise ValueError(f"request {r!r} appears twice in one batch")
             seen.add(r)
         return self._batch_call(self._native.draft_batch, request_ids, tokens, offsets, budgets)
-
-    def draft_after(
-        self,
-        request_ids: Sequence[str],
-        tokens: npt.NDArray[np.int32],
-        offsets: npt.NDArray[np.int64],
-        budgets: Budgets,
-    ) -> DraftBatch:
-        """Pre-drafts: row ``i`` is the tree request ``request_ids[i]`` would get if
-        ``tokens[offsets[i]:offsets[i+1]]`` followed its committed tokens, which are left
-        as they are (a request may appear in many rows, one per hypothetical outcome).
-        The input trie only knows committed tokens: matches of the extended context's
-        suffixes are looked up among them (native ``extended_matches``). One native
-        call; changes no state."""
-        return self._batch_call(self._native.draft_after, request_ids, tokens, offsets, budgets)
 
     def explain(self, request_id: str, budget: int) -> ExplainedTree:
         """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
@@ -290,10 +288,10 @@ class Drafter:
             except KeyError as exc:
                 raise KeyError(f"unknown request {exc.args[0]!r}") from None
         try:
-            out_tokens, parents, scores, out_offsets = method(handles, flat, offs, budget_arr)
+            out = method(handles, flat, offs, budget_arr)
         except IndexError as exc:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
-        return DraftBatch(out_tokens, parents, scores, out_offsets)
+        return DraftBatch(*out)
 
     def _handle(self, request_id: str) -> int:
         with self._lock:

@@ -16,15 +16,16 @@ Record layouts (little-endian)::
 A ``WAL2`` record is a document taken from the shared ingest stream and carries its
 stream entry id (its ``origin``), so the newest record says where consuming resumes;
 documents ingested with no shared log are written as ``WAL1``, byte for byte as before.
-The CRC covers seq, n_tokens, the origin (``WAL2``) and the payload. A crash can only tear the tail
-of the newest segment: the last record, cut short or left unwritten, with no
-readable record after it. Recovery moves those bytes aside (``<segment>.torn-<offset>``,
-never deleted: they are evidence) and truncates the segment there; they were never
-acknowledged. A bad record anywhere else, or one that readable records follow, is
-corruption: opening refuses (:class:`WalCorruptError`), naming the file, the offset
-and the records that would be lost, unless ``salvage`` is set, in which case the
-damaged segment is moved aside into ``damaged/`` and a copy holding every readable
-record replaces it.
+The CRC covers seq, n_tokens, the origin (``WAL2``) and the payload. A crash can only
+tear the tail of the newest segment: the last record, cut short (fewer bytes than its
+header says) or left unwritten (zeros), with no readable record after it. Recovery moves
+those bytes aside (``<segment>.torn-<offset>``, never deleted: they are evidence) and
+truncates the segment there; they were never acknowledged. A last record whose every
+byte is there but that fails its CRC completed its append, so it was acknowledged: like
+a bad record anywhere else, or one that readable records follow, it is corruption:
+opening refuses (:class:`WalCorruptError`), naming the file, the offset and the records
+that would be lost, unless ``salvage`` is set, in which case the damaged segment is moved
+aside into ``damaged/`` and a copy holding every readable record replaces it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,43 @@ def _crc(seq: int, payload: bytes, origin: StreamId | None = None) -> int:
     return zlib.crc32(payload, zlib.crc32(head))
 
 
+def _torn(data: bytes, offset: int) -> bool:
+    """Whether the unreadable bytes from ``offset`` to the end can be an append a crash
+    cut short: zeros (never written), fewer bytes than a header, or a header announcing
+    more bytes than follow it, unless those bytes are a whole record under a damaged
+    length field (they match its CRC). A whole record failing its checksum, or a whole
+    header with no record's magic, is damage: that append completed, so it was
+    acknowledged."""
+    if not data[offset:].strip(b"\0"):
+        return True
+    header = _header_at(data, offset)
+    if header is None:
+        return True
+    magic, seq, n, crc, origin, start = header
+    if magic not in (_MAGIC, _MAGIC_ORIGIN):
+        return False
+    if start + 4 * n <= len(data):
+        return False
+    rest = data[start:]
+    return len(rest) % 4 != 0 or _crc(seq, rest, origin) != crc
+
+
+def _header_at(
+    data: bytes, offset: int
+) -> tuple[int, int, int, int, StreamId | None, int] | None:
+    """The record header at ``offset``: (magic, seq, n, crc, origin, payload start), the
+    origin read only under _MAGIC_ORIGIN; None when the bytes end before it does."""
+    if offset + _HEADER.size > len(data):
+        return None
+    magic, seq, n, crc = _HEADER.unpack_from(data, offset)
+    start = offset + _HEADER.size
+    if magic != _MAGIC_ORIGIN:
+        return magic, seq, n, crc, None, start
+    if start + _ORIGIN.size > len(data):
+        return None
+    return magic, seq, n, crc, StreamId(*_ORIGIN.unpack_from(data, start)), start + _ORIGIN.size
+
+
 def _segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}{_SUFFIX}"
 
@@ -119,19 +157,12 @@ class IngestLog:
                 record = self._parse(data, offset)
                 if record is None:
                     after = self._readable_after(data, offset)
-                    if newest and not after:
+                    if newest and not after and _torn(data, offset):
                         self._cut_torn_tail(path, data, offset)
                         break
-                    later = len(segments) - 1 - i
                     if not self._salvage:
                         raise WalCorruptError(
-                            f"ingest log {path}: unreadable record at byte {offset} of "
-                            f"{len(data)}, followed by {len(after)} readable record(s) in this "
-                            f"segment and {later} later segment(s): it is corruption, not a "
-                            "torn tail, and starting would drop acknowledged ingests (the "
-                            "damaged record and everything after it). Restore the file, or "
-                            "start with --salvage to keep every readable record and move "
-                            f"{path.name} aside into {self.directory / 'damaged'}"
+                            self._corruption(path, data, offset, len(after), len(segments) - 1 - i)
                         )
                     yield from self._salvaged(path, data, offset)
                     break
@@ -139,6 +170,26 @@ class IngestLog:
                 yield self._took(record[0])
         if segments:
             self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
+
+    def _corruption(self, path: Path, data: bytes, offset: int, after: int, later: int) -> str:
+        """Why opening refuses: the damaged record at ``offset`` of ``path``."""
+        fix = (
+            "Restore the file, or start with --salvage true to keep every readable record "
+            f"and move {path.name} aside into {self.directory / 'damaged'}"
+        )
+        if after == 0 and later == 0:  # the last record: whole, so it was acknowledged
+            return (
+                f"ingest log {path}: the last record, at byte {offset} of {len(data)}, is "
+                "whole (every byte its header announces is there) but fails its checksum: it "
+                "is damage, not a torn tail (an append cut short), and its ingest was "
+                f"acknowledged, so starting would drop it. {fix}"
+            )
+        return (
+            f"ingest log {path}: unreadable record at byte {offset} of {len(data)}, followed "
+            f"by {after} readable record(s) in this segment and {later} later segment(s): it "
+            "is corruption, not a torn tail, and starting would drop acknowledged ingests "
+            f"(the damaged record and everything after it). {fix}"
+        )
 
     def _took(self, record: LogRecord) -> LogRecord:
         """Notes ``record`` as the newest one read."""
@@ -196,18 +247,10 @@ class IngestLog:
 
     def _parse(self, data: bytes, offset: int) -> tuple[LogRecord, int] | None:
         """The record at ``offset`` and the offset after it; None when unreadable."""
-        if offset + _HEADER.size > len(data):
+        header = _header_at(data, offset)
+        if header is None or header[0] not in (_MAGIC, _MAGIC_ORIGIN):
             return None
-        magic, seq, n, crc = _HEADER.unpack_from(data, offset)
-        start = offset + _HEADER.size
-        origin = None
-        if magic == _MAGIC_ORIGIN:
-            if start + _ORIGIN.size > len(data):
-                return None
-            origin = StreamId(*_ORIGIN.unpack_from(data, start))
-            start += _ORIGIN.size
-        elif magic != _MAGIC:
-            return None
+        _, seq, n, crc, origin, start = header
         end = start + 4 * n
         if end > len(data) or seq <= self._last_seq:
             return None
@@ -260,8 +303,21 @@ class IngestLog:
         return seq
 
     def _open_segment(self, first_seq: int) -> None:
+        """Creates the segment starting at ``first_seq``. It may exist, empty, if a crash
+        came after its creation and before its first record was written (or recovery cut
+        a torn first record): that file is the same segment and is reused. One holding
+        bytes would mix two numberings, so it is refused."""
         path = self.directory / _segment_name(first_seq)
-        self._file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        if size:
+            os.close(fd)
+            raise WalCorruptError(
+                f"ingest log {path}: the segment for record {first_seq} on already exists "
+                f"and holds {size} bytes that no record of this log accounts for (another "
+                "process writing the same directory?); move the file aside and restart"
+            )
+        self._file = fd
         fsync_dir(self.directory)
 
     def roll(self) -> None:

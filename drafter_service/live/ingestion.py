@@ -4,14 +4,20 @@
 bound, appends the document to the ingest log (fsynced: from here on the ingest is
 acknowledged and survives a crash) and then adds it to the in-memory buffer that the
 next rebuild folds into the sub-indices, so the buffer is always in log order and the
-log holds everything the buffer does. :func:`checked_document` validates what a caller
+log holds everything the buffer does. A log append that fails because its volume is
+full (ENOSPC, EDQUOT, EFBIG, a short write) raises :class:`VolumeFull` naming the
+directory, and logs one rate-limited line for all datastores (no traceback): every
+call would hit it until space is freed. :func:`checked_document` validates what a caller
 hands in; :func:`generation_document` is the policy's ``store`` rule for a finished
 generation.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -21,8 +27,43 @@ from drafter_service.live.ingest_log import LogRecord
 from drafter_service.live.live_policy import DatastoreFull, LivePolicy
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.stream_ids import StreamId
+from drafter_service.log_limits import RateLimitedLog
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
+log = logging.getLogger(__name__)
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_volume_full_log = RateLimitedLog(log)
+
+
+class VolumeFull(OSError, DatastoreFull):
+    """The ingest log's volume has no room for a document (nothing of it was stored).
+
+    A :class:`DatastoreFull`, so a caller that stores several documents reports the ones
+    before it as stored (``Ingest`` answers RESOURCE_EXHAUSTED saying how many), and an
+    ``OSError`` carrying the errno (``ENOSPC``, ``EDQUOT``, ``EFBIG``; ``ENOSPC`` for a
+    short write). ``directory``: where the log is written."""
+
+    def __init__(self, directory: Path, cause: OSError) -> None:
+        code = cause.errno if cause.errno in _FULL_ERRNOS else errno.ENOSPC
+        why = cause.strerror or str(cause)
+        super().__init__(
+            code,
+            f"the volume holding {directory} is full ({why}); free space there (or raise "
+            "its quota), then send again what was not stored",
+        )
+        self.directory = directory
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_volume_full(error: OSError) -> bool:
+    """Whether ``error`` (from writing a file) says its volume has no room: ENOSPC,
+    EDQUOT, EFBIG (a file-size limit), or a short write (the ingest log raises an
+    OSError without errno when fewer bytes were written than asked)."""
+    if error.errno in _FULL_ERRNOS:
+        return True
+    return error.errno is None and "short write" in str(error)
 
 
 def checked_document(
@@ -62,15 +103,23 @@ def accept_document(
     duplicate and is skipped (returns None for the sequence number), so consuming the
     stream stores each entry exactly once. Returns its log sequence number and whether
     the buffer now holds enough for a rebuild (the background thread has been woken).
-    Raises DatastoreFull past the memory bound, RuntimeError once closed, OSError when
-    the log cannot be written (nothing is buffered then)."""
+    Raises DatastoreFull past the memory bound, RuntimeError once closed,
+    :class:`VolumeFull` when the log's volume is full and another OSError when the log
+    cannot be written (nothing is stored or buffered then)."""
     with state.lock:
         if state.closed:
             raise RuntimeError("live datastore is closed")
         if origin is not None and state.consumed is not None and origin <= state.consumed:
             return None, False
         _check_room(state, len(doc))
-        seq = state.log.append(doc, origin)
+        try:
+            seq = state.log.append(doc, origin)
+        except OSError as exc:
+            if not is_volume_full(exc):
+                raise
+            full = VolumeFull(state.log.directory, exc)
+            _volume_full_log.warning("ingest refused: %s", full)
+            raise full from None
         state.pending.append(LogRecord(seq, doc, origin))
         if origin is not None:
             note_consumed(state, origin)

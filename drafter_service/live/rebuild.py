@@ -22,8 +22,10 @@ from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
 from drafter_service.live.live_state import LiveState
 from drafter_service.live.thread_priority import lower_thread_priority
+from drafter_service.log_limits import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_maintenance_log = RateLimitedLog(log, level=logging.ERROR)  # a failure repeats every wake-up
 
 
 def fold_pending(state: LiveState) -> bool:
@@ -195,6 +197,6 @@ def run_maintenance(
             if snapshot_due:
                 snapshot()
         except Exception as exc:  # keep serving; retried at the next wake-up
-            log.exception("live datastore maintenance failed")
+            _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
             with state.lock:
                 state.last_error = repr(exc)

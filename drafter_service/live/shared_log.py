@@ -32,6 +32,12 @@ LogError = redis.RedisError
 """What a failed call to the log server raises (connection lost, timeout, refused)."""
 
 
+def describe(error: BaseException) -> str:
+    """``error`` in one line for a log or a caller: its type and message (the repr of a
+    redis error says only ``network:ConnectionError``, not which server refused)."""
+    return f"{type(error).__name__}: {error}"
+
+
 class BadEntry(ValueError):
     """A stream entry that is not a document of this format."""
 

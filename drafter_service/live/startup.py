@@ -1,10 +1,11 @@
 """Opening a live datastore: the newest complete snapshot, then the log after it.
 
 :func:`open_live_state` clears what interrupted snapshot writes left, loads the newest
-complete snapshot, opens the ingest log after the position that snapshot covers (its
-later records are the documents waiting for a rebuild) and refuses to start when an
-unreadable newer snapshot may hold ingests that neither the loaded snapshot nor the log
-has (:func:`check_damaged_snapshots`).
+complete snapshot whose data is intact, opens the ingest log after the position that
+snapshot covers (its later records are the documents waiting for a rebuild) and refuses
+to start when an unreadable or damaged newer snapshot may hold ingests that neither the
+loaded snapshot nor the log has (:func:`check_damaged_snapshots`), or when the log does
+not continue where the loaded snapshot ends (:func:`check_log_continues`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.ingest_log import IngestLog
@@ -21,7 +23,9 @@ from drafter_service.live.pinned_corpora import Corpus, joined_datastore, split_
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
+from drafter_service.snapshot.manifest import MANIFEST_NAME
 from drafter_service.snapshot.store import (
+    SnapshotError,
     SnapshotInfo,
     TokenizerIdentity,
     load_snapshot,
@@ -45,19 +49,19 @@ def open_live_state(
     snapshots = directory / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(snapshots)
-    corpora: tuple[Corpus, ...] = ()
-    learned: tuple[SubIndex, ...] = ()
-    covered, last_snapshot, offset = 0, None, None
     complete, damaged = scan_snapshots(snapshots)
-    if complete:
-        loaded, info = load_snapshot(complete[-1].path, expect_tokenizer=tokenizer)
-        corpora, learned = split_corpora(loaded, info)
-        covered, last_snapshot = info.wal_position, info.created_unix
-        offset = snapshot_offset(info)
+    newest = _load_newest_readable(complete, tokenizer, damaged)
+    corpora, learned, offset = newest.corpora, newest.learned, newest.offset
+    info = newest.info
+    covered = info.wal_position if info is not None else 0
     datastore = joined_datastore(corpora, learned, tokenizer.vocab_size)
     ingest_log = IngestLog(directory / "wal", covered_seq=covered, salvage=salvage)
-    newest = complete[-1] if complete else None
-    check_damaged_snapshots(damaged, newest, ingest_log, directory, salvage)
+    try:
+        check_damaged_snapshots(damaged, info, ingest_log, directory, salvage)
+        check_log_continues(info, ingest_log, salvage)
+    except BaseException:
+        ingest_log.close()
+        raise
     known = [o for o in (ingest_log.last_origin, offset) if o is not None]
     return LiveState(
         tokenizer=tokenizer,
@@ -66,13 +70,48 @@ def open_live_state(
         corpora=corpora,
         learned=learned,
         covered=covered,
-        last_snapshot_unix=last_snapshot,
+        last_snapshot_unix=info.created_unix if info is not None else None,
         on_swap=on_swap,
         datastore=datastore,
         pending=ingest_log.recovered(),
         consumed=max(known, default=None),
         covered_origin=offset,
     )
+
+
+class _Loaded(NamedTuple):
+    """The snapshot a start begins from (``info`` None: none, an empty datastore)."""
+
+    info: SnapshotInfo | None
+    corpora: tuple[Corpus, ...] = ()
+    learned: tuple[SubIndex, ...] = ()
+    offset: StreamId | None = None
+
+
+def _load_newest_readable(
+    complete: list[SnapshotInfo], tokenizer: TokenizerIdentity, damaged: list[tuple[Path, str]]
+) -> _Loaded:
+    """The newest of the ``complete`` snapshots whose data is intact. Each newer one whose
+    data is not (a file missing, truncated or failing its checksum, a manifest that does not
+    describe its files, malformed metadata) is added to ``damaged`` with the reason, for
+    :func:`check_damaged_snapshots` to weigh like a snapshot whose manifest is unreadable.
+    A snapshot of another tokenizer is a setting error, not damage: refused."""
+    for candidate in reversed(complete):
+        if not tokenizer.matches(candidate.tokenizer):
+            raise SnapshotError(
+                f"{candidate.path / MANIFEST_NAME}: snapshot tokenizer "
+                f"{candidate.tokenizer.describe()} does not match the expected tokenizer "
+                f"{tokenizer.describe()}"
+            )
+        try:
+            loaded, info = load_snapshot(candidate.path, expect_tokenizer=tokenizer)
+            corpora, learned = split_corpora(loaded, info)
+            offset = snapshot_offset(info)
+        except (SnapshotError, DamagedDataError) as exc:
+            damaged.append((candidate.path, str(exc)))
+            continue
+        return _Loaded(info, corpora, learned, offset)
+    return _Loaded(None)
 
 
 def snapshot_offset(info: SnapshotInfo) -> StreamId | None:
@@ -112,7 +151,7 @@ def check_damaged_snapshots(
             f"unreadable snapshot(s): {listing}. The newest readable {loaded} the ingest "
             f"log through record {covered} and the log {holds}, so ingests acknowledged "
             f"after record {covered} may exist only in the damaged snapshot: starting would "
-            "silently serve less. Repair or restore it, or start with --salvage to move it "
+            "silently serve less. Repair or restore it, or start with --salvage true to move it "
             f"aside into {directory / 'damaged'} and serve what remains"
         )
     for path, why in damaged:
@@ -122,3 +161,31 @@ def check_damaged_snapshots(
         else:
             log.warning("unreadable snapshot %s (%s): the ingest log covers everything "
                         "after the snapshot loaded, so nothing is lost", path, why)  # fmt: skip
+
+
+def check_log_continues(newest: SnapshotInfo | None, ingest_log: IngestLog, salvage: bool) -> None:
+    """Refuses to start when the ingest log begins after the record following what the
+    loaded snapshot covers: the records between are in neither (a newest snapshot gone,
+    or a ``wal_position`` that is not what the snapshot holds), so they are a gap, not
+    "covered". ``salvage`` serves what remains, with an error logged."""
+    covered = newest.wal_position if newest is not None else 0
+    first = ingest_log.first_seq
+    if first is None or first <= covered + 1:
+        return
+    loaded = (
+        f"the snapshot loaded, {newest.path}, covers the ingest log through record {covered}"
+        if newest is not None
+        else "no readable snapshot covers any of the ingest log"
+    )
+    gap = (
+        f"{loaded}, but the log ({ingest_log.directory}) starts at record {first}: records "
+        f"{covered + 1} to {first - 1} are in neither (a newer snapshot missing, or a "
+        "manifest whose wal_position is not what its snapshot holds), so starting would "
+        "serve less than was acknowledged"
+    )
+    if not salvage:
+        raise DamagedDataError(
+            f"{gap}. Restore the missing snapshot, or start with --salvage true to serve "
+            "what remains"
+        )
+    log.error("%s; --salvage: serving what remains", gap)

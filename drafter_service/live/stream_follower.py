@@ -15,7 +15,9 @@ for a rebuild to make room rather than skip an entry. An entry that can never be
 stored (another format, a bad checksum, bad token ids) is skipped on every replica
 alike, logged and counted. Entries trimmed away by retention before this replica took
 them are reported as lost (``LiveState.last_error``, ``stream_lost``): bootstrap from a
-peer's snapshot (``drafter serve --bootstrap-peers``) avoids that.
+peer's snapshot (``drafter serve --bootstrap-peers``) avoids that. Errors that repeat
+while the follower retries (the log server down, the local disk full) and skipped
+entries are counted every time and logged through a rate-limited log.
 """
 
 from __future__ import annotations
@@ -24,12 +26,24 @@ import logging
 import threading
 import time
 
-from drafter_service.live.ingestion import accept_document, checked_document, note_consumed
+from drafter_service.live.ingestion import (
+    VolumeFull,
+    accept_document,
+    checked_document,
+    note_consumed,
+)
 from drafter_service.live.live_policy import DatastoreFull
 from drafter_service.live.live_state import LiveState
-from drafter_service.live.shared_log import BadEntry, LogError, RedisStream, decode_tokens
+from drafter_service.live.shared_log import (
+    BadEntry,
+    LogError,
+    RedisStream,
+    decode_tokens,
+    describe,
+)
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import lower_thread_priority
+from drafter_service.log_limits import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +63,8 @@ class StreamFollower:
         self._stream = stream
         self._stop = threading.Event()
         self._checked_loss = False
+        self._error_log = RateLimitedLog(log)
+        self._skip_log = RateLimitedLog(log, level=logging.ERROR)
         self._thread = threading.Thread(
             target=self._run, name=f"stream-follower-{name}", daemon=True
         )
@@ -73,7 +89,7 @@ class StreamFollower:
                     self._check_loss(after)
                 entries = self._stream.read_after(after, block_ms=_BLOCK_MS, count=_BATCH)
             except LogError as exc:
-                self._count_error(f"shared log {self._stream.key}: {exc!r}")
+                self._count_error(f"shared log {self._stream.key}: {describe(exc)}")
                 self._checked_loss = False  # the stream may have been trimmed meanwhile
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, _MAX_BACKOFF_S)
@@ -114,6 +130,8 @@ class StreamFollower:
         while True:
             try:
                 accept_document(state, doc, entry_id)
+            except VolumeFull as exc:  # the local log's disk: retry, never skip
+                self._count_error(f"shared log {self._stream.key}: entry {entry_id}: {exc}")
             except DatastoreFull as exc:
                 if not waited:
                     log.warning("shared log %s: entry %s waits for room: %s",
@@ -133,15 +151,16 @@ class StreamFollower:
                 return False
 
     def _skip(self, entry_id: StreamId, why: Exception) -> None:
-        log.error("shared log %s: entry %s skipped on every replica: %s",
-                  self._stream.key, entry_id, why)  # fmt: skip
         with self._state.lock:
             self._state.stream_skipped += 1
+            skipped = self._state.stream_skipped
             # Not in the log: a restart reads it again and skips it again.
             note_consumed(self._state, entry_id)
+        self._skip_log.log("shared log %s: entry %s skipped on every replica (%d so far): %s",
+                           self._stream.key, entry_id, skipped, why)  # fmt: skip
 
     def _count_error(self, message: str) -> None:
-        log.warning("%s", message)
+        self._error_log.warning("%s", message)
         with self._state.lock:
             self._state.stream_errors += 1
             self._state.last_error = message

@@ -27,5 +27,10 @@ class ResourceExhausted(ServiceError):
     """Overload (too many calls in flight) or a full datastore."""
 
 
+class DeadlineExceeded(ServiceError):
+    """The call's deadline passed, or would pass before its work could be done: not
+    started."""
+
+
 class Unavailable(ServiceError):
     """The service is not serving yet (loading) or any more (shutting down)."""

@@ -148,8 +148,14 @@ def _resolve(
         source = f"the tokenizer recorded in {config.data_dir / TOKENIZER_RECORD}"
     if known is not None:
         if config.vocab_size is not None and config.vocab_size != known.vocab_size:
+            fix = (
+                "drop --vocab-size, or give another --snapshot"
+                if config.snapshot is not None
+                else f"the datastore in --data-dir {config.data_dir} keeps its vocabulary: "
+                "drop --vocab-size, or give another --data-dir for a new datastore"
+            )
             raise ValueError(
-                f"vocab_size {config.vocab_size} differs from {source} {known.describe()}"
+                f"vocab_size {config.vocab_size} differs from {source} {known.describe()} ({fix})"
             )
         return known
     if config.vocab_size is not None:
@@ -211,9 +217,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
     settings = config.draft_settings()
     slots: dict[str, DatastoreSlot] = {}
 
-    def new_slot(
-        name: str, snapshot: SnapshotInfo | None
-    ) -> tuple[Drafter, ThreadPoolExecutor]:
+    def new_slot(name: str, snapshot: SnapshotInfo | None) -> tuple[Drafter, ThreadPoolExecutor]:
         # Each datastore drafts with the node score its snapshot carries (or the default).
         where = str(snapshot.path) if snapshot is not None else name
         score = resolve_node_score(

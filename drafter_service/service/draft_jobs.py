@@ -3,8 +3,12 @@ planned. Normally on that datastore's single worker thread; a light call that fi
 nothing else queued runs on the event loop thread itself (see :class:`JobRunner`).
 
 A job is never cancelled once submitted: the request table already describes its
-effect, so a caller that stops waiting (a client deadline) only loses the answer; the
-client resyncs later. The runner resolves one loop future per call, set from the
+effect, so a caller that stops waiting only loses the answer; the client resyncs later.
+A job whose call's deadline has passed when its turn comes does none of its work but
+its stops (:class:`CallExpired`): its requests are dropped, as after any failed job,
+and answer RESYNC; the client, which lost the answer, resends their whole contexts
+anyway. Under overload the worker thread then spends itself only on calls that can
+still be answered. The runner resolves one loop future per call, set from the
 worker threads with ``call_soon_threadsafe`` (no executor future chained to the loop
 future, so cancelling the latter cannot cancel the work).
 """
@@ -32,18 +36,36 @@ JobOutcome = DraftBatch | BaseException | None  # what a job returned or raised
 TOKENS_PER_WEIGHT = 8  # tokens added (starts and appends)
 STOPS_PER_WEIGHT = 8
 BUDGET_PER_WEIGHT = 64  # a drafted request weighs 1 more per this many nodes of budget
+SECONDS_PER_WEIGHT = 12e-6  # what a unit costs before jobs measure it
+_DECAY = 0.99  # each job's share of the measured speed fades by this factor per job
+
+
+class CallExpired(Exception):
+    """A job's call was past its deadline when the job's turn came: nothing was done."""
+
+
+def weight(requests: int, tokens: int, budgets: int, stops: int = 0) -> int:
+    """Rough native cost in drafted requests (see :meth:`DrafterJob.weight`)."""
+    return (
+        requests + budgets // BUDGET_PER_WEIGHT + tokens // TOKENS_PER_WEIGHT
+        + stops // STOPS_PER_WEIGHT
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
 class DrafterJob:
     """What one call does to one datastore's drafter, in this order."""
 
+    collect: list[str] = field(default_factory=list)  # finished: their tokens read first
     stops: list[str] = field(default_factory=list)  # restarted, mismatched, evicted, finished
     starts: list[tuple[str, npt.NDArray[np.int32]]] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
     tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)
     seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
+    collected: dict[str, npt.NDArray[np.int32]] = field(default_factory=dict)  # by run()
+    deadline_s: float | None = None  # by `clock`; past it when its turn comes: CallExpired
+    clock: Callable[[], float] = time.monotonic
 
     def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
         """Adds a request to the batch call; returns its row in the batch."""
@@ -57,18 +79,23 @@ class DrafterJob:
         budgets), every token added to a request (a start's context, an append), every
         stop. Whatever a call carries, its weight grows with the work it asks for."""
         tokens = sum(len(t) for _, t in self.starts) + sum(len(t) for t in self.tokens)
-        return (
-            len(self.request_ids)
-            + sum(b // BUDGET_PER_WEIGHT for b in self.budgets)
-            + tokens // TOKENS_PER_WEIGHT
-            + len(self.stops) // STOPS_PER_WEIGHT
-        )
+        return weight(len(self.request_ids), tokens, sum(self.budgets), len(self.stops))
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
-        """Stops, starts, then one native batch call (on the datastore's worker thread,
-        or on the loop thread when the runner runs the call inline)."""
+        """Reads the tokens of the requests to collect, stops, starts, then one native batch
+        call (on the datastore's worker thread, or on the loop thread when the runner runs
+        the call inline)."""
         start = time.perf_counter()
+        if self.deadline_s is not None and self.clock() > self.deadline_s:
+            for request_id in [*self.stops, *self.request_ids]:
+                drafter.stop(request_id)  # (a request this job would start is not there)
+            self.seconds = time.perf_counter() - start
+            raise CallExpired(f"the call's deadline passed {len(self.request_ids)} requests "
+                              "before its turn")  # fmt: skip
         try:
+            for request_id in self.collect:
+                if request_id in drafter:  # else an earlier job failed and dropped it
+                    self.collected[request_id] = drafter.tokens(request_id)
             for request_id in self.stops:
                 drafter.stop(request_id)
             for request_id, context in self.starts:
@@ -110,6 +137,11 @@ class JobRunner:
         self._catalog = catalog
         self._inline_max_work = inline_max_work
         self._pending = 0  # calls whose jobs have not all run
+        self._queued: dict[str, int] = {}  # per datastore: weight of its jobs not yet run
+        # Measured speed: seconds over units of the jobs run, both decayed per job (a
+        # ratio of sums, so light jobs' fixed costs do not swamp it); seeded with 1,000
+        # units at SECONDS_PER_WEIGHT.
+        self._seconds, self._units = 1000 * SECONDS_PER_WEIGHT, 1000.0
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -125,9 +157,15 @@ class JobRunner:
         future: asyncio.Future[JobResults] = loop.create_future()
         results: dict[str, JobOutcome] = {}
 
+        weights = {name: job.weight() for name, job in jobs.items()}
+
         def settle(name: str | None, result: JobOutcome) -> None:
             if name is not None:
                 results[name] = result
+                self._queued[name] -= weights[name]
+                if not isinstance(result, CallExpired):
+                    self._seconds = _DECAY * self._seconds + jobs[name].seconds
+                    self._units = _DECAY * self._units + weights[name]
             if len(results) < len(jobs):
                 return
             self._pending -= 1
@@ -146,9 +184,11 @@ class JobRunner:
 
         self._pending += 1
         self._idle.clear()
+        for name, w in weights.items():
+            self._queued[name] = self._queued.get(name, 0) + w
         if not jobs:
             settle(None, None)
-        elif self._pending == 1 and self._inline(jobs):
+        elif self._pending == 1 and sum(weights.values()) <= self._inline_max_work:
             for name, job in jobs.items():
                 settle(name, _outcome(job, self._catalog.slots[name].drafter))
             return future
@@ -157,8 +197,14 @@ class JobRunner:
             slot.executor.submit(_run, loop, job, slot.drafter, functools.partial(settle, name))
         return future
 
-    def _inline(self, jobs: dict[str, DrafterJob]) -> bool:
-        return sum(job.weight() for job in jobs.values()) <= self._inline_max_work
+    @property
+    def seconds_per_weight(self) -> float:
+        return self._seconds / self._units
+
+    def expected_wait_s(self) -> float:
+        """How long a call planned now would wait for its turn: the most work queued on
+        one datastore, at the measured speed (0 when nothing is queued)."""
+        return max(self._queued.values(), default=0) * self.seconds_per_weight
 
     async def wait_idle(self) -> None:
         """Returns once every submitted job has run."""

@@ -90,9 +90,6 @@ class _Recorded:
     resyncs: dict[str, int]
     errors: dict[tuple[str, str], int]
     rebuilds: dict[str, Buckets]
-    predrafts: dict[str, int]  # outcomes, bytes (sent)
-    predraft_seconds: Buckets
-    prefetched: dict[str, int]  # hit, miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +116,6 @@ class DrafterMetrics(Collector):
         self._resyncs = dict.fromkeys(RESYNC_REASONS, 0)
         self._errors = {(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES}
         self._rebuilds: dict[str, Buckets] = {}
-        self._predrafts = {"outcomes": 0, "bytes": 0}
-        self._predraft_seconds = Buckets(BATCH_SECONDS)
-        self._prefetched = {"hit": 0, "miss": 0}
         self._sources: _Sources | None = None
 
     def attach(self, catalog: Catalog, table: RequestTable, ingester: GenerationIngester) -> None:
@@ -177,18 +171,6 @@ class DrafterMetrics(Collector):
         with self._lock:
             self._errors[method, code] = self._errors.get((method, code), 0) + 1
 
-    def record_prefetch(self, outcomes: int, nbytes: int, seconds: float) -> None:
-        """One step's pre-drafting: outcomes sent, bytes of their response, time taken."""
-        with self._lock:
-            self._predrafts["outcomes"] += outcomes
-            self._predrafts["bytes"] += nbytes
-            self._predraft_seconds.add(seconds)
-
-    def count_prefetched(self, hit: bool) -> None:
-        """A row the client drafted from a pre-draft: one the service holds (hit) or not."""
-        with self._lock:
-            self._prefetched["hit" if hit else "miss"] += 1
-
     def record_rebuild(self, datastore: str, seconds: float) -> None:
         with self._lock:
             self._rebuilds.setdefault(datastore, Buckets(REBUILD_SECONDS)).add(seconds)
@@ -211,9 +193,6 @@ class DrafterMetrics(Collector):
                 dict(self._resyncs),
                 dict(self._errors),
                 {name: b.copy() for name, b in self._rebuilds.items()},
-                dict(self._predrafts),
-                self._predraft_seconds.copy(),
-                dict(self._prefetched),
             )
         yield from _recorded_families(recorded)
         yield from self._state()
@@ -223,7 +202,9 @@ class DrafterMetrics(Collector):
         sources = self._sources
         active = GaugeMetricFamily(PREFIX + "active_requests", "Request states held.")
         state_bytes = GaugeMetricFamily(
-            PREFIX + "request_state_bytes", "Memory the request states hold (8 B per token)."
+            PREFIX + "request_state_bytes",
+            "Memory the request states hold: measured by the drafter after each call, plus "
+            "a bound on what queued calls may add.",
         )
         budget = GaugeMetricFamily(
             PREFIX + "request_state_budget_bytes", "Bound on request_state_bytes."
@@ -318,26 +299,6 @@ def _recorded_families(r: _Recorded) -> Iterator[Metric]:
     )
     yield _histogram(
         "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
-    )
-    yield _family(
-        CounterMetricFamily,
-        "predrafts",
-        "Pre-drafting: outcomes pre-drafted and sent, and the bytes of their responses.",
-        "what",
-        r.predrafts,
-    )
-    yield _histogram(
-        "predraft_duration_seconds",
-        "Pre-drafting time of one step, after its answer was sent.",
-        "method",
-        {"DraftStream": r.predraft_seconds},
-    )
-    yield _family(
-        CounterMetricFamily,
-        "prefetched_rows",
-        "Rows a client drafted from a pre-draft: the service held it (hit) or not (miss).",
-        "result",
-        r.prefetched,
     )
 
 

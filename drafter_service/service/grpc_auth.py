@@ -7,19 +7,27 @@ Two ways to authenticate a gRPC client, alone or together:
   TOKEN`` in its metadata. A missing or unknown token is UNAUTHENTICATED; tokens are
   compared in constant time.
 * **mutual TLS**: with ``--tls-client-ca-file`` the server accepts only clients whose
-  certificate that CA signed; without tokens, the certificate's common name names
-  the client.
+  certificate that CA signed; without tokens, the certificate's common name (CN) names
+  the client. A certificate without a CN, or whose CN is not a client name, is refused
+  (UNAUTHENTICATED, saying why).
+
+A client name, from the tokens file or a certificate, matches ``[A-Za-z0-9._-]{1,64}``:
+never a "/", so a client's request ids, which live in its own namespace ``NAME/`` (applied
+by the servicer), cannot be named by any other client, whatever ids it sends: ``NAME/ID``
+names one client and one id (the name is everything before the first "/"). With neither
+configured, every caller is trusted and ids are global (the embedded default on loopback;
+``drafter serve`` warns when it listens on another address so). Health checking and
+reflection stay open, for probes.
+
+:class:`AuthGate` checks the credentials from the call's metadata and TLS peer before its
+request message is read: a refused caller never has its message received or parsed
+(HTTP/2 flow control leaves the rest of it on the caller's side), so it costs about what
+a refused TLS handshake does.
 
 Both are read again when their files change (cert-manager renews certificates in place;
 a new client is a new line), with no restart: the tokens file at most once a second
 when a call arrives, the certificates on each new connection. A file that changes into
 something unreadable keeps the last good contents and logs an error.
-
-An authenticated client's request ids live in its own namespace (``NAME/``, applied
-by the servicer): one client cannot reset, draft from or finish another's requests,
-whatever ids it sends. With neither configured, every caller is trusted and ids are
-global (the embedded default on loopback; ``drafter serve`` warns when it listens on
-another address so). Health checking and reflection stay open, for probes.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +46,10 @@ import grpc
 
 from drafter_service.service.call_errors import ServiceError
 
-__all__ = ["ClientAuth", "TokenFile", "Unauthenticated", "load_tokens", "reloading_tls"]
+__all__ = [
+    "AuthGate", "ClientAuth", "TokenFile", "Unauthenticated", "certificate_name", "load_tokens",
+    "reloading_tls",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 _RECHECK_S = 1.0  # how often the tokens file's stat is looked at, at most
@@ -174,10 +185,7 @@ class ClientAuth:
         if self.tokens is not None:
             return self._by_token(context.invocation_metadata() or ()) + "/"
         if self.mutual_tls:
-            names = context.auth_context().get("x509_common_name") or []
-            if not names:
-                raise Unauthenticated("the client certificate has no common name")
-            return str(names[0].decode("utf-8", "replace")) + "/"
+            return certificate_name(context.auth_context()) + "/"
         return ""
 
     def _by_token(self, metadata: Sequence[Any]) -> str:
@@ -195,3 +203,104 @@ class ClientAuth:
         if found is None:
             raise Unauthenticated("unknown bearer token")
         return found
+
+
+_COMMON_NAME = "x509_common_name"  # gRPC's auth-context property of the peer's CN
+
+
+def certificate_name(auth_context: dict[str, list[bytes]]) -> str:
+    """The client name of a verified client certificate: its common name, which must be
+    one valid client name; raises :class:`Unauthenticated` saying what is wrong."""
+    names = [n for n in auth_context.get(_COMMON_NAME) or [] if n]
+    if not names:
+        raise Unauthenticated("the client certificate has no common name (CN) to name the client")
+    if len(names) > 1:
+        raise Unauthenticated("the client certificate has several common names (CN)")
+    name = names[0].decode("utf-8", "replace")
+    if not _NAME.fullmatch(name):
+        raise Unauthenticated(f"the client certificate's common name {name[:80]!r} is not a "
+                              f"client name: it must match {_NAME.pattern}")  # fmt: skip
+    return name
+
+
+class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Checks the credentials of each call of ``service`` before its request is read.
+
+    gRPC receives and parses the request of a unary-request method before the method
+    runs, so a servicer that checks credentials itself has already paid for a stranger's
+    message. The gate serves each of the service's methods with a request-streaming
+    handler that checks the caller first (metadata and TLS peer: :meth:`ClientAuth.namespace`)
+    and refuses with UNAUTHENTICATED, reported to ``refused(method, code)``, without
+    ever reading the request; an admitted call reads its message and runs the method.
+    ``messages_read`` counts the request messages parsed, for tests and benchmarks."""
+
+    def __init__(self, auth: ClientAuth, service: str, refused: Callable[[str, str], None]) -> None:
+        self._auth = auth
+        self._prefix = f"/{service}/"
+        self._refused = refused
+        self._gated: dict[str, tuple[Any, Any]] = {}  # full method: (its handler, gated one)
+        self.messages_read = 0
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = await continuation(details)
+        full: str = details.method
+        if handler is None or not full.startswith(self._prefix):
+            return handler  # health checking and reflection stay open
+        known = self._gated.get(full)
+        if known is None or known[0] is not handler:
+            known = (handler, self._gate(full.removeprefix(self._prefix), handler))
+            self._gated[full] = known
+        return known[1]
+
+    async def _admit(self, method: str, context: Any) -> None:
+        try:
+            self._auth.namespace(context)
+        except Unauthenticated as exc:
+            await self._refuse(method, context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
+
+    async def _refuse(self, method: str, context: Any, code: Any, why: str) -> None:
+        self._refused(method, code.name)
+        await context.abort(code, why)
+        raise AssertionError("context.abort returned")
+
+    async def _one(self, method: str, requests: AsyncIterator[Any], context: Any) -> Any:
+        """The single request of a unary-request call, read once admitted."""
+        request = await anext(aiter(requests), _NONE)
+        if request is _NONE:
+            await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
+                               "the call carried no request message")  # fmt: skip
+        return request
+
+    def _gate(self, method: str, handler: Any) -> Any:
+        parse = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            self.messages_read += 1
+            return data if parse is None else parse(data)
+
+        options = dict(request_deserializer=deserialize,
+                       response_serializer=handler.response_serializer)  # fmt: skip
+        if handler.response_streaming:
+
+            async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                await self._admit(method, context)
+                if handler.request_streaming:
+                    responses = handler.stream_stream(requests, context)
+                else:
+                    responses = handler.unary_stream(await self._one(method, requests, context),
+                                                     context)  # fmt: skip
+                async for response in responses:
+                    yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream, **options)
+
+        async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
+            await self._admit(method, context)
+            if handler.request_streaming:
+                return await handler.stream_unary(requests, context)
+            return await handler.unary_unary(await self._one(method, requests, context), context)
+
+        return grpc.stream_unary_rpc_method_handler(unary, **options)
+
+
+_NONE = object()

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import logging
+import time
 from collections.abc import Callable
 from typing import Literal, Protocol
 
@@ -25,10 +26,10 @@ from prometheus_client import CollectorRegistry
 from drafter_service.service.catalog import Catalog, open_catalog
 from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.drafter_metrics import DrafterMetrics
-from drafter_service.service.grpc_auth import ClientAuth, TokenFile, reloading_tls
+from drafter_service.service.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.service.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
-from drafter_service.service.request_table import RequestTable
+from drafter_service.service.request_table import RequestTable, StateCost
 from drafter_service.service.servicer import DrafterServicer
 from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
 from drafter_service.service.validation import CallLimits
@@ -113,8 +114,14 @@ SidecarFactory = Callable[[Callable[[], Catalog | None], Callable[[], Phase]], S
 class DrafterServer:
     """One drafter service on one port. Use :func:`start_server`, or ``listen`` then ``load``."""
 
-    def __init__(self, config: ServeConfig, admin: SidecarFactory | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        admin: SidecarFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self._clock = clock  # request idleness (the TTL), injectable for tests
         self._admin_factory = admin
         self.port = 0
         self.metrics_port: int | None = None  # bound by listen(); None: disabled
@@ -125,6 +132,12 @@ class DrafterServer:
         self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
         self.registry.register(self.metrics)
         self.auth = client_auth(config)
+        # Credentials are checked before a request is read (None: every caller is trusted).
+        self.gate = (
+            AuthGate(self.auth, SERVICE_NAME, self.metrics.count_error)
+            if self.auth.enabled
+            else None
+        )
         self._servicer = DrafterServicer(
             package_version(), config.max_message_bytes, self.metrics, self.auth
         )
@@ -148,7 +161,9 @@ class DrafterServer:
 
     async def listen(self) -> None:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
-        server = grpc.aio.server(options=grpc_options(self.config))
+        server = grpc.aio.server(
+            options=grpc_options(self.config), interceptors=[self.gate] if self.gate else None
+        )
         add_drafter_service(self._servicer, server)  # requests that do not parse: INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
@@ -195,14 +210,19 @@ class DrafterServer:
             live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
             default_datastore=DEFAULT_DATASTORE,
         )
-        table = RequestTable(
-            config.request_ttl_s, config.max_request_states, config.max_request_state_bytes
+        cost = StateCost(
+            max(s.drafter.config.input_max_depth for s in catalog.slots.values()),
+            catalog.tokenizer.vocab_size,
         )
+        table = RequestTable(
+            config.request_ttl_s, config.max_request_states, config.max_request_state_bytes,
+            cost, clock=self._clock,
+        )  # fmt: skip
         ingester = GenerationIngester(config.ingest_queue_size, config.background_nice)
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
-            prefetch_max_bytes=config.prefetch_max_bytes,
+            max_queue_s=config.max_queue_ms / 1e3,
         )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)

@@ -4,6 +4,10 @@ A Finish call only enqueues (O(1), never waits on the disk); a full queue drops 
 generation and counts it. One thread drains the queue into the live datastore. Each
 queued generation has a future that says, once its turn came, whether it is durable
 (in the ingest log, fsynced): a Finish that asked to wait for durability awaits them.
+
+A generation that is not stored is counted and logged through a rate-limited log, one
+per kind of failure (at most one line per interval each, no traceback but the first of
+an unexpected error's type): a full disk or the shared log down fails every Finish.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.live.ingestion import VolumeFull
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.live.shared_log import LogError, describe
 from drafter_service.live.thread_priority import check_nice, lower_thread_priority
+from drafter_service.log_limits import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,10 @@ class GenerationIngester:
         self.refused_full = 0  # the datastore is at its memory bound
         self.failed = 0  # any other refusal (bad tokens, closed datastore, disk)
         self._closed = False
+        self._dropped_log = RateLimitedLog(log)
+        self._refused_log = RateLimitedLog(log)  # the datastore full, bad tokens
+        self._shared_log_down = RateLimitedLog(log)
+        self._failed_log = RateLimitedLog(log, level=logging.ERROR)
         self._thread = threading.Thread(target=self._run, name="generation-ingest", daemon=True)
         self._thread.start()
 
@@ -68,7 +79,7 @@ class GenerationIngester:
             self._queue.put_nowait(item)
         except queue.Full:
             self.dropped += 1
-            log.warning(
+            self._dropped_log.warning(
                 "ingest queue full: dropped a finished generation (%d so far)", self.dropped
             )
             return None
@@ -93,15 +104,23 @@ class GenerationIngester:
             durable = False
             try:
                 item.live.ingest_generation(tokens[:p], tokens[p:])
+            except VolumeFull:  # ingestion logged it (one rate-limited line for all)
+                self.failed += 1
             except DatastoreFull as exc:
                 self.refused_full += 1
-                log.warning("finished generation not stored: %s", exc)
+                self._refused_log.warning("finished generation not stored: %s", exc)
             except ValueError as exc:
                 self.failed += 1
-                log.warning("finished generation not stored: %s", exc)
-            except Exception:  # disk or closed datastore: keep draining
+                self._refused_log.warning("finished generation not stored: %s", exc)
+            except LogError as exc:
                 self.failed += 1
-                log.exception("finished generation not stored")
+                self._shared_log_down.warning(
+                    "finished generation not stored: the shared ingest log did not take it "
+                    "(%d not stored so far): %s", self.failed, describe(exc),
+                )  # fmt: skip
+            except Exception as exc:  # disk or closed datastore: keep draining
+                self.failed += 1
+                self._failed_log.error("finished generation not stored: %r", exc, error=exc)
             else:
                 self.stored += 1
                 durable = True  # ingest_generation fsynced the log

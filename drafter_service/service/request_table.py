@@ -1,26 +1,50 @@
 """What the service remembers per request between calls, bounded by idle time, count and bytes.
 
-The table is the service's view of each request: which datastore's drafter holds it
-and how many tokens it holds. It is changed only on the event loop, when a call is
-planned; the drafters catch up in call order (one worker thread per datastore), so
-the table always describes the state after every queued call has run.
+The table is the service's view of each request: which datastore's drafter holds it,
+how many tokens it holds and what that costs in bytes (measured by the drafter after
+each call's native work; until then, a bound on what the planned work can add). It is
+changed only on the event loop, when a call is planned; the drafters catch up in call
+order (one worker thread per datastore), so the table always describes the state after
+every queued call has run.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
+NODE_BYTES_MAX = 80
+"""Most bytes of capacity one input-trie node costs: 16 in the node array, which at most
+doubles past its size, and 12 in the hash table, kept between a quarter and a half full
+(native ``InputTrie``)."""
+PYTHON_STATE_BYTES = 640
+"""What the service's own objects cost per request (this RequestState, its id string,
+the table's and the drafter's dict entries), measured with tracemalloc."""
 
-from drafter_service.service.prefetch import RequestTrees
 
-STATE_BYTES_PER_TOKEN = 8
-"""Memory a request state holds per context token: the drafter's copy of the context
-(int32) and the service's history kept to store the generation (int32); measured,
-an abandoned 1M-token request costs ~8 MB (issue 17). The byte budget counts this."""
+@dataclass(frozen=True, slots=True)
+class StateCost:
+    """What a request's state can cost: the bounds the service reserves before a call's
+    native work runs (its real cost is known only after: repetitive text shares trie
+    nodes, so a token costs 12-640 bytes)."""
+
+    max_depth: int  # DraftConfig.input_max_depth: trie nodes a token adds, at most
+    vocab_size: int
+
+    @property
+    def fixed(self) -> int:
+        """Per request, however short: the trie's first table and buffers, its bitmap of
+        token ids seen (one bit per id, up to twice that in capacity), our objects."""
+        bitmap = 2 * 8 * (self.vocab_size // 64 + 1)
+        return 2048 + bitmap + PYTHON_STATE_BYTES
+
+    def worst(self, tokens: int) -> int:
+        """At most what a state of ``tokens`` tokens holds, whatever they are: every token
+        a new trie node at each depth, every buffer at its most slack (tokens at 2 x 4
+        bytes)."""
+        return self.fixed + tokens * (self.max_depth * NODE_BYTES_MAX + 8)
 
 
 @dataclass(slots=True)
@@ -30,15 +54,12 @@ class RequestState:
     datastore: str  # fixed when the request starts
     length: int  # tokens the drafter holds (what the next known_length must be)
     prompt_length: int  # leading tokens that are the prompt (stored as such on finish)
-    history: list[npt.NDArray[np.int32]] | None  # every token, in chunks; kept only for
-    # a live datastore, which stores the generation when the request finishes
     last_used_s: float  # monotonic time of the last call that touched it
-    trees: RequestTrees | None = None  # with pre-drafting: its tree and pre-drafts
-
-    def append(self, tokens: npt.NDArray[np.int32]) -> None:
-        self.length += len(tokens)
-        if self.history is not None and len(tokens):
-            self.history.append(tokens)
+    bytes: int = 0  # memory it is counted for: as measured after its last native work,
+    # plus what is reserved for the work planned since
+    reserved: int = 0  # the part of `bytes` reserved for work planned and not yet run
+    headroom: int = 0  # tokens it takes without allocating (as of its last native work)
+    pending: int = 0  # planned native work (calls) not yet run
 
 
 class RequestTable:
@@ -47,7 +68,14 @@ class RequestTable:
     Not thread-safe: used from the event loop only.
     """
 
-    def __init__(self, ttl_s: float, max_states: int, max_bytes: int = 1 << 62) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_states: int,
+        max_bytes: int = 1 << 62,
+        cost: StateCost = StateCost(max_depth=16, vocab_size=128256),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ttl_s <= 0 or max_states < 1 or max_bytes < 1:
             raise ValueError(
                 f"ttl_s {ttl_s}, max_states {max_states} and max_bytes {max_bytes} must be "
@@ -57,8 +85,10 @@ class RequestTable:
         self.max_states = max_states
         self.max_bytes = max_bytes
         self._states: OrderedDict[str, RequestState] = OrderedDict()  # oldest use first
-        self._tokens = 0  # sum of the states' lengths
+        self.cost = cost
+        self._bytes = 0  # sum of the states' bytes
         self.evicted = {"ttl": 0, "count": 0, "bytes": 0}  # states dropped, by bound
+        self.clock = clock  # what ``now_s`` arguments are read from (monotonic seconds)
 
     def __len__(self) -> int:
         return len(self._states)
@@ -68,23 +98,59 @@ class RequestTable:
 
     @property
     def bytes(self) -> int:
-        """Memory the states hold (estimated: STATE_BYTES_PER_TOKEN per context token)."""
-        return self._tokens * STATE_BYTES_PER_TOKEN
+        """Memory the states hold: measured after their last native work, plus what is
+        reserved for work planned since."""
+        return self._bytes
 
     def get(self, request_id: str) -> RequestState | None:
         return self._states.get(request_id)
 
-    def put(self, request_id: str, state: RequestState) -> None:
-        """Adds or replaces a state as the most recently used."""
-        old = self._states.get(request_id)
-        self._tokens += state.length - (old.length if old is not None else 0)
+    def start(
+        self, request_id: str, datastore: str, length: int, prompt_length: int, now_s: float
+    ) -> tuple[RequestState, int]:
+        """Holds a new state of ``length`` tokens (replacing any other under that id) as the
+        most recently used; returns it and the bytes reserved for its native start."""
+        self.pop(request_id)
+        reserved = self.cost.worst(length)
+        state = RequestState(datastore, length, prompt_length, now_s, reserved, reserved,
+                             pending=1)  # fmt: skip
         self._states[request_id] = state
-        self._states.move_to_end(request_id)
+        self._bytes += reserved
+        return state, reserved
 
-    def append(self, request_id: str, tokens: npt.NDArray[np.int32]) -> None:
-        """Appends tokens to a held state (its bytes counted)."""
-        self._states[request_id].append(tokens)
-        self._tokens += len(tokens)
+    def growth(self, state: RequestState, tokens: int) -> int:
+        """Bytes ``tokens`` more tokens may add to ``state`` before they are measured: 0
+        while they fit its headroom, else up to the bound of its new length."""
+        if tokens <= state.headroom:
+            return 0
+        return max(0, self.cost.worst(state.length + tokens) - state.bytes)
+
+    def append(self, request_id: str, tokens: int) -> int:
+        """Counts ``tokens`` more for a held state; returns the bytes reserved for them."""
+        state = self._states[request_id]
+        reserved = self.growth(state, tokens)
+        state.headroom = state.headroom - tokens if not reserved else 0
+        state.length += tokens
+        state.bytes += reserved
+        state.reserved += reserved
+        state.pending += 1
+        self._bytes += reserved
+        return reserved
+
+    def measured(
+        self, request_id: str, state: RequestState, reserved: int, held: int, headroom: int
+    ) -> None:
+        """The native work planned with ``reserved`` bytes has run: the drafter now holds
+        ``held`` bytes for the request and can take ``headroom`` more tokens without
+        allocating. Ignored if the state was dropped or replaced since."""
+        if self._states.get(request_id) is not state:
+            return
+        state.reserved -= reserved
+        state.pending -= 1
+        now = held + PYTHON_STATE_BYTES + state.reserved
+        self._bytes += now - state.bytes
+        state.bytes = now
+        state.headroom = headroom if not state.pending else 0  # work planned since used some
 
     def touch(self, request_id: str, now_s: float) -> None:
         self._states[request_id].last_used_s = now_s
@@ -93,7 +159,7 @@ class RequestTable:
     def pop(self, request_id: str) -> RequestState | None:
         state = self._states.pop(request_id, None)
         if state is not None:
-            self._tokens -= state.length
+            self._bytes -= state.bytes
         return state
 
     def expire(self, now_s: float) -> list[tuple[str, RequestState]]:
@@ -117,16 +183,15 @@ class RequestTable:
             return []
         kept = set(keep)
         doomed: list[str] = []
-        count, tokens = len(self._states), self._tokens
-        max_tokens = self.max_bytes // STATE_BYTES_PER_TOKEN
+        count, held = len(self._states), self._bytes
         for request_id, state in self._states.items():  # oldest first
-            if count <= self.max_states and tokens <= max_tokens:
+            if count <= self.max_states and held <= self.max_bytes:
                 break
             if request_id in kept:
                 continue
             self.evicted["count" if count > self.max_states else "bytes"] += 1
             doomed.append(request_id)
-            count, tokens = count - 1, tokens - state.length
+            count, held = count - 1, held - state.bytes
         return [(request_id, self._pop_oldest(request_id)) for request_id in doomed]
 
     def items(self) -> list[tuple[str, RequestState]]:
@@ -134,5 +199,5 @@ class RequestTable:
 
     def _pop_oldest(self, request_id: str) -> RequestState:
         state = self._states.pop(request_id)
-        self._tokens -= state.length
+        self._bytes -= state.bytes
         return state

@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 
 import grpc
 
+from drafter_service.log_limits import RateLimitedLog
 from drafter_service.service.call_errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -20,7 +22,7 @@ from drafter_service.service.call_errors import (
     ServiceError,
     Unavailable,
 )
-from drafter_service.service.draft_engine import DraftEngine, Prefetch
+from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.service.grpc_auth import ClientAuth, Unauthenticated
 from drafter_service.service.responses import (
@@ -46,20 +48,10 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     NotFound: grpc.StatusCode.NOT_FOUND,
     ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
-
-
-def _result(task: asyncio.Task[Prefetch | None]) -> Prefetch | None:
-    """A finished pre-drafting task's pre-drafts; None if unfinished or failed (logged)."""
-    if not task.done() or task.cancelled():
-        return None
-    error = task.exception()
-    if error is not None:
-        log.warning("pre-drafting failed: %r", error)
-        return None
-    return task.result()
 
 
 def status_code(error: ServiceError) -> grpc.StatusCode:
@@ -81,6 +73,9 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     ) -> None:
         self._auth = auth or ClientAuth()
         self._undecodable = UndecodableRefusals()
+        # A bug that every call hits must not log a traceback per call: one line per
+        # interval, the traceback only the first time each exception type is seen.
+        self._internal_log = RateLimitedLog(log, level=logging.ERROR)
         self._version = version
         self._max_message_bytes = max_message_bytes
         self._metrics = DrafterMetrics(version) if metrics is None else metrics
@@ -92,44 +87,18 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def Draft(
         self, request: pb.DraftRequest | Undecodable, context: Any
     ) -> pb.DraftResponse:
-        return await self._guard("Draft", context, request, partial(self._draft, "Draft"))
+        remaining = context.time_remaining()  # None without a deadline
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        draft = partial(self._draft, "Draft", deadline_s=deadline)
+        return await self._guard("Draft", context, request, draft)
 
     async def DraftStream(
         self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
-        # With pre-drafting, a step's pre-drafts are computed once its answer is sent,
-        # while the next message is awaited: they are sent if ready first, and dropped if
-        # the next step arrives before them (the client could not have used them).
-        step = partial(self._draft_step, "DraftStream")
-        messages = aiter(request_iterator)
-        prefetch: asyncio.Task[Prefetch | None] | None = None
-        receive: asyncio.Future[pb.DraftRequest | Undecodable | None] | None = None
-        try:
-            while True:
-                if prefetch is None:  # the usual path: no task per message
-                    request = await anext(messages, None)
-                else:
-                    receive = asyncio.ensure_future(anext(messages, None))
-                    await asyncio.wait({receive, prefetch}, return_when=asyncio.FIRST_COMPLETED)
-                    ready = None if receive.done() else _result(prefetch)
-                    prefetch.cancel()
-                    prefetch = None
-                    if ready is not None and self._engine is not None:
-                        yield ready.response
-                        self._engine.keep_predrafts(ready)
-                    request = await receive
-                    receive = None
-                if request is None:
-                    return
-                response, after = await self._guard("DraftStream", context, request, step)
-                yield response
-                if after is not None:
-                    prefetch = asyncio.ensure_future(after())
-        finally:
-            for task in (prefetch, receive):
-                if task is not None:
-                    task.cancel()
+        draft = partial(self._draft, "DraftStream")
+        async for request in request_iterator:
+            yield await self._guard("DraftStream", context, request, draft)
 
     async def Finish(
         self, request: pb.FinishRequest | Undecodable, context: Any
@@ -172,7 +141,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             raise
         except Exception as exc:
             self._metrics.count_error(method, grpc.StatusCode.INTERNAL.name)
-            log.exception("internal error")
+            self._internal_log.error("internal error in %s: %r", method, exc, error=exc)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
         else:
             self._metrics.record_call(method, time.perf_counter() - start)
@@ -180,26 +149,23 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         raise AssertionError("context.abort returned")
 
     async def _draft(
-        self, method: str, engine: DraftEngine, request: pb.DraftRequest, namespace: str
+        self,
+        method: str,
+        engine: DraftEngine,
+        request: pb.DraftRequest,
+        namespace: str,
+        deadline_s: float | None = None,
     ) -> pb.DraftResponse:
-        response, _ = await self._draft_step(method, engine, request, namespace)
-        return response
-
-    async def _draft_step(
-        self, method: str, engine: DraftEngine, request: pb.DraftRequest, namespace: str
-    ) -> tuple[pb.DraftResponse, Callable[[], Awaitable[Prefetch | None]] | None]:
-        """The step's answer, and (when it asks for pre-drafts) what computes them."""
+        """``deadline_s`` (monotonic): the call's gRPC deadline; a stream's steps have none."""
         call = parse_draft_request(request, engine.limits)
-        ids = call.request_ids
         if namespace:  # the engine sees the client's ids under its own prefix
+            ids = call.request_ids
             call = replace(call, request_ids=[namespace + r for r in ids])
-            answer = replace(await engine.draft(call), request_ids=ids)
+            answer = replace(await engine.draft(call, deadline_s), request_ids=ids)
         else:
-            answer = await engine.draft(call)
+            answer = await engine.draft(call, deadline_s)
         self._metrics.record_batch(method, len(answer.request_ids))
-        response = draft_response(answer, request.step, packed=request.HasField("packed"))
-        after = partial(engine.predraft, call, request.step, ids) if call.prefetch_fan_out else None
-        return response, after
+        return draft_response(answer, request.step, packed=request.HasField("packed"))
 
     async def _finish(
         self, engine: DraftEngine, request: pb.FinishRequest, namespace: str

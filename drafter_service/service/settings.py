@@ -255,6 +255,13 @@ class ServeConfig(BaseSettings):
     max_inflight_calls: _AtLeastOne = Field(
         64, description="calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED"
     )
+    max_queue_ms: _PositiveSeconds = Field(
+        1000.0,
+        description="drafting work queued ahead of a Draft call, at most (estimated from "
+        "what it weighs at the measured speed); beyond: RESOURCE_EXHAUSTED. A call that "
+        "could not be answered within its gRPC deadline is refused DEADLINE_EXCEEDED, and "
+        "one whose deadline passes before its turn is skipped",
+    )
     request_ttl_s: _PositiveSeconds = Field(
         600.0, description="request state idle this long is dropped"
     )
@@ -263,13 +270,10 @@ class ServeConfig(BaseSettings):
     )
     max_request_state_bytes: Annotated[int, _bounds(1 << 20)] = Field(
         4 << 30,
-        description="memory request states may hold, 8 bytes per context token (least "
-        "recently used dropped; a call needing more alone: RESOURCE_EXHAUSTED)",
-    )
-    prefetch_max_bytes: Annotated[int, _bounds(0)] = Field(
-        1 << 20,
-        description="pre-drafts sent per stream step, in bytes of trees (12 per node; "
-        "each request's likeliest outcomes first; 0 = no pre-drafting)",
+        description="memory request states may hold, as the drafter measures them (input "
+        "trie and tokens: 12-640 bytes a context token, by how much it repeats; least "
+        "recently used dropped; a call that alone may need more, at up to 1,288 bytes a "
+        "new token before it is measured: RESOURCE_EXHAUSTED)",
     )
     grace_period_s: _Seconds = Field(5.0, description="shutdown grace for in-flight calls")
     ingest_queue_size: _AtLeastOne = Field(

@@ -21,8 +21,6 @@ from drafter_service.service.call_errors import FailedPrecondition, InvalidArgum
 from sssd.drafter.v1 import drafter_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 1024
-MAX_PREFETCH_FAN_OUT = 16
-"""Most outcomes pre-drafted per request and step, whatever a client asks for."""
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
@@ -52,8 +50,6 @@ class DraftCall:
     budgets: list[int]
     datastores: list[str]  # resolved (never empty); used only when a request starts
     prompt_lengths: list[int]  # resolved: the whole context when the call said 0
-    prefetched: list[bool]  # the client drafts from the pre-draft of its outcome
-    prefetch_fan_out: int = 0  # outcomes to pre-draft per request after answering (capped)
 
     def new_tokens(self, i: int) -> npt.NDArray[np.int32]:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
@@ -91,8 +87,7 @@ def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCa
         columns = _packed_columns(request.packed, n)
     else:
         columns = _message_columns(request.requests)
-    # More outcomes than the cap are not refused: the service pre-drafts what it can.
-    return _validated_call(columns, limits, min(request.prefetch_fan_out, MAX_PREFETCH_FAN_OUT))
+    return _validated_call(columns, limits)
 
 
 @dataclass(slots=True)  # not frozen: built once per call, and a frozen __init__ costs more
@@ -108,7 +103,6 @@ class _DeltaColumns:
     budgets: npt.NDArray[np.uint64]
     prompt_lengths: npt.NDArray[np.uint64]  # 0 = the whole context
     datastores: list[str]  # one name per request, or none (the default for every one)
-    prefetched: npt.NDArray[np.uint8]  # 0 or 1 per request
 
 
 def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
@@ -119,7 +113,6 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
     budgets: list[int] = []
     prompts: list[int] = []
     names: list[str] = []
-    prefetched: list[bool] = []
     tokens = _TokenLists()
     for delta in deltas:
         new_tokens = delta.new_tokens
@@ -129,7 +122,6 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
         budgets.append(delta.budget)
         prompts.append(delta.prompt_length)
         names.append(delta.datastore)
-        prefetched.append(delta.prefetched)
     ends = np.array(tokens.offsets, dtype=np.uint64)
     return _DeltaColumns(
         ids,
@@ -140,11 +132,9 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
         np.array(budgets, dtype=np.uint64),
         np.array(prompts, dtype=np.uint64),
         names,
-        np.array(prefetched, dtype=np.uint8),
     )
 
 
-_U8 = np.dtype("u1")
 _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 
@@ -163,14 +153,9 @@ def _packed_columns(packed: pb.PackedDeltas, n: int) -> _DeltaColumns:
     offsets = list(itertools.accumulate(counts.tolist(), initial=0))
     _check_column_bytes(packed.new_tokens, _I32, offsets[-1], "new_tokens", "new_token_counts")
     tokens = np.frombuffer(packed.new_tokens, dtype=_I32).astype(np.int32, copy=False)
-    if packed.prefetched:
-        _check_column_bytes(packed.prefetched, _U8, n, "prefetched")
-        prefetched = np.frombuffer(packed.prefetched, dtype=_U8)
-    else:
-        prefetched = np.zeros(n, dtype=np.uint8)
     return _DeltaColumns(
         list(packed.request_ids), knowns, counts, tokens, offsets, budgets, prompts,
-        list(packed.datastores), prefetched,
+        list(packed.datastores),
     )  # fmt: skip
 
 
@@ -191,7 +176,7 @@ def _check_column_bytes(
         )
 
 
-def _validated_call(columns: _DeltaColumns, limits: CallLimits, fan_out: int) -> DraftCall:
+def _validated_call(columns: _DeltaColumns, limits: CallLimits) -> DraftCall:
     """The checks of a Draft call, on whole columns; the first bad request is named."""
     ids = columns.request_ids
     n = len(ids)
@@ -202,17 +187,11 @@ def _validated_call(columns: _DeltaColumns, limits: CallLimits, fan_out: int) ->
     offsets = columns.offsets
     _check_token_range(columns.new_tokens, offsets, limits.vocab_size, ids)
     names = _resolve_datastores(columns.datastores, n, limits, ids)
-    bad = np.flatnonzero(columns.prefetched > 1)
-    if len(bad):
-        i = int(bad[0])
-        raise InvalidArgument(
-            f"request {ids[i]!r}: prefetched is {int(columns.prefetched[i])}, must be 0 or 1"
-        )
     prompts = columns.prompt_lengths
     prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
     return DraftCall(
         ids, knowns.tolist(), columns.new_tokens, offsets, columns.budgets.tolist(), names,
-        prompt_list, columns.prefetched.astype(bool).tolist(), fan_out,
+        prompt_list,
     )  # fmt: skip
 
 

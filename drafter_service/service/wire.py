@@ -12,13 +12,13 @@ logged in one rate-limited line.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from drafter_service.log_limits import RateLimitedLog
 from drafter_service.service.call_errors import InvalidArgument
 from sssd.drafter.v1 import drafter_pb2 as pb
 
@@ -27,7 +27,6 @@ __all__ = ["SERVICE_NAME", "Undecodable", "UndecodableRefusals", "add_drafter_se
 log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
-_LOG_EVERY_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +51,12 @@ def _tolerant(message: type[Message]) -> Callable[[bytes], Message | Undecodable
 
 
 class UndecodableRefusals:
-    """Refuses undecodable requests, logging one line per ``_LOG_EVERY_S`` at most (with
-    how many were not logged): a flood of garbage must not become a flood of log."""
+    """Refuses undecodable requests, logging through a :class:`RateLimitedLog` (one line
+    per interval at most, with how many were not logged): a flood of garbage must not
+    become a flood of log."""
 
     def __init__(self) -> None:
-        self._next_s = 0.0
-        self._suppressed = 0
+        self._log = RateLimitedLog(log)
 
     def refuse(self, request: Undecodable) -> InvalidArgument:
         """The refusal of ``request`` (INVALID_ARGUMENT naming its type and size)."""
@@ -65,13 +64,7 @@ class UndecodableRefusals:
             f"{request.size_bytes} bytes are not a valid {request.message_type} "
             f"({request.error})"
         )
-        now = time.monotonic()
-        if now < self._next_s:
-            self._suppressed += 1
-        else:
-            extra = f" ({self._suppressed} more since the last line)" if self._suppressed else ""
-            log.warning("refused an undecodable request: %s%s", what, extra)
-            self._next_s, self._suppressed = now + _LOG_EVERY_S, 0
+        self._log.warning("refused an undecodable request: %s", what)
         return InvalidArgument(what)
 
 

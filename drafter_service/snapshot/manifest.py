@@ -17,6 +17,9 @@ FORMAT_VERSION: int = 1
 """Version of the on-disk layout written by this module; loaders refuse any other."""
 
 MANIFEST_NAME = "manifest.json"
+CHECKSUM_KEY = "manifest_sha256"
+"""Manifest key holding the sha256 of the rest of the manifest (see :func:`manifest_checksum`);
+manifests written before it existed have none and are read as before."""
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SUB_INDEX_TOKENS = 2**31 - 3  # SubIndex limit: length < 2^31 - 2
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -212,13 +215,46 @@ class SnapshotInfo:
         }
 
 
-def manifest_bytes(info: SnapshotInfo) -> bytes:
-    """The manifest file's bytes: JSON, sorted keys, trailing newline, no NaN."""
+def _canonical(doc: dict[str, Any]) -> bytes:
+    """``doc`` as the writer lays it out: sorted keys, one-space indent, trailing newline."""
+    return (json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n").encode("utf-8")
+
+
+def manifest_checksum(doc: dict[str, Any]) -> str:
+    """sha256 hex of a manifest's content without its :data:`CHECKSUM_KEY`, as compact JSON
+    with sorted keys (any change of a value, a key or the nesting changes it; the layout
+    of the file does not matter)."""
+    body = {key: value for key, value in doc.items() if key != CHECKSUM_KEY}
     try:
-        text = json.dumps(info.to_json(), sort_keys=True, indent=1, allow_nan=False)
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
     except (TypeError, ValueError) as exc:
-        raise SnapshotError(f"snapshot metadata is not plain JSON: {exc}") from exc
-    return (text + "\n").encode("utf-8")
+        raise SnapshotError(f"manifest is not plain JSON: {exc}") from exc
+
+
+def manifest_bytes(info: SnapshotInfo) -> bytes:
+    """The manifest file's bytes: JSON, sorted keys, trailing newline, no NaN, sealed
+    with its own checksum (:data:`CHECKSUM_KEY`)."""
+    doc = info.to_json()
+    try:
+        doc[CHECKSUM_KEY] = manifest_checksum(doc)
+    except SnapshotError as exc:
+        raise SnapshotError(f"snapshot metadata is not plain JSON: {exc}") from None
+    return _canonical(doc)
+
+
+def _check_sealed(obj: dict[str, Any]) -> None:
+    """Refuses a manifest whose content differs from what its checksum seals; one without
+    a checksum (written before manifests carried one) is accepted as it is."""
+    if CHECKSUM_KEY not in obj:
+        return
+    stored = _check_str(obj[CHECKSUM_KEY], CHECKSUM_KEY, _SHA256_HEX)
+    actual = manifest_checksum(obj)
+    if stored != actual:
+        raise SnapshotError(
+            f"manifest fails its checksum (damaged): its content hashes to sha256 {actual}, "
+            f"its {CHECKSUM_KEY} says {stored}"
+        )
 
 
 def parse_manifest(data: bytes, path: Path) -> SnapshotInfo:
@@ -228,6 +264,7 @@ def parse_manifest(data: bytes, path: Path) -> SnapshotInfo:
     except (UnicodeDecodeError, ValueError) as exc:
         raise SnapshotError(f"manifest is not valid JSON: {exc}") from exc
     obj = _check_dict(doc, "manifest")
+    _check_sealed(obj)
     version = _check_int(_field(obj, "format_version", "manifest"), "format_version", 0, 2**31)
     if version != FORMAT_VERSION:
         raise SnapshotError(

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import SEPARATOR, Datastore, SubIndex
 from drafter_service.snapshot.array_files import (
@@ -171,6 +172,8 @@ def load_snapshot(
         sha = (entry.tokens_sha256, entry.sa_sha256) if verify_checksums else (None, None)
         tokens = map_array(tokens_path, entry.num_tokens, sha[0])
         sa = map_array(sa_path, entry.num_tokens, sha[1])
+        if verify_checksums:
+            _check_documents(tokens, entry, tokens_path)
         try:
             sub = SubIndex.from_arrays(tokens, sa, vocab_size)
         except ValueError as exc:
@@ -180,6 +183,24 @@ def load_snapshot(
         sub.origin = (info.path, entry)
         subs.append(sub)
     return Datastore(subs, vocab_size), info
+
+
+def _documents(tokens: npt.NDArray[np.int32]) -> int:
+    """Documents in a text: separators + 1, or 0 for an empty text."""
+    separators = 0
+    for lo in range(0, len(tokens), CHUNK_TOKENS):
+        separators += int(np.count_nonzero(tokens[lo : lo + CHUNK_TOKENS] == SEPARATOR))
+    return separators + 1 if len(tokens) else 0
+
+
+def _check_documents(tokens: npt.NDArray[np.int32], entry: SubIndexEntry, path: Path) -> None:
+    """The manifest's ``num_documents`` against the separators the tokens file holds."""
+    found = _documents(tokens)
+    if found != entry.num_documents:
+        raise SnapshotError(
+            f"{path} holds {found} documents, the manifest says {entry.num_documents}: the "
+            "manifest does not describe this snapshot's data"
+        )
 
 
 def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
@@ -295,14 +316,10 @@ def _write_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry
     if reused is not None:
         return reused
     tokens, sa = sub.tokens(), sub.suffix_array()
-    separators = 0
-    for lo in range(0, len(tokens), CHUNK_TOKENS):
-        separators += int(np.count_nonzero(tokens[lo : lo + CHUNK_TOKENS] == SEPARATOR))
-    entry_docs = separators + 1 if len(tokens) else 0
     return SubIndexEntry(
         name=name,
         num_tokens=len(tokens),
-        num_documents=entry_docs,
+        num_documents=_documents(tokens),
         tokens_sha256=write_file(directory / f"{name}.tokens.i32", le_chunks(tokens)),
         sa_sha256=write_file(directory / f"{name}.sa.i32", le_chunks(sa)),
     )

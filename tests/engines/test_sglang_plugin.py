@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from deploy_commands import command_line, engine_parse, flag_value
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -487,10 +488,12 @@ def test_every_tensor_parallel_rank_verifies_the_first_ranks_tree() -> None:
     procs = [context.Process(target=_broadcast_rank, args=(r, port, out)) for r in (0, 1)]
     for proc in procs:
         proc.start()
-    gathered = [out.get(timeout=60) for _ in procs]
+    # Bounds on failure only: each spawned rank imports torch and SGLang first, which took
+    # over a minute on a loaded 2-core machine.
+    gathered = [out.get(timeout=600) for _ in procs]
     results = {rank: (tokens, mask) for rank, tokens, mask in gathered}
     for proc in procs:
-        proc.join(30)
+        proc.join(120)
         assert proc.exitcode == 0
     expected = corpus_layout([Tree.of([5, 6], [-1, 0], [1.0, 1.0]), None], [1, 2], D)
     for rank in (0, 1):
@@ -509,3 +512,21 @@ def test_budget_is_capped_at_what_the_verify_width_holds() -> None:
     assert plugin.capped_budget(BudgetRule.parse("4"), D - 1) == BudgetRule.fixed(4)
     rule = plugin.capped_budget(BudgetRule.parse("h100"), D - 1)
     assert [rule.draft_budget(b) for b in (1, 64, 256)] == [7, 3, 0]
+
+
+def test_sglang_accepts_the_prefill_and_decode_command_lines_of_the_deployment_example(
+    registered: CustomSpecAlgo,
+) -> None:
+    """deploy/sglang-pd's container command lines through SGLang's own launch parsing and
+    the registered algorithm's checks: the decode pods speculate with SSSD, the prefill
+    pods do not."""
+    decode = engine_parse("sglang", "sglang-decode")
+    prefill = engine_parse("sglang", "sglang-prefill")
+    assert decode["speculative_algorithm"] == "SSSD" and decode["enable_metrics"] is True
+    assert decode["disaggregation_mode"] == "decode"
+    argv = command_line("sglang-decode")
+    assert decode["speculative_num_draft_tokens"] == int(
+        flag_value(argv, "--speculative-num-draft-tokens")
+    )
+    assert prefill["speculative_algorithm"] is None
+    assert prefill["disaggregation_mode"] == "prefill"

@@ -1455,81 +1455,18 @@ void test_drafter_concurrent(const std::shared_ptr<const Datastore>& ds, const M
   }
 }
 
-// ---------------------------------------------------------------------------
-// Large input.
-
-// Pre-drafts (Drafter::draft_after): no state changes, a handle repeated across threads,
-// an empty extension drafts what a step with no new tokens drafts, and an extension equals
-// drafting over a trie of the committed tokens with the extended context's matches.
-void test_drafter_after(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
+// Drafter::explain: the tree draft_batch gives, with drafter::kScoreFeatures values per
+// node, every path's sources recorded (a node has a source, a source's count never exceeds
+// its parent count); no state changes.
+void test_drafter_explain(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
   DraftConfig config;
-  Drafter one(config, kVocab, 1), four(config, kVocab, 4);
-  one.set_datastore(ds);
+  Drafter four(config, kVocab, 4);
   four.set_datastore(ds);
   std::mt19937 rng(77);
-  std::vector<int64_t> handles;
-  std::map<int64_t, Tokens> committed;
-  for (int64_t h = 0; h < 8; ++h) {
-    const Tokens prompt = src.stream(rng, h == 0 ? 0 : uniform(rng, 1, 200));
-    one.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
-    four.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
-    committed[h] = prompt;
-  }
-  // 64 rows: every request 8 times, extensions of 0..20 tokens (longer than any prefix).
-  std::vector<int64_t> rows, offsets{0};
-  std::vector<int32_t> ext, budgets;
-  for (int k = 0; k < 8; ++k) {
-    for (int64_t h = 0; h < 8; ++h) {
-      rows.push_back(h);
-      const Tokens t = src.stream(rng, k == 0 ? 0 : uniform(rng, 1, 20));
-      ext.insert(ext.end(), t.begin(), t.end());
-      offsets.push_back(static_cast<int64_t>(ext.size()));
-      budgets.push_back(uniform(rng, 0, 64));
-    }
-  }
-  const auto n = static_cast<int64_t>(rows.size());
-  const BatchDrafts a = one.draft_after(rows.data(), n, ext.data(),
-                                        static_cast<int64_t>(ext.size()), offsets.data(),
-                                        budgets.data());
-  const BatchDrafts b = four.draft_after(rows.data(), n, ext.data(),
-                                         static_cast<int64_t>(ext.size()), offsets.data(),
-                                         budgets.data());
-  CHECK_MSG(same_batch(a, b), "draft_after: num_threads=4 differs from num_threads=1");
-  DraftScratch scratch;
-  for (int64_t i = 0; i < n; ++i) {
-    const Tokens& c = committed[rows[static_cast<size_t>(i)]];
-    InputTrie trie(config.input_max_depth);
-    for (int32_t v : c) trie.append(v);
-    Tokens full = c;
-    full.insert(full.end(), ext.begin() + offsets[static_cast<size_t>(i)],
-                ext.begin() + offsets[static_cast<size_t>(i) + 1]);
-    const int64_t ext_len = offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)];
-    drafter::extended_matches(trie, full.data(), static_cast<int64_t>(full.size()), ext_len,
-                              config, scratch.matches);
-    Draft want;
-    drafter::retrieve_datastore(*ds, full.data(), static_cast<int64_t>(full.size()), config,
-                                budgets[static_cast<size_t>(i)], scratch);
-    drafter::fuse(&trie, scratch.matches, &scratch.datastore_tree, config,
-                  budgets[static_cast<size_t>(i)], scratch, want);
-    const auto lo = static_cast<size_t>(a.offsets[static_cast<size_t>(i)]);
-    const auto hi = static_cast<size_t>(a.offsets[static_cast<size_t>(i) + 1]);
-    const Tokens got(a.tokens.begin() + static_cast<std::ptrdiff_t>(lo),
-                     a.tokens.begin() + static_cast<std::ptrdiff_t>(hi));
-    CHECK_MSG(got == want.tokens, "draft_after row " + std::to_string(i) +
-                                      " differs from the extended-context draft");
-  }
-  for (int64_t h = 0; h < 8; ++h) {
-    CHECK_EQ(four.num_tokens(h), static_cast<int64_t>(committed[h].size()));
-  }
-  // An empty extension is the plain draft of a step with no new tokens.
   const int64_t h0 = 3, zero[2] = {0, 0};
+  const Tokens prompt = src.stream(rng, uniform(rng, 1, 200));
+  four.start(h0, prompt.data(), static_cast<int64_t>(prompt.size()));
   const int32_t budget = 16;
-  const BatchDrafts after = four.draft_after(&h0, 1, nullptr, 0, zero, &budget);
-  const BatchDrafts plain = four.draft_batch(&h0, 1, nullptr, 0, zero, &budget);
-  CHECK(after.tokens == plain.tokens && after.parents == plain.parents &&
-        after.scores == plain.scores);
-  // explain: the same tree, with drafter::kScoreFeatures values per node, every path's
-  // sources recorded (a node has a source, a source's count never exceeds its parent count).
   for (const int32_t bud : {0, 1, 16, 256}) {
     const Draft explained = four.explain(h0, bud);
     const BatchDrafts drafted = four.draft_batch(&h0, 1, nullptr, 0, zero, &bud);
@@ -1547,15 +1484,11 @@ void test_drafter_after(const std::shared_ptr<const Datastore>& ds, const Markov
   }
   CHECK_THROWS(four.explain(99, budget), std::out_of_range);
   CHECK_THROWS(four.explain(h0, config.max_budget + 1), std::invalid_argument);
-  // Bad rows are refused before anything runs.
-  const int32_t bad_token = kVocab, over = config.max_budget + 1;
-  const int64_t one_token[2] = {0, 1};
-  CHECK_THROWS(four.draft_after(&h0, 1, &bad_token, 1, one_token, &budget), std::invalid_argument);
-  CHECK_THROWS(four.draft_after(&h0, 1, nullptr, 0, zero, &over), std::invalid_argument);
-  const int64_t unknown = 99;
-  CHECK_THROWS(four.draft_after(&unknown, 1, nullptr, 0, zero, &budget), std::out_of_range);
-  CHECK_EQ(four.num_tokens(h0), static_cast<int64_t>(committed[h0].size()));
+  CHECK_EQ(four.num_tokens(h0), static_cast<int64_t>(prompt.size()));
 }
+
+// ---------------------------------------------------------------------------
+// Large input.
 
 void test_large() {
   constexpr int32_t kLen = 128 * 1024;
@@ -1665,7 +1598,7 @@ int main() {
       {"drafter_basic_learned", [&] { test_drafter_basic(cds, src, true); }},
       {"drafter_bad_input", [&] { test_drafter_bad_input(cds, src); }},
       {"drafter_concurrent", [&] { test_drafter_concurrent(cds, src); }},
-      {"drafter_after", [&] { test_drafter_after(cds, src); }},
+      {"drafter_explain", [&] { test_drafter_explain(cds, src); }},
       {"large", test_large},
   };
   for (const Section& s : sections) {

@@ -53,7 +53,6 @@ class DrafterSettings:
     deadline_ms: float = 5.0  # per decode step; past it the step has no drafts
     budget: str = "16"  # draft nodes per request: BudgetRule.parse ("16", "h100", "FLOPS/BW")
     mode: Literal["stream", "unary"] = "stream"
-    prefetch_fan_out: int = 0  # pre-drafted outcomes per request (stream mode; 0 = off)
     datastore: str = ""  # datastore to draft from and store into ("" = the drafter's default)
     store: bool = True  # ingest finished generations (a request can still opt out)
     metrics_port: int | None = None  # serve sssd:spec_decode_* on this port (None = off)
@@ -74,9 +73,6 @@ class DrafterSettings:
         BudgetRule.parse(str(self.budget))  # ValueError naming the spec
         if self.mode not in ("stream", "unary"):
             raise ValueError(f"mode must be 'stream' or 'unary', got {self.mode!r}")
-        fan_out = self.prefetch_fan_out
-        if not isinstance(fan_out, int) or isinstance(fan_out, bool) or not 0 <= fan_out <= 16:
-            raise ValueError(f"prefetch_fan_out must be an int in [0, 16], got {fan_out!r}")
         if not isinstance(self.datastore, str):
             raise ValueError(f"datastore must be a string, got {self.datastore!r}")
         if not isinstance(self.store, bool):
@@ -211,9 +207,8 @@ class EngineDrafter:
             tls, token = settings.credentials()
             options = ClientOptions(
                 deadline_ms=settings.deadline_ms, mode=settings.mode,
-                budget=budget or settings.budget_rule(), prefetch_fan_out=settings.prefetch_fan_out,
-                tokenizer_fingerprint=tokenizer_fingerprint,
-                credentials=tls, token=token,
+                budget=budget or settings.budget_rule(),
+                tokenizer_fingerprint=tokenizer_fingerprint, credentials=tls, token=token,
             )  # fmt: skip
             targets = settings.targets()
             if targets is None:
@@ -286,7 +281,7 @@ class EngineDrafter:
             return  # never drafted (prefill only, or refused before its first step)
         try:
             tail = list(context[length:]) if context is not None else []
-            self.client.finish(key, tail, store=store and self.settings.store)
+            self.client.finish(key, tail=tail, store=store and self.settings.store)
         except Exception:
             self._failed("finishing a request")
 

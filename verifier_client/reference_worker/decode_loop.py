@@ -62,7 +62,7 @@ class DraftSource(Protocol):
 
     def step(self, commits: Mapping[str, Iterable[int]]) -> StepResult: ...
 
-    def finish(self, request_id: str, final_tokens: Iterable[int] = ()) -> bool: ...
+    def finish(self, request_id: str, *, tail: Iterable[int] = ()) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -158,7 +158,7 @@ class DecodeWorker:
             done.update((g.request_id, g) for g in self.step())
         return [done[rid] for rid in order if rid in done]
 
-    @torch.inference_mode()
+    @torch.inference_mode()  # type: ignore[untyped-decorator]  # torch is not followed
     def step(self) -> list[Generation]:
         """One decode step of the whole batch; returns the requests it finished."""
         self._admit()
@@ -313,7 +313,7 @@ class DecodeWorker:
             finished.append(Generation(rid, a.output, reason, a.steps))
             self._live_ids.discard(rid)
             if self.drafter is not None:
-                self.drafter.finish(rid, a.unsent)
+                self.drafter.finish(rid, tail=a.unsent)
         if len(keep) < len(self._active):
             self._active = [self._active[b] for b in keep]
             self.kv.keep_rows(keep)

@@ -19,11 +19,11 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from verifier_client.reference_worker.model_choices import DTYPE_NAMES, TINY_ARCHITECTURES
+
 __all__ = ["DTYPES", "TINY_ARCHITECTURES", "load_model", "on_device", "tiny_model"]
 
-TINY_ARCHITECTURES = ("llama", "qwen2", "gpt-neox")
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}  # fmt: skip
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def tiny_model(

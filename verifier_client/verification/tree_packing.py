@@ -142,7 +142,7 @@ def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> 
             raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
         if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
             raise TypeError(f"{name} must hold integers, got {values.dtype}")
-        array = values.detach().cpu().numpy().astype(np.int64)
+        array: _I64 = np.array(values.detach().cpu().numpy(), dtype=np.int64)  # a copy
     else:
         raw = np.asarray(values)
         if raw.ndim != 1:

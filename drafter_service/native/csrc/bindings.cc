@@ -119,11 +119,10 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
 }
 
 
-// A batch call of the Drafter (draft_batch, draft_after): shapes checked, the GIL released
-// while it runs, the drafts as (tokens, parents, scores, offsets) arrays.
-template <BatchDrafts (Drafter::*Method)(const int64_t*, int64_t, const int32_t*, int64_t,
-                                         const int64_t*, const int32_t*)>
-std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>> batch_call(
+// Drafter::draft_batch: shapes checked, the GIL released while it runs, the drafts as
+// (tokens, parents, scores, offsets) arrays and each request's state after the call.
+std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>, Out<int64_t>, Out<int64_t>>
+batch_call(
     Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
     In<int32_t> budgets) {
   const auto batch = static_cast<int64_t>(handles.shape(0));
@@ -137,11 +136,12 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>> batch_call(
   BatchDrafts out;
   {
     nb::gil_scoped_release release;
-    out = (d.*Method)(handles.data(), batch, tokens.data(), static_cast<int64_t>(tokens.shape(0)),
-                      offsets.data(), budgets.data());
+    out = d.draft_batch(handles.data(), batch, tokens.data(), static_cast<int64_t>(tokens.shape(0)),
+                        offsets.data(), budgets.data());
   }
-  return {to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
-          to_numpy(std::move(out.scores)), to_numpy(std::move(out.offsets))};
+  return {to_numpy(std::move(out.tokens)),      to_numpy(std::move(out.parents)),
+          to_numpy(std::move(out.scores)),      to_numpy(std::move(out.offsets)),
+          to_numpy(std::move(out.state_bytes)), to_numpy(std::move(out.state_headroom))};
 }
 
 }  // namespace
@@ -312,10 +312,11 @@ NB_MODULE(_core, m) {
       .def("stop", &Drafter::stop, "handle"_a)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)
       .def("request_bytes", &Drafter::request_bytes, "handle"_a)
-      .def("draft_batch", &batch_call<&Drafter::draft_batch>, "handles"_a, "tokens"_a,
-           "offsets"_a, "budgets"_a)
-      .def("draft_after", &batch_call<&Drafter::draft_after>, "handles"_a, "tokens"_a,
-           "offsets"_a, "budgets"_a)
+      .def(
+          "tokens",
+          [](const Drafter& d, int64_t handle) { return to_numpy(d.tokens(handle)); },
+          "handle"_a)
+      .def("draft_batch", &batch_call, "handles"_a, "tokens"_a, "offsets"_a, "budgets"_a)
       .def(
           "explain",
           [](Drafter& d, int64_t handle, int32_t budget) {

@@ -408,29 +408,6 @@ void committed_matches(const InputTrie& trie, const DraftConfig& config,
   }
 }
 
-void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_len,
-                      int64_t extended, const DraftConfig& config, std::vector<InputMatch>& out) {
-  out.assign(static_cast<size_t>(config.input_max_prefix), InputMatch{-1, 0.0});
-  if (extended <= 0) {
-    committed_matches(trie, config, out);
-    return;
-  }
-  const int64_t committed = trie.num_tokens();
-  for (int32_t m = 1; m <= config.input_max_prefix && m <= tail_len; ++m) {
-    // Only m-grams of committed tokens can be in the trie: one reaching into the
-    // extension is looked up whole, and is found only if it also occurs earlier.
-    if (m > committed + extended) break;
-    const int32_t u = trie.find(tail + tail_len - m, m);
-    if (u < 0) continue;
-    // The m-gram may also end exactly at the end of the committed input (then it is the
-    // trie's suffix node of length m): that occurrence continues into the extension,
-    // which the trie does not hold.
-    const double at_end = trie.suffix_node(m) == u ? 1.0 : 0.0;
-    const double continued = static_cast<double>(trie.count(u)) - at_end;
-    if (continued > 0.0) out[static_cast<size_t>(m) - 1] = {u, continued};
-  }
-}
-
 void fuse(const InputTrie* trie, const std::vector<InputMatch>& matches,
           const CandidateTree* datastore_tree, const DraftConfig& config, int32_t budget,
           DraftScratch& scratch, Draft& out) {

@@ -253,7 +253,6 @@ struct DraftScratch {
   std::vector<int32_t> remap;
   std::vector<int32_t> depth_start;     // counting sort of draft nodes by depth
   std::vector<InputMatch> matches;      // input-trie matches of the context, m = 1..P
-  std::vector<int32_t> tail;            // end of an extended context (Drafter::draft_after)
   std::vector<fusion::Member> members;  // members of every candidate pushed
   std::vector<fusion::Offer> offers;    // children of one expansion
   std::vector<fusion::DraftNode> nodes; // the draft being built; [0] is the root
@@ -279,16 +278,6 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
 // occurrence at the very end of the input, which has no continuation yet.
 void committed_matches(const InputTrie& trie, const DraftConfig& config,
                        std::vector<InputMatch>& out);
-
-// Matches of a context the trie does not hold: its committed input followed by
-// tail[tail_len - extended, tail_len), tokens never appended (a hypothetical outcome
-// of verification). `tail` ends the extended context: at least min(P, its length)
-// tokens of it. Each m-gram is walked from the root (O(P^2) lookups); an occurrence
-// ending at the very end of the committed input has no continuation in the trie and is
-// left out. Occurrences inside the extension are not seen: the trie holds only what
-// was committed, which is all a pre-draft may know.
-void extended_matches(const InputTrie& trie, const int32_t* tail, int64_t tail_len,
-                      int64_t extended, const DraftConfig& config, std::vector<InputMatch>& out);
 
 // Merges the input-trie matches and the datastore tree into at most `budget`
 // draft nodes with a priority queue (SSSD Algorithm 3). Deterministic. A candidate's

@@ -250,8 +250,13 @@ int64_t Drafter::num_tokens(int64_t handle) const {
 int64_t Drafter::request_bytes(int64_t handle) const {
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);
-  return state->trie.resident_bytes() +
-         static_cast<int64_t>(state->tokens.capacity() * sizeof(int32_t));
+  return state->bytes();
+}
+
+std::vector<int32_t> Drafter::tokens(int64_t handle) const {
+  auto state = find(handle);
+  std::lock_guard<std::mutex> lock(state->mu);
+  return state->tokens;
 }
 
 int64_t Drafter::num_requests() const {
@@ -269,8 +274,7 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
 
 Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
                                       const int32_t* tokens, int64_t num_tokens,
-                                      const int64_t* offsets, const int32_t* budgets,
-                                      bool unique) const {
+                                      const int64_t* offsets, const int32_t* budgets) const {
   check_batch(batch, num_tokens, offsets, budgets, config_);
   check_tokens(tokens, num_tokens);
   BatchInputs in;
@@ -278,7 +282,7 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
   std::lock_guard<std::mutex> lock(mu_);
   std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < batch; ++i) {
-    if (unique && !seen.insert(handles[i]).second) {
+    if (!seen.insert(handles[i]).second) {
       throw std::invalid_argument("request handle " + std::to_string(handles[i]) +
                                   " appears twice in one batch");
     }
@@ -295,23 +299,29 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
 BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                                  int64_t num_new_tokens, const int64_t* offsets,
                                  const int32_t* budgets) {
-  const BatchInputs in =
-      prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets, /*unique=*/true);
+  const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
 
   std::vector<Draft> drafts(static_cast<size_t>(batch));
+  std::vector<int64_t> bytes(static_cast<size_t>(batch)), headroom(static_cast<size_t>(batch));
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
-    RequestState& state = *in.states[static_cast<size_t>(i)];
+    const auto row = static_cast<size_t>(i);
+    RequestState& state = *in.states[row];
     std::lock_guard<std::mutex> lock(state.mu);
     for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
       state.tokens.push_back(new_tokens[k]);
       state.trie.append(new_tokens[k]);
     }
+    bytes[row] = state.bytes();
+    headroom[row] = state.headroom();
     draft_one(&state.trie, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
-              in.datastore.get(), config_, budgets[i], scratch, drafts[static_cast<size_t>(i)]);
+              in.datastore.get(), config_, budgets[i], scratch, drafts[row]);
   });
 
-  return gather(drafts);
+  BatchDrafts out = gather(drafts);
+  out.state_bytes = std::move(bytes);
+  out.state_headroom = std::move(headroom);
+  return out;
 }
 
 Draft Drafter::explain(int64_t handle, int32_t budget) {
@@ -326,42 +336,6 @@ Draft Drafter::explain(int64_t handle, int32_t budget) {
                       static_cast<int64_t>(state->tokens.size()), datastore.get(), config_, budget,
                       scratch, out, /*explain=*/true);
   return out;
-}
-
-BatchDrafts Drafter::draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
-                                 int64_t num_extension_tokens, const int64_t* offsets,
-                                 const int32_t* budgets) {
-  // A handle may repeat: nothing is written.
-  const BatchInputs in = prepare(handles, batch, extensions, num_extension_tokens, offsets,
-                                 budgets, /*unique=*/false);
-  // Both sources only look at the end of the context: the datastore its last
-  // datastore_max_prefix tokens, the input trie its last input_max_prefix
-  // (and fusion its last two, for the n-gram features).
-  const auto tail_max = static_cast<size_t>(
-      std::max({config_.datastore_max_prefix, config_.input_max_prefix, int32_t{2}}));
-
-  std::vector<Draft> drafts(static_cast<size_t>(batch));
-  pool_.parallel_for(batch, [&](int64_t i) {
-    thread_local DraftScratch scratch;
-    RequestState& state = *in.states[static_cast<size_t>(i)];
-    const int32_t* ext = extensions + offsets[i];
-    const auto ext_len = static_cast<size_t>(offsets[i + 1] - offsets[i]);
-    std::vector<int32_t>& tail = scratch.tail;
-    tail.clear();
-    std::lock_guard<std::mutex> lock(state.mu);
-    const size_t from_committed = tail_max > ext_len ? tail_max - ext_len : 0;
-    const size_t keep = std::min(from_committed, state.tokens.size());
-    tail.insert(tail.end(), state.tokens.end() - static_cast<std::ptrdiff_t>(keep),
-                state.tokens.end());
-    const size_t skip = ext_len > tail_max ? ext_len - tail_max : 0;
-    tail.insert(tail.end(), ext + skip, ext + ext_len);
-    extended_matches(state.trie, tail.data(), static_cast<int64_t>(tail.size()),
-                     static_cast<int64_t>(ext_len), config_, scratch.matches);
-    fuse_with_datastore(&state.trie, tail.data(), static_cast<int64_t>(tail.size()),
-                        in.datastore.get(), config_, budgets[i], scratch,
-                        drafts[static_cast<size_t>(i)]);
-  });
-  return gather(drafts);
 }
 
 }  // namespace drafter

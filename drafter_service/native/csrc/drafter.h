@@ -2,6 +2,7 @@
 // and a worker pool. Every public method is safe to call from several threads.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -45,6 +46,17 @@ struct RequestState {
   std::mutex mu;                // serialises appends and drafts of this request
   InputTrie trie;               // prompt + committed tokens
   std::vector<int32_t> tokens;  // the same tokens in order (datastore lookups need the tail)
+
+  // Bytes held: the trie's buffers, the tokens' capacity, this object. Caller holds mu.
+  int64_t bytes() const {
+    return trie.resident_bytes() +
+           static_cast<int64_t>(tokens.capacity() * sizeof(int32_t) + sizeof(*this));
+  }
+  // Tokens that can still be appended without any allocation. Caller holds mu.
+  int64_t headroom() const {
+    return std::min(trie.append_headroom(),
+                    static_cast<int64_t>(tokens.capacity() - tokens.size()));
+  }
 };
 
 // Output of one batch call: drafts for request i are rows offsets[i]..offsets[i+1].
@@ -53,6 +65,11 @@ struct BatchDrafts {
   std::vector<int32_t> parents;
   std::vector<float> scores;
   std::vector<int64_t> offsets;
+  // draft_batch only: each request's state after its appends, for the service's memory
+  // accounting: the bytes it holds (RequestState::bytes) and how many more tokens it
+  // can take without allocating (RequestState::headroom).
+  std::vector<int64_t> state_bytes;
+  std::vector<int64_t> state_headroom;
 };
 
 class Drafter {
@@ -76,6 +93,8 @@ class Drafter {
   int64_t num_tokens(int64_t handle) const;
   int64_t num_requests() const;
   int64_t request_bytes(int64_t handle) const;
+  // A copy of the request's tokens (prompt and committed), in order.
+  std::vector<int32_t> tokens(int64_t handle) const;
 
   // One decode step for a batch: appends new_tokens[offsets[i], offsets[i+1])
   // to request handles[i], then drafts up to budgets[i] nodes for it.
@@ -83,19 +102,9 @@ class Drafter {
   BatchDrafts draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                           int64_t num_new_tokens, const int64_t* offsets, const int32_t* budgets);
 
-  // Drafts as if extensions[offsets[i], offsets[i+1]) followed request handles[i]'s
-  // committed tokens, without appending them (pre-drafts for verification outcomes
-  // that may not happen): up to budgets[i] nodes each. A handle may appear many
-  // times. The input trie contributes the matches of the extended context's suffixes
-  // among the committed tokens (see extended_matches); the datastore sees the
-  // extended context. Validates everything first; changes no state.
   // The draft request `handle` would get now at `budget`, with the NodeFeature values
   // of every node (Draft::features): for tools and offline training. Changes no state.
   Draft explain(int64_t handle, int32_t budget);
-
-  BatchDrafts draft_after(const int64_t* handles, int64_t batch, const int32_t* extensions,
-                          int64_t num_extension_tokens, const int64_t* offsets,
-                          const int32_t* budgets);
 
  private:
   std::shared_ptr<RequestState> find(int64_t handle) const;
@@ -105,11 +114,10 @@ class Drafter {
     std::vector<std::shared_ptr<RequestState>> states;
     std::shared_ptr<const Datastore> datastore;
   };
-  // `unique`: a handle appearing twice is std::invalid_argument. Throws
-  // std::out_of_range for an unknown handle. Changes nothing.
+  // A handle appearing twice is std::invalid_argument. Throws std::out_of_range for an
+  // unknown handle. Changes nothing.
   BatchInputs prepare(const int64_t* handles, int64_t batch, const int32_t* tokens,
-                      int64_t num_tokens, const int64_t* offsets, const int32_t* budgets,
-                      bool unique) const;
+                      int64_t num_tokens, const int64_t* offsets, const int32_t* budgets) const;
   void check_tokens(const int32_t* tokens, int64_t n) const;
 
   const DraftConfig config_;

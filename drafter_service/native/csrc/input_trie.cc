@@ -24,10 +24,19 @@ InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
 }
 
 int64_t InputTrie::resident_bytes() const {
-  return static_cast<int64_t>(nodes_.capacity() * sizeof(Node) +
+  return static_cast<int64_t>(sizeof(*this) + nodes_.capacity() * sizeof(Node) +
                               keys_.capacity() * sizeof(uint64_t) +
                               values_.capacity() * sizeof(int32_t) +
-                              seen_.capacity() * sizeof(uint64_t));
+                              seen_.capacity() * sizeof(uint64_t) +
+                              (active_.capacity() + scratch_.capacity()) * sizeof(int32_t));
+}
+
+int64_t InputTrie::append_headroom() const {
+  const int64_t depth = max_depth_;
+  const auto nodes_free = static_cast<int64_t>(nodes_.capacity() - nodes_.size());
+  // get_or_add_child grows the table before the insert that would pass half full.
+  const int64_t slots_free = static_cast<int64_t>(keys_.size()) / 2 - used_;
+  return std::max<int64_t>(0, std::min(nodes_free, slots_free) / depth);
 }
 
 int32_t InputTrie::suffix_node(int32_t len) const {

@@ -63,7 +63,11 @@ class InputTrie {
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
   int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  // Bytes this trie holds: every buffer's capacity and the object itself.
   int64_t resident_bytes() const;
+  // How many more appends can run without allocating (every buffer has room for
+  // max_depth new nodes per append), however the tokens repeat.
+  int64_t append_headroom() const;
 
  private:
   struct Node {

@@ -117,10 +117,25 @@ datastore.expectedBytes.
 {{- end }}
 
 {{/*
+The request states' memory bound, in bytes: settings.max_request_state_bytes, else
+datastore.requestStateBytes. Always passed to the drafter (its own default, 4 GiB, would
+exceed what the pod is sized for).
+*/}}
+{{- define "sssd-drafter.requestStateBytes" -}}
+{{- $set := .Values.settings.max_request_state_bytes }}
+{{- if $set }}{{ include "sssd-drafter.envValue" $set }}
+{{- else }}{{ include "sssd-drafter.envValue" (float64 .Values.datastore.requestStateBytes) }}
+{{- end }}
+{{- end }}
+
+{{/*
 Memory request and limit of the drafter container, in MiB:
 
-  memory = baseMemoryBytes + D + rebuildHeadroomFactor * min(D, S)
+  memory = baseMemoryBytes + R + D + rebuildHeadroomFactor * min(D, S)
 
+  R = the request states' bytes (settings.max_request_state_bytes, else
+      datastore.requestStateBytes): the drafter's own bound on what request states hold,
+      as it measures them (input tries and tokens, reservations for calls not yet run);
   D = the datastore's bytes (settings.max_resident_bytes, else datastore.expectedBytes):
       its arrays, resident or memory-mapped (a mapped snapshot's pages are charged to the
       pod's cgroup once read);
@@ -129,14 +144,15 @@ Memory request and limit of the drafter container, in MiB:
       rebuild works on. While it runs, the rebuilt sub-index exists beside the served
       one (1x) and SA-IS temporaries add about 8.4 bytes per token (1.05x).
 
-Example: D = 32 GiB, S = 4 GiB, base 1 GiB: 1 + 32 + 2.05 x 4 = 41.2 GiB.
+Example: D = 32 GiB, S = 4 GiB, R = 0.5 GiB, base 1 GiB: 1 + 0.5 + 32 + 2.05 x 4 = 41.7 GiB.
 */}}
 {{- define "sssd-drafter.memoryMiB" -}}
 {{- $d := float64 (include "sssd-drafter.maxResidentBytes" .) }}
 {{- $tokens := .Values.settings.max_sub_index_tokens | default 512000000 }}
 {{- $s := mulf 8 $tokens }}
 {{- $headroom := mulf .Values.datastore.rebuildHeadroomFactor (minf $d $s) }}
-{{- $bytes := addf .Values.datastore.baseMemoryBytes $d $headroom }}
+{{- $r := float64 (include "sssd-drafter.requestStateBytes" .) }}
+{{- $bytes := addf .Values.datastore.baseMemoryBytes $r $d $headroom }}
 {{- printf "%.0fMi" (ceil (divf $bytes 1048576)) }}
 {{- end }}
 

@@ -26,21 +26,19 @@ FINISH_REASON_FINISHED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
 
 class DraftRequest(_message.Message):
-    __slots__ = ("requests", "step", "tokenizer_fingerprint", "packed", "prefetch_fan_out")
+    __slots__ = ("requests", "step", "tokenizer_fingerprint", "packed")
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
-    PREFETCH_FAN_OUT_FIELD_NUMBER: _ClassVar[int]
     requests: _containers.RepeatedCompositeFieldContainer[RequestDelta]
     step: int
     tokenizer_fingerprint: str
     packed: PackedDeltas
-    prefetch_fan_out: int
-    def __init__(self, requests: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., packed: _Optional[_Union[PackedDeltas, _Mapping]] = ..., prefetch_fan_out: _Optional[int] = ...) -> None: ...
+    def __init__(self, requests: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., packed: _Optional[_Union[PackedDeltas, _Mapping]] = ...) -> None: ...
 
 class PackedDeltas(_message.Message):
-    __slots__ = ("request_ids", "known_lengths", "new_token_counts", "new_tokens", "budgets", "prompt_lengths", "datastores", "prefetched")
+    __slots__ = ("request_ids", "known_lengths", "new_token_counts", "new_tokens", "budgets", "prompt_lengths", "datastores")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -48,7 +46,6 @@ class PackedDeltas(_message.Message):
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     DATASTORES_FIELD_NUMBER: _ClassVar[int]
-    PREFETCHED_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     known_lengths: bytes
     new_token_counts: bytes
@@ -56,58 +53,33 @@ class PackedDeltas(_message.Message):
     budgets: bytes
     prompt_lengths: bytes
     datastores: _containers.RepeatedScalarFieldContainer[str]
-    prefetched: bytes
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., known_lengths: _Optional[bytes] = ..., new_token_counts: _Optional[bytes] = ..., new_tokens: _Optional[bytes] = ..., budgets: _Optional[bytes] = ..., prompt_lengths: _Optional[bytes] = ..., datastores: _Optional[_Iterable[str]] = ..., prefetched: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., known_lengths: _Optional[bytes] = ..., new_token_counts: _Optional[bytes] = ..., new_tokens: _Optional[bytes] = ..., budgets: _Optional[bytes] = ..., prompt_lengths: _Optional[bytes] = ..., datastores: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RequestDelta(_message.Message):
-    __slots__ = ("request_id", "known_length", "new_tokens", "budget", "datastore", "prompt_length", "prefetched")
+    __slots__ = ("request_id", "known_length", "new_tokens", "budget", "datastore", "prompt_length")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     DATASTORE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
-    PREFETCHED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     known_length: int
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
     budget: int
     datastore: str
     prompt_length: int
-    prefetched: bool
-    def __init__(self, request_id: _Optional[str] = ..., known_length: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., budget: _Optional[int] = ..., datastore: _Optional[str] = ..., prompt_length: _Optional[int] = ..., prefetched: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., known_length: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., budget: _Optional[int] = ..., datastore: _Optional[str] = ..., prompt_length: _Optional[int] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("drafts", "step", "packed", "prefetch")
+    __slots__ = ("drafts", "step", "packed")
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PACKED_FIELD_NUMBER: _ClassVar[int]
-    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     drafts: _containers.RepeatedCompositeFieldContainer[RequestDraft]
     step: int
     packed: PackedDrafts
-    prefetch: PrefetchedDrafts
-    def __init__(self, drafts: _Optional[_Iterable[_Union[RequestDraft, _Mapping]]] = ..., step: _Optional[int] = ..., packed: _Optional[_Union[PackedDrafts, _Mapping]] = ..., prefetch: _Optional[_Union[PrefetchedDrafts, _Mapping]] = ...) -> None: ...
-
-class PrefetchedDrafts(_message.Message):
-    __slots__ = ("request_ids", "outcome_counts", "accepted_nodes", "bonus_tokens", "node_counts", "tokens", "parents", "scores")
-    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
-    OUTCOME_COUNTS_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTED_NODES_FIELD_NUMBER: _ClassVar[int]
-    BONUS_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    NODE_COUNTS_FIELD_NUMBER: _ClassVar[int]
-    TOKENS_FIELD_NUMBER: _ClassVar[int]
-    PARENTS_FIELD_NUMBER: _ClassVar[int]
-    SCORES_FIELD_NUMBER: _ClassVar[int]
-    request_ids: _containers.RepeatedScalarFieldContainer[str]
-    outcome_counts: bytes
-    accepted_nodes: bytes
-    bonus_tokens: bytes
-    node_counts: bytes
-    tokens: bytes
-    parents: bytes
-    scores: bytes
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., outcome_counts: _Optional[bytes] = ..., accepted_nodes: _Optional[bytes] = ..., bonus_tokens: _Optional[bytes] = ..., node_counts: _Optional[bytes] = ..., tokens: _Optional[bytes] = ..., parents: _Optional[bytes] = ..., scores: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, drafts: _Optional[_Iterable[_Union[RequestDraft, _Mapping]]] = ..., step: _Optional[int] = ..., packed: _Optional[_Union[PackedDrafts, _Mapping]] = ...) -> None: ...
 
 class PackedDrafts(_message.Message):
     __slots__ = ("statuses", "lengths", "node_counts", "tokens", "parents", "scores")

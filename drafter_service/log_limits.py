@@ -1,0 +1,94 @@
+"""Rate-limited logging: the one way a failure that can repeat per call is logged.
+
+A failure that every call can hit (a full disk, the shared log server down, garbage on
+the wire) must not turn a flood of calls into a flood of log: a disk-full volume used
+to write ~26 traceback lines per Ingest, the shared log down ~52 per Finish.
+:class:`RateLimitedLog` writes at most one line per interval and says on that line how
+many were left out since the previous one. A traceback, when one helps (an error
+nobody expected), is written at most once per exception type.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["DEFAULT_INTERVAL_S", "RateLimitedLog"]
+
+DEFAULT_INTERVAL_S = 10.0
+_MAX_TRACED_TYPES = 64  # exception types whose first occurrence got a traceback
+
+
+class RateLimitedLog:
+    """Logs through ``logger`` at most one line per ``interval_s`` seconds of ``clock``.
+
+    Each failure site has its own instance (its own window). Thread-safe: the ingest
+    worker, the stream followers and the event loop may log through one instance."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        *,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0, got {interval_s}")
+        self._logger = logger
+        self._interval_s = interval_s
+        self._level = level
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_s: float | None = None  # None: the next line is logged
+        self._suppressed = 0
+        self._traced: set[type[BaseException]] = set()
+
+    @property
+    def suppressed(self) -> int:
+        """Lines left out since the last one logged."""
+        with self._lock:
+            return self._suppressed
+
+    def log(
+        self,
+        msg: str,
+        *args: object,
+        level: int | None = None,
+        error: BaseException | None = None,
+    ) -> bool:
+        """Logs ``msg % args`` unless a line was logged less than the interval ago (then
+        it is only counted). The line logged ends with how many were left out before it.
+        ``error``: the exception being handled; its traceback is added the first time
+        its type is seen (by this instance), never again. Returns whether it logged."""
+        with self._lock:
+            now = self._clock()
+            if self._next_s is not None and now < self._next_s:
+                self._suppressed += 1
+                return False
+            suppressed, self._suppressed = self._suppressed, 0
+            self._next_s = now + self._interval_s
+            trace = (
+                error is not None
+                and type(error) not in self._traced
+                and len(self._traced) < _MAX_TRACED_TYPES
+            )
+            if error is not None and trace:
+                self._traced.add(type(error))
+        if suppressed:
+            msg = f"{msg} ({suppressed} more since the last line)"
+        self._logger.log(
+            self._level if level is None else level,
+            msg,
+            *args,
+            exc_info=error if trace else None,
+        )
+        return True
+
+    def warning(self, msg: str, *args: object, error: BaseException | None = None) -> bool:
+        return self.log(msg, *args, level=logging.WARNING, error=error)
+
+    def error(self, msg: str, *args: object, error: BaseException | None = None) -> bool:
+        return self.log(msg, *args, level=logging.ERROR, error=error)

@@ -1,0 +1,127 @@
+"""Overload degrades gracefully (issue 29, item 8): a Draft call whose deadline passes
+while it waits for the drafting thread is skipped, not run for nobody; one that arrives
+behind more queued work than its deadline (or ``max_queue_s``) leaves time for is refused
+at once, before it changes anything. The real engine, job runner and native drafter; the
+drafting thread is held busy by a gate the test opens, never by a sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from drafter_service import Drafter
+from drafter_service.service.call_errors import DeadlineExceeded, ResourceExhausted
+from drafter_service.service.catalog import Catalog, DatastoreSlot
+from drafter_service.service.draft_engine import DraftEngine
+from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.request_table import RequestTable
+from drafter_service.service.validation import CallLimits, parse_draft_request
+from drafter_service.snapshot.store import TokenizerIdentity
+from sssd.drafter.v1 import drafter_pb2 as pb
+
+VOCAB = 1000
+NAME = "default"
+_GATES: list[threading.Event] = []
+NOW = [1000.0]  # the engine's clock: moved by the tests only
+
+
+@pytest.fixture
+def engine() -> Iterator[DraftEngine]:
+    drafter = Drafter(VOCAB, num_threads=1)
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-test")
+    catalog = Catalog(TokenizerIdentity("test", VOCAB, ""),
+                      {NAME: DatastoreSlot(NAME, drafter, None, executor)})  # fmt: skip
+    limits = CallLimits(VOCAB, "", 1024, 1 << 20, 256, frozenset([NAME]), frozenset(), NAME)
+    ingester = GenerationIngester(16)
+    yield DraftEngine(catalog, limits, RequestTable(600, 1000), ingester,
+                      max_inflight_calls=64, inline_max_work=0, max_queue_s=1.0,
+                      clock=lambda: NOW[0])  # fmt: skip
+    for gate in _GATES:  # a failed test leaves none closed
+        gate.set()
+    executor.shutdown(wait=True)
+    ingester.close()
+
+
+def call(request_id: str, tokens: int, budget: int = 16) -> pb.DraftRequest:
+    rng = np.random.default_rng(len(request_id))
+    delta = pb.RequestDelta(request_id=request_id, budget=budget,
+                            new_tokens=rng.integers(0, VOCAB, tokens).tolist())  # fmt: skip
+    return pb.DraftRequest(requests=[delta])
+
+
+def hold_drafting_thread(engine: DraftEngine) -> threading.Event:
+    """Occupies the datastore's worker thread until the returned event is set."""
+    gate = threading.Event()
+    _GATES.append(gate)
+    engine.catalog.slots[NAME].executor.submit(gate.wait)
+    return gate
+
+
+def test_a_call_whose_deadline_passed_in_the_queue_is_skipped(engine: DraftEngine) -> None:
+    async def go() -> None:
+        gate = hold_drafting_thread(engine)
+        deadline = NOW[0] + 0.05
+        draft = asyncio.ensure_future(
+            engine.draft(parse_draft_request(call("late", 5_000), engine.limits), deadline)
+        )
+        await asyncio.sleep(0)  # planned and queued behind the gate
+        assert "late" in engine.table
+        NOW[0] += 0.1  # the deadline passes while the call waits for its turn
+        gate.set()
+        with pytest.raises(DeadlineExceeded, match="deadline passed before its turn"):
+            await draft
+        # Nothing was built for nobody; the table forgot it too (RESYNC next time).
+        assert "late" not in engine.catalog.slots[NAME].drafter
+        assert "late" not in engine.table and engine.table.bytes == 0
+        # The next call is served as usual.
+        answer = await engine.draft(parse_draft_request(call("next", 100), engine.limits))
+        assert answer.trees[0] is not None
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_a_call_that_cannot_be_answered_in_time_is_refused_at_once(engine: DraftEngine) -> None:
+    async def go() -> None:
+        gate = hold_drafting_thread(engine)
+        queued = [asyncio.ensure_future(engine.draft(
+            parse_draft_request(call(f"q{i}", 20_000), engine.limits))) for i in range(4)
+        ]  # fmt: skip
+        await asyncio.sleep(0)
+        wait = engine._runner.expected_wait_s()
+        assert wait > 0  # 4 x 2,500 units at the measured (seeded) speed
+        soon = NOW[0] + wait / 4  # the queue takes 4x the time left: hopeless
+        with pytest.raises(DeadlineExceeded, match="queued ahead of this call"):
+            await engine.draft(parse_draft_request(call("hurry", 10), engine.limits), soon)
+        assert "hurry" not in engine.table  # refused before anything changed
+        engine.max_queue_s = wait / 2
+        with pytest.raises(ResourceExhausted, match="over max_queue_ms"):
+            await engine.draft(parse_draft_request(call("patient", 10), engine.limits))
+        assert "patient" not in engine.table
+        gate.set()
+        for answer in await asyncio.gather(*queued):  # no deadline: all answered
+            assert answer.trees[0] is not None
+        # The queue drained: the next call is taken, whatever its deadline.
+        assert engine._runner.expected_wait_s() == 0
+        answer = await engine.draft(parse_draft_request(call("after", 10), engine.limits),
+                                    NOW[0] + 5)  # fmt: skip
+        assert answer.trees[0] is not None
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_a_call_past_its_deadline_on_arrival_is_not_started(engine: DraftEngine) -> None:
+    async def go() -> None:
+        with pytest.raises(DeadlineExceeded, match="deadline"):
+            await engine.draft(parse_draft_request(call("gone", 10), engine.limits),
+                               NOW[0] - 0.001)  # fmt: skip
+        assert "gone" not in engine.table
+        await engine.close()
+
+    asyncio.run(go())
