@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -113,7 +114,7 @@ async def run(args: argparse.Namespace, target: str) -> list[dict[str, object]]:
                 "bench": "overload", "factor": factor, "capacity_per_s": round(cap, 2),
                 "goodput_over_capacity": round(float(row["goodput_per_s"]) / cap, 3),  # type: ignore[arg-type]
                 "requests": args.requests, "context": args.context, "budget": args.budget,
-                "deadline_s": args.deadline_s, "seconds": args.seconds,
+                "deadline_s": args.deadline_s, "seconds": args.seconds, "pinned": args.pin,
             })  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -132,14 +133,25 @@ def main() -> None:
     p.add_argument("--capacity-s", type=float, default=5.0)
     p.add_argument("--serve-arg", action="append", default=[],
                    help="extra drafter serve argument (repeatable)")
+    p.add_argument("--pin", action="store_true",
+                   help="the service on the last core, this load generator on the others "
+                        "(as a separate client host would be; needs 2+ cores)")
     p.add_argument("--out", type=Path, help="append the JSON lines to this file too")
     args = p.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus: set[int] | None = None
+    if args.pin:
+        if len(cpus) < 2:
+            p.error(f"--pin needs 2 or more cores; this process may use {len(cpus)}")
+        server_cpus = {cpus[-1]}
+        os.sched_setaffinity(0, set(cpus[:-1]))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "drafter_service.drafter_cli", "serve",
                "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1",
                "--admin-port", "-1", "--data-dir", str(Path(tmp) / "data"),
                "--vocab-size", str(VOCAB), *args.serve_arg]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        pin = None if server_cpus is None else lambda: os.sched_setaffinity(0, server_cpus)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
         try:
             assert proc.stdout is not None
             target = proc.stdout.readline().split()[-1]

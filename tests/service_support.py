@@ -158,3 +158,29 @@ class Subprocess:
         self.proc.send_signal(sig)
         out, err = self.proc.communicate(timeout=timeout_s)
         return self.proc.returncode, out, err
+
+
+@contextmanager
+def datastore_held(s: Running) -> Iterator[None]:
+    """The default datastore's worker thread is busy until the block ends: a call made
+    meanwhile is queued behind it, so the service is still at work on it however long the
+    client takes to give up (no race with the clock)."""
+    assert s.server.engine is not None
+    release = threading.Event()
+    executor = s.server.engine.catalog.slots["default"].executor
+    blocker = executor.submit(release.wait, 600)  # a bound on failure only
+    try:
+        yield
+    finally:
+        release.set()
+        blocker.result()
+
+
+def wait_until_taken(s: Running) -> None:
+    """Until the service holds a call (admitted, its work queued)."""
+    engine = s.server.engine
+    assert engine is not None
+    end = time.monotonic() + 60  # bounds failure only
+    while engine.inflight_calls == 0:
+        assert time.monotonic() < end, "the service never took the call"
+        time.sleep(0.01)

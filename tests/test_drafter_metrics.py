@@ -6,12 +6,10 @@ from __future__ import annotations
 import queue
 import re
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,12 +19,21 @@ import pytest
 from log_server import RedisServer
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
+from service_support import (
+    VOCAB,
+    LoopThread,
+    Running,
+    config,
+    datastore_held,
+    delta,
+    rpc_error,
+    serving,
+    wait_until_taken,
+)
 
 from drafter_service import Datastore
 from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.service import ServeConfig
-from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.serving import start_server
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
@@ -327,22 +334,6 @@ GIVE_UP_MS = 500.0
 MAX_MISSES = 20  # steps a loaded machine may answer late before a test gives up on it
 
 
-@contextmanager
-def datastore_held(s: Running) -> Iterator[None]:
-    """The default datastore's worker thread is busy until the block ends: a call made
-    meanwhile is queued behind it, so the service is still at work on it however long the
-    client takes to give up (no race with the clock)."""
-    assert s.server.engine is not None
-    release = threading.Event()
-    executor = s.server.engine.catalog.slots["default"].executor
-    blocker = executor.submit(release.wait, 600)  # a bound on failure only
-    try:
-        yield
-    finally:
-        release.set()
-        blocker.result()
-
-
 def _giving_up_client(s: Running, mode: Literal["stream", "unary"], **extra: Any) -> DrafterClient:
     """A ready client with one request, whose steps give up at GIVE_UP_MS."""
     client = DrafterClient(s.server.address, deadline_ms=GIVE_UP_MS, mode=mode,
@@ -359,14 +350,6 @@ def _given_up_step(client: DrafterClient) -> StepResult:
     return result
 
 
-def _wait_until_taken(engine: DraftEngine) -> None:
-    """Until the service holds a call (admitted, its work queued)."""
-    end = time.monotonic() + 60  # bounds failure only
-    while engine.inflight_calls == 0:
-        assert time.monotonic() < end, "the service never took the call"
-        time.sleep(0.01)
-
-
 def _handing_off(tmp_path: Path) -> ServeConfig:
     """Every call's native work goes to the datastore's worker thread (none inline)."""
     return config(tmp_path, inline_max_work=0)
@@ -380,12 +363,10 @@ def test_a_unary_call_given_up_while_the_service_works_on_it_is_counted_cancelle
     is cancelled only once the service holds it, so no deadline races the machine's speed
     (one that expires before the call arrives is DEADLINE_EXCEEDED instead)."""
     with serving(loop_thread, _handing_off(tmp_path)) as s:
-        engine = s.server.engine
-        assert engine is not None
         with datastore_held(s):
             request = pb.DraftRequest(step=0, requests=[delta("held", PATTERN, budget=8)])
             call = s.stub.Draft.future(request)
-            _wait_until_taken(engine)
+            wait_until_taken(s)
             call.cancel()
             got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total",
                                                 method="Draft", code="CANCELLED") >= 1)  # fmt: skip
@@ -431,14 +412,12 @@ def test_a_stream_closed_mid_step_is_counted_cancelled(
     step (DrafterClient does when a give-up opens its circuit breaker) is CANCELLED, on
     DraftStream. Closed only once the service holds the step: no race with the clock."""
     with serving(loop_thread, _handing_off(tmp_path)) as s:
-        engine = s.server.engine
-        assert engine is not None
         cancelled = {"method": "DraftStream", "code": "CANCELLED"}
         outbox: queue.Queue[pb.DraftRequest | None] = queue.Queue()
         with datastore_held(s):
             call = s.stub.DraftStream(iter(outbox.get, None))
             outbox.put(pb.DraftRequest(step=0, requests=[delta("held", PATTERN, budget=8)]))
-            _wait_until_taken(engine)
+            wait_until_taken(s)
             call.cancel()
             outbox.put(None)
             got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total", **cancelled) >= 1)

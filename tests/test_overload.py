@@ -10,9 +10,20 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+from service_support import (
+    LoopThread,
+    config,
+    datastore_held,
+    delta,
+    rpc_error,
+    serving,
+    wait_until_taken,
+)
 
 from drafter_service import Drafter
 from drafter_service.service.call_errors import DeadlineExceeded, ResourceExhausted
@@ -125,3 +136,107 @@ def test_a_call_past_its_deadline_on_arrival_is_not_started(engine: DraftEngine)
         await engine.close()
 
     asyncio.run(go())
+
+
+def step(request_id: str, known: int, tokens: list[int]) -> pb.DraftRequest:
+    delta = pb.RequestDelta(request_id=request_id, budget=16, known_length=known,
+                            new_tokens=tokens)  # fmt: skip
+    return pb.DraftRequest(requests=[delta])
+
+
+def test_an_expired_call_leaves_a_later_restart_of_its_request_alone(
+    engine: DraftEngine,
+) -> None:
+    """A client that restarts one request in two calls at once (the overload benchmark's
+    callers reuse request ids) whose first call expires in the queue: the second call's
+    restart stands, in the table and in the drafter, and the request can be restarted
+    again (it was forgotten by the table but kept by the drafter: 'already started',
+    INTERNAL, on every later restart)."""
+
+    async def go() -> None:
+        gate = hold_drafting_thread(engine)
+        first = asyncio.ensure_future(engine.draft(
+            parse_draft_request(call("r", 500), engine.limits), NOW[0] + 0.05))  # fmt: skip
+        second = asyncio.ensure_future(
+            engine.draft(parse_draft_request(call("r", 500), engine.limits))
+        )
+        await asyncio.sleep(0)
+        NOW[0] += 0.1  # the first call's deadline passes in the queue
+        gate.set()
+        with pytest.raises(DeadlineExceeded):
+            await first
+        assert (await second).trees[0] is not None
+        assert "r" in engine.table and "r" in engine.catalog.slots[NAME].drafter
+        again = await engine.draft(parse_draft_request(call("r", 500), engine.limits))
+        assert again.trees[0] is not None and again.lengths == [500]
+        await engine.close()
+
+    asyncio.run(go())
+
+
+def test_an_append_to_a_request_an_expired_call_dropped_answers_resync(
+    engine: DraftEngine,
+) -> None:
+    """Two appends to one request in flight at once, the first expiring in the queue: it
+    drops the request, so the second finds nothing to append to and answers RESYNC (not
+    INTERNAL); the request then restarts as usual."""
+
+    async def go() -> None:
+        await engine.draft(parse_draft_request(step("r", 0, [1, 2, 3]), engine.limits))
+        gate = hold_drafting_thread(engine)
+        first = asyncio.ensure_future(engine.draft(
+            parse_draft_request(step("r", 3, [4]), engine.limits), NOW[0] + 0.05))  # fmt: skip
+        second = asyncio.ensure_future(
+            engine.draft(parse_draft_request(step("r", 4, [5]), engine.limits))
+        )
+        await asyncio.sleep(0)
+        NOW[0] += 0.1
+        gate.set()
+        with pytest.raises(DeadlineExceeded):
+            await first
+        answer = await second
+        assert answer.trees == [None] and answer.lengths == [0]  # RESYNC
+        assert "r" not in engine.table and "r" not in engine.catalog.slots[NAME].drafter
+        again = await engine.draft(parse_draft_request(step("r", 0, [1, 2, 3, 4, 5]),
+                                                       engine.limits))  # fmt: skip
+        assert again.trees[0] is not None and again.lengths == [5]
+        await engine.close()
+
+    asyncio.run(go())
+
+
+# -- through a real server ------------------------------------------------------------
+
+
+def test_past_max_concurrent_rpcs_grpc_refuses_before_the_service_sees_the_call(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """``max_concurrent_rpcs``: with one call open (held on the drafting thread), the next
+    is RESOURCE_EXHAUSTED by gRPC itself, without a message parsed or an engine call."""
+    with serving(loop_thread, config(tmp_path, max_concurrent_rpcs=1, inline_max_work=0)) as s:
+        with datastore_held(s):
+            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("a", [1, 2, 3])]))
+            wait_until_taken(s)
+            refused = rpc_error(s.draft, delta("b", [1, 2, 3]))
+            assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+            assert s.server.engine is not None and s.server.engine.inflight_calls == 1
+        assert first.result(timeout=60).drafts[0].length == 3
+        assert s.draft(delta("b", [1, 2, 3])).drafts[0].length == 3  # the slot is free again
+
+
+def test_an_overloaded_service_refuses_before_parsing_the_message(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """At ``max_inflight_calls`` a Draft call is refused for the load before its message is
+    parsed (a refusal under overload costs no parsing): even an invalid one answers
+    RESOURCE_EXHAUSTED, and INVALID_ARGUMENT once the service has room."""
+    with serving(loop_thread, config(tmp_path, max_inflight_calls=1, inline_max_work=0)) as s:
+        bad = delta("bad", [VOCAB + 5])  # a token outside the vocabulary
+        with datastore_held(s):
+            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("a", [1, 2, 3])]))
+            wait_until_taken(s)
+            refused = rpc_error(s.draft, bad)
+            assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+            assert "max_inflight_calls (1)" in str(refused.details())
+        assert first.result(timeout=60).drafts[0].length == 3
+        assert rpc_error(s.draft, bad).code() is grpc.StatusCode.INVALID_ARGUMENT

@@ -32,6 +32,7 @@ from drafter_service.service.draft_jobs import (
     DrafterJob,
     JobOutcome,
     JobRunner,
+    RequestsDropped,
     jobs_for,
 )
 from drafter_service.service.drafter_metrics import DrafterMetrics
@@ -124,6 +125,10 @@ class DraftEngine:
                     "the call's deadline passed before its turn on the drafting thread: "
                     "nothing was drafted or changed; its requests answer RESYNC"
                 ) from None
+            if isinstance(exc.__cause__, RequestsDropped):  # every request starts over
+                n = len(call.request_ids)
+                self.metrics.count_resync("unknown", n)
+                return DraftAnswer(call.request_ids, [0] * n, [None] * n)
             raise
         for name, batch in batches.items():
             if batch is not None:
@@ -277,6 +282,14 @@ class DraftEngine:
                 f"({self.max_queue_s * 1e3:.0f}); retry later"
             )
 
+    def check_admission(self, deadline_s: float | None = None) -> None:
+        """Raises what :meth:`draft` would refuse a call with for the load alone (calls in
+        flight, queued work, the deadline), whatever the call carries: the gRPC edge
+        asks before it parses a message, so a refusal under overload costs no parsing."""
+        self._admit_work(deadline_s)
+        if self._inflight >= self.max_inflight_calls:
+            self._admit()  # raises
+
     def _admit(self) -> None:
         if self._inflight >= self.max_inflight_calls:
             raise ResourceExhausted(
@@ -324,9 +337,10 @@ class DraftEngine:
         table = self.table
         for name, result in results.items():
             if isinstance(result, BaseException):
-                for request_id in jobs[name].request_ids:
-                    state = table.get(request_id)
-                    if state is not None and state.datastore == name:
+                # Only the states this call planned: a later call may have restarted
+                # one of its requests meanwhile, and that state is the later call's.
+                for request_id, state, _ in holds.get(name, ()):
+                    if table.get(request_id) is state:
                         table.pop(request_id)
             elif result is not None and name in holds:
                 held, headroom = result.state_bytes.tolist(), result.state_headroom.tolist()

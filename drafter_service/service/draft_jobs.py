@@ -44,6 +44,12 @@ class CallExpired(Exception):
     """A job's call was past its deadline when the job's turn came: nothing was done."""
 
 
+class RequestsDropped(Exception):
+    """A request the job appends to was dropped by an earlier call's failed job (a client
+    that sent one request in two calls at once): nothing was drafted; the job stopped its
+    requests, which answer RESYNC."""
+
+
 def weight(requests: int, tokens: int, budgets: int, stops: int = 0) -> int:
     """Rough native cost in drafted requests (see :meth:`DrafterJob.weight`)."""
     return (
@@ -102,6 +108,8 @@ class DrafterJob:
                 drafter.start(request_id, context)
             if not self.request_ids:
                 return None
+            if dropped := [r for r in self.request_ids if r not in drafter]:
+                raise RequestsDropped(f"{len(dropped)} requests, e.g. {dropped[0]!r}")
             offsets = np.zeros(len(self.tokens) + 1, dtype=np.int64)
             np.cumsum([len(t) for t in self.tokens], out=offsets[1:])
             flat = np.concatenate(self.tokens) if self.tokens else _NO_TOKENS

@@ -163,9 +163,9 @@ class DrafterMetrics(Collector):
             counts.trees += n - empty
             counts.request_seconds.add(job_seconds / n, n)
 
-    def count_resync(self, reason: str) -> None:
+    def count_resync(self, reason: str, n: int = 1) -> None:
         with self._lock:
-            self._resyncs[reason] += 1
+            self._resyncs[reason] += n
 
     def count_error(self, method: str, code: str) -> None:
         with self._lock:

@@ -162,7 +162,9 @@ class DrafterServer:
     async def listen(self) -> None:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
         server = grpc.aio.server(
-            options=grpc_options(self.config), interceptors=[self.gate] if self.gate else None
+            options=grpc_options(self.config),
+            interceptors=[self.gate] if self.gate else None,
+            maximum_concurrent_rpcs=self.config.max_concurrent_rpcs or None,
         )
         add_drafter_service(self._servicer, server)  # requests that do not parse: INVALID_ARGUMENT
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

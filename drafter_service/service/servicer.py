@@ -157,6 +157,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         deadline_s: float | None = None,
     ) -> pb.DraftResponse:
         """``deadline_s`` (monotonic): the call's gRPC deadline; a stream's steps have none."""
+        engine.check_admission(deadline_s)
         call = parse_draft_request(request, engine.limits)
         if namespace:  # the engine sees the client's ids under its own prefix
             ids = call.request_ids

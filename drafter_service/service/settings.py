@@ -255,6 +255,15 @@ class ServeConfig(BaseSettings):
     max_inflight_calls: _AtLeastOne = Field(
         64, description="calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED"
     )
+    max_concurrent_rpcs: Annotated[int, _bounds(0)] = Field(
+        0,
+        description="RPCs open at once, open streams included (each counts while it is "
+        "open); beyond: RESOURCE_EXHAUSTED from gRPC itself, before the call reaches "
+        "Python, the cheapest refusal there is. 0 = no limit. Under a flood of unary "
+        "Draft calls set it near max_inflight_calls plus the streams you expect: at 10x "
+        "overload it keeps most of the capacity that Python-level refusals spend "
+        "(docs/benchmarks.md, Goodput under overload)",
+    )
     max_queue_ms: _PositiveSeconds = Field(
         1000.0,
         description="drafting work queued ahead of a Draft call, at most (estimated from "
