@@ -240,3 +240,50 @@ def test_an_overloaded_service_refuses_before_parsing_the_message(
             assert "max_inflight_calls (1)" in str(refused.details())
         assert first.result(timeout=60).drafts[0].length == 3
         assert rpc_error(s.draft, bad).code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_calls_past_max_pending_rpcs_are_refused_by_grpc_while_the_loop_is_busy(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """``max_pending_rpcs``: while the service's event loop is busy (held here by a
+    callback the test releases), calls it has not taken up wait in gRPC's core; past the
+    bound, gRPC's core refuses them (the client sees CANCELLED), at once and without the
+    loop (a call refused while the loop is held cannot have reached Python). Once the loop is
+    free the waiting calls are served. Without the bound (gRPC's own: 3,000) none of the
+    20 calls would be refused, and they would wait out their deadlines under a flood."""
+    with serving(loop_thread, config(tmp_path, max_pending_rpcs=4)) as s:
+        assert s.draft(delta("warm", [1, 2, 3])).drafts[0].length == 3  # connected
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_loop() -> None:
+            held.set()
+            release.wait(600)  # a bound on failure only
+
+        loop_thread.loop.call_soon_threadsafe(hold_the_loop)
+        assert held.wait(60)
+        try:
+            done: list[grpc.Future] = []
+            ten_done = threading.Event()
+
+            def count(call: grpc.Future) -> None:
+                done.append(call)
+                if len(done) >= 10:
+                    ten_done.set()
+
+            calls = []
+            for i in range(20):
+                call = s.stub.Draft.future(pb.DraftRequest(requests=[delta(f"r{i}", [1, 2, 3])]))
+                call.add_done_callback(count)
+                calls.append(call)
+            # 20 calls, at most 4 pending and a few taken up by gRPC's own requests for
+            # calls: at least 10 are refused, all while the loop is still held.
+            assert ten_done.wait(60), f"{len(done)} of 20 calls answered while the loop was held"
+            refused = [call.exception() for call in list(done)]
+            assert not release.is_set()
+            # gRPC's core resets the stream: no status of the service's, so CANCELLED.
+            assert all(e is not None and e.code() is grpc.StatusCode.CANCELLED for e in refused)
+        finally:
+            release.set()
+        answered = [c.result(timeout=60) for c in calls if c.exception(timeout=60) is None]
+        assert answered and all(r.drafts[0].length == 3 for r in answered)
+        assert len(answered) + sum(c.exception() is not None for c in calls) == 20

@@ -73,8 +73,9 @@ def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
 
 
 def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
-    """Channel arguments: message sizes, keepalive, and no silent port sharing."""
-    return [
+    """Channel arguments: message sizes, keepalive, the pending-call bound, and no silent
+    port sharing."""
+    options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         ("grpc.keepalive_time_ms", round(config.keepalive_time_s * 1000)),
@@ -90,6 +91,10 @@ def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
     ]
+    if pending := config.max_pending_rpcs:  # random early detection from half of it on
+        options.append(("grpc.server.max_pending_requests", pending // 2))
+        options.append(("grpc.server.max_pending_requests_hard_limit", pending))
+    return options
 
 
 Phase = Literal["loading", "ok", "stopping"]

@@ -264,6 +264,16 @@ class ServeConfig(BaseSettings):
         "overload it keeps most of the capacity that Python-level refusals spend "
         "(docs/benchmarks.md, Goodput under overload)",
     )
+    max_pending_rpcs: Annotated[int, _bounds(0)] = Field(
+        128,
+        description="calls gRPC has received that the service has not yet taken up (its "
+        "event loop busy under a flood); beyond, gRPC's core refuses a call before it "
+        "reaches Python (the client sees CANCELLED), and from half of it on at random, more "
+        "often the fuller the queue (random early detection). Open streams do not count. "
+        "Without a bound gRPC queues up to 3,000 calls, which then wait past their "
+        "deadlines: at 10x overload goodput fell to 0.15-0.25 of capacity, 0.59-0.66 with "
+        "64-256 (docs/benchmarks.md, Goodput under overload). 0 = gRPC's own (1,000 / 3,000)",
+    )
     max_queue_ms: _PositiveSeconds = Field(
         1000.0,
         description="drafting work queued ahead of a Draft call, at most (estimated from "
