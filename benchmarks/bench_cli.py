@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.engine_bench import add_engine_parser
+from benchmarks.gpu_bench import add_gpu_parser
 from benchmarks.live_replay import LIVE_BASE_LAYOUTS
 from benchmarks.load import add_load_parser
 from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
@@ -340,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_parser(subparsers)
     add_engine_parser(subparsers)
     add_scale_parser(subparsers)
+    add_gpu_parser(subparsers)
     return parser
 
 

@@ -49,6 +49,9 @@ def add_load_parser(subparsers: Any) -> None:
     p.add_argument("--corpus", metavar="FILE",
                    help="without --target: the started service's datastore is prebuilt from "
                         "these records' output_ids")
+    p.add_argument("--snapshot", metavar="DIR",
+                   help="without --target: the started service starts from this snapshot "
+                        "(built once, e.g. by datastore-builder build; instead of --corpus)")
     p.add_argument("--batch", type=int, default=64, help="concurrent requests (default 64)")
     p.add_argument("--budget", type=int, default=16, help="draft budget per request (default 16)")
     p.add_argument("--steps", type=int, default=2000, help="measured steps (default 2000)")
@@ -115,7 +118,10 @@ class _Lane:
 
 
 def run_load(args: argparse.Namespace) -> int:
+    if args.corpus and args.snapshot:
+        raise ValueError("--corpus and --snapshot both seed the started service: give one")
     service_flags = {"--server-cpus": args.server_cpus is not None,
+                     "--snapshot": args.snapshot is not None,
                      "--node-score": args.node_score is not None,
                      "--draft-config": bool(args.draft_config)}  # fmt: skip
     for flag, given in service_flags.items():
@@ -133,7 +139,14 @@ def run_load(args: argparse.Namespace) -> int:
         if args.client_cpus is not None:
             _pin_process(args.client_cpus)
         try:
+            cpu_before = _cpu_s(proc)
             report = _drive(args, target, records)
+            if proc is not None:
+                # The service's own CPU time (all its threads) per request-step, warm-up
+                # included: what one request costs the drafting pod's cores each step.
+                request_steps = (args.steps + args.warmup) * args.batch
+                cpu_s = _cpu_s(proc) - cpu_before
+                report["server_cpu_us_per_request_step"] = round(1e6 * cpu_s / request_steps, 2)
         finally:
             if proc is not None:
                 proc.terminate()
@@ -156,14 +169,10 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
            # on the interval, as before rebuild_max_share.
            "--rebuild-max-share", "0"]
     if args.corpus:
-        from drafter_service.datastore.sub_indices import Datastore, SubIndex
-        from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
-
-        index = SubIndex.build(iter_documents(args.corpus, vocab_size=args.vocab_size),
-                               args.vocab_size)
-        write_snapshot(tmp / "corpus", Datastore([index], args.vocab_size),
-                       TokenizerIdentity("bench", args.vocab_size, ""))
+        write_corpus_snapshot(args.corpus, args.vocab_size, tmp / "corpus")
         cmd += ["--snapshot", str(tmp / "corpus")]
+    elif args.snapshot:
+        cmd += ["--snapshot", str(args.snapshot)]
     if args.node_score is not None:
         cmd += ["--node-score", args.node_score]
     for key, value in args.draft_config:
@@ -180,6 +189,28 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
         proc.kill()
         raise RuntimeError(f"drafter serve did not start: {line!r}")
     return proc, line.split()[-1]
+
+
+def write_corpus_snapshot(corpus: str | Path, vocab_size: int, path: Path) -> Path:
+    """A snapshot at ``path`` of one sub-index over the records' ``output_ids`` (what the
+    benchmarks seed a started ``drafter serve`` with)."""
+    from drafter_service.datastore.sub_indices import Datastore, SubIndex
+    from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
+
+    index = SubIndex.build(iter_documents(corpus, vocab_size=vocab_size), vocab_size)
+    write_snapshot(path, Datastore([index], vocab_size), TokenizerIdentity("bench", vocab_size, ""))
+    return path
+
+
+def _cpu_s(proc: subprocess.Popen[str] | None) -> float:
+    """User + system CPU seconds of ``proc`` so far (Linux; 0 elsewhere or without one)."""
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class DecodeClient(Protocol):

@@ -105,7 +105,8 @@ def run_worker_bench(args: argparse.Namespace) -> int:
 @contextmanager
 def drafter_for(args: argparse.Namespace, prefix: str) -> Iterator[str]:
     """The drafter's address: ``args.target``, or a ``drafter serve`` started for the run
-    (``args.vocab_size``, seeded with ``args.snapshot`` if set)."""
+    (``args.vocab_size``, seeded with ``args.snapshot`` if set, with ``args.serve_args``
+    if any)."""
     if args.target:
         yield args.target
         return
@@ -118,6 +119,7 @@ def drafter_for(args: argparse.Namespace, prefix: str) -> Iterator[str]:
                "--rebuild-min-tokens", "1"]  # fmt: skip
         if args.snapshot:
             cmd += ["--snapshot", str(args.snapshot)]
+        cmd += getattr(args, "serve_args", [])
         log_path = Path(tmp) / "drafter.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)

@@ -239,3 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{report.tokens_per_second / 1e6:.2f}M tokens/s"
     )
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

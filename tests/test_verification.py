@@ -206,19 +206,20 @@ SAMPLER_CASES = [  # (temperature, top_k, top_p): every path of the sampler
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [12, 7])  # cumulative sums over blocks of 4 and of 1 token
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), SAMPLER_CASES)
 def test_sampler_draws_the_filtered_target_distribution(
-    temperature: float, top_k: int, top_p: float, vocab: int
+    temperature: float, top_k: int, top_p: float, vocab: int, device: str
 ) -> None:
     draws = 40_000
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(11)) * 1.5
-    gen = torch.Generator().manual_seed(12)
-    rows = logits.expand(4, draws // 4, vocab)  # B = 4 requests, the same distribution
+    gen = torch.Generator(device=device).manual_seed(12)
+    rows = logits.to(device).expand(4, draws // 4, vocab)  # B = 4 requests, one distribution
     samples = sample_targets(rows, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=gen)  # fmt: skip
     assert samples.shape == (4, draws // 4) and samples.dtype == torch.int64
-    counts = np.bincount(samples.reshape(-1).numpy(), minlength=vocab)
+    counts = np.bincount(samples.reshape(-1).cpu().numpy(), minlength=vocab)
     probs = np.array(ref_distribution(logits.tolist(), temperature, top_k, top_p))
     assert chi_square_pvalue(counts, probs) > ALPHA
 
@@ -292,27 +293,30 @@ def top2_biased_verify(packed: PackedTrees, logits: torch.Tensor, temperature: t
     return accept(packed, targets)
 
 
-def simulate(verify: Verifier, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """Speculative sampling of GENERATED tokens after token 0, RUNS_PER_CONFIG per config.
+def simulate(verify: Verifier, seed: int, device: str = "cpu") -> tuple[np.ndarray, np.ndarray,
+                                                                        float]:  # fmt: skip
+    """Speculative sampling of GENERATED tokens after token 0, RUNS_PER_CONFIG per config,
+    packed, verified and sampled on ``device``.
 
     Returns the outcome index of every run (base-V number of its tokens), each
     run's config and the mean accepted drafts per verify step.
     """
     vocab = BIGRAM_VOCAB
     table = torch.randn((vocab, vocab), generator=torch.Generator().manual_seed(21)) * 1.2
+    table = table.to(device)
     config = np.repeat(np.arange(len(CONFIGS)), RUNS_PER_CONFIG)
     runs = len(config)
-    temperature = torch.tensor([CONFIGS[i][0] for i in config])
-    top_k = torch.tensor([CONFIGS[i][1] for i in config])
-    top_p = torch.tensor([CONFIGS[i][2] for i in config])
+    temperature = torch.tensor([CONFIGS[i][0] for i in config], device=device)
+    top_k = torch.tensor([CONFIGS[i][1] for i in config], device=device)
+    top_p = torch.tensor([CONFIGS[i][2] for i in config], device=device)
     rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     out: list[list[int]] = [[] for _ in range(runs)]
     accepted = steps = 0
     while min(len(o) for o in out) < GENERATED:
         trees = _random_trees(rng, runs, vocab)
         roots = [o[-1] if o else 0 for o in out]
-        packed = pack_trees(trees, roots, [len(o) for o in out])
+        packed = pack_trees(trees, roots, [len(o) for o in out], device=device)
         logits = table[packed.tokens]  # a bigram model: the node's token decides
         result = verify(packed, logits, temperature, top_k, top_p, gen)
         committed = result.accepted_tokens.tolist()
@@ -354,11 +358,13 @@ def exact_outcome_probs(temperature: float, top_k: int, top_p: float) -> np.ndar
     return probs
 
 
-def test_tree_sampling_reproduces_the_target_distribution() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_sampling_reproduces_the_target_distribution(device: str) -> None:
     """Generations sampled through random trees (hits, misses, equal siblings, no tree)
     are distributed exactly as plain sampling: chi-square of the 216 outcomes of each
-    temperature/top-k/top-p config, at ALPHA = 0.001; zero-probability outcomes never occur."""
-    outcome, config, mean_accepted = simulate(lossless_verify, seed=31)
+    temperature/top-k/top-p config, at ALPHA = 0.001; zero-probability outcomes never occur.
+    On every device present (CUDA too: its own sampling kernels and generator)."""
+    outcome, config, mean_accepted = simulate(lossless_verify, seed=31, device=device)
     assert mean_accepted > 0.4, "the trees must hit, or nothing is tested"
     for i, params in enumerate(CONFIGS):
         counts = np.bincount(outcome[config == i], minlength=BIGRAM_VOCAB**GENERATED)

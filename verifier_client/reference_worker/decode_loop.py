@@ -41,7 +41,7 @@ from verifier_client.reference_worker.generation import (
 )
 from verifier_client.reference_worker.kv_cache import BatchKVCache, tree_attention_mask
 from verifier_client.results import Outcome, StepResult, Tree
-from verifier_client.verification.tree_packing import PackedTrees, pack_trees
+from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees
 from verifier_client.verification.tree_verification import (
     VerifyResult,
     accept,
@@ -73,6 +73,7 @@ class _Active:
     unsent: list[int] = field(default_factory=list)  # committed, not yet told to the drafter
     steps: int = 0
     generator: torch.Generator | None = None
+    teacher: Tensor | None = None  # the recorded output (teacher forcing), on the device
 
 
 def cache_keyword(module: torch.nn.Module) -> str:
@@ -92,6 +93,9 @@ class DecodeWorker:
         eos_token_ids: a committed token in this set ends its request.
         metrics: where each step's acceptance is recorded (``WorkerMetrics``).
         budget: the rule the drafter client sizes trees with (for the budget gauge).
+        chain: verify a chain of at most this many draft tokens per request, the path
+            through each tree's highest-score child at every level (as engines that verify
+            chains do), instead of the whole tree. None: the tree.
 
     Not thread-safe: one loop calls :meth:`submit` and :meth:`step` (or :meth:`run`).
     """
@@ -105,9 +109,13 @@ class DecodeWorker:
         eos_token_ids: Iterable[int] = (),
         metrics: WorkerMetrics | None = None,
         budget: BudgetRule | None = None,
+        chain: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if chain is not None and chain < 1:
+            raise ValueError(f"chain must be >= 1 draft tokens, got {chain}")
+        self.chain = chain
         model.train(False)  # inference: no dropout
         self.model = model
         self.drafter = drafter
@@ -144,6 +152,10 @@ class DecodeWorker:
         if request.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens of {rid!r} must be >= 1, "
                              f"got {request.max_new_tokens}")  # fmt: skip
+        teacher = request.teacher_ids
+        if teacher is not None and len(teacher) < request.max_new_tokens:
+            raise ValueError(f"teacher_ids of {rid!r} hold {len(teacher)} tokens, fewer than "
+                             f"max_new_tokens ({request.max_new_tokens})")  # fmt: skip
         self._live_ids.add(rid)
         self._pending.append(request)
 
@@ -224,7 +236,11 @@ class DecodeWorker:
             if not request.sampling.greedy:
                 generator = torch.Generator(device=self.device)
                 generator.manual_seed(request.sampling.seed)
-            self._active.append(_Active(request, context, generator=generator))
+            teacher = None
+            if request.teacher_ids is not None:
+                teacher = torch.tensor(list(request.teacher_ids), dtype=torch.long,
+                                       device=self.device)  # fmt: skip
+            self._active.append(_Active(request, context, generator=generator, teacher=teacher))
             if self.drafter is not None:
                 self.drafter.add_request(request.request_id, context)
         self.stats.timings.prefill_s += self._clock() - start
@@ -247,11 +263,12 @@ class DecodeWorker:
 
     def _pack(self, trees: list[Tree | None]) -> PackedTrees:
         roots = [a.context[-1] for a in self._active]
+        scores = self.chain is not None
         try:
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
         except ValueError:  # a malformed tree (parents not before their node, ids < 0)
             trees = [self._well_formed(tree, root) for tree, root in zip(trees, roots, strict=True)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
         # A drafter must not be able to crash decoding: trees with ids the model does not
         # have are dropped (the request decodes this step without a draft).
         bad = ((packed.tokens < 0) | (packed.tokens >= self.vocab_size)) & packed.valid
@@ -259,7 +276,9 @@ class DecodeWorker:
             rows = set(bad.any(dim=1).nonzero().flatten().tolist())
             self.stats.rejected_trees += len(rows)
             trees = [None if b in rows else t for b, t in enumerate(trees)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
+        if self.chain is not None:
+            packed = best_chain(packed, self.chain).packed
         return packed
 
     def _well_formed(self, tree: Tree | None, root: int) -> Tree | None:
@@ -276,11 +295,16 @@ class DecodeWorker:
     def _verify(self, packed: PackedTrees, logits: Tensor) -> VerifyResult:
         """Greedy rows take the argmax at every node; sampling rows draw one token per
         node from their own generator (lossless: see verification.py)."""
-        if all(a.generator is None for a in self._active):
+        if all(a.generator is None and a.teacher is None for a in self._active):
             return verify_greedy(packed, logits)
         targets = logits.argmax(dim=-1)
         for b, a in enumerate(self._active):
-            if a.generator is not None:
+            if a.teacher is not None:
+                # The recorded token at each node's output position (the node at depth d
+                # is followed by output token len(output) + d); past the end, the last.
+                at = (packed.depth[b] + len(a.output)).clamp(max=len(a.teacher) - 1)
+                targets[b] = a.teacher[at]
+            elif a.generator is not None:
                 p = a.request.sampling
                 targets[b] = sample_targets(logits[b : b + 1], temperature=p.temperature,
                                             top_k=p.top_k, top_p=p.top_p,

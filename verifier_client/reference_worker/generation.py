@@ -33,10 +33,16 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
+    """``teacher_ids``: teacher forcing, for benchmarks of models with random weights. The
+    target's token at each output position is this recorded output's, not the logits'
+    choice; the forward pass, the tree and the acceptance walk are the same work, and the
+    output is the recording (cut at ``max_new_tokens``), as a replay of it would decode."""
+
     request_id: str
     prompt_ids: Sequence[int]
     max_new_tokens: int
     sampling: SamplingParams = SamplingParams()
+    teacher_ids: Sequence[int] | None = None
 
 
 @dataclass(slots=True)
