@@ -152,6 +152,21 @@ def add_replay_parser(subparsers: Any) -> None:
         "--config max_budget >= C",
     )
     p.add_argument(
+        "--chain",
+        type=_positive,
+        metavar="K",
+        help="verify chains as vLLM does: each step's --budget-node tree becomes its best "
+        "chain of at most K tokens (drafter methods); rows add drafted_per_step",
+    )
+    p.add_argument(
+        "--chain-min-score",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --chain: end each chain before a node scored below S (with the learned "
+        "score, the estimated probability that the path is accepted; default 0)",
+    )
+    p.add_argument(
         "--node-score",
         default="default",
         metavar="hand|default|FILE",
@@ -260,7 +275,11 @@ def run_replay(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         datastore_via=args.datastore_via,
         ceiling=args.ceiling or 0,
+        chain=args.chain or 0,
+        chain_min_score=args.chain_min_score,
     )
+    if args.chain and "pld" in methods:
+        raise DataError("--chain needs drafter methods (input, datastore, both), not pld")
     rows = []
     for budget in budgets:
         for method in methods:
@@ -290,6 +309,9 @@ def run_replay(args: argparse.Namespace) -> int:
                 row["corpus_load_s"] = round(load_s, 3)
             if args.ceiling:
                 row["ceiling"] = args.ceiling
+            if args.chain:
+                row["chain"], row["chain_min_score"] = args.chain, args.chain_min_score
+                row["drafted_per_step"] = round(result.drafted_tokens / max(1, result.steps), 4)
             if args.curve:
                 row["tau_curve"] = [[n, round(t, 4)] for n, t in result.tau_curve(args.curve)]
             if args.json:

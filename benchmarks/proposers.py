@@ -47,6 +47,8 @@ class DrafterProposer:
         self.call_ns = 0
         self._ids: dict[int, str] = {}
         self._serial = 0
+        self.scores: list[list[float]] = []
+        """The node scores of the last :meth:`draft` call's trees."""
 
     def begin(self, slot: int, record: Record) -> None:
         self._serial += 1
@@ -62,7 +64,9 @@ class DrafterProposer:
         batch = self.drafter.draft_batch(ids, flat, offsets, self.budget)
         self.call_ns = time.perf_counter_ns() - start
         tokens, parents = batch.tokens.tolist(), batch.parents.tolist()
-        pairs = itertools.pairwise(batch.offsets.tolist())
+        scores = batch.scores.tolist()
+        pairs = list(itertools.pairwise(batch.offsets.tolist()))
+        self.scores = [scores[lo:hi] for lo, hi in pairs]
         return [(tokens[lo:hi], parents[lo:hi]) for lo, hi in pairs]
 
     def end(self, slot: int) -> None:

@@ -30,6 +30,7 @@ from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import Drafter
 from drafter_service.live.live_datastore import LivePolicy
+from verifier_client.results import Tree
 
 METHODS = ("pld", "input", "datastore", "both")
 """pld: prompt lookup (vLLM ngram); input: input trie only; datastore: datastore
@@ -65,6 +66,11 @@ class ReplaySettings:
     """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
     depth-1 input trie (its match node has no children, so the input adds nothing);
     ``context`` = ``_core.draft_context(use_input=False)``. Same trees either way."""
+    chain: int = 0
+    """Verify chains, as vLLM does (0: trees): each step's tree becomes its best chain of
+    at most this many tokens (``Tree.best_chain``), ending before a node scored below
+    ``chain_min_score``. Drafter methods only (the chain is chosen by node scores)."""
+    chain_min_score: float = 0.0
     ceiling: int = 0
     """Recall ceiling (0: off): draft trees of this many nodes and accept at most
     ``budget`` tokens of each, so tau is what the best ``budget``-node subtree of every
@@ -80,6 +86,8 @@ class ReplayResult:
     steps: int = 0
     output_tokens: int = 0
     accepted_tokens: int = 0
+    drafted_tokens: int = 0
+    """Draft tokens verified, over all steps (tree nodes, or chain tokens)."""
     draft_ns: list[int] = field(default_factory=list)
     """Per drafter call for one request (batch 1 only)."""
     batch_ns: list[int] = field(default_factory=list)
@@ -157,6 +165,9 @@ def replay(
     # of it is a `budget`-node subtree, so capping the accepted length bounds re-ranking.
     proposer = make_proposer(replace(settings, budget=settings.ceiling or settings.budget), store)
     accept_cap = settings.budget if settings.ceiling else None
+    if settings.chain and not isinstance(proposer, DrafterProposer):
+        raise ValueError(f"chains are chosen by node scores: method {settings.method!r} has "
+                         "none")  # fmt: skip
     result = ReplayResult()
     lanes: list[_Lane | None] = [None] * settings.batch
     queue = iter(records)
@@ -178,9 +189,14 @@ def replay(
         trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
         finished: list[Record] = []
+        if settings.chain:
+            assert isinstance(proposer, DrafterProposer)
+            trees = [_chain(tree, scores, settings) for tree, scores
+                     in zip(trees, proposer.scores, strict=True)]  # fmt: skip
         for slot, (tokens, parents) in zip(active, trees, strict=True):
             lane = lanes[slot]
             assert lane is not None
+            result.drafted_tokens += len(tokens)
             accepted = accepted_length(tokens, parents, lane.output, lane.p)
             if accept_cap is not None:
                 accepted = min(accepted, accept_cap)
@@ -207,3 +223,11 @@ def replay(
         result.live_rebuilds, result.live_rebuild_s = stats.rebuilds, stats.rebuild_seconds_total
         live.close()
     return result
+
+
+def _chain(tree: tuple[list[int], list[int]], scores: list[float],
+           settings: ReplaySettings) -> tuple[list[int], list[int]]:  # fmt: skip
+    """``tree``'s best chain as a tree (each token the child of the one before)."""
+    tokens, parents = tree
+    chain = Tree.of(tokens, parents, scores).best_chain(settings.chain, settings.chain_min_score)
+    return chain, list(range(-1, len(chain) - 1))

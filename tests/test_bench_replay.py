@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+from math import ceil
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,22 @@ def test_ceiling_accepts_from_the_larger_tree_up_to_the_budget() -> None:
         assert (same.steps, same.accepted_tokens) == (base.steps, base.accepted_tokens)
     with pytest.raises(ValueError, match="ceiling 4 is below budget 6"):
         replay(records, ReplaySettings("input", 6, ceiling=4))
+
+
+def test_chains_verify_the_best_path_of_each_tree_and_stop_at_the_min_score() -> None:
+    """``chain``: each step verifies only the best chain of its tree (at most K tokens,
+    what vLLM verifies), so it accepts at most what the tree does and drafts at most K a
+    step; a min score of 1 cuts every chain (no drafts, one token a step)."""
+    records = [rec(list(range(100, 140)), list(range(100, 140)) * 2)]
+    tree = replay(records, ReplaySettings("input", 16))
+    chain = replay(records, ReplaySettings("input", 16, chain=4))
+    assert chain.steps >= tree.steps and chain.accepted_tokens > 0
+    assert chain.drafted_tokens <= 4 * chain.steps < tree.drafted_tokens
+    assert chain.steps == ceil(80 / 5) + 1  # 4 + 1 a step once the prompt repeats
+    none = replay(records, ReplaySettings("input", 16, chain=4, chain_min_score=1.0))
+    assert (none.steps, none.drafted_tokens) == (80, 0)
+    with pytest.raises(ValueError, match="chains are chosen by node scores: method 'pld'"):
+        replay(records, ReplaySettings("pld", 16, chain=4))
 
 
 def test_live_mode_ingests_finished_records() -> None:

@@ -70,6 +70,9 @@ def test_settings_defaults_and_json_values() -> None:
         ({"store": "no"}, r"store must be true or false, got 'no'"),
         ({"metrics_port": 70000}, r"metrics_port must be an int in \[0, 65535\] or null, got 7"),
         ({"address": ""}, r"address must be a non-empty 'host:port', got ''"),
+        ({"chain_rule": "lots"}, r"unknown GPU profile 'lots'"),
+        ({"chain_min_score": 1.5}, r"chain_min_score must be a number in \[0, 1\], got 1.5"),
+        ({"chain_min_score": "0.1"}, r"chain_min_score must be a number in \[0, 1\], got '0.1'"),
     ],
 )
 def test_bad_settings_are_refused_by_name(mapping: dict[str, object], match: str) -> None:

@@ -191,6 +191,18 @@ def test_best_chain_follows_scores_not_order() -> None:
     assert chain.packed.positions.tolist() == [[9, 10, 11]]
 
 
+def test_a_chain_ends_before_its_first_node_below_the_min_score() -> None:
+    """``min_score``: the chain is the same best path, cut before the first node whose
+    (path) score is below it; 0 never cuts, and a root child below it gives no chain."""
+    tree = Tree.of([1, 2, 3, 4, 5], [-1, -1, 0, 1, 3], [0.2, 0.7, 0.1, 0.3, 0.05])
+    assert tree.best_chain(5) == [2, 4, 5] == tree.best_chain(5, 0.05)
+    assert tree.best_chain(5, 0.1) == [2, 4]
+    assert tree.best_chain(5, 0.5) == [2] and tree.best_chain(1, 0.5) == [2]
+    assert tree.best_chain(5, 0.8) == []
+    with pytest.raises(ValueError, match=r"min_score must be in \[0, 1\], got 1.5"):
+        tree.best_chain(3, 1.5)
+
+
 @pytest.mark.parametrize(
     ("trees", "roots", "lens", "error", "match"),
     [

@@ -69,9 +69,11 @@ class Tree:
             return self
         return Tree(self.tokens[:count], self.parents[:count], self.scores[:count])
 
-    def best_chain(self, max_len: int) -> list[int]:
+    def best_chain(self, max_len: int, min_score: float = 0.0) -> list[int]:
         """The chain for engines that verify chains: from the root, the highest-score
-        child at each level, at most ``max_len`` tokens.
+        child at each level, at most ``max_len`` tokens, ending before the first whose
+        score is below ``min_score`` (with the learned node score a node's score is the
+        estimated probability that the whole path to it is accepted).
 
         Same choice as :func:`verifier_client.verification.tree_packing.best_chain` (ties go to the
         lower index; a sibling repeating an earlier sibling's token is skipped), in
@@ -80,6 +82,8 @@ class Tree:
         """
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
             raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+        if not 0.0 <= min_score <= 1.0:
+            raise ValueError(f"min_score must be in [0, 1], got {min_score!r}")
         tokens, parents, scores = self.tokens.tolist(), self.parents.tolist(), self.scores.tolist()
         chain: list[int] = []
         current, start = -1, 0  # children come after their parent (breadth-first order)
@@ -91,7 +95,7 @@ class Tree:
                 seen.add(tokens[node])
                 if best < 0 or scores[node] > scores[best]:
                     best = node
-            if best < 0:
+            if best < 0 or scores[best] < min_score:
                 break
             chain.append(tokens[best])
             current, start = best, best + 1

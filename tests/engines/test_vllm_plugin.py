@@ -207,6 +207,33 @@ def test_drafter_killed_mid_run_and_aborts_change_no_output(
     assert stats["live_requests"] == 0  # aborted requests were released too
 
 
+@pytest.mark.parametrize(("extra", "longest"), [
+    ({"chain_rule": "2"}, 2),  # a rule that lets every batch verify 2 draft tokens
+    ({"chain_rule": "64/1"}, 1),  # ridge 64: 32 rows verify 1 (64 // 32 - 1), 12 rows 4
+    ({"chain_min_score": 1.0}, 0),  # no node is certain: no chains at all
+])  # fmt: skip
+def test_chains_are_sized_by_the_chain_rule_and_cut_at_the_min_score(
+    model: Path, prompts: list[list[int]], baseline: EngineRun, drafter: Drafter,
+    extra: dict[str, Any], longest: int,
+) -> None:  # fmt: skip
+    """``chain_rule``: chains no longer than what the rule lets the batch verify (vLLM's
+    own per-position counters show it); ``chain_min_score``: chains cut before a node
+    scored below it. Outputs stay identical either way."""
+    run = run_vllm(model, prompts, max_new_tokens=NEW_TOKENS, num_speculative_tokens=K,
+                   drafter=_settings(drafter, store=False, **extra))  # fmt: skip
+    assert run.outputs == baseline.outputs
+    engine = run.engine_counters
+    per_position = list(engine["num_accepted_tokens_per_pos"])
+    if longest == 0:
+        assert engine["num_draft_tokens"] == 0
+    elif extra.get("chain_rule") == "2":
+        assert per_position[2:] == [0, 0] and per_position[0] > 0
+        assert engine["num_draft_tokens"] <= 2 * engine["num_drafts"]
+    else:  # positions past 1 only once fewer than 22 rows decode (64 // 22 - 1 = 1)
+        assert engine["num_draft_tokens"] < K * engine["num_drafts"]
+        assert per_position[0] > 0
+
+
 def test_drafter_bench_engine_reports_identical_outputs_and_accepted_drafts(
     prompts: list[list[int]], tmp_path: Path
 ) -> None:

@@ -52,6 +52,11 @@ class DrafterSettings:
     resolve_all: bool = False  # the one address names a headless Service: a replica per IP
     deadline_ms: float = 5.0  # per decode step; past it the step has no drafts
     budget: str = "16"  # draft nodes per request: BudgetRule.parse ("16", "h100", "FLOPS/BW")
+    # Engines that verify chains (vLLM): "" = chains of up to the engine's own length at
+    # every batch size; a BudgetRule spec ("h100", "h200", "FLOPS/BW") = at most the
+    # positions that rule lets the batch verify for free (none past the ridge point).
+    chain_rule: str = ""
+    chain_min_score: float = 0.0  # a chain ends before a node scored below this (0 = never)
     mode: Literal["stream", "unary"] = "stream"
     datastore: str = ""  # datastore to draft from and store into ("" = the drafter's default)
     store: bool = True  # ingest finished generations (a request can still opt out)
@@ -71,6 +76,13 @@ class DrafterSettings:
         _check_positive("deadline_ms", self.deadline_ms)
         _check_positive("connect_timeout_s", self.connect_timeout_s, zero_ok=True)
         BudgetRule.parse(str(self.budget))  # ValueError naming the spec
+        if not isinstance(self.chain_rule, str):
+            raise ValueError(f"chain_rule must be a string, got {self.chain_rule!r}")
+        if self.chain_rule:
+            BudgetRule.parse(self.chain_rule)
+        score = self.chain_min_score
+        if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+            raise ValueError(f"chain_min_score must be a number in [0, 1], got {score!r}")
         if self.mode not in ("stream", "unary"):
             raise ValueError(f"mode must be 'stream' or 'unary', got {self.mode!r}")
         if not isinstance(self.datastore, str):

@@ -31,9 +31,12 @@ was imported there.
 
 vLLM 0.32 verifies chains, not trees: each request's tree from the service
 becomes its best chain (:meth:`Tree.best_chain`), at most
-``num_speculative_tokens`` long. The call is one ``DrafterClient.step`` for the
-whole batch under the deadline; a missed deadline, a dead service or any error
-means empty drafts for that step, never an exception or a longer wait.
+``num_speculative_tokens`` long, and with the ``chain_rule`` setting (a GPU profile) at
+most what that rule lets the batch verify for free; it ends before a node scored below
+``chain_min_score`` (with the learned score, the path's estimated acceptance). The call
+is one ``DrafterClient.step`` for the whole batch under the deadline; a missed deadline,
+a dead service or any error means empty drafts for that step, never an exception or a
+longer wait.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verifier_client.acceptance_metrics import WorkerMetrics
+from verifier_client.budget import BudgetRule
 from verifier_client.engines.batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "STORE_KEY", "SssdProposer", "register", "worker_stats"]
@@ -113,6 +117,8 @@ class SssdProposer:
         )
         install_hooks(sys.modules[_RUNNER_MODULE].GPUModelRunner)
         self._budget_rule = self.settings.budget_rule()
+        rule = self.settings.chain_rule
+        self._chain_rule = BudgetRule.parse(rule) if rule else None
         self._runner: Any = None
         self._verified: Mapping[str, Sequence[int]] = {}  # this step's scheduled drafts
         self.propose_calls = 0  # propose() calls with at least one request to draft for
@@ -172,10 +178,14 @@ class SssdProposer:
             [int(batch.num_prompt_tokens[i]) for i in rows],
             lambda r, start, stop: token_ids_cpu[rows[r], start:stop].tolist(),
         )
+        longest = self.num_speculative_tokens
+        if self._chain_rule is not None:  # what verification costs at this batch size
+            longest = min(longest, self._chain_rule.draft_budget(len(rows)))
+        min_score = self.settings.chain_min_score
         for row, length, tree in zip(rows, lengths, trees, strict=True):
             if tree is not None and len(tree):
-                room = min(self.num_speculative_tokens, self.max_model_len - length)
-                drafts[row] = tree.best_chain(room)
+                room = min(longest, self.max_model_len - length)
+                drafts[row] = tree.best_chain(room, min_score)
         if self.metrics is not None and drafter.last_result is not None:
             budget = self._budget_rule.draft_budget(len(rows))
             self.metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, budget)
