@@ -15,6 +15,7 @@ import pytest
 import torch
 from worker_support import VOCAB, OracleDrafter, model64, prompts
 
+from benchmarks.gpu_plots import plot, read_rows
 from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
 from verifier_client.reference_worker.target_models import ARCHITECTURES, architecture_model
 
@@ -109,6 +110,9 @@ def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> No
     ridges = [r for r in rows if r["kind"] == "ridge"]
     assert [r["batch"] for r in ridges] == [1, 2]
     assert all(r["rule_tree_tokens"] == 17 for r in ridges)  # the CPU default: budget 16
+    pngs = plot(read_rows(out), tmp_path / "plots")
+    assert [p.name for p in pngs] == ["gpu_tokens_per_s.png", "gpu_verify_cost.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 
 def test_the_device_script_runs_every_stage_on_cpu(tmp_path: Path) -> None:
