@@ -128,6 +128,46 @@ def test_resync_after_a_restart_is_transparent(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_steps_the_rule_gives_no_nodes_send_nothing_and_the_next_drafting_step_catches_up(
+    tmp_path: Path,
+) -> None:
+    """Past the ridge point the budget rule gives no nodes: such a step sends nothing and
+    waits for nothing (decoding is never slower for the drafter). Its tokens go with the
+    next step that drafts, whose tree is the one a client that sent every step gets for
+    the same context; a request never sent is stored whole at finish."""
+    server = DrafterProcess(tmp_path / "data", "--rebuild-min-tokens", "1")
+    ridge8 = BudgetRule.from_hardware(8, 1)  # batch 1: 7 nodes, 4: 1, 5 and more: 0
+    assert [ridge8.draft_budget(b) for b in (1, 4, 5)] == [7, 1, 0]
+    commits = [[PATTERN[i % 6]] for i in range(5)]
+    try:
+        with (client_for(server.target, budget=ridge8) as lean,
+              client_for(server.target, budget=BudgetRule.fixed(7)) as every):  # fmt: skip
+            ids = [f"a{i}" for i in range(5)]
+            for rid in ids:
+                lean.add_request(rid, PATTERN * 4)
+            every.add_request("b", PATTERN * 4)
+            for tokens in commits:
+                result = lean.step({rid: tokens for rid in ids})
+                assert result.ok and all(result[rid] is None for rid in ids)
+                reference = every.step({"b": tokens})
+            assert (lean.stats.unsent_steps, lean.stats.tokens_sent) == (5, 0)
+            assert lean.stats.drafted_steps == 0 and every.stats.drafted_steps == 5
+            for rid in ids[1:]:  # never sent: stored whole at finish
+                lean.finish(rid, tail=[], store=rid == "a1")
+            assert lean.flush(timeout_s=60)
+            # a1 goes as one Ingest of its generation; a2-a4 (not stored) need no call
+            assert (lean.stats.background_sent, lean.stats.background_failures) == (1, 0)
+            caught_up = lean.step({"a0": [PATTERN[5]]})  # batch 1: 7 nodes
+            reference = every.step({"b": [PATTERN[5]]})
+            assert lean.stats.tokens_sent == len(PATTERN) * 4 + 6  # the context, once
+            tree, want = caught_up["a0"], reference["b"]
+            assert tree is not None and want is not None and len(tree) > 0
+            assert (list(tree.tokens), list(tree.parents)) == (list(want.tokens),
+                                                               list(want.parents))  # fmt: skip
+    finally:
+        server.stop()
+
+
 @pytest.mark.system
 def test_breaker_opens_costs_nothing_per_step_and_recovers(tmp_path: Path) -> None:
     server = DrafterProcess(tmp_path / "data")

@@ -13,8 +13,10 @@ even without speculation), and the protocol's budget counts draft nodes only,
 so ``budget = tree_tokens - 1``, clamped to ``[floor_tokens, cap_tokens]``.
 
 The floor defaults to 0: past ``batch ≥ I / 2`` even a single draft node would
-push verification past the ridge point, so the rule stops speculating (the
-step still updates the drafter's state). Set ``floor_tokens=1`` to always draft
+push verification past the ridge point, so the rule stops speculating: the
+client then sends nothing and waits for nothing that step (``ClientStats.unsent_steps``),
+and the drafter catches up with the next step that drafts, or with the request's
+finish. Set ``floor_tokens=1`` to always draft
 at least one node. The cap (default 32, the paper's value at batch 1) bounds
 the tree when the batch is small, where acceptance, not compute, is the limit.
 """

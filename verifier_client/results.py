@@ -178,6 +178,9 @@ class ClientStats:
 
     steps: int = 0  # step() calls
     drafted_steps: int = 0  # steps the drafter answered
+    # steps the budget rule gave no nodes (past the GPU's ridge point): nothing was sent and
+    # nothing waited for; their tokens go with the next step that drafts, or with finish
+    unsent_steps: int = 0
     fallbacks: dict[Outcome, int] = field(default_factory=_zero_fallbacks)  # steps without drafts
     resyncs: int = 0  # requests the drafter answered RESYNC for
     resync_retries: int = 0  # immediate resends of resynced requests within a step

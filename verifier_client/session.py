@@ -158,6 +158,13 @@ class DraftSession:
         default_budget = self.budget.draft_budget(len(request_ids))
         if self.max_budget is not None:
             default_budget = min(default_budget, self.max_budget)
+        if not default_budget and not (budget_of and any(budget_of.get(r, 0) for r in request_ids)):
+            # No request may draft this step (the rule says a tree would not pay): sending
+            # would only put a round trip on the decode step. The drafter catches up with
+            # the next step that drafts (each request's delta is everything since its last
+            # answer), or the finish carries the rest.
+            stats.unsent_steps += 1
+            return StepResult(stats.steps, Outcome.OK, request_ids, {}, {})
         deadline_s = now_s + self.deadline_s
         plan = self._plan(request_ids, request_ids, budget_of, default_budget, deadline_s, None)
         if plan.sent:

@@ -258,11 +258,14 @@ class EngineDrafter:
         num_tokens: Sequence[int],
         prompt_lengths: Sequence[int],
         tokens: TokenSlice,
+        budget: int | None = None,
     ) -> list[Tree | None]:
         """One drafter call for the rows; a tree per row (None: no drafts this step).
 
         Row ``i`` is request ``request_ids[i]`` with a committed context of
         ``num_tokens[i]`` tokens, the first ``prompt_lengths[i]`` of them its prompt.
+        ``budget``: draft nodes per row instead of the settings' rule; 0 sends nothing
+        and waits for nothing (the tokens go with the next step that drafts).
         """
         self.last_result = None  # set again only if this call's answer arrives
         if not request_ids:
@@ -272,7 +275,8 @@ class EngineDrafter:
             if not commits:
                 return [None] * len(request_ids)
             start = perf_counter()
-            result = self.client.step(commits)
+            budgets = None if budget is None else dict.fromkeys(commits, budget)
+            result = self.client.step(commits, budgets)
             self.round_trips_ms.append((perf_counter() - start) * 1e3)
             self.last_result = result
             return [result.drafts.get(self.namespace + r) for r in request_ids]

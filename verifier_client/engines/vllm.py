@@ -171,16 +171,17 @@ class SssdProposer:
         if not rows:
             return drafts
         self.propose_calls += 1
+        longest = self.num_speculative_tokens
+        if self._chain_rule is not None:  # what verification costs at this batch size
+            longest = min(longest, self._chain_rule.draft_budget(len(rows)))
         lengths = [int(num_tokens_no_spec[i]) for i in rows]
         trees = drafter.draft(
             [req_ids[i] for i in rows],
             lengths,
             [int(batch.num_prompt_tokens[i]) for i in rows],
             lambda r, start, stop: token_ids_cpu[rows[r], start:stop].tolist(),
+            budget=0 if longest == 0 else None,  # no chain can pay: no round trip either
         )
-        longest = self.num_speculative_tokens
-        if self._chain_rule is not None:  # what verification costs at this batch size
-            longest = min(longest, self._chain_rule.draft_budget(len(rows)))
         min_score = self.settings.chain_min_score
         for row, length, tree in zip(rows, lengths, trees, strict=True):
             if tree is not None and len(tree):
