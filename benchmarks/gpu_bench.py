@@ -100,6 +100,8 @@ def add_gpu_parser(subparsers: Any) -> None:
         default=256,
         help="per request; records with shorter outputs are skipped (256)",
     )
+    p.add_argument("--max-prompt-tokens", type=int, default=0,
+                   help="keep each prompt's last N tokens (0: whole prompts)")
     p.add_argument("--budget", default=None,
                    help="budget rule (GPU profile, N, FLOPS/BW; default: from the device name "
                         "on CUDA, 16 otherwise)")  # fmt: skip
@@ -168,6 +170,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
 
         snapshot = Path(tempfile.mkdtemp(prefix="drafter-bench-gpu-")) / "corpus"
         args.snapshot = write_corpus_snapshot(args.corpus, args.vocab_size, snapshot)
+    # Batch by batch, smallest first, each with its cost curve: a run cut short by a time
+    # limit keeps whole batch sizes.
     with drafter_for(_serve_args(args), "drafter-bench-gpu-") as target:
         for batch in args.batch:
             plain = _decode(model, records, batch, args, target, "none", None)
@@ -176,20 +180,14 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
             emit(tree)
             for chain in args.chains:
                 emit(_decode(model, records, batch, args, target, "chain", chain))
-            emit(
-                {
-                    "kind": "never_slower",
-                    "batch": batch,
-                    "tree_over_plain": _ratio(tree["tokens_per_s"], plain["tokens_per_s"]),
-                }
-            )
-    for batch in args.batch:
-        costs = [_verify_cost(model, records, batch, nodes, args) for nodes in args.nodes]
-        base = costs[0]["forward_ms"] if args.nodes[0] == 1 else None
-        for row in costs:
-            row["over_plain"] = _ratio(row["forward_ms"], base)
-            emit(row)
-        emit(_ridge(batch, costs, base, args.budget))
+            ratio = _ratio(tree["tokens_per_s"], plain["tokens_per_s"])
+            emit({"kind": "never_slower", "batch": batch, "tree_over_plain": ratio})
+            costs = [_verify_cost(model, records, batch, nodes, args) for nodes in args.nodes]
+            base = costs[0]["forward_ms"] if args.nodes[0] == 1 else None
+            for row in costs:
+                row["over_plain"] = _ratio(row["forward_ms"], base)
+                emit(row)
+            emit(_ridge(batch, costs, base, args.budget))
     return 0
 
 
@@ -243,7 +241,8 @@ def _requests(records: Sequence[Record], batch: int, args: argparse.Namespace,
     from verifier_client.reference_worker.decode_loop import GenerationRequest
 
     chosen = [records[i % len(records)] for i in range(batch)]
-    return [GenerationRequest(f"{tag}-{i}-{r.id}", r.prompt_ids.tolist(), args.max_new_tokens,
+    cut = -args.max_prompt_tokens if args.max_prompt_tokens > 0 else 0
+    return [GenerationRequest(f"{tag}-{i}-{r.id}", r.prompt_ids[cut:].tolist(), args.max_new_tokens,
                               teacher_ids=r.output_ids[: args.max_new_tokens].tolist())
             for i, r in enumerate(chosen)]  # fmt: skip
 

@@ -13,6 +13,7 @@
 #
 # On a GPU host, from the repository root:
 #   OUT=results-dir SSSD_DATA=dir-with-dev-and-corpus bash benchmarks/device/run.sh
+# Every stage's limit together is 9 minutes; a stage that runs out keeps the rows it wrote.
 # Carried wheels (benchmarks/device/fetch_wheels.sh) in .whl/ are installed first; the
 # native extension is built here. DEVICE_SMOKE=1 runs every stage tiny, on the CPU, in the
 # current environment (what the test suite does).
@@ -48,10 +49,10 @@ if [ "$SMOKE" = 1 ]; then
   TESTS=(tests/test_tree_packing.py -k "chain")
   GPU_ARGS=(--batch 1 --chains 4 --nodes 1,2 --steps 2 --warmup 1 --max-new-tokens 32 --device cpu --deadline-ms 60000)
   LOAD_BATCHES=(2); LOAD_THREADS=(1); LOAD_ARGS=(--steps 20 --warmup 5)
-  GPU_LIMIT=300; LOAD_LIMIT=300
+  TESTS_LIMIT=600; SNAP_LIMIT=300; GPU_LIMIT=600; LOAD_LIMIT=600  # a loaded CI machine
 else
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  stage setup 300 bash -c "$(declare -f setup); $(declare -p PY); setup" > "$OUT/setup.log" 2>&1
+  stage setup 120 bash -c "$(declare -f setup); $(declare -p PY); setup" > "$OUT/setup.log" 2>&1
   DATA=${SSSD_DATA:-.devdata}
   DEV="$DATA/dev/chat_alpacaeval_llama3_8b.jsonl.gz"
   CODE="$DATA/dev/code_humaneval_llama31_8b.jsonl.gz"
@@ -60,19 +61,20 @@ else
   VOCAB=128256
   TESTS=(tests/test_verification.py tests/test_tree_packing.py tests/test_bench_gpu.py
          -k "not drafter_bench_gpu_runs")
-  GPU_ARGS=(--data "$CODE" --data "$MULTI" --max-new-tokens 160 --steps 12 --warmup 2)
-  LOAD_BATCHES=(64 128 256); LOAD_THREADS=(1 2 4 8 16); LOAD_ARGS=(--steps 300 --warmup 30)
-  GPU_LIMIT=330; LOAD_LIMIT=170
+  GPU_ARGS=(--data "$CODE" --data "$MULTI" --max-new-tokens 160 --max-prompt-tokens 1024
+            --steps 12 --warmup 2)
+  LOAD_BATCHES=(64 128 256); LOAD_THREADS=(1 2 4 8 16); LOAD_ARGS=(--steps 200 --warmup 20)
+  TESTS_LIMIT=90; SNAP_LIMIT=45; GPU_LIMIT=210; LOAD_LIMIT=90  # + setup 120: 9 minutes
 fi
 export PYTHONUNBUFFERED=1
 { date -u; uname -a; nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head -3; "$PY" --version; } > "$OUT/env.txt" 2>&1
 
 # 1. CUDA correctness: the CPU suite's own tests, on the device where one is present.
-stage cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" > "$OUT/cuda-tests.log" 2>&1
+stage cuda-tests "$TESTS_LIMIT" "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" > "$OUT/cuda-tests.log" 2>&1
 
 # 2. End-to-end decoding speed (the corpus built into a snapshot once, shared with 3).
 SNAP=$(mktemp -d)/corpus
-stage snapshot 120 "$PY" -m datastore_builder.builder_cli build --input "$CORPUS" --records token-ids \
+stage snapshot "$SNAP_LIMIT" "$PY" -m datastore_builder.builder_cli build --input "$CORPUS" --records token-ids \
   --output "$SNAP" --vocab-size "$VOCAB" --quiet > "$OUT/gpu.log" 2>&1
 stage gpu "$GPU_LIMIT" "$PY" -m benchmarks.bench_cli gpu --data "$DEV" --snapshot "$SNAP" \
   --vocab-size "$VOCAB" --out "$OUT/gpu.jsonl" "${GPU_ARGS[@]}" >> "$OUT/gpu.log" 2>&1
