@@ -265,15 +265,22 @@ def _decode(model: Any, records: Sequence[Record], batch: int, args: argparse.Na
         for request in _requests(records, batch, args, tag):
             worker.submit(request)
         step_s: list[float] = []
+        forward_s: list[float] = []
+        phases = dict.fromkeys(("pack_s", "verify_s", "kv_s"), 0.0)  # measured steps' sums
         tokens = request_steps = 0
+        timings = worker.stats.timings
         for i in range(args.warmup + args.steps):
             if worker.idle:
                 break
             before, before_rs = worker.stats.output_tokens, worker.stats.request_steps
+            before_phases = {name: getattr(timings, name) for name in (*phases, "forward_s")}
             start = time.perf_counter()
             worker.step()  # ends device-synchronized (the worker's clock)
             if i >= args.warmup:
                 step_s.append(time.perf_counter() - start)
+                forward_s.append(timings.forward_s - before_phases["forward_s"])
+                for name in phases:
+                    phases[name] += getattr(timings, name) - before_phases[name]
                 tokens += worker.stats.output_tokens - before
                 request_steps += worker.stats.request_steps - before_rs
     finally:
@@ -288,6 +295,9 @@ def _decode(model: Any, records: Sequence[Record], batch: int, args: argparse.Na
         "tokens_per_s": round(tokens / measured, 2) if measured else None,
         "tau": round(tokens / request_steps, 4) if request_steps else None,
         "step_ms_p50": _ms(step_s, 0.5), "step_ms_p99": _ms(step_s, 0.99),
+        "forward_ms_p50": _ms(forward_s, 0.5),
+        **{f"{name[:-2]}_ms_mean": round(1e3 * total / len(step_s), 3) if step_s else None
+           for name, total in phases.items()},
         "draft_ms_p50": _ms(trips, 0.5), "draft_ms_p99": _ms(trips, 0.99),
         "draft_share": round(sum(trips) / measured, 4) if trips and measured else None,
         "fallback_steps": sum(worker.stats.fallbacks.values()),

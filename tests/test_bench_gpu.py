@@ -104,6 +104,8 @@ def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> No
     assert all(r["tau"] == 1.0 for r in decode if r["mode"] == "none")
     assert max(r["tau"] for r in decode if r["mode"] == "tree") > 1.5
     assert all(r["draft_ms_p50"] is not None for r in decode if r["mode"] != "none")
+    assert all(0 < r["forward_ms_p50"] <= r["step_ms_p99"] and r["verify_ms_mean"] > 0
+               for r in decode)  # fmt: skip
     assert [r["batch"] for r in rows if r["kind"] == "never_slower"] == [1, 2]
     costs = [(r["batch"], r["nodes"]) for r in rows if r["kind"] == "verify_cost"]
     assert costs == [(1, 1), (1, 4), (2, 1), (2, 4)]
