@@ -20,6 +20,18 @@ from verifier_client.reference_worker.decode_loop import DecodeWorker, Generatio
 from verifier_client.reference_worker.target_models import ARCHITECTURES, architecture_model
 
 
+def repeating_records(path: Path, count: int, seed: int) -> Path:
+    """Dev records whose output repeats a 12-token phrase that the prompt starts: the
+    drafter's input trie drafts them once the output has begun."""
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(count):
+            phrase = [rng.randrange(VOCAB) for _ in range(12)]
+            f.write(json.dumps({"id": f"d{i}", "prompt_ids": phrase[:8],
+                                "output_ids": (phrase * 10)[:96]}) + "\n")  # fmt: skip
+    return path
+
+
 def recordings(count: int, length: int, seed: int = 1) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(VOCAB) for _ in range(length)] for _ in range(count)]
@@ -78,13 +90,7 @@ def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> No
     """The whole benchmark against a real ``drafter serve``: every kind of row, teacher-
     forced, for each batch size; tokens are decoded in every decode row, and the drafts
     pay where the recording repeats itself (the drafter's input trie)."""
-    rng = random.Random(0)
-    data = tmp_path / "dev.jsonl"
-    with data.open("w") as f:
-        for i in range(3):
-            phrase = [rng.randrange(VOCAB) for _ in range(12)]
-            f.write(json.dumps({"id": f"d{i}", "prompt_ids": phrase[:8],
-                                "output_ids": (phrase * 10)[:96]}) + "\n")  # fmt: skip
+    data = repeating_records(tmp_path / "dev.jsonl", 3, seed=0)
     out = tmp_path / "gpu.jsonl"
     cmd = [sys.executable, "-m", "benchmarks.bench_cli", "gpu", "--data", str(data),
            "--batch", "1,2", "--chains", "4", "--nodes", "1,4", "--steps", "3", "--warmup", "1",
@@ -121,13 +127,7 @@ def test_the_device_script_runs_every_stage_on_cpu(tmp_path: Path) -> None:
     """``benchmarks/device/run.sh`` with ``DEVICE_SMOKE=1``: each stage in its order (the
     verification tests, the corpus snapshot, drafter-bench gpu, drafter-bench load), tiny,
     on the CPU, in this environment; its results land in OUT as the device run's would."""
-    rng = random.Random(1)
-    data = tmp_path / "dev.jsonl"
-    with data.open("w") as f:
-        for i in range(4):
-            phrase = [rng.randrange(VOCAB) for _ in range(12)]
-            f.write(json.dumps({"id": f"d{i}", "prompt_ids": phrase[:8],
-                                "output_ids": (phrase * 10)[:96]}) + "\n")  # fmt: skip
+    data = repeating_records(tmp_path / "dev.jsonl", 4, seed=1)
     out = tmp_path / "out"
     script = Path(__file__).parent.parent / "benchmarks" / "device" / "run.sh"
     env = {**os.environ, "DEVICE_SMOKE": "1", "OUT": str(out), "DEV_FILES": str(data),
