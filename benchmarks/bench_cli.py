@@ -159,6 +159,13 @@ def add_replay_parser(subparsers: Any) -> None:
         "chain of at most K tokens (drafter methods); rows add drafted_per_step",
     )
     p.add_argument(
+        "--chain-rule",
+        metavar="SPEC",
+        help="with --chain: at most what this budget rule (a GPU profile such as h100, or "
+        "FLOPS/BW) lets a batch of --batch verify for free, as the vLLM plug-in's chain_rule "
+        "does (none past the ridge point)",
+    )
+    p.add_argument(
         "--chain-min-score",
         type=float,
         default=0.0,
@@ -275,7 +282,7 @@ def run_replay(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         datastore_via=args.datastore_via,
         ceiling=args.ceiling or 0,
-        chain=args.chain or 0,
+        chain=_chain_length(args),
         chain_min_score=args.chain_min_score,
     )
     if args.chain and "pld" in methods:
@@ -310,7 +317,8 @@ def run_replay(args: argparse.Namespace) -> int:
             if args.ceiling:
                 row["ceiling"] = args.ceiling
             if args.chain:
-                row["chain"], row["chain_min_score"] = args.chain, args.chain_min_score
+                row["chain"], row["chain_min_score"] = settings.chain, args.chain_min_score
+                row["chain_rule"] = args.chain_rule
                 row["drafted_per_step"] = round(result.drafted_tokens / max(1, result.steps), 4)
             if args.curve:
                 row["tau_curve"] = [[n, round(t, 4)] for n, t in result.tau_curve(args.curve)]
@@ -320,6 +328,24 @@ def run_replay(args: argparse.Namespace) -> int:
     if not args.json:
         print_table(rows)
     return 0
+
+
+def _chain_length(args: argparse.Namespace) -> int | None:
+    """Chain tokens per step: --chain, capped by --chain-rule's budget at --batch (the
+    replay's lockstep batch; 0 past the ridge point); None (trees) without --chain."""
+    if not args.chain:
+        if args.chain_rule:
+            raise DataError("--chain-rule needs --chain (the longest chain)")
+        return None
+    if not args.chain_rule:
+        return int(args.chain)
+    from verifier_client.budget import BudgetRule
+
+    try:
+        rule = BudgetRule.parse(args.chain_rule)
+    except ValueError as exc:
+        raise DataError(f"--chain-rule: {exc}") from None
+    return min(int(args.chain), rule.draft_budget(args.batch))
 
 
 def print_table(rows: Sequence[dict[str, object]]) -> None:

@@ -66,10 +66,10 @@ class ReplaySettings:
     """How ``datastore`` (datastore tree only) drafts: ``drafter`` = the Drafter with a
     depth-1 input trie (its match node has no children, so the input adds nothing);
     ``context`` = ``_core.draft_context(use_input=False)``. Same trees either way."""
-    chain: int = 0
-    """Verify chains, as vLLM does (0: trees): each step's tree becomes its best chain of
-    at most this many tokens (``Tree.best_chain``), ending before a node scored below
-    ``chain_min_score``. Drafter methods only (the chain is chosen by node scores)."""
+    chain: int | None = None
+    """Verify chains, as vLLM does (None: trees): each step's tree becomes its best chain
+    of at most this many tokens (``Tree.best_chain``; 0: none), ending before a node scored
+    below ``chain_min_score``. Drafter methods only (the chain is chosen by node scores)."""
     chain_min_score: float = 0.0
     ceiling: int = 0
     """Recall ceiling (0: off): draft trees of this many nodes and accept at most
@@ -165,7 +165,7 @@ def replay(
     # of it is a `budget`-node subtree, so capping the accepted length bounds re-ranking.
     proposer = make_proposer(replace(settings, budget=settings.ceiling or settings.budget), store)
     accept_cap = settings.budget if settings.ceiling else None
-    if settings.chain and not isinstance(proposer, DrafterProposer):
+    if settings.chain is not None and not isinstance(proposer, DrafterProposer):
         raise ValueError(f"chains are chosen by node scores: method {settings.method!r} has "
                          "none")  # fmt: skip
     result = ReplayResult()
@@ -189,7 +189,7 @@ def replay(
         trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
         finished: list[Record] = []
-        if settings.chain:
+        if settings.chain is not None:
             assert isinstance(proposer, DrafterProposer)
             trees = [_chain(tree, scores, settings) for tree, scores
                      in zip(trees, proposer.scores, strict=True)]  # fmt: skip
@@ -229,5 +229,6 @@ def _chain(tree: tuple[list[int], list[int]], scores: list[float],
            settings: ReplaySettings) -> tuple[list[int], list[int]]:  # fmt: skip
     """``tree``'s best chain as a tree (each token the child of the one before)."""
     tokens, parents = tree
+    assert settings.chain is not None
     chain = Tree.of(tokens, parents, scores).best_chain(settings.chain, settings.chain_min_score)
     return chain, list(range(-1, len(chain) - 1))

@@ -369,6 +369,27 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     return data, corpus
 
 
+def test_cli_chains_sized_by_a_rule_at_the_replays_batch(
+    files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--chain K --chain-rule SPEC``: chains of at most what the rule lets ``--batch``
+    requests verify for free (ridge 64: 1 token at batch 32, none at 64), as the vLLM
+    plug-in's ``chain_rule``; rows say which length ran and how much was drafted."""
+    data, corpus = files
+    argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--budget", "16",
+            "--sources", "both", "--no-pld", "--json", "--chain", "8"]  # fmt: skip
+    rows = []
+    for extra in ([], ["--chain-rule", "64/1", "--batch", "32"],
+                  ["--chain-rule", "64/1", "--batch", "64"]):  # fmt: skip
+        assert main([*argv, *extra]) == 0
+        rows.append(json.loads(capsys.readouterr().out))
+    assert [(r["chain"], r["chain_rule"]) for r in rows] == [(8, None), (1, "64/1"), (0, "64/1")]
+    assert rows[0]["drafted_per_step"] > 1 >= rows[1]["drafted_per_step"] > 0
+    assert rows[2]["drafted_per_step"] == 0 and rows[2]["tau"] == 1.0
+    assert main([*argv[:-2], "--chain-rule", "h100"]) == 2
+    assert "--chain-rule needs --chain" in capsys.readouterr().err
+
+
 def test_cli_prints_one_json_report_per_configuration(
     files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
