@@ -36,9 +36,12 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.load import write_corpus_snapshot
 from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, read_records
 from benchmarks.worker_bench import drafter_for
+from verifier_client.results import Outcome, StepResult, Tree
 
 # torch and the worker are imported when the subcommand runs (see worker_bench).
 
@@ -145,6 +148,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
     dtype = DTYPES[dtype_name]
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     args.budget = args.budget or budget_spec(device_name)
+    if args.corpus and args.snapshot:
+        raise ValueError("--corpus and --snapshot both seed the drafter: give one")
     records = _records(args.data, args.vocab_size, args.max_new_tokens)
     if model_name == TINY:
         model = tiny_model("llama", vocab_size=args.vocab_size, dtype=dtype).to(device)
@@ -163,8 +168,6 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
             with args.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    if args.corpus and args.snapshot:
-        raise ValueError("--corpus and --snapshot both seed the drafter: give one")
     if args.corpus:
         import tempfile
 
@@ -216,24 +219,46 @@ def _serve_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 class _Unstored:
-    """A drafter client whose finished requests are not stored (the dev outputs must not
-    teach the drafter what later rows decode) and whose round trips are recorded."""
+    """A drafter client whose finished requests are not stored: the dev outputs must not
+    teach the drafter what later rows decode."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.round_trips: list[float] = []
 
     def add_request(self, request_id: str, prompt_ids: Iterable[int]) -> None:
         self.client.add_request(request_id, prompt_ids)
 
     def step(self, commits: Mapping[str, Iterable[int]]) -> Any:
-        start = time.perf_counter()
-        result = self.client.step(commits)
-        self.round_trips.append(time.perf_counter() - start)
-        return result
+        return self.client.step(commits)
 
     def finish(self, request_id: str, *, tail: Iterable[int] = ()) -> bool:
         return bool(self.client.finish(request_id, tail=tail, store=False))
+
+
+PHASES = ("draft_s", "pack_s", "forward_s", "verify_s", "kv_s")
+"""The worker's per-phase timings (``StepTimings``) that each measured step records."""
+
+
+def _measure(worker: Any, warmup: int, steps: int) -> list[dict[str, float]]:
+    """Runs ``warmup`` then ``steps`` steps (fewer if the batch runs out); per measured
+    step its wall seconds (``step_s``), each phase's seconds and the tokens and
+    request-steps it added, from the worker's own counters."""
+    stats, timings = worker.stats, worker.stats.timings
+    measured = []
+    for i in range(warmup + steps):
+        if worker.idle:
+            break
+        before = {name: getattr(timings, name) for name in PHASES}
+        tokens, request_steps = stats.output_tokens, stats.request_steps
+        start = time.perf_counter()
+        worker.step()  # ends device-synchronized (the worker's clock)
+        if i >= warmup:
+            row = {name: getattr(timings, name) - before[name] for name in PHASES}
+            row.update(step_s=time.perf_counter() - start,
+                       tokens=stats.output_tokens - tokens,
+                       request_steps=stats.request_steps - request_steps)  # fmt: skip
+            measured.append(row)
+    return measured
 
 
 def _requests(records: Sequence[Record], batch: int, args: argparse.Namespace,
@@ -264,40 +289,24 @@ def _decode(model: Any, records: Sequence[Record], batch: int, args: argparse.Na
         worker = DecodeWorker(model, source, max_batch=batch, budget=rule, chain=chain)
         for request in _requests(records, batch, args, tag):
             worker.submit(request)
-        step_s: list[float] = []
-        forward_s: list[float] = []
-        phases = dict.fromkeys(("pack_s", "verify_s", "kv_s"), 0.0)  # measured steps' sums
-        tokens = request_steps = 0
-        timings = worker.stats.timings
-        for i in range(args.warmup + args.steps):
-            if worker.idle:
-                break
-            before, before_rs = worker.stats.output_tokens, worker.stats.request_steps
-            before_phases = {name: getattr(timings, name) for name in (*phases, "forward_s")}
-            start = time.perf_counter()
-            worker.step()  # ends device-synchronized (the worker's clock)
-            if i >= args.warmup:
-                step_s.append(time.perf_counter() - start)
-                forward_s.append(timings.forward_s - before_phases["forward_s"])
-                for name in phases:
-                    phases[name] += getattr(timings, name) - before_phases[name]
-                tokens += worker.stats.output_tokens - before
-                request_steps += worker.stats.request_steps - before_rs
+        steps = _measure(worker, args.warmup, args.steps)
     finally:
         if client is not None:
             client.close(timeout_s=10)
-    trips = source.round_trips[args.warmup :] if source is not None else []
+    step_s = [r["step_s"] for r in steps]
+    trips = [r["draft_s"] for r in steps] if source is not None else []
+    tokens, request_steps = sum(r["tokens"] for r in steps), sum(r["request_steps"] for r in steps)
     measured = sum(step_s)
     return {
         "kind": "decode", "mode": mode, "chain": chain, "batch": batch,
         "draft_budget": rule.draft_budget(batch) if mode != "none" else 0,
-        "steps": len(step_s), "tokens": tokens,
+        "steps": len(steps), "tokens": tokens,
         "tokens_per_s": round(tokens / measured, 2) if measured else None,
         "tau": round(tokens / request_steps, 4) if request_steps else None,
         "step_ms_p50": _ms(step_s, 0.5), "step_ms_p99": _ms(step_s, 0.99),
-        "forward_ms_p50": _ms(forward_s, 0.5),
-        **{f"{name[:-2]}_ms_mean": round(1e3 * total / len(step_s), 3) if step_s else None
-           for name, total in phases.items()},
+        "forward_ms_p50": _ms([r["forward_s"] for r in steps], 0.5),
+        **{f"{name[:-2]}_ms_mean": round(1e3 * sum(r[name] for r in steps) / len(steps), 3)
+           if steps else None for name in ("pack_s", "verify_s", "kv_s")},
         "draft_ms_p50": _ms(trips, 0.5), "draft_ms_p99": _ms(trips, 0.99),
         "draft_share": round(sum(trips) / measured, 4) if trips and measured else None,
         "fallback_steps": sum(worker.stats.fallbacks.values()),
@@ -314,14 +323,7 @@ def _verify_cost(model: Any, records: Sequence[Record], batch: int, nodes: int,
     worker = DecodeWorker(model, _FixedChains(nodes - 1, args.vocab_size), max_batch=batch)
     for request in _requests(records, batch, args, f"cost-b{batch}-n{nodes}"):
         worker.submit(request)
-    forward_s: list[float] = []
-    for i in range(args.warmup + max(3, args.steps // 4)):
-        if worker.idle:
-            break
-        before = worker.stats.timings.forward_s
-        worker.step()
-        if i >= args.warmup:
-            forward_s.append(worker.stats.timings.forward_s - before)
+    forward_s = [r["forward_s"] for r in _measure(worker, args.warmup, max(3, args.steps // 4))]
     return {"kind": "verify_cost", "batch": batch, "nodes": nodes,
             "forward_ms": _ms(forward_s, 0.5), "steps": len(forward_s)}  # fmt: skip
 
@@ -330,25 +332,19 @@ class _FixedChains:
     """A draft source that gives every request a chain of ``length`` random tokens."""
 
     def __init__(self, length: int, vocab_size: int) -> None:
-        import numpy as np
-
-        from verifier_client.results import Outcome, StepResult, Tree
-
         self._rng = np.random.default_rng(0)
         self._length, self._vocab = length, vocab_size
-        self._tree, self._result, self._ok = Tree.of, StepResult, Outcome.OK
         self._step = 0
 
     def add_request(self, request_id: str, prompt_ids: Iterable[int]) -> None:
         pass
 
-    def step(self, commits: Mapping[str, Iterable[int]]) -> Any:
+    def step(self, commits: Mapping[str, Iterable[int]]) -> StepResult:
         self._step += 1
-        ids = tuple(commits)
-        n = self._length
-        drafts = {r: self._tree(self._rng.integers(0, self._vocab, n).tolist(),
-                                list(range(-1, n - 1)), [1.0] * n) for r in ids}  # fmt: skip
-        return self._result(self._step, self._ok, ids, drafts, {})
+        ids, n = tuple(commits), self._length
+        drafts = {r: Tree.of(self._rng.integers(0, self._vocab, n).tolist(),
+                             list(range(-1, n - 1)), [1.0] * n) for r in ids}  # fmt: skip
+        return StepResult(self._step, Outcome.OK, ids, drafts, {})
 
     def finish(self, request_id: str, *, tail: Iterable[int] = ()) -> bool:
         return True
