@@ -17,7 +17,7 @@ from benchmarks.pld import PldIndex
 from benchmarks.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.drafter import Drafter
+from drafter_service.drafting.drafter import DraftBatch, Drafter
 from drafter_service.native import _core
 
 Tree = tuple[list[int], list[int]]
@@ -47,8 +47,8 @@ class DrafterProposer:
         self.call_ns = 0
         self._ids: dict[int, str] = {}
         self._serial = 0
-        self.scores: list[list[float]] = []
-        """The node scores of the last :meth:`draft` call's trees."""
+        self.last: DraftBatch | None = None
+        """The last :meth:`draft` call's trees as the drafter gave them (node scores too)."""
 
     def begin(self, slot: int, record: Record) -> None:
         self._serial += 1
@@ -63,10 +63,9 @@ class DrafterProposer:
         start = time.perf_counter_ns()
         batch = self.drafter.draft_batch(ids, flat, offsets, self.budget)
         self.call_ns = time.perf_counter_ns() - start
+        self.last = batch
         tokens, parents = batch.tokens.tolist(), batch.parents.tolist()
-        scores = batch.scores.tolist()
-        pairs = list(itertools.pairwise(batch.offsets.tolist()))
-        self.scores = [scores[lo:hi] for lo, hi in pairs]
+        pairs = itertools.pairwise(batch.offsets.tolist())
         return [(tokens[lo:hi], parents[lo:hi]) for lo, hi in pairs]
 
     def end(self, slot: int) -> None:

@@ -28,7 +28,7 @@ from benchmarks.proposers import (
 from benchmarks.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.drafter import Drafter
+from drafter_service.drafting.drafter import Drafter, DraftTree
 from drafter_service.live.live_datastore import LivePolicy
 from verifier_client.results import Tree
 
@@ -190,9 +190,9 @@ def replay(
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
         finished: list[Record] = []
         if settings.chain is not None:
-            assert isinstance(proposer, DrafterProposer)
-            trees = [_chain(tree, scores, settings) for tree, scores
-                     in zip(trees, proposer.scores, strict=True)]  # fmt: skip
+            assert isinstance(proposer, DrafterProposer) and proposer.last is not None
+            batch = proposer.last
+            trees = [_chain(batch.tree(i), settings) for i in range(len(batch))]
         for slot, (tokens, parents) in zip(active, trees, strict=True):
             lane = lanes[slot]
             assert lane is not None
@@ -225,10 +225,9 @@ def replay(
     return result
 
 
-def _chain(tree: tuple[list[int], list[int]], scores: list[float],
-           settings: ReplaySettings) -> tuple[list[int], list[int]]:  # fmt: skip
+def _chain(tree: DraftTree, settings: ReplaySettings) -> tuple[list[int], list[int]]:
     """``tree``'s best chain as a tree (each token the child of the one before)."""
-    tokens, parents = tree
     assert settings.chain is not None
-    chain = Tree.of(tokens, parents, scores).best_chain(settings.chain, settings.chain_min_score)
+    scored = Tree.of(tree.tokens.tolist(), tree.parents.tolist(), tree.scores.tolist())
+    chain = scored.best_chain(settings.chain, settings.chain_min_score)
     return chain, list(range(-1, len(chain) - 1))
