@@ -37,6 +37,7 @@ import numpy as np
 
 from benchmarks.acceptance import accepted_length
 from benchmarks.token_records import Record, iter_documents, read_records
+from benchmarks.unauth_flood import cpu_s
 from drafter_service.drafting.draft_config import config_pair_argument
 from verifier_client import ClientStats, DrafterClient, StepResult
 
@@ -139,14 +140,14 @@ def run_load(args: argparse.Namespace) -> int:
         if args.client_cpus is not None:
             _pin_process(args.client_cpus)
         try:
-            cpu_before = _cpu_s(proc)
+            cpu_before = cpu_s(proc.pid) if proc is not None else 0.0
             report = _drive(args, target, records)
             if proc is not None:
                 # The service's own CPU time (all its threads) per request-step, warm-up
                 # included: what one request costs the drafting pod's cores each step.
                 request_steps = (args.steps + args.warmup) * args.batch
-                cpu_s = _cpu_s(proc) - cpu_before
-                report["server_cpu_us_per_request_step"] = round(1e6 * cpu_s / request_steps, 2)
+                used_s = cpu_s(proc.pid) - cpu_before
+                report["server_cpu_us_per_request_step"] = round(1e6 * used_s / request_steps, 2)
         finally:
             if proc is not None:
                 proc.terminate()
@@ -200,17 +201,6 @@ def write_corpus_snapshot(corpus: str | Path, vocab_size: int, path: Path) -> Pa
     index = SubIndex.build(iter_documents(corpus, vocab_size=vocab_size), vocab_size)
     write_snapshot(path, Datastore([index], vocab_size), TokenizerIdentity("bench", vocab_size, ""))
     return path
-
-
-def _cpu_s(proc: subprocess.Popen[str] | None) -> float:
-    """User + system CPU seconds of ``proc`` so far (Linux; 0 elsewhere or without one)."""
-    if proc is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class DecodeClient(Protocol):
