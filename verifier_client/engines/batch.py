@@ -78,8 +78,7 @@ class DrafterSettings:
         BudgetRule.parse(str(self.budget))  # ValueError naming the spec
         if not isinstance(self.chain_rule, str):
             raise ValueError(f"chain_rule must be a string, got {self.chain_rule!r}")
-        if self.chain_rule:
-            BudgetRule.parse(self.chain_rule)
+        self.chain_budget_rule()  # ValueError naming the spec
         score = self.chain_min_score
         if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
             raise ValueError(f"chain_min_score must be a number in [0, 1], got {score!r}")
@@ -180,6 +179,10 @@ class DrafterSettings:
     def budget_rule(self) -> BudgetRule:
         """The budget rule the setting names."""
         return BudgetRule.parse(str(self.budget))
+
+    def chain_budget_rule(self) -> BudgetRule | None:
+        """The rule ``chain_rule`` names (None: chains as long as the engine allows)."""
+        return BudgetRule.parse(self.chain_rule) if self.chain_rule else None
 
 
 def _check_positive(name: str, value: object, *, zero_ok: bool = False) -> None:

@@ -49,7 +49,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verifier_client.acceptance_metrics import WorkerMetrics
-from verifier_client.budget import BudgetRule
 from verifier_client.engines.batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "STORE_KEY", "SssdProposer", "register", "worker_stats"]
@@ -117,8 +116,7 @@ class SssdProposer:
         )
         install_hooks(sys.modules[_RUNNER_MODULE].GPUModelRunner)
         self._budget_rule = self.settings.budget_rule()
-        rule = self.settings.chain_rule
-        self._chain_rule = BudgetRule.parse(rule) if rule else None
+        self._chain_rule = self.settings.chain_budget_rule()
         self._runner: Any = None
         self._verified: Mapping[str, Sequence[int]] = {}  # this step's scheduled drafts
         self.propose_calls = 0  # propose() calls with at least one request to draft for
