@@ -9,8 +9,12 @@ stay resident once freed: measured with ``benchmarks/state_memory.py``, 1.8x the
 state actually held for two 1M-token contexts of repetitive text, 1.1-1.3x with the
 threshold fixed. Setting the threshold explicitly turns the adjustment off.
 
-Small allocations (a decode step's arrays) are far below it and unaffected; a buffer of
-256 KiB or more costs one ``mmap`` and fresh pages, next to the work that fills it."""
+Where it is fixed is a trade against CPU: a buffer at or above it costs one ``mmap`` and
+fresh, zeroed pages, and a heavy call (64 requests of 2,000 tokens: a 368 KB message,
+~1 MB token arrays, the tries' growing buffers) makes many. At 256 KiB the service
+answered 5.9 such calls a second on one core, at 1 MiB 9.7, at 32 MiB 9.2
+(``benchmarks/overload.py --pin``), with held state at 0.90-1.41x accounted at 1 MiB
+(``benchmarks/state_memory.py``, five runs; within issue 29's 1.5x)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import ctypes
 import platform
 from collections.abc import Mapping
 
-MMAP_THRESHOLD_BYTES = 256 << 10
+MMAP_THRESHOLD_BYTES = 1 << 20
 _M_MMAP_THRESHOLD = -3  # malloc.h
 ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own tunable: an operator's setting wins
 

@@ -32,6 +32,7 @@ from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.service.request_table import RequestTable
 from drafter_service.service.validation import CallLimits, parse_draft_request
+from drafter_service.service.wire import SERVICE_NAME
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd.drafter.v1 import drafter_pb2 as pb
 
@@ -228,18 +229,32 @@ def test_an_overloaded_service_refuses_before_parsing_the_message(
     loop_thread: LoopThread, tmp_path: Path
 ) -> None:
     """At ``max_inflight_calls`` a Draft call is refused for the load before its message is
-    parsed (a refusal under overload costs no parsing): even an invalid one answers
-    RESOURCE_EXHAUSTED, and INVALID_ARGUMENT once the service has room."""
+    received (a unary call: the load gate; a stream's step: before it is parsed), so a
+    refusal under overload costs no parsing: an invalid message, and bytes that are no
+    message at all, answer RESOURCE_EXHAUSTED, and INVALID_ARGUMENT once there is room."""
     with serving(loop_thread, config(tmp_path, max_inflight_calls=1, inline_max_work=0)) as s:
         bad = delta("bad", [VOCAB + 5])  # a token outside the vocabulary
+        raw = s.channel.unary_unary(f"/{SERVICE_NAME}/Draft")  # bytes both ways
+        raw_stream = s.channel.stream_stream(f"/{SERVICE_NAME}/DraftStream")
+
+        def stream_error(message: bytes) -> grpc.RpcError:
+            return rpc_error(lambda: list(raw_stream(iter([message]), timeout=60)))
+
+        gate = s.server.load_gate
         with datastore_held(s):
             first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("a", [1, 2, 3])]))
             wait_until_taken(s)
-            refused = rpc_error(s.draft, bad)
-            assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
-            assert "max_inflight_calls (1)" in str(refused.details())
+            unary = (rpc_error(s.draft, bad), rpc_error(raw, b"\xff" * 6))
+            assert gate.refused_unread == 2  # neither message was read
+            for refused in (*unary, stream_error(b"\xff" * 6)):
+                assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+                assert "max_inflight_calls (1)" in str(refused.details())
         assert first.result(timeout=60).drafts[0].length == 3
         assert rpc_error(s.draft, bad).code() is grpc.StatusCode.INVALID_ARGUMENT
+        for garbage in (rpc_error(raw, b"\xff" * 6), stream_error(b"\xff" * 6)):
+            assert garbage.code() is grpc.StatusCode.INVALID_ARGUMENT, garbage
+            assert "not a valid" in str(garbage.details())
+        assert gate.refused_unread == 2
 
 
 def test_calls_past_max_pending_rpcs_are_refused_by_grpc_while_the_loop_is_busy(

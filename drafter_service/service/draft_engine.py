@@ -70,7 +70,7 @@ class DraftEngine:
         metrics: DrafterMetrics | None = None,
         inline_max_work: int = 0,
         finish_durable: bool = False,
-        max_queue_s: float = 1.0,
+        max_queue_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.catalog = catalog

@@ -28,9 +28,10 @@ from drafter_service.service.draft_engine import DraftEngine
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.service.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
 from drafter_service.service.ingest_queue import GenerationIngester
+from drafter_service.service.load_gate import LoadGate
 from drafter_service.service.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
 from drafter_service.service.request_table import RequestTable, StateCost
-from drafter_service.service.servicer import DrafterServicer
+from drafter_service.service.servicer import DrafterServicer, status_code
 from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
 from drafter_service.service.validation import CallLimits
 from drafter_service.service.wire import SERVICE_NAME, add_drafter_service
@@ -137,15 +138,17 @@ class DrafterServer:
         self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
         self.registry.register(self.metrics)
         self.auth = client_auth(config)
-        # Credentials are checked before a request is read (None: every caller is trusted).
+        self._servicer = DrafterServicer(
+            package_version(), config.max_message_bytes, self.metrics, self.auth
+        )
+        # Credentials are checked before a request is read (None: every caller is trusted),
+        # then the load: a unary Draft call the service would refuse is not read either.
         self.gate = (
             AuthGate(self.auth, SERVICE_NAME, self.metrics.count_error)
             if self.auth.enabled
             else None
         )
-        self._servicer = DrafterServicer(
-            package_version(), config.max_message_bytes, self.metrics, self.auth
-        )
+        self.load_gate = LoadGate(self._servicer.overloaded, status_code, self.metrics.count_error)
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
@@ -168,10 +171,10 @@ class DrafterServer:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
         server = grpc.aio.server(
             options=grpc_options(self.config),
-            interceptors=[self.gate] if self.gate else None,
+            interceptors=[self.gate, self.load_gate] if self.gate else [self.load_gate],
             maximum_concurrent_rpcs=self.config.max_concurrent_rpcs or None,
         )
-        add_drafter_service(self._servicer, server)  # requests that do not parse: INVALID_ARGUMENT
+        add_drafter_service(self._servicer, server, self._servicer.overloaded)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, _NOT_SERVING)

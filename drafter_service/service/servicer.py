@@ -35,7 +35,7 @@ from drafter_service.service.validation import (
     parse_finish_request,
     parse_ingest_request,
 )
-from drafter_service.service.wire import Undecodable, UndecodableRefusals
+from drafter_service.service.wire import Shed, Undecodable, UndecodableRefusals
 from sssd.drafter.v1 import drafter_pb2 as pb
 from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
 
@@ -84,8 +84,19 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     def attach(self, engine: DraftEngine) -> None:
         self._engine = engine
 
+    def overloaded(self) -> ServiceError | None:
+        """What a Draft call arriving now would be refused for the load alone (asked
+        before its message is parsed: see :class:`~drafter_service.service.wire.Shed`)."""
+        if self._engine is None:
+            return None  # the loading answer comes from _guard, after authentication
+        try:
+            self._engine.check_admission()
+        except ServiceError as exc:
+            return exc
+        return None
+
     async def Draft(
-        self, request: pb.DraftRequest | Undecodable, context: Any
+        self, request: pb.DraftRequest | Undecodable | Shed, context: Any
     ) -> pb.DraftResponse:
         remaining = context.time_remaining()  # None without a deadline
         deadline = time.monotonic() + remaining if remaining is not None else None
@@ -93,7 +104,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         return await self._guard("Draft", context, request, draft)
 
     async def DraftStream(
-        self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable], context: Any
+        self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable | Shed], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
         draft = partial(self._draft, "DraftStream")
@@ -119,7 +130,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self,
         method: str,
         context: Any,
-        request: M | Undecodable,
+        request: M | Undecodable | Shed,
         call: Callable[[DraftEngine, M, str], Awaitable[T]],
     ) -> T:
         """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
@@ -129,6 +140,8 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
             if isinstance(request, Undecodable):
                 raise self._undecodable.refuse(request)
+            if isinstance(request, Shed):
+                raise request.refusal
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")
             result = await call(self._engine, request, namespace)

@@ -258,28 +258,32 @@ class ServeConfig(BaseSettings):
     max_concurrent_rpcs: Annotated[int, _bounds(0)] = Field(
         0,
         description="RPCs open at once, open streams included (each counts while it is "
-        "open); beyond: RESOURCE_EXHAUSTED from gRPC itself, before the call reaches "
-        "Python, the cheapest refusal there is. 0 = no limit. Under a flood of unary "
-        "Draft calls set it near max_inflight_calls plus the streams you expect: at 10x "
-        "overload it keeps most of the capacity that Python-level refusals spend "
-        "(docs/benchmarks.md, Goodput under overload)",
+        "open); beyond, calls wait in gRPC's core (bounded by max_pending_rpcs) and are "
+        "refused there, before the call reaches Python: the cheapest refusal there is. 0 = "
+        "no limit. Under floods of unary Draft calls set it to a few calls plus the streams "
+        "you expect (never below the streams: a stream past it waits): heavy calls at 10x "
+        "overload kept 0.92 of capacity with 4 against 0.86 without, at 50x 0.60 against "
+        "0.24 (docs/benchmarks.md, Goodput under overload)",
     )
     max_pending_rpcs: Annotated[int, _bounds(0)] = Field(
         128,
         description="calls gRPC has received that the service has not yet taken up (its "
-        "event loop busy under a flood); beyond, gRPC's core refuses a call before it "
-        "reaches Python (the client sees CANCELLED), and from half of it on at random, more "
-        "often the fuller the queue (random early detection). Open streams do not count. "
-        "Without a bound gRPC queues up to 3,000 calls, which then wait past their "
-        "deadlines: at 10x overload goodput fell to 0.15-0.25 of capacity, 0.59-0.66 with "
-        "64-256 (docs/benchmarks.md, Goodput under overload). 0 = gRPC's own (1,000 / 3,000)",
+        "event loop busy under a flood, or past max_concurrent_rpcs); beyond, gRPC's core "
+        "refuses a call before it reaches Python (the client sees CANCELLED or "
+        "RESOURCE_EXHAUSTED), and from half of it on at random, more often the fuller the "
+        "queue (random early detection). Open streams do not count. Without a bound gRPC "
+        "queues up to 3,000 calls, which then wait past their deadlines (at 10x overload "
+        "0.15 of capacity was left; docs/benchmarks.md, Goodput under overload). 0 = "
+        "gRPC's own (1,000 / 3,000)",
     )
     max_queue_ms: _PositiveSeconds = Field(
-        1000.0,
+        250.0,
         description="drafting work queued ahead of a Draft call, at most (estimated from "
-        "what it weighs at the measured speed); beyond: RESOURCE_EXHAUSTED. A call that "
-        "could not be answered within its gRPC deadline is refused DEADLINE_EXCEEDED, and "
-        "one whose deadline passes before its turn is skipped",
+        "what it weighs at the measured speed); beyond: RESOURCE_EXHAUSTED, decided before "
+        "the call's message is parsed. A call that could not be answered within its gRPC "
+        "deadline is refused DEADLINE_EXCEEDED, and one whose deadline passes before its "
+        "turn is skipped. It bounds how long the service takes to answer again once a "
+        "flood stops (0.24 s at 250, 0.78 s at 1000, at 10x overload)",
     )
     request_ttl_s: _PositiveSeconds = Field(
         600.0, description="request state idle this long is dropped"
