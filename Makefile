@@ -161,11 +161,11 @@ SGLANG_TESTS = cd tests && ../$(SGLANG_VENV)/bin/python -m pytest -p no:cachepro
 test-sglang: setup setup-sglang
 	$(SGLANG_TESTS)
 
-# Regenerates the committed gRPC stubs in sssd/ from proto/ (a test checks for drift).
+# Regenerates the committed gRPC stubs in sssd_drafter/ from proto/ (a test checks for drift).
 proto: setup
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
 		--plugin=protoc-gen-mypy_grpc=$(BIN)/protoc-gen-mypy_grpc --mypy_grpc_out=. \
-		proto/sssd/drafter/v1/drafter.proto
+		proto/sssd_drafter/v1/drafter.proto
 
 stubs: setup
 	$(BIN)/python -m nanobind.stubgen -m drafter_service.native._core -o drafter_service/native/_core.pyi

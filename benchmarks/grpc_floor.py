@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 
 def _null_answer(request: pb.DraftRequest) -> pb.DraftResponse:

@@ -21,7 +21,7 @@ import time
 import grpc
 
 METHODS = ("Draft", "Finish", "Ingest", "GetServiceInfo")
-SERVICE = "/drafter.v1.DrafterService/"
+SERVICE = "/sssd_drafter.v1.DrafterService/"
 SEEDS = (
     bytes.fromhex("0a0a0a0172120501020304051810"),  # a DraftRequest with one delta
     bytes.fromhex("0a03726571"),

@@ -37,7 +37,7 @@ import grpc
 import numpy as np
 
 from drafter_service.service.wire import SERVICE_NAME
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 from .unauth_flood import cpu_s
 

@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from benchmarks.token_records import iter_documents
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 VOCAB = 128256
 

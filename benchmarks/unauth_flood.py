@@ -27,8 +27,8 @@ from pathlib import Path
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 TOKEN = "bench-token-0123456789"
 CONTEXT = [10, 11, 12, 13, 14, 15] * 4
@@ -83,7 +83,7 @@ def flood(target: str, megabytes: int, stop: EventType, refused: Synchronized[in
     """One token-less caller (a process of its own): big Ingest calls until ``stop``."""
     message = b"\x00" * (megabytes << 20)  # never parsed by the server
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", -1)]) as channel:
-        ingest = channel.unary_unary("/drafter.v1.DrafterService/Ingest")
+        ingest = channel.unary_unary("/sssd_drafter.v1.DrafterService/Ingest")
         while not stop.is_set():
             try:
                 ingest(message, timeout=30)

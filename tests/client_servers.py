@@ -19,8 +19,8 @@ import grpc
 import pytest
 from packed import pack_drafts, unpack_deltas
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client.replica_targets import rendezvous_owner
 
 VOCAB_SIZE = 1000

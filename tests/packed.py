@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 
 def unpack_deltas(request: pb.DraftRequest) -> list[pb.RequestDelta]:

@@ -19,8 +19,8 @@ import grpc
 
 from drafter_service.service import DrafterServer, ServeConfig
 from drafter_service.serving import start_server
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 VOCAB = 1000

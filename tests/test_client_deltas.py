@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from packed import pack_drafts, unpack_deltas
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
 
 

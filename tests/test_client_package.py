@@ -86,12 +86,13 @@ def test_wheel_ships_exactly_the_client_and_the_stubs(wheel: Path) -> None:
         wheel_meta = archive.read(next(n for n in names if n.endswith(".dist-info/WHEEL")))
     assert wheel.name.endswith("-py3-none-any.whl")
     assert b"Root-Is-Purelib: true" in wheel_meta
-    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"verifier_client", "sssd"}
+    top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    assert top == {"verifier_client", "sssd_drafter"}
     # Nothing compiled, no caches, no server code.
     assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib", ".dll", ".pyc"))]
     assert not [n for n in names if "drafter_service" in n or "datastore_builder" in n]
     # Every module of both packages, from the repository root, and nothing else.
-    for package in ("verifier_client", "sssd"):
+    for package in ("verifier_client", "sssd_drafter"):
         in_repo = {
             p.relative_to(ROOT).as_posix()
             for p in (ROOT / package).rglob("*")
@@ -100,9 +101,8 @@ def test_wheel_ships_exactly_the_client_and_the_stubs(wheel: Path) -> None:
         assert {n for n in names if n.startswith(package + "/")} == in_repo
     assert "verifier_client/__init__.py" in names
     assert "verifier_client/client.py" in names
-    for stub in ("__init__.py", "drafter/__init__.py", "drafter/v1/__init__.py",
-                 "drafter/v1/drafter_pb2.py", "drafter/v1/drafter_pb2_grpc.py"):  # fmt: skip
-        assert f"sssd/{stub}" in names
+    for stub in ("__init__.py", "v1/__init__.py", "v1/drafter_pb2.py", "v1/drafter_pb2_grpc.py"):
+        assert f"sssd_drafter/{stub}" in names
 
 
 def test_metadata_version_python_and_dependencies(wheel: Path, metadata: Message) -> None:
@@ -146,7 +146,7 @@ PROBE = """
 import importlib, importlib.util, json, pkgutil, sys
 wheel_dir, deps_dir = sys.argv[1:3]
 sys.path[:0] = [wheel_dir, deps_dir]
-for name in ("drafter_service", "datastore_builder", "benchmarks", "sssd_drafter"):
+for name in ("drafter_service", "datastore_builder", "benchmarks"):
     assert importlib.util.find_spec(name) is None, name + " is importable"
 
 import verifier_client
@@ -165,7 +165,7 @@ for info in pkgutil.iter_modules(verifier_client.__path__, "verifier_client."):
         missing[info.name] = error.name
 outside = sorted(
     name for name, module in sys.modules.items()
-    if name.split(".")[0] in ("verifier_client", "sssd") and module is not None
+    if name.split(".")[0] in ("verifier_client", "sssd_drafter") and module is not None
     and not str(getattr(module, "__file__", "")).startswith(wheel_dir)
 )
 print(json.dumps({"missing": missing, "outside": outside}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from packed import pack_drafts, unpack_deltas
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.pending_work import (

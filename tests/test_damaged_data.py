@@ -18,8 +18,8 @@ from client_servers import VOCAB_SIZE, DrafterProcess, drafter_command
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.snapshot.array_files import DamagedDataError
 from drafter_service.snapshot.store import TokenizerIdentity, list_snapshots, read_manifest
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.system
 

@@ -26,8 +26,8 @@ import grpc
 import pytest
 from client_servers import VOCAB_SIZE, drafter_command
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.system
 

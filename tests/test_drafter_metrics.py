@@ -37,7 +37,7 @@ from drafter_service.service import ServeConfig
 from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.serving import start_server
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client import (
     BreakerConfig,
     BudgetRule,

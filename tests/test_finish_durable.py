@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client import BudgetRule, DrafterClient
 
 pytestmark = pytest.mark.system

@@ -17,8 +17,8 @@ from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_support import LoopThread, config, serving
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client import BudgetRule, DrafterClient
 from verifier_client.engines import DrafterSettings, EngineDrafter
 
@@ -61,7 +61,7 @@ def test_calls_without_a_valid_token_are_unauthenticated(guarded: DrafterProcess
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # Probes need no token.
         health = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="drafter.v1.DrafterService"), timeout=5
+            health_pb2.HealthCheckRequest(service="sssd_drafter.v1.DrafterService"), timeout=5
         )
         assert health.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -258,11 +258,11 @@ def test_an_unauthenticated_call_is_refused_before_its_message_is_read(tmp_path:
             gate, registry = running.server.gate, running.server.registry
             assert gate is not None
             ingest = running.channel.unary_unary(
-                "/drafter.v1.DrafterService/Ingest",
+                "/sssd_drafter.v1.DrafterService/Ingest",
                 response_deserializer=pb.IngestResponse.FromString,
             )  # sends the bytes as they are
             stream = running.channel.stream_stream(
-                "/drafter.v1.DrafterService/DraftStream",
+                "/sssd_drafter.v1.DrafterService/DraftStream",
                 response_deserializer=pb.DraftResponse.FromString,
             )
             for metadata in [(), (("authorization", "Bearer wrong-token-0123456789"),)]:

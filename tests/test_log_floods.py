@@ -15,8 +15,8 @@ from client_servers import VOCAB_SIZE, DrafterProcess
 from log_server import RedisServer
 
 from drafter_service.log_limits import DEFAULT_INTERVAL_S, RateLimitedLog
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.system
 

@@ -34,7 +34,7 @@ from drafter_service.service.request_table import RequestTable
 from drafter_service.service.validation import CallLimits, parse_draft_request
 from drafter_service.service.wire import SERVICE_NAME
 from drafter_service.snapshot.store import TokenizerIdentity
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 VOCAB = 1000
 NAME = "default"

@@ -1,4 +1,4 @@
-"""The committed gRPC stubs (sssd/) are exactly what proto/ generates."""
+"""The committed gRPC stubs (sssd_drafter/) are exactly what proto/ generates."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PROTO = "sssd/drafter/v1/drafter.proto"
+PROTO = "sssd_drafter/v1/drafter.proto"
 GENERATED = ("drafter_pb2.py", "drafter_pb2.pyi", "drafter_pb2_grpc.py", "drafter_pb2_grpc.pyi")
 PLUGIN = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
 
@@ -21,13 +21,13 @@ def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
         check=True,
     )  # fmt: skip
     for name in GENERATED:
-        fresh = (tmp_path / "sssd/drafter/v1" / name).read_text()
-        committed = (ROOT / "sssd/drafter/v1" / name).read_text()
-        assert fresh == committed, f"sssd/drafter/v1/{name} is stale: run `make proto`"
+        fresh = (tmp_path / "sssd_drafter/v1" / name).read_text()
+        committed = (ROOT / "sssd_drafter/v1" / name).read_text()
+        assert fresh == committed, f"sssd_drafter/v1/{name} is stale: run `make proto`"
 
 
 def test_enums_start_with_unspecified_zero() -> None:
-    from sssd.drafter.v1 import drafter_pb2
+    from sssd_drafter.v1 import drafter_pb2
 
     for enum in drafter_pb2.DESCRIPTOR.enum_types_by_name.values():
         zero = enum.values_by_number[0].name

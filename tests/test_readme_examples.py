@@ -109,7 +109,7 @@ def test_health_checks_by_the_documented_name_answer_serving(drafter: Subprocess
     name = named.group(1)
     assert name == SERVICE_NAME  # the chart's readiness probe asks for it (test_helm_chart)
     wrong = re.search(r"not the `([\w.]+)` its path", text)
-    assert wrong is not None and wrong.group(1) == "sssd.drafter.v1"
+    assert wrong is not None and wrong.group(1) == "sssd_drafter.v1"
     with grpc.insecure_channel(drafter.address) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check
         for service in (name, ""):

@@ -18,8 +18,8 @@ from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.service.catalog import TOKENIZER_RECORD, open_catalog, resolve_tokenizer
 from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
 from drafter_service.snapshot.store import TokenizerIdentity
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 PORTS = ("--port", "0", "--metrics-port", "0", "--admin-port", "-1")
 

@@ -27,7 +27,7 @@ from drafter_service import Datastore, DraftConfig, Drafter
 from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.snapshot.store import TokenizerIdentity, load_snapshot, write_snapshot
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
 UNKNOWN_TOKENIZER = TokenizerIdentity("unknown", VOCAB, "")

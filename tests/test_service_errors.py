@@ -22,7 +22,7 @@ from drafter_service import Datastore
 from drafter_service.service.call_errors import InvalidArgument, ServiceError
 from drafter_service.service.validation import CallLimits, parse_draft_request
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 Code = grpc.StatusCode
 MAX_REQUESTS, MAX_TOKENS, MAX_BUDGET = 6, 64, 32

@@ -23,8 +23,8 @@ from service_support import VOCAB, LoopThread, Subprocess, config, delta, rpc_er
 from drafter_service.drafter_cli import main
 from drafter_service.service import DrafterServer
 from drafter_service.service.grpc_server import SERVICE_NAME
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.system
 
@@ -67,7 +67,7 @@ def test_health_goes_not_serving_serving_not_serving(
 def test_reflection_lists_the_services(loop_thread: LoopThread, tmp_path: Path) -> None:
     with serving(loop_thread, config(tmp_path)) as s:
         services = ProtoReflectionDescriptorDatabase(s.channel).get_services()
-        assert SERVICE_NAME == "drafter.v1.DrafterService"
+        assert SERVICE_NAME == "sssd_drafter.v1.DrafterService"
         assert {SERVICE_NAME, "grpc.health.v1.Health"} <= set(services)
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.system
 
 METHODS = ("Draft", "Finish", "Ingest", "GetServiceInfo")
 FUZZ = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_fuzz.py"
-SERVICE = "/drafter.v1.DrafterService/"
+SERVICE = "/sssd_drafter.v1.DrafterService/"
 
 
 def _code(channel: grpc.Channel, method: str, payload: bytes) -> grpc.StatusCode:
@@ -43,7 +43,7 @@ def test_undecodable_messages_are_invalid_argument_without_tracebacks(tmp_path: 
                 list(stream(iter([b"\xff" * 6]), timeout=10))
             except grpc.RpcError as err:
                 assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert "not a valid drafter.v1.DraftRequest" in str(err.details())
+                assert "not a valid sssd_drafter.v1.DraftRequest" in str(err.details())
             else:
                 raise AssertionError("a garbage stream message was answered")
         server.info()  # still serving

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import AioBackgroundSender
 from verifier_client.channel import (
     CAUSE_TIMEOUT_S,

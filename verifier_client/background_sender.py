@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.pending_work import Work, batch_messages, reingest_unknown
 from verifier_client.results import ClientStats
 

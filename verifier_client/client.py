@@ -22,7 +22,7 @@ from time import perf_counter
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import BackgroundSender
 from verifier_client.channel import (
     CAUSE_TIMEOUT_S,

@@ -27,8 +27,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import CallFailed, ChannelOptions

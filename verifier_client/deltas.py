@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Literal, NoReturn
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list", "read_column"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.deltas import RequestState
 
 __all__ = [

@@ -48,7 +48,7 @@ from typing import Any, Literal, TypedDict, Unpack
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions

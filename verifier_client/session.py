@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import Admission, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.deltas import (

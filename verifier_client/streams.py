@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.channel import CallFailed, failure_of
 from verifier_client.results import ClientStats, Outcome
 

@@ -1,4 +1,4 @@
-"""The drafting service (drafter.v1 over gRPC). The process that also serves the admin
+"""The drafting service (sssd_drafter.v1 over gRPC). The process that also serves the admin
 API is assembled in ``drafter_service.serving`` (``start_server``)."""
 
 from drafter_service.service.grpc_server import DrafterServer

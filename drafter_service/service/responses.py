@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch
 from drafter_service.service.validation import MAX_REQUEST_ID_CHARS, CallLimits
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 
 @dataclass(frozen=True, slots=True)

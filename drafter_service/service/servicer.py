@@ -36,8 +36,8 @@ from drafter_service.service.validation import (
     parse_ingest_request,
 )
 from drafter_service.service.wire import Shed, Undecodable, UndecodableRefusals
-from sssd.drafter.v1 import drafter_pb2 as pb
-from sssd.drafter.v1 import drafter_pb2_grpc as pb_grpc
+from sssd_drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,7 +62,7 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
 
 
 class DrafterServicer(pb_grpc.DrafterServiceServicer):
-    """drafter.v1.DrafterService. Answers UNAVAILABLE until :meth:`attach`."""
+    """sssd_drafter.v1.DrafterService. Answers UNAVAILABLE until :meth:`attach`."""
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.service.call_errors import FailedPrecondition, InvalidArgument, NotFound
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 MAX_REQUEST_ID_CHARS = 1024
 _NO_TOKENS = np.zeros(0, dtype=np.int32)

@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError, Message
 
 from drafter_service.log_limits import RateLimitedLog
 from drafter_service.service.call_errors import InvalidArgument, ServiceError
-from sssd.drafter.v1 import drafter_pb2 as pb
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Shed", "Undecodable", "UndecodableRefusals", "add_drafter_service"]
 
@@ -96,7 +96,7 @@ def _serialize(message: Message) -> bytes:
 def add_drafter_service(
     servicer: object, server: grpc.aio.Server, overloaded: Overloaded | None = None
 ) -> None:
-    """Registers ``servicer`` as ``drafter.v1.DrafterService`` (what the generated
+    """Registers ``servicer`` as ``sssd_drafter.v1.DrafterService`` (what the generated
     function does, with :func:`_tolerant` parsing; Draft and DraftStream messages that
     arrive while ``overloaded()`` names a refusal are not parsed)."""
     request: dict[str, type[Message]] = {

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from sssd.drafter.v1 import drafter_pb2 as sssd_dot_drafter_dot_v1_dot_drafter__pb2
+from sssd_drafter.v1 import drafter_pb2 as sssd__drafter_dot_v1_dot_drafter__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in sssd/drafter/v1/drafter_pb2_grpc.py depends on'
+        + ' but the generated code in sssd_drafter/v1/drafter_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,29 +35,29 @@ class DrafterServiceStub:
             channel: A grpc.Channel.
         """
         self.Draft = channel.unary_unary(
-                '/drafter.v1.DrafterService/Draft',
-                request_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
-                response_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+                '/sssd_drafter.v1.DrafterService/Draft',
+                request_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+                response_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
                 _registered_method=True)
         self.DraftStream = channel.stream_stream(
-                '/drafter.v1.DrafterService/DraftStream',
-                request_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
-                response_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+                '/sssd_drafter.v1.DrafterService/DraftStream',
+                request_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+                response_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
                 _registered_method=True)
         self.Finish = channel.unary_unary(
-                '/drafter.v1.DrafterService/Finish',
-                request_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishRequest.SerializeToString,
-                response_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishResponse.FromString,
+                '/sssd_drafter.v1.DrafterService/Finish',
+                request_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.FinishRequest.SerializeToString,
+                response_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.FinishResponse.FromString,
                 _registered_method=True)
         self.Ingest = channel.unary_unary(
-                '/drafter.v1.DrafterService/Ingest',
-                request_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestRequest.SerializeToString,
-                response_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestResponse.FromString,
+                '/sssd_drafter.v1.DrafterService/Ingest',
+                request_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.IngestRequest.SerializeToString,
+                response_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.IngestResponse.FromString,
                 _registered_method=True)
         self.GetServiceInfo = channel.unary_unary(
-                '/drafter.v1.DrafterService/GetServiceInfo',
-                request_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.SerializeToString,
-                response_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.FromString,
+                '/sssd_drafter.v1.DrafterService/GetServiceInfo',
+                request_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.SerializeToString,
+                response_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -106,34 +106,34 @@ def add_DrafterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Draft': grpc.unary_unary_rpc_method_handler(
                     servicer.Draft,
-                    request_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
-                    response_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
+                    request_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
+                    response_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
             ),
             'DraftStream': grpc.stream_stream_rpc_method_handler(
                     servicer.DraftStream,
-                    request_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
-                    response_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
+                    request_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.FromString,
+                    response_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.SerializeToString,
             ),
             'Finish': grpc.unary_unary_rpc_method_handler(
                     servicer.Finish,
-                    request_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishRequest.FromString,
-                    response_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishResponse.SerializeToString,
+                    request_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.FinishRequest.FromString,
+                    response_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.FinishResponse.SerializeToString,
             ),
             'Ingest': grpc.unary_unary_rpc_method_handler(
                     servicer.Ingest,
-                    request_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestRequest.FromString,
-                    response_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestResponse.SerializeToString,
+                    request_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.IngestRequest.FromString,
+                    response_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.IngestResponse.SerializeToString,
             ),
             'GetServiceInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServiceInfo,
-                    request_deserializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.FromString,
-                    response_serializer=sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.SerializeToString,
+                    request_deserializer=sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.FromString,
+                    response_serializer=sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'drafter.v1.DrafterService', rpc_method_handlers)
+            'sssd_drafter.v1.DrafterService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('drafter.v1.DrafterService', rpc_method_handlers)
+    server.add_registered_method_handlers('sssd_drafter.v1.DrafterService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -154,9 +154,9 @@ class DrafterService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/drafter.v1.DrafterService/Draft',
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+            '/sssd_drafter.v1.DrafterService/Draft',
+            sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+            sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -181,9 +181,9 @@ class DrafterService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/drafter.v1.DrafterService/DraftStream',
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
+            '/sssd_drafter.v1.DrafterService/DraftStream',
+            sssd__drafter_dot_v1_dot_drafter__pb2.DraftRequest.SerializeToString,
+            sssd__drafter_dot_v1_dot_drafter__pb2.DraftResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -208,9 +208,9 @@ class DrafterService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/drafter.v1.DrafterService/Finish',
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishRequest.SerializeToString,
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.FinishResponse.FromString,
+            '/sssd_drafter.v1.DrafterService/Finish',
+            sssd__drafter_dot_v1_dot_drafter__pb2.FinishRequest.SerializeToString,
+            sssd__drafter_dot_v1_dot_drafter__pb2.FinishResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -235,9 +235,9 @@ class DrafterService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/drafter.v1.DrafterService/Ingest',
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestRequest.SerializeToString,
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.IngestResponse.FromString,
+            '/sssd_drafter.v1.DrafterService/Ingest',
+            sssd__drafter_dot_v1_dot_drafter__pb2.IngestRequest.SerializeToString,
+            sssd__drafter_dot_v1_dot_drafter__pb2.IngestResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -262,9 +262,9 @@ class DrafterService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/drafter.v1.DrafterService/GetServiceInfo',
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.SerializeToString,
-            sssd_dot_drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.FromString,
+            '/sssd_drafter.v1.DrafterService/GetServiceInfo',
+            sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoRequest.SerializeToString,
+            sssd__drafter_dot_v1_dot_drafter__pb2.GetServiceInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,13 +5,13 @@ Drafting service for speculative decoding (SSSD): GPU decode workers send the
 tokens committed since their last call for a whole batch, once per decode
 step, and get one candidate tree per request back.
 
-Versioning: this package is drafter.v1. Fields are only ever added; a change
-that old clients or servers cannot ignore goes into drafter.v2.
+Versioning: this package is sssd_drafter.v1. Fields are only ever added; a change
+that old clients or servers cannot ignore goes into sssd_drafter.v2.
 """
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from sssd.drafter.v1 import drafter_pb2 as _drafter_pb2
+from sssd_drafter.v1 import drafter_pb2 as _drafter_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -1,4 +1,4 @@
-"""drafter.v1 protocol stubs, generated from proto/sssd/drafter/v1/drafter.proto by `make proto`.
+"""sssd_drafter.v1 protocol stubs, generated from proto/sssd_drafter/v1/drafter.proto by `make proto`.
 
 Committed so that GPU images need neither grpcio-tools nor a compiler; a test
 regenerates them and fails on drift."""

@@ -1,1 +1,0 @@
-"""Generated protocol code (from proto/). Do not edit: run `make proto`."""
