@@ -230,6 +230,8 @@ def test_dockerfile_is_multi_stage_with_the_compiler_in_the_build_stage_only() -
     assert build[0].endswith(" AS build") and runtime[0].endswith(" AS runtime")
     assert any("g++" in line for line in build if line.startswith("RUN"))
     assert any("pip wheel" in line for line in build)
+    # The wheel's own dependencies are the library's alone: `drafter serve` needs its extra.
+    assert any("pip install" in line and ".whl)[service]" in line for line in build)
     for line in runtime:
         if line.startswith("RUN"):
             assert "apt-get install" not in line and "pip install" not in line, line

@@ -108,15 +108,15 @@ def test_health_checks_by_the_documented_name_answer_serving(drafter: Subprocess
     assert named is not None, "the README names no service for health checks"
     name = named.group(1)
     assert name == SERVICE_NAME  # the chart's readiness probe asks for it (test_helm_chart)
-    wrong = re.search(r"not the `([\w.]+)` its path", text)
-    assert wrong is not None and wrong.group(1) == "sssd_drafter.v1"
+    # One name for the proto package, its path and the Python module (issue 30, item 4).
+    assert f"`proto/{name.rsplit('.', 1)[0].replace('.', '/')}/drafter.proto`" in text
     with grpc.insecure_channel(drafter.address) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check
         for service in (name, ""):
             answer = check(health_pb2.HealthCheckRequest(service=service), timeout=10)
             assert answer.status == Status.SERVING, service
-        with pytest.raises(grpc.RpcError) as info:
-            check(health_pb2.HealthCheckRequest(service=f"{wrong.group(1)}.DrafterService"),
+        with pytest.raises(grpc.RpcError) as info:  # the name before the wire change
+            check(health_pb2.HealthCheckRequest(service="drafter.v1.DrafterService"),
                   timeout=10)  # fmt: skip
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
 

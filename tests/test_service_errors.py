@@ -223,7 +223,9 @@ def test_bad_message_ends_a_stream_with_its_code(strict: Any) -> None:
 
 def test_overload_is_resource_exhausted(loop_thread: LoopThread, tmp_path: Path) -> None:
     big = list(range(VOCAB)) * 300  # a 300k-token start keeps the one call slot busy
-    with serving(loop_thread, config(tmp_path, max_inflight_calls=1)) as s:
+    # The queued-work bound (--max-queue-ms) would refuse first on a slow machine: this
+    # test is about the bound on calls in flight.
+    with serving(loop_thread, config(tmp_path, max_inflight_calls=1, max_queue_ms=600_000)) as s:
         done = threading.Event()
         slow_result: list[Any] = []
 

@@ -20,15 +20,24 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
-import redis
 
 from drafter_service.live.stream_ids import StreamId
+
+try:
+    import redis
+except ModuleNotFoundError:  # the library without the service extra: no shared log
+    redis = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 FORMAT = b"1"
 
-LogError = redis.RedisError
+
+class _NoRedisError(Exception):
+    """Stands for redis' errors where redis is not installed (nothing can raise them)."""
+
+
+LogError: type[Exception] = _NoRedisError if redis is None else redis.RedisError
 """What a failed call to the log server raises (connection lost, timeout, refused)."""
 
 
@@ -80,6 +89,10 @@ class RedisStream:
     failure raises :data:`LogError` (the caller decides whether to retry)."""
 
     def __init__(self, config: SharedLogConfig, key: str) -> None:
+        if redis is None:
+            raise RuntimeError(
+                "the shared log needs the redis package: pip install 'sssd-drafter[service]'"
+            )
         password = None
         if config.password_file is not None:
             password = config.password_file.read_text().strip()

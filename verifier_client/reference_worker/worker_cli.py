@@ -80,8 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.rounds < 0:
             raise ValueError(f"--rounds must be >= 0, got {args.rounds}")
         # torch and the model code only once the arguments are good.
-        from verifier_client.reference_worker.worker_run import run
-
+        try:
+            from verifier_client.reference_worker.worker_run import run
+        except ModuleNotFoundError as err:
+            if (err.name or "").split(".")[0] in ("verifier_client", "sssd_drafter"):
+                raise
+            print(f"drafter-worker: needs the 'worker' extra; {err.name!r} is not installed: "
+                  "pip install 'sssd-drafter[worker]' (or ./clients/python[worker])",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         return run(args)
     except (ValueError, OSError) as err:
         print(f"drafter-worker: error: {err}", file=sys.stderr)

@@ -1,0 +1,43 @@
+"""The console scripts. Each names the extra it needs when that is not installed (the
+library install is numpy and the compiled core alone; ``pyproject.toml`` lists the
+extras), instead of a traceback ending in ``ModuleNotFoundError``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+OURS = frozenset({"drafter_service", "datastore_builder", "verifier_client", "benchmarks",
+                  "sssd_drafter"})  # fmt: skip
+"""A missing module of these is a broken install, not a missing extra: it is raised."""
+
+
+def run(prog: str, module: str, extra: str) -> int:
+    """Imports ``module`` and runs its ``main()``; exit status 2, naming ``extra``, when
+    a module it imports is not installed."""
+    try:
+        main = importlib.import_module(module).main
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing in OURS:
+            raise
+        print(f"{prog}: needs the {extra!r} extra; {missing!r} is not installed: "
+              f"pip install 'sssd-drafter[{extra}]'", file=sys.stderr)  # fmt: skip
+        return 2
+    status: int = main()
+    return status
+
+
+def drafter() -> int:
+    """``drafter`` (``drafter serve``)."""
+    return run("drafter", "drafter_service.drafter_cli", "service")
+
+
+def datastore_builder() -> int:
+    """``datastore-builder``."""
+    return run("datastore-builder", "datastore_builder.builder_cli", "builder")
+
+
+def drafter_bench() -> int:
+    """``drafter-bench``."""
+    return run("drafter-bench", "benchmarks.bench_cli", "bench")
