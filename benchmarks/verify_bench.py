@@ -9,7 +9,7 @@ the batch. Otherwise (or with ``--random``) a random tree generator does.
 
 Prints one JSON line per case with p50/p99 in ms over ``--iters`` calls:
 ``pack_trees``, ``accept`` (target tokens given), ``pack+accept`` (the issue's
-target: <= 1 ms on this CPU), ``to_sglang`` and ``best_chain``. Then
+target: <= 1 ms on this CPU) and ``best_chain``. Then
 ``sample_targets`` (greedy, sampling, sampling with top-k/top-p) at vocab 32000
 and 128256 on ``--sampler-trees`` trees (T rows each): that is the engine's own
 sampler, run for plain decoding too (there on one row per request instead of T),
@@ -30,13 +30,23 @@ import numpy as np
 import torch
 
 from verifier_client.results import Tree
-from verifier_client.verification.tree_packing import best_chain, pack_trees, to_sglang
+from verifier_client.verification.tree_packing import best_chain, pack_trees
 from verifier_client.verification.tree_verification import accept, sample_targets
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
 DEFAULT_DATA = DATA_DIR / "code_humaneval_llama31_8b.jsonl.gz"
 LLAMA3_VOCAB = 128256
 
+
+
+def _first_child(parents: torch.Tensor) -> torch.Tensor:
+    """Each node's first (lowest-column) child in its row, -1 for none."""
+    first = torch.full(parents.shape, -1, dtype=torch.int64)
+    for col in range(parents.shape[1] - 1, 0, -1):  # the lowest column is written last
+        parent = parents[:, col]
+        rows = (parent >= 0).nonzero().flatten()
+        first[rows, parent[rows]] = col
+    return first
 
 def drafter_trees(data: Path, batch: int, budget: int) -> tuple[list[Tree | None], list[int]]:
     """One drafting step of ``batch`` real requests: their trees and last tokens."""
@@ -127,7 +137,7 @@ def main() -> None:
     # of accepted lengths like a real step's (random targets would accept nothing).
     gen = torch.Generator().manual_seed(0)
     targets = torch.randint(0, LLAMA3_VOCAB, packed.tokens.shape, generator=gen)
-    first_child = to_sglang(packed).retrive_next_token
+    first_child = _first_child(packed.parents)
     follow = (first_child >= 0) & (torch.rand(packed.tokens.shape, generator=gen) < 0.8)
     children = packed.tokens.gather(1, first_child.clamp(min=0))
     targets = torch.where(follow, children, targets)
@@ -138,7 +148,6 @@ def main() -> None:
     report("accept", measure(lambda: accept(packed, targets), args.iters), **common)
     report("pack+accept", measure(lambda: accept(pack_trees(trees, roots, lens), targets),
                                   args.iters), **common)  # fmt: skip
-    report("to_sglang", measure(lambda: to_sglang(packed), args.iters), **common)
     report("best_chain", measure(lambda: best_chain(packed, args.nodes), args.iters), **common)
 
     rows = args.sampler_trees * packed.width

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tree_reference import RefRow, batches, random_tree, ref_best_chain, ref_rows
 
 from verifier_client.results import Tree
-from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees, to_sglang
+from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees
 
 
 @dataclass
@@ -96,50 +96,6 @@ def test_empty_batch_and_rows_without_drafts() -> None:
     assert packed.tokens.tolist() == [[4], [5]]
     assert packed.positions.tolist() == [[7], [0]]
     assert packed.attention_mask.tolist() == [[[True]], [[True]]]
-
-
-def ref_sglang(rows: list[RefRow], d: int) -> dict[str, list[int] | list[bool]]:
-    out: dict[str, list] = {k: [] for k in ("tokens", "positions", "mask", "next", "sibling")}
-    for b, row in enumerate(rows):
-        for i in range(d):
-            real = i < row.n
-            out["tokens"].append(row.tokens[i] if real else 0)
-            out["positions"].append(row.cache_len + (row.depth(i) if real else 0))
-            seen = row.ancestors(i) if real else {i}
-            out["mask"].extend(j in seen for j in range(d))
-            kids = row.children(i) if real else []
-            out["next"].append(kids[0] if kids else -1)
-            later = (
-                [c for c in row.children(row.parents[i]) if c > i] if real and i > 0 else []
-            )
-            out["sibling"].append(later[0] if later else -1)
-        del b
-    return out
-
-
-@given(batches(), st.integers(0, 3))
-def test_to_sglang_matches_reference(
-    batch: tuple[list[Tree | None], list[int], list[int]], extra: int
-) -> None:
-    trees, roots, lens = batch
-    packed = pack_trees(trees, roots, lens)
-    d = packed.width + extra
-    got = to_sglang(packed, num_draft_tokens=d)
-    want = ref_sglang(ref_rows(trees, roots, lens), d)
-    assert got.num_draft_tokens == d
-    assert got.draft_tokens.tolist() == want["tokens"]
-    assert got.positions.tolist() == want["positions"]
-    assert got.tree_mask.tolist() == want["mask"]
-    assert got.retrive_next_token.reshape(-1).tolist() == want["next"]
-    assert got.retrive_next_sibling.reshape(-1).tolist() == want["sibling"]
-    assert got.retrive_index.tolist() == [[b * d + i for i in range(d)] for b in range(len(trees))]
-    assert got.seq_lens.tolist() == lens
-    # FULL_MASK: per request D rows of seq_len + D, the prefix all true.
-    full: list[bool] = []
-    for b, n in enumerate(lens):
-        for i in range(d):
-            full += [True] * n + want["mask"][(b * d + i) * d : (b * d + i + 1) * d]  # type: ignore[operator]
-    assert got.full_tree_mask().tolist() == full
 
 
 @given(batches(), st.integers(0, 10))
@@ -243,10 +199,6 @@ def test_other_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match=r"trees\[0\] has 2 tokens but 1 scores"):
         pack_trees([Raw([1, 2], [-1, 0], [0.5])], [0], [0], scores=True)  # type: ignore[list-item]
     packed = pack_trees([tree], [0], [0])
-    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= the packed width 3"):
-        to_sglang(packed, num_draft_tokens=2)
-    with pytest.raises(TypeError, match="packed must be PackedTrees, got list"):
-        to_sglang([tree])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"needs scores: pack with pack_trees\(\.\.\., scores="):
         best_chain(packed, 4)
     with pytest.raises(ValueError, match="needs roots and cache_lens"):

@@ -1,4 +1,4 @@
-"""Draft trees as verification inputs: packed batch, SGLang's layout, best chain (torch).
+"""Draft trees as verification inputs: packed batch, best chain (torch).
 
 Imported explicitly (``from verifier_client.verification.tree_packing import pack_trees``): the
 package itself does not import torch, so the gRPC client runs without it.
@@ -22,10 +22,8 @@ from verifier_client.results import Tree
 __all__ = [
     "ChainInputs",
     "PackedTrees",
-    "SglangTreeInputs",
     "best_chain",
     "pack_trees",
-    "to_sglang",
 ]
 
 _I64 = npt.NDArray[np.int64]
@@ -281,98 +279,6 @@ def _duplicates(siblings: _I64, tokens: _I64) -> npt.NDArray[np.bool_]:
     dup = np.zeros(len(key), bool)
     dup[order[1:]] = ordered[1:] == ordered[:-1]
     return dup
-
-
-@dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
-class SglangTreeInputs:
-    """SGLang's EAGLE verify inputs (``build_tree_kernel_efficient``'s outputs).
-
-    Matches: ``draft_tokens`` is ``[B * D]`` with each request's root (SGLang's
-    ``verified_id``, the last committed token) then its D - 1 draft tokens;
-    ``positions`` is ``[B * D]`` = seq_len + depth; ``tree_mask`` is the
-    QLEN_ONLY layout, ``[B * D * D]`` flattened ``[b, i, j]`` = j is i or an
-    ancestor (the root column always true for real nodes);
-    ``retrive_index[b, i] = b * D + i``; ``retrive_next_token[b, i]`` = the
-    first (lowest-index) child of i and ``retrive_next_sibling[b, i]`` = the
-    next higher-index child of i's parent, -1 for none, so SGLang's
-    ``verify_tree_greedy`` walks children lowest index first, as
-    :func:`verifier_client.verification.tree_verification.accept` does. :meth:`full_tree_mask`
-    gives the FULL_MASK layout.
-
-    Differs: SGLang's trees always hold D - 1 nodes; here a request with fewer
-    is padded (token 0, position seq_len, attending to itself only, linked from
-    no node, so the verify kernels never reach it). Nodes need not come from
-    EAGLE's top-k expansion (any tree, parents before children). Equal sibling
-    tokens are never reached past the first (also true of SGLang's walk).
-    """
-
-    draft_tokens: torch.Tensor  # [B * D] int64
-    positions: torch.Tensor  # [B * D] int64
-    tree_mask: torch.Tensor  # [B * D * D] bool, QLEN_ONLY
-    retrive_index: torch.Tensor  # [B, D] int64
-    retrive_next_token: torch.Tensor  # [B, D] int64
-    retrive_next_sibling: torch.Tensor  # [B, D] int64
-    seq_lens: torch.Tensor  # [B] int64: tokens before the root (SGLang's seq_lens)
-    num_draft_tokens: int  # D, root included (SGLang's num_draft_tokens)
-
-    def full_tree_mask(self) -> torch.Tensor:
-        """FULL_MASK: per request ``[D, seq_len + D]`` flattened, the prefix all true.
-
-        Loops over the batch (a ragged concatenation); prefer QLEN_ONLY.
-        """
-        d = self.num_draft_tokens
-        qlen = self.tree_mask.view(-1, d, d)
-        parts = [
-            torch.cat([qlen.new_ones((d, n)), qlen[b]], dim=1).reshape(-1)
-            for b, n in enumerate(self.seq_lens.tolist())
-        ]
-        return torch.cat(parts) if parts else qlen.new_zeros(0)
-
-
-def to_sglang(packed: PackedTrees, *, num_draft_tokens: int | None = None) -> SglangTreeInputs:
-    """SGLang's tree layout, padded to ``num_draft_tokens`` (D, default T) columns."""
-    if not isinstance(packed, PackedTrees):
-        raise TypeError(f"packed must be PackedTrees, got {type(packed).__name__}")
-    width = packed.width
-    d = width if num_draft_tokens is None else num_draft_tokens
-    if not isinstance(d, int) or isinstance(d, bool) or d < width:
-        raise ValueError(
-            f"num_draft_tokens must be an int >= the packed width {width} "
-            f"(truncate with pack_trees(max_nodes=...)), got {num_draft_tokens!r}"
-        )
-    batch, pad = packed.batch_size, d - width
-    dev = packed.tokens.device
-    parents = torch.nn.functional.pad(packed.parents, (0, pad), value=-1)
-    tokens = torch.nn.functional.pad(packed.tokens, (0, pad), value=0)
-    seq_lens = packed.positions[:, 0]
-    positions = torch.nn.functional.pad(packed.positions, (0, pad))
-    if pad:
-        positions[:, width:] = seq_lens[:, None]
-    mask = torch.nn.functional.pad(packed.attention_mask, (0, pad, 0, pad))
-    diag = torch.arange(width, d, device=dev)
-    mask[:, diag, diag] = True
-    cols = torch.arange(d, device=dev)
-    none = torch.full((batch, d), -1, dtype=torch.int64, device=dev)
-    # child[b, p, c]: c is a child of p; the first child is the lowest such c.
-    child = parents[:, None, :] == cols[None, :, None]
-    next_token = torch.where(child.any(2), child.to(torch.uint8).argmax(2), none)
-    # later[b, c, s]: s is a later child of c's parent.
-    later = (
-        (parents[:, None, :] == parents[:, :, None])
-        & (cols[None, None, :] > cols[None, :, None])
-        & (parents >= 0)[:, :, None]
-    )
-    next_sibling = torch.where(later.any(2), later.to(torch.uint8).argmax(2), none)
-    return SglangTreeInputs(
-        draft_tokens=tokens.reshape(-1),
-        positions=positions.reshape(-1),
-        tree_mask=mask.reshape(-1),
-        retrive_index=(torch.arange(batch, device=dev)[:, None] * d + cols).contiguous(),
-        retrive_next_token=next_token,
-        retrive_next_sibling=next_sibling,
-        seq_lens=seq_lens.clone(),
-        num_draft_tokens=d,
-    )
 
 
 @dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
