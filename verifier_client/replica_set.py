@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
 from verifier_client.deltas import DeltaTracker, RequestState, as_token_list, finish_tail
 from verifier_client.replica_targets import (
-    is_ip,
+    ReplicaResolver,
     parse_target,
     rendezvous_owner,
     replica_key,
@@ -179,30 +178,12 @@ class ReplicaSetClient:
         self._ingest_turn = count()
         self.moves = 0  # requests handed from one replica (or none) to another
         self._closed = False
-        # The resolver's news for the decode thread, under _lock.
-        self._lock = threading.Lock()
-        self._dns: tuple[str, ...] = ()
-        self._dns_version = self._seen_version = 0
-        self._offered: dict[str, _ReplicaClient] = {}  # ready clients for new addresses
-        self._refresh_lock = threading.Lock()  # one lookup at a time
-        self._stop = threading.Event()
-        self._resolver: threading.Thread | None = None
-        self._resolve_interval_s = resolve_interval_s
-        self._name: tuple[str, int] | None = None
-        if isinstance(targets, str):
-            self._name = parse_target(targets)
-            addresses = self._lookup() or ()
-        else:
-            addresses = self._fixed(targets)
-        self._known = set(addresses)  # the resolver's: addresses offered so far
-        for address in addresses:
+        self._resolver = ReplicaResolver(targets, self._new_client, resolve_interval_s,
+                                         options.get("probe_timeout_s", 1.0))  # fmt: skip
+        for address in self._resolver.addresses:
             self._add_replica(address, self._new_client(address))
-        self._dns = tuple(addresses)
         self._sync()
-        if self._name is not None and not is_ip(self._name[0]):
-            self._resolver = threading.Thread(target=self._resolve_loop, daemon=True,
-                                              name=f"drafter-resolver-{targets}")  # fmt: skip
-            self._resolver.start()
+        self._resolver.start()
 
     # --- what the decode loop sees
 
@@ -243,8 +224,8 @@ class ReplicaSetClient:
         first if it had no address yet); returns the first one's service info. Raises
         ValueError when a replica refuses the tokenizer, grpc.RpcError when none answers."""
         end_s = perf_counter() + timeout_s
-        if not self._replicas and self._name is not None:
-            self._refresh(timeout_s)
+        if not self._replicas and self._resolver.name is not None:
+            self._resolver.refresh(timeout_s)
         self._sync()
         calls = []
         for replica in self._replicas.values():
@@ -253,7 +234,7 @@ class ReplicaSetClient:
             replica.busy = replica.worker.submit(replica.client.wait_ready, left_s)
             calls.append(replica.busy)
         if not calls:
-            host, port = self._name or ("", 0)
+            host, port = self._resolver.name or ("", 0)
             raise _NoReplica(f"no drafter replica: {host}:{port} resolves to no address")
         wait(calls)  # each waits for at most timeout_s
         for replica in self._replicas.values():
@@ -384,13 +365,7 @@ class ReplicaSetClient:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        if self._resolver is not None:
-            self._resolver.join()
-        with self._lock:
-            offered, self._offered = self._offered, {}
-        for client in offered.values():
-            client.close(0)
+        self._resolver.close()
         closing = [r.worker.submit(r.client.close, timeout_s) for r in self._replicas.values()]
         wait(closing)
         for replica in self._replicas.values():
@@ -533,10 +508,8 @@ class ReplicaSetClient:
         """Takes the resolver's news and the breakers' states; moves the requests whose
         owner changed, and retires the replicas gone."""
         gone: list[_Replica] = []
-        if self._dns_version != self._seen_version:
-            with self._lock:
-                self._seen_version = self._dns_version
-                addresses, offered, self._offered = self._dns, self._offered, {}
+        if (news := self._resolver.news()) is not None:
+            addresses, offered = news
             for address, client in offered.items():
                 if address in addresses and address not in self._replicas:
                     self._add_replica(address, client)
@@ -598,69 +571,14 @@ class ReplicaSetClient:
 
     def _new_client(self, address: str) -> _ReplicaClient:
         options = self._options.copy()
-        if self._name is not None and options.get("credentials") is not None:
+        name = self._resolver.name
+        if name is not None and options.get("credentials") is not None:
             # TLS to an address of a name: the certificate is the name's.
             channel_options = list(options.get("channel_options", ()))
             if not any(key == "grpc.ssl_target_name_override" for key, _ in channel_options):
-                channel_options.append(("grpc.ssl_target_name_override", self._name[0]))
+                channel_options.append(("grpc.ssl_target_name_override", name[0]))
             options["channel_options"] = channel_options
         return _ReplicaClient(address, **options)
-
-    # --- targets
-
-    @staticmethod
-    def _fixed(targets: Sequence[str]) -> tuple[str, ...]:
-        """A fixed set of targets, checked (ValueError naming the bad one)."""
-        if not isinstance(targets, Sequence) or not targets:
-            raise ValueError(f"targets must be 'host:port' or a non-empty list of them, "
-                             f"got {targets!r}")  # fmt: skip
-        for target in targets:
-            parse_target(target)
-        if len(set(targets)) != len(targets):
-            twice = sorted({t for t in targets if targets.count(t) > 1})
-            raise ValueError(f"targets name {twice} more than once: {list(targets)!r}")
-        return tuple(targets)
-
-    def _lookup(self) -> tuple[str, ...] | None:
-        """The name's addresses now; None (logged) when the lookup fails."""
-        assert self._name is not None, "only a named target is looked up"
-        host, port = self._name
-        try:
-            return resolve_target(host, port)
-        except OSError as error:
-            log.warning("cannot resolve drafter replicas %s:%d: %s", host, port, error)
-            return None
-
-    def _resolve_loop(self) -> None:
-        while not self._stop.wait(self._resolve_interval_s):
-            self._refresh(self._options.get("probe_timeout_s", 1.0))
-
-    def _refresh(self, ready_timeout_s: float) -> None:
-        """Looks the name up again (the resolver's thread, or wait_ready's); a new address
-        is offered once its replica answers GetServiceInfo within ``ready_timeout_s``."""
-        with self._refresh_lock:
-            addresses = self._lookup()
-            if addresses is None or self._closed:
-                return  # a failed lookup keeps the last set: breakers handle the dead
-            fresh: dict[str, _ReplicaClient] = {}
-            for address in (a for a in addresses if a not in self._known):
-                client = self._new_client(address)
-                try:
-                    client.wait_ready(ready_timeout_s)
-                except (grpc.RpcError, ValueError) as error:
-                    log.warning("drafter replica %s not ready: %r", address, error)
-                    client.close(0)
-                    continue
-                fresh[address] = client
-                log.info("drafter replica %s joined", address)
-            ready = tuple(a for a in addresses if a in self._known or a in fresh)
-            if ready == self._dns and not fresh:
-                return
-            self._known = set(ready)
-            with self._lock:
-                self._offered.update(fresh)
-                self._dns = ready
-                self._dns_version += 1
 
 
 def _add_stats(total: ClientStats, stats: ClientStats) -> None:

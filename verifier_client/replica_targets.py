@@ -1,15 +1,22 @@
 """Replica targets and request ownership for :class:`ReplicaSetClient`: parsing a
-``host:port`` target, resolving a name to its replicas' addresses, and rendezvous
-(highest-random-weight) hashing of request ids over replica addresses, the same in
-every process."""
+``host:port`` target, resolving a name to its replicas' addresses (once, or again and
+again in the background: :class:`ReplicaResolver`), and rendezvous (highest-random-weight)
+hashing of request ids over replica addresses, the same in every process."""
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import re
 import socket
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, Protocol, TypeVar
+
+import grpc
+
+log = logging.getLogger(__name__)
 
 _HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a DNS name or an IPv4
 
@@ -70,3 +77,126 @@ def is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def fixed_targets(targets: Sequence[str]) -> tuple[str, ...]:
+    """A fixed set of targets, checked (ValueError naming the bad one)."""
+    if not isinstance(targets, Sequence) or not targets:
+        raise ValueError(f"targets must be 'host:port' or a non-empty list of them, "
+                         f"got {targets!r}")  # fmt: skip
+    for target in targets:
+        parse_target(target)
+    if len(set(targets)) != len(targets):
+        twice = sorted({t for t in targets if targets.count(t) > 1})
+        raise ValueError(f"targets name {twice} more than once: {list(targets)!r}")
+    return tuple(targets)
+
+
+class Connectable(Protocol):
+    """What the resolver needs of a replica's client: a readiness probe and a close."""
+
+    def wait_ready(self, timeout_s: float = ...) -> object: ...
+
+    def close(self, timeout_s: float = ...) -> None: ...
+
+
+C = TypeVar("C", bound=Connectable)
+
+
+class ReplicaResolver(Generic[C]):
+    """Where the replicas are: a fixed list of targets, or one ``host:port`` whose name
+    resolves to a replica per address, looked up again every ``interval_s`` on a thread of
+    its own once :meth:`start`-ed (never for an IP address). A new address is offered,
+    with the client ``connect`` made for it, once that client answers within
+    ``probe_timeout_s``; a failed lookup keeps the last set. The decode thread takes the
+    news with :meth:`news`; the addresses of the first lookup are :attr:`addresses`."""
+
+    def __init__(self, targets: str | Sequence[str], connect: Callable[[str], C],
+                 interval_s: float, probe_timeout_s: float) -> None:  # fmt: skip
+        self.name: tuple[str, int] | None = None  # the looked-up name, if any
+        self._connect = connect
+        self._interval_s = interval_s
+        self._probe_timeout_s = probe_timeout_s
+        self._lock = threading.Lock()  # the news, for the decode thread
+        self._refresh_lock = threading.Lock()  # one lookup at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._version = self._seen = 0
+        self._offered: dict[str, C] = {}  # ready clients for new addresses
+        if isinstance(targets, str):
+            self.name = parse_target(targets)
+            found = self._lookup() or ()
+        else:
+            found = fixed_targets(targets)
+        self.addresses: tuple[str, ...] = tuple(found)
+        self._known = set(found)  # addresses offered so far
+
+    def start(self) -> None:
+        """Looks the name up again every ``interval_s`` until :meth:`close`."""
+        if self.name is not None and not is_ip(self.name[0]):
+            self._thread = threading.Thread(
+                target=self._loop, daemon=True, name=f"drafter-resolver-{self.name[0]}"
+            )
+            self._thread.start()
+
+    def news(self) -> tuple[tuple[str, ...], dict[str, C]] | None:
+        """The addresses and the clients offered for new ones since the last call (theirs
+        to keep or close now); None when nothing changed."""
+        if self._version == self._seen:
+            return None
+        with self._lock:
+            self._seen = self._version
+            offered, self._offered = self._offered, {}
+            return self.addresses, offered
+
+    def refresh(self, ready_timeout_s: float) -> None:
+        """Looks the name up again (the resolver's thread, or a caller waiting for a first
+        address); a new address is offered once its client is ready within
+        ``ready_timeout_s``."""
+        with self._refresh_lock:
+            addresses = self._lookup()
+            if addresses is None or self._stop.is_set():
+                return  # a failed lookup keeps the last set: breakers handle the dead
+            fresh: dict[str, C] = {}
+            for address in (a for a in addresses if a not in self._known):
+                client = self._connect(address)
+                try:
+                    client.wait_ready(ready_timeout_s)
+                except (grpc.RpcError, ValueError) as error:  # ValueError: refused tokenizer
+                    log.warning("drafter replica %s not ready: %r", address, error)
+                    client.close(0)
+                    continue
+                fresh[address] = client
+                log.info("drafter replica %s joined", address)
+            ready = tuple(a for a in addresses if a in self._known or a in fresh)
+            if ready == self.addresses and not fresh:
+                return
+            self._known = set(ready)
+            with self._lock:
+                self._offered.update(fresh)
+                self.addresses = ready
+                self._version += 1
+
+    def close(self) -> None:
+        """Stops looking up and closes the clients offered but not taken."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            offered, self._offered = self._offered, {}
+        for client in offered.values():
+            client.close(0)
+
+    def _lookup(self) -> tuple[str, ...] | None:
+        """The name's addresses now; None (logged) when the lookup fails."""
+        assert self.name is not None, "only a named target is looked up"
+        host, port = self.name
+        try:
+            return resolve_target(host, port)
+        except OSError as error:
+            log.warning("cannot resolve drafter replicas %s:%d: %s", host, port, error)
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.refresh(self._probe_timeout_s)
