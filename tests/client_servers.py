@@ -121,12 +121,12 @@ class DrafterProcess:
 
 
 class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
-    """Answers every request OK with a one-node tree after ``delay_s``; records what it got.
-    ``hold()`` keeps every Draft answer back until ``release()``: a step that returns while
-    it is held did not wait for its answer, whatever the machine's speed."""
+    """Answers every request OK with a one-node tree; records what it got. ``hold()``
+    keeps every Draft and Ingest answer back until ``release()``: a step that returns while
+    it is held did not wait for its answer, whatever the machine's speed (slowness is an
+    event here, never a sleep)."""
 
     def __init__(self) -> None:
-        self.delay_s = 0.0
         self._open = threading.Event()
         self._open.set()
         self.received: list[pb.DraftRequest] = []
@@ -143,7 +143,6 @@ class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
         deltas = unpack_deltas(request)  # recorded per request (the client sends packed)
         self.received.append(pb.DraftRequest(requests=deltas, step=request.step))
         self._open.wait(timeout=120)  # a bound on failure only
-        time.sleep(self.delay_s)
         drafts = [
             pb.RequestDraft(
                 status=pb.DRAFT_STATUS_OK,
@@ -169,7 +168,6 @@ class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
 
     def Ingest(self, request: pb.IngestRequest, context: Any) -> pb.IngestResponse:
         self._open.wait(timeout=120)  # a bound on failure only
-        time.sleep(self.delay_s)
         return pb.IngestResponse(accepted=len(request.sequences))
 
     def hold(self) -> None:

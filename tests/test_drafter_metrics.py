@@ -111,6 +111,7 @@ def test_draft_calls_move_counters_and_histograms_by_exactly_their_work(
         sizes: list[int] = []
         batch_lengths: list[int] = []
         held = {rid: 0 for rid in contexts}
+        calls_s = 0.0  # the calls' time as the client saw it: the service's is within it
         for step in range(6):
             deltas = []
             for i, (rid, ctx) in enumerate(contexts.items()):
@@ -119,7 +120,9 @@ def test_draft_calls_move_counters_and_histograms_by_exactly_their_work(
                 budget = 0 if (step, i) == (2, 1) else 8  # one empty tree on purpose
                 deltas.append(delta(rid, tokens, known_length=held[rid], budget=budget))
                 held[rid] += take
+            called = time.perf_counter()
             response = s.draft(*deltas, step=step)
+            calls_s += time.perf_counter() - called
             assert [d.status for d in response.drafts] == [OK] * 3
             sizes += tree_sizes(response)
             batch_lengths.append(len(deltas))
@@ -140,7 +143,8 @@ def test_draft_calls_move_counters_and_histograms_by_exactly_their_work(
     assert after.value("sssd_drafter_batch_requests_sum", method="Draft") == sum(batch_lengths)
     assert after.value("sssd_drafter_batch_requests_count", method="DraftStream") == 0
     assert after.value("sssd_drafter_batch_duration_seconds_count", method="Draft") == 6
-    assert 0 < after.value("sssd_drafter_batch_duration_seconds_sum", method="Draft") < 6 * 10
+    # In seconds, and only the calls' own time: within what the client waited for them.
+    assert 0 < after.value("sssd_drafter_batch_duration_seconds_sum", method="Draft") <= calls_s
     assert after.value("sssd_drafter_request_duration_seconds_count", datastore="default") == n
     per_request = after.value("sssd_drafter_request_duration_seconds_sum", datastore="default")
     batch_total = after.value("sssd_drafter_batch_duration_seconds_sum", method="Draft")
@@ -253,10 +257,11 @@ def test_ingest_rebuild_and_snapshot_metrics_follow_the_live_datastore(
         )
         assert got.value("sssd_drafter_datastore_sub_indices", datastore="default") == 1
 
-        time.sleep(0.05)
-        live.snapshot()
+        info = live.snapshot()
         got = scrape(s)
-        assert 0 <= got.value("sssd_drafter_snapshot_age_seconds", datastore="default") < 5
+        # Since the snapshot now, not since start: at most the time since it was written.
+        age = got.value("sssd_drafter_snapshot_age_seconds", datastore="default")
+        assert 0 <= age <= time.time() - info.created_unix
         assert got.value("sssd_drafter_wal_bytes", datastore="default") == live.stats().wal_bytes
         dropped = {r: got.value("sssd_drafter_ingest_dropped_total", reason=r) for r in
                    ("queue_full", "datastore_full", "error")}  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from client_servers import DrafterProcess
 
-from verifier_client import BudgetRule, DrafterClient
+from verifier_client import BudgetRule, DrafterClient, Outcome
 from verifier_client.engines import DrafterSettings, EngineDrafter
 from verifier_client.engines.batch import CONFIG_ENV, tokenizer_fingerprint
 
@@ -153,15 +153,18 @@ def test_release_ingests_unless_the_request_opted_out(drafter: DrafterProcess) -
         for rid in ("private", "kept"):
             rows = Rows([1, 2, 3, *range(500, 520)])  # prompt 3 tokens, output 20
             engine.draft([rid], [23], [3], rows.tokens)
+        # The opted-out request first: were it stored, it would be queued, logged and
+        # folded in before the kept one (one ingest queue, one log, in order), so once
+        # the kept one has landed the opted-out one would have landed too.
         engine.release("private", store=False)
         # The final context holds 5 tokens committed after the last drafted step.
         engine.release("kept", context=[1, 2, 3, *range(500, 525)])
         engine.release("never-drafted")  # a request that only prefilled: nothing to do
         assert engine.client.flush(10) and engine.live_requests == 0
-        deadline = time.monotonic() + 10
-        while _stored_tokens(probe) == before and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60  # a bound on failure only
+        while _stored_tokens(probe) == before:
+            assert time.monotonic() < deadline, "the kept generation never landed"
             time.sleep(0.05)
-        time.sleep(0.3)  # the opted-out generation would have landed by now too
         # One generation stored: its 25 output tokens (the 5 from the final context
         # included) and the prompt's 3 kept as its context (--prompt-context-tokens),
         # plus a separator unless the datastore was empty. Both would be 51 or more.
@@ -176,10 +179,12 @@ def test_no_drafter_means_no_drafts_and_no_error() -> None:
                                            connect_timeout_s=0))  # fmt: skip
     try:
         rows = Rows([1, 2, 3], [4, 5])
-        start = time.monotonic()
         for _ in range(5):
             assert engine.draft(["a", "b"], [3, 2], [3, 2], rows.tokens) == [None, None]
-        assert time.monotonic() - start < 5  # never a wait beyond the deadline per step
+        # Every step gave up on the drafter for a reason of its own (how promptly after
+        # the deadline is a benchmark's question, not a test's): none raised or erred.
+        gave_up = (Outcome.DEADLINE, Outcome.UNAVAILABLE, Outcome.BREAKER_OPEN)
+        assert sum(engine.stats.fallbacks[o] for o in gave_up) == 5, engine.stats
         assert engine.stats.fallback_steps == 5 and engine.errors == 0
         engine.release("a")
     finally:

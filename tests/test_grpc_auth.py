@@ -6,6 +6,7 @@ another's."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,8 +16,9 @@ import grpc
 import pytest
 from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from service_support import LoopThread, config, serving
+from service_support import FakeClock, LoopThread, config, serving
 
+from drafter_service.service.grpc_auth import TokenFile
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client import BudgetRule, DrafterClient
@@ -306,14 +308,55 @@ def test_a_changed_tokens_file_takes_effect_without_a_restart(tmp_path: Path) ->
 
             ok, refused = grpc.StatusCode.OK, grpc.StatusCode.UNAUTHENTICATED
             assert (code(ALPHA), code(BETA)) == (ok, refused)
+            # The file is looked at again when a call comes, at most once a second (the
+            # clock-stepped test below pins that second down): calls until it was.
             tokens.write_text(f"beta {BETA}\n")  # alpha revoked, beta added
-            time.sleep(1.2)  # the file is looked at again at most once a second
+            deadline = time.monotonic() + 60  # a bound on failure only
+            while (code(ALPHA), code(BETA)) != (refused, ok):
+                assert time.monotonic() < deadline, "the changed tokens file never took effect"
+                time.sleep(0.05)
+            # A broken edit keeps the last good tokens: beta is let in on every call, before
+            # and after the server has looked at the broken file (it logs that it did).
+            log = tmp_path / "data.log"
+            tokens.write_text("garbage\n")
+            deadline = time.monotonic() + 60  # a bound on failure only
+            while "kept the previous" not in log.read_text():
+                assert code(BETA) == ok
+                assert time.monotonic() < deadline, "the broken tokens file was never looked at"
+                time.sleep(0.05)
             assert (code(ALPHA), code(BETA)) == (refused, ok)
-            tokens.write_text("garbage\n")  # a broken edit keeps the last good tokens
-            time.sleep(1.2)
-            assert code(BETA) == ok
     finally:
         server.stop()
+
+
+def test_the_tokens_file_is_looked_at_again_at_most_once_a_second(tmp_path: Path) -> None:
+    """On an injected clock: a change is not seen before a second has passed since the
+    last look, is seen once it has, and a broken edit keeps the last good tokens."""
+    clock = FakeClock()
+    path = tmp_path / "tokens"
+    path.write_text(f"alpha {ALPHA}\n")
+    tokens = TokenFile(path, clock)
+
+    def rewrite(text: str) -> None:
+        # A new (mtime, size) stamp whatever the file system's timestamp resolution.
+        stamp = path.stat().st_mtime_ns + 10**9
+        path.write_text(text)
+        os.utime(path, ns=(stamp, stamp))
+
+    assert tokens.current() == {"alpha": ALPHA}
+    rewrite(f"beta {BETA}\n")  # the same size as before: only the mtime tells
+    clock.now += 0.75
+    assert tokens.current() == {"alpha": ALPHA}  # not looked at yet
+    clock.now += 0.25
+    assert tokens.current() == {"beta": BETA}
+    rewrite("garbage\n")
+    clock.now += 1.0
+    assert tokens.current() == {"beta": BETA}  # looked at, refused, the last good kept
+    rewrite(f"alpha {ALPHA}\nbeta {BETA}\n")
+    clock.now += 0.5
+    assert tokens.current() == {"beta": BETA}
+    clock.now += 0.5
+    assert tokens.current() == {"alpha": ALPHA, "beta": BETA}
 
 
 @pytest.mark.system

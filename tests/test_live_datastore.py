@@ -133,15 +133,29 @@ def test_drafting_uses_the_swapped_datastore(tmp_path: Path) -> None:
 
 def test_cheap_rebuilds_are_brought_forward(tmp_path: Path) -> None:
     """rebuild_max_share folds a small datastore's documents in about a second after the
-    last rebuild, long before rebuild_interval_s; 0 leaves only the interval."""
+    last rebuild, long before rebuild_interval_s; 0 leaves only the interval. The schedule
+    is stepped by hand at chosen times (run_maintenance_once), never waited for; then the
+    background thread brings a cheap rebuild forward too."""
     hourly = {"rebuild_min_tokens": 10**9, "rebuild_interval_s": 3600.0}
     with LiveDatastore(tmp_path / "off", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0),
-                       background=True) as store:  # fmt: skip
+                       background=False) as store:  # fmt: skip
         store.ingest(doc(1))
-        time.sleep(2.5)
+        last = store._state.last_rebuild_monotonic
+        for since_s in (0.5, 1.0, 2.5, 60.0, 3599.0):
+            assert store.run_maintenance_once(last + since_s) == (False, False), since_s
         assert store.stats().rebuilds == 0 and not contains(store, doc(1))
+        assert store.run_maintenance_once(last + 3600.0) == (True, False)  # the interval
+        assert store.stats().rebuilds == 1 and contains(store, doc(1))
     with LiveDatastore(tmp_path / "on", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0.05),
-                       background=True) as store:  # fmt: skip
+                       background=False) as store:  # fmt: skip
+        store.ingest(doc(1))
+        last = store._state.last_rebuild_monotonic
+        assert store.run_maintenance_once(last + 0.5) == (False, False)  # never under 1 s apart
+        assert store.stats().rebuilds == 0
+        assert store.run_maintenance_once(last + 1.0) == (True, False)  # cheap: brought forward
+        assert store.stats().rebuilds == 1 and contains(store, doc(1))
+    cheap = LivePolicy(**hourly, rebuild_max_share=0.05)
+    with LiveDatastore(tmp_path / "thread", TOKENIZER, cheap, background=True) as store:
         store.ingest(doc(1))
         deadline = time.monotonic() + 120  # a bound on failure only (the interval is 1 h)
         while store.stats().rebuilds == 0:

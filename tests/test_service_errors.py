@@ -4,8 +4,6 @@ state and leaves the server answering; a fuzzed stream of odd requests proves it
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from packed import pack_deltas, unpack_drafts
-from service_support import VOCAB, LoopThread, Running, config, delta, rpc_error, serving
+from service_support import (
+    VOCAB,
+    LoopThread,
+    Running,
+    config,
+    datastore_held,
+    delta,
+    rpc_error,
+    serving,
+    wait_until_taken,
+)
 
 from drafter_service import Datastore
 from drafter_service.service.call_errors import InvalidArgument, ServiceError
@@ -222,38 +230,22 @@ def test_bad_message_ends_a_stream_with_its_code(strict: Any) -> None:
 
 
 def test_overload_is_resource_exhausted(loop_thread: LoopThread, tmp_path: Path) -> None:
-    big = list(range(VOCAB)) * 300  # a 300k-token start keeps the one call slot busy
-    # The queued-work bound (--max-queue-ms) would refuse first on a slow machine: this
-    # test is about the bound on calls in flight.
-    with serving(loop_thread, config(tmp_path, max_inflight_calls=1, max_queue_ms=600_000)) as s:
-        done = threading.Event()
-        slow_result: list[Any] = []
-
-        def slow() -> None:
-            try:
-                while not slow_result:  # the small calls may hold the slot first: retry
-                    try:
-                        slow_result.append(s.draft(delta("big", big, budget=4)))
-                    except grpc.RpcError as exc:
-                        assert exc.code() == Code.RESOURCE_EXHAUSTED, exc
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=slow)
-        thread.start()
-        codes: list[Code] = []
-        deadline = time.monotonic() + 20
-        while not done.is_set() and time.monotonic() < deadline:
-            try:
-                s.draft(delta("small", [1, 2]))
-                codes.append(Code.OK)
-            except grpc.RpcError as exc:
-                codes.append(exc.code())
-                assert "max_inflight_calls (1)" in exc.details()
-            time.sleep(0.002)
-        thread.join()
-        assert Code.RESOURCE_EXHAUSTED in codes and set(codes) <= {Code.OK, Code.RESOURCE_EXHAUSTED}
-        assert slow_result[0].drafts[0].length == len(big)
+    """With the one call slot taken by a call held on the drafting thread (in flight
+    however fast or slow the machine), the next call is RESOURCE_EXHAUSTED, names the
+    bound and changes nothing; once the slot is free, calls are served again."""
+    # inline_max_work=0: a call's work goes to the drafting thread, where it is held. The
+    # queued-work bound (--max-queue-ms) is out of the way: this is about calls in flight.
+    cfg = config(tmp_path, max_inflight_calls=1, inline_max_work=0, max_queue_ms=600_000)
+    with serving(loop_thread, cfg) as s:
+        with datastore_held(s):
+            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("big", [1, 2, 3])]),
+                                        timeout=60)  # fmt: skip
+            wait_until_taken(s)
+            err = rpc_error(s.draft, delta("small", [1, 2]))
+            assert err.code() == Code.RESOURCE_EXHAUSTED, err
+            assert "max_inflight_calls (1)" in err.details()
+        assert first.result(timeout=60).drafts[0].length == 3
+        assert s.draft(delta("small", [1, 2])).drafts[0].length == 2  # nothing was kept of it
         assert s.draft(delta("after", [1])).drafts[0].status == 1
 
 

@@ -305,10 +305,9 @@ def test_missing_manifest_or_directory(tmp_path: Path) -> None:
 
 def test_list_snapshots_and_stale_temporaries(tmp_path: Path) -> None:
     store = Datastore.empty(VOCAB)
-    names = ["b", "a", "c"]
-    for name in names:
-        write_snapshot(tmp_path / name, store, TOKENIZER)
-        time.sleep(0.01)  # distinct created_unix
+    names = ["b", "a", "c"]  # written in this order: oldest first, not by name
+    for created, name in zip((1.7e9, 1.7e9 + 1, 1.7e9 + 2), names, strict=True):
+        write_snapshot(tmp_path / name, store, TOKENIZER, clock=lambda t=created: t)
     (tmp_path / "no-manifest").mkdir()
     (tmp_path / "a-file").write_text("x")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

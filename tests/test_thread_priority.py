@@ -20,6 +20,7 @@ from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.live.thread_priority import MAX_NICE, check_nice, lower_thread_priority
 from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.snapshot.store import TokenizerIdentity
+from sssd_drafter.v1 import drafter_pb2 as pb
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="only Linux renices a single thread"
@@ -49,7 +50,7 @@ def in_thread(fn: Callable[[], None]) -> int:
 
 
 def settled_nice(
-    before: set[threading.Thread], prefix: str, expected: int, timeout_s: float = 10.0
+    before: set[threading.Thread], prefix: str, expected: int, timeout_s: float = 60.0
 ) -> dict[str, int]:
     """The nice values of the threads started since ``before`` whose name starts with
     ``prefix``, once every one has reached ``expected`` (a thread lowers itself first
@@ -113,9 +114,24 @@ def test_background_nice_zero_leaves_every_thread_as_it_was(
     loop: LoopThread, tmp_path: Path
 ) -> None:
     before = set(threading.enumerate())
-    with serving(loop, config(tmp_path / "data", background_nice=0)) as running:
+    cfg = config(tmp_path / "data", background_nice=0, rebuild_min_tokens=1)
+    with serving(loop, cfg) as running:
         running.draft(delta("a", [1, 2, 3], budget=4))
-        time.sleep(0.2)  # nothing to wait for: the threads never change their priority
+        # Proof that both threads are past lowering their priority (their first thing):
+        # the ingest thread stored a generation (the call waits for that), then the
+        # background thread rebuilt with it.
+        finished = pb.FinishedRequest(request_id="a", reason=pb.FINISH_REASON_FINISHED,
+                                      final_tokens=[4, 5])  # fmt: skip
+        answer = running.stub.Finish(pb.FinishRequest(requests=[finished], wait_durable=True),
+                                     timeout=60)  # fmt: skip
+        assert answer.durable == 1
+        assert running.server.engine is not None
+        live = running.server.engine.catalog.slots["default"].live
+        assert live is not None
+        deadline = time.monotonic() + 60  # a bound on failure only
+        while live.stats().rebuilds == 0:
+            assert time.monotonic() < deadline, "the background thread never rebuilt"
+            time.sleep(0.02)
         for name in ("generation-ingest", "live-datastore"):
             assert settled_nice(before, name, PROCESS_NICE, 0) == {name: PROCESS_NICE}
 

@@ -52,7 +52,7 @@ from drafter_service.live.pinned_corpora import (
     with_corpus,
     without_corpus,
 )
-from drafter_service.live.rebuild import fold_pending, run_maintenance
+from drafter_service.live.rebuild import fold_pending, run_maintenance, run_maintenance_once
 from drafter_service.live.shared_log import RedisStream
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
 from drafter_service.live.startup import open_live_state
@@ -189,6 +189,15 @@ class LiveDatastore:
         """Folds every waiting document into the sub-indices now and swaps the new
         datastore in. Returns False when nothing was waiting."""
         return fold_pending(self._state)
+
+    def run_maintenance_once(
+        self, now_s: float | None = None, now_unix: float | None = None
+    ) -> tuple[bool, bool]:
+        """One turn of the background schedule, at once, as if it were ``now_s``
+        (time.monotonic) and ``now_unix`` (time.time; both default to now): rebuilds and
+        snapshots if that is due then. Returns (rebuild due, snapshot due). For tests,
+        which step the schedule by hand instead of waiting for the background thread."""
+        return run_maintenance_once(self._state, self.rebuild, self.snapshot, now_s, now_unix)
 
     def add_rebuild_listener(self, listener: Callable[[float], None]) -> None:
         """Calls ``listener(seconds)`` after every later successful rebuild, on the

@@ -6,7 +6,8 @@ held but the rebuild lock (ingests and drafting carry on), and swaps the result 
 each rebuild produces a new immutable :class:`Datastore`. :func:`fold_documents` is the
 rotation: the newest sub-index is rebuilt with its old text plus the new documents
 until it is full, then a new one is started; past ``max_sub_indices`` or the memory
-bound the oldest is dropped. :func:`run_maintenance` is the background thread's loop.
+bound the oldest is dropped. :func:`run_maintenance` is the background thread's loop,
+:func:`run_maintenance_once` one turn of it, for tests.
 """
 
 from __future__ import annotations
@@ -166,12 +167,9 @@ def run_maintenance(
     background_nice: int = 0,
 ) -> None:
     """The background thread: wakes at least once a second (or when an ingest fills the
-    buffer, the policy changes or the datastore closes) and calls ``rebuild`` when
-    enough waits, or the interval has passed with anything waiting, or a rebuild is
-    cheap enough for ``rebuild_max_share`` (:func:`early_rebuild_due`), then ``snapshot``
-    when the sub-indices hold log records the newest snapshot does not and the snapshot
-    interval has passed. Returns once the state is closed. It first lowers its own
-    priority to ``background_nice`` (thread_priority)."""
+    buffer, the policy changes or the datastore closes) and does what
+    :func:`maintenance_due` says is due. Returns once the state is closed. It first
+    lowers its own priority to ``background_nice`` (thread_priority)."""
     lower_thread_priority(background_nice)
     while True:
         with state.lock:
@@ -179,24 +177,69 @@ def run_maintenance(
             state.wake.wait(timeout=min(policy.rebuild_interval_s, 1.0))
             if state.closed:
                 return
-            since = time.monotonic() - state.last_rebuild_monotonic
-            rebuild_due = state.pending and (
-                state.pending_tokens >= policy.rebuild_min_tokens
-                or since >= policy.rebuild_interval_s
-                or early_rebuild_due(state, policy, since)
-            )
-            last = state.last_snapshot_unix
-            snapshot_due = (
-                policy.snapshot_interval_s > 0
-                and state.covered > state.snapshot_covered
-                and (last is None or time.time() - last >= policy.snapshot_interval_s)
-            )
-        try:
-            if rebuild_due:
-                rebuild()
-            if snapshot_due:
-                snapshot()
-        except Exception as exc:  # keep serving; retried at the next wake-up
-            _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
-            with state.lock:
-                state.last_error = repr(exc)
+            due = maintenance_due(state, policy, time.monotonic(), time.time())
+        run_due(state, rebuild, snapshot, *due)
+
+
+def run_maintenance_once(
+    state: LiveState,
+    rebuild: Callable[[], object],
+    snapshot: Callable[[], object],
+    now_s: float | None = None,
+    now_unix: float | None = None,
+) -> tuple[bool, bool]:
+    """One wake-up of :func:`run_maintenance`, without the wait, as if it were ``now_s``
+    (time.monotonic) and ``now_unix`` (time.time; both default to now): tests step the
+    schedule with it. Returns (rebuild due, snapshot due)."""
+    with state.lock:
+        due = maintenance_due(
+            state,
+            state.policy,
+            time.monotonic() if now_s is None else now_s,
+            time.time() if now_unix is None else now_unix,
+        )
+    run_due(state, rebuild, snapshot, *due)
+    return due
+
+
+def maintenance_due(
+    state: LiveState, policy: LivePolicy, now_s: float, now_unix: float
+) -> tuple[bool, bool]:
+    """(rebuild due, snapshot due) at ``now_s`` (time.monotonic) and ``now_unix``
+    (time.time); the caller holds the state lock. A rebuild is due when anything waits
+    and enough does, or the interval has passed, or a rebuild is cheap enough for
+    ``rebuild_max_share`` (:func:`early_rebuild_due`); a snapshot when the sub-indices
+    hold log records the newest snapshot does not and the snapshot interval has passed."""
+    since = now_s - state.last_rebuild_monotonic
+    rebuild_due = bool(state.pending) and (
+        state.pending_tokens >= policy.rebuild_min_tokens
+        or since >= policy.rebuild_interval_s
+        or early_rebuild_due(state, policy, since)
+    )
+    last = state.last_snapshot_unix
+    snapshot_due = (
+        policy.snapshot_interval_s > 0
+        and state.covered > state.snapshot_covered
+        and (last is None or now_unix - last >= policy.snapshot_interval_s)
+    )
+    return rebuild_due, snapshot_due
+
+
+def run_due(
+    state: LiveState,
+    rebuild: Callable[[], object],
+    snapshot: Callable[[], object],
+    rebuild_due: bool,
+    snapshot_due: bool,
+) -> None:
+    """Calls ``rebuild`` then ``snapshot`` as due; a failure is logged and recorded in
+    ``last_error`` (retried at the next wake-up), never raised."""
+    try:
+        if rebuild_due:
+            rebuild()
+        if snapshot_due:
+            snapshot()
+    except Exception as exc:  # keep serving; retried at the next wake-up
+        _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
+        with state.lock:
+            state.last_error = repr(exc)

@@ -131,14 +131,16 @@ class _Reloading:
 
 
 class TokenFile:
-    """``--grpc-tokens-file``, read again (at most once a second) when it changes."""
+    """``--grpc-tokens-file``, read again (at most once a second) when it changes.
+    ``clock``: what the second is measured on (monotonic seconds; injectable for tests)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self._file = _Reloading([path], lambda: load_tokens(path))
-        self._checked_s = time.monotonic()
+        self._clock = clock
+        self._checked_s = clock()
 
     def current(self) -> dict[str, str]:
-        now = time.monotonic()
+        now = self._clock()
         if now - self._checked_s >= _RECHECK_S:
             self._checked_s = now
             self._file.refresh()

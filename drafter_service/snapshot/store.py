@@ -12,7 +12,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,7 @@ def write_snapshot(
     *,
     wal_position: int = 0,
     metadata: Mapping[str, object] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> SnapshotInfo:
     """Writes ``datastore`` to the new directory ``directory``, atomically.
 
@@ -72,7 +73,8 @@ def write_snapshot(
     earlier snapshot is hardlinked from there instead of written again); then the
     temporary directory is fsynced, renamed to ``directory`` and the parent fsynced.
     A crash leaves either no ``directory`` or a complete one (plus a temporary for
-    ``remove_stale_temporaries``).
+    ``remove_stale_temporaries``). ``clock`` gives its ``created_unix`` (injectable
+    for tests).
     """
     directory = Path(directory)
     if not isinstance(datastore, Datastore):
@@ -89,7 +91,7 @@ def write_snapshot(
     meta = dict(metadata or {})
     if any(not isinstance(k, str) for k in meta):
         raise SnapshotError(f"cannot write {directory}: metadata keys must be strings")
-    info = SnapshotInfo(directory, FORMAT_VERSION, tokenizer, (), wal_position, time.time(), meta)
+    info = SnapshotInfo(directory, FORMAT_VERSION, tokenizer, (), wal_position, clock(), meta)
     manifest_bytes(info)  # refuse unserializable metadata before touching the disk
     if not directory.name or directory.name.startswith("."):
         raise SnapshotError(f"cannot write {directory}: the name must not be empty or hidden")
