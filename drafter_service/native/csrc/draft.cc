@@ -305,18 +305,25 @@ struct SourceView {
 
 // log(n) of the integer counts the features are made of: a table of std::log's own
 // values below kLogTable, std::log above (and for anything not a whole number).
-// The table is built once at load, at namespace scope, so the lookup inlines without a
-// guard check.
+// The table is built on first use (a function-local static: nothing runs at module
+// load; std::log is not constexpr, and a table of literals would not be std::log's
+// own values on every libm).
 constexpr int32_t kLogTable = 4096;
-const std::vector<double> kLogOf = [] {
-  std::vector<double> t(kLogTable, 0.0);
-  for (int32_t i = 1; i < kLogTable; ++i) t[static_cast<size_t>(i)] = std::log(double(i));
-  return t;
-}();
+struct LogTable {
+  double of[kLogTable];
+  LogTable() {
+    of[0] = 0.0;
+    for (int32_t i = 1; i < kLogTable; ++i) of[i] = std::log(double(i));
+  }
+};
+const LogTable& log_table() {
+  static const LogTable table;
+  return table;
+}
 inline double log_count(double n) {
   if (n >= 1.0 && n < kLogTable) {
     const auto i = static_cast<size_t>(n);
-    if (static_cast<double>(i) == n) return kLogOf[i];
+    if (static_cast<double>(i) == n) return log_table().of[i];
   }
   return std::log(n);
 }
