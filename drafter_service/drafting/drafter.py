@@ -266,7 +266,7 @@ class Drafter:
     ) -> DraftBatch:
         # Token ids, offsets and budgets are range-checked by the native call,
         # before any state changes, with the bad value and its index named (for the
-        # budget, its one check: check_budgets in native/csrc/draft.cc). Here they
+        # budget, its one check: check_budgets in native/csrc/draft_config.cc). Here they
         # are only converted to the native dtypes.
         flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
         offs = _int_array(offsets, np.int64, "offsets")

@@ -202,7 +202,7 @@ def _check_budgets(ids: list[str], budgets: npt.NDArray[np.uint64], limits: Call
     error a client sees (INVALID_ARGUMENT naming the request). A budget is uint32 on
     the wire, so only the upper bound can fail. Past this point nothing in Python
     checks it again: ``Drafter.draft_batch`` only converts budgets to int32, and the
-    native core's ``check_budgets`` (native/csrc/draft.cc) guards its two entry
+    native core's ``check_budgets`` (native/csrc/draft_config.cc) guards its two entry
     points, which makes it the library API's error and, for the service, an invariant
     that cannot fire (a refusal there would come after the request table was
     updated, as INTERNAL).

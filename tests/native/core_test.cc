@@ -935,7 +935,9 @@ void test_retrieve_and_fuse() {
 
     // Datastore only.
     Draft d1;
-    drafter::fuse(nullptr, {}, tree_ptr, config, budget, scratch, d1);
+    drafter::FusionInputs datastore_only(config, budget);
+    datastore_only.datastore_tree = tree_ptr;
+    drafter::fuse(datastore_only, scratch.fusion, d1);
     std::string problem = draft_problem(d1, budget, vocab, monotone);
     CHECK_MSG(problem.empty(), problem + " (datastore only) " + where + " " + describe(d1));
     const Draft r1 = reference_fuse(nullptr, tree_ptr, config, budget);
@@ -951,7 +953,10 @@ void test_retrieve_and_fuse() {
     Draft d2;
     std::vector<drafter::InputMatch> matches;
     drafter::committed_matches(trie, config, matches);
-    drafter::fuse(&trie, matches, nullptr, config, budget, scratch, d2);
+    drafter::FusionInputs input_only(config, budget);
+    input_only.trie = &trie;
+    input_only.matches = &matches;
+    drafter::fuse(input_only, scratch.fusion, d2);
     problem = draft_problem(d2, budget, vocab, monotone);
     CHECK_MSG(problem.empty(), problem + " (input only) " + where + " " + describe(d2));
     const Draft r2 = reference_fuse(&trie, nullptr, config, budget);

@@ -119,18 +119,25 @@ void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t 
   const CandidateTree* live = nullptr;
   if (datastore != nullptr && datastore->split()) {
     const size_t base = datastore->base_count, all = datastore->sub_indices.size();
-    retrieve_sub_indices(*datastore, 0, base, context, context_len, config, budget, scratch,
-                         scratch.datastore_tree);
-    retrieve_sub_indices(*datastore, base, all, context, context_len, config, budget, scratch,
-                         scratch.live_tree);
+    retrieve_sub_indices(*datastore, 0, base, context, context_len, config, budget,
+                         scratch.retrieval, scratch.datastore_tree);
+    retrieve_sub_indices(*datastore, base, all, context, context_len, config, budget,
+                         scratch.retrieval, scratch.live_tree);
     tree = &scratch.datastore_tree;
     live = &scratch.live_tree;
   } else if (datastore != nullptr && !datastore->sub_indices.empty()) {
     retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
     tree = &scratch.datastore_tree;
   }
-  fuse(trie, scratch.matches, tree, config, budget, scratch, out, live, context, context_len,
-       explain);
+  FusionInputs in(config, budget);
+  in.trie = trie;
+  in.matches = &scratch.matches;
+  in.datastore_tree = tree;
+  in.live_tree = live;
+  in.context = context;
+  in.context_len = context_len;
+  in.explain = explain;
+  fuse(in, scratch.fusion, out);
 }
 
 }  // namespace

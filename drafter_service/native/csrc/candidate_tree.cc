@@ -1,0 +1,103 @@
+#include "candidate_tree.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace drafter {
+
+void CandidateTree::clear() {
+  samples_.clear();
+  nodes_.clear();
+  nodes_.push_back({-1, 0, kUnexpanded, -1, 0, 0, 0});
+  num_nodes_ = 1;
+  matched_prefix_ = 0;
+}
+
+namespace {
+
+// Length of the common prefix of two samples.
+int32_t common_prefix(const Sample& a, const Sample& b) {
+  const int32_t limit = std::min(a.len, b.len);
+  int32_t k = 0;
+  while (k < limit && a.tokens[k] == b.tokens[k]) ++k;
+  return k;
+}
+
+bool sample_less(const Sample& a, const Sample& b) {
+  const int32_t k = common_prefix(a, b);
+  if (k == a.len || k == b.len) return a.len < b.len;
+  return a.tokens[k] < b.tokens[k];
+}
+
+}  // namespace
+
+void CandidateTree::add(const Sample* samples, size_t n) {
+  const size_t held = samples_.size();
+  samples_.insert(samples_.end(), samples, samples + n);
+  // One pass over the new samples checks their order and counts the distinct paths
+  // they add: in sorted order a sample adds one node per token past its common prefix
+  // with the previous one (the last one held, for the first new sample).
+  bool sorted = true;
+  int64_t nodes = num_nodes_;
+  for (size_t i = held; i < samples_.size(); ++i) {
+    const Sample& cur = samples_[i];
+    if (i == 0) {
+      nodes += cur.len;
+      continue;
+    }
+    const Sample& prev = samples_[i - 1];
+    const int32_t k = common_prefix(prev, cur);
+    if (k < cur.len && (k == prev.len || prev.tokens[k] < cur.tokens[k])) {
+      nodes += cur.len - k;
+    } else if (k < cur.len || k < prev.len) {  // cur sorts before prev
+      sorted = false;
+      break;
+    }  // else equal to prev: no new node
+  }
+  if (!sorted) {
+    // The samples held are sorted, and so is each run of new ones from one suffix
+    // array range: sort only the new samples, then merge (linear) with those held.
+    const auto first_new = samples_.begin() + static_cast<std::ptrdiff_t>(held);
+    if (!std::is_sorted(first_new, samples_.end(), sample_less)) {
+      std::sort(first_new, samples_.end(), sample_less);
+    }
+    merged_.clear();
+    std::merge(samples_.begin(), first_new, first_new, samples_.end(), std::back_inserter(merged_),
+               sample_less);
+    samples_.swap(merged_);
+    nodes = 1;
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      nodes += samples_[i].len - (i == 0 ? 0 : common_prefix(samples_[i - 1], samples_[i]));
+    }
+  }
+  num_nodes_ = static_cast<int32_t>(nodes);
+  nodes_.resize(1);
+  nodes_[kRoot] = {-1, static_cast<uint32_t>(samples_.size()), kUnexpanded, -1, 0,
+                   static_cast<int32_t>(samples_.size()), 0};
+}
+
+void CandidateTree::expand(int32_t node) const {
+  const Node parent = nodes_[static_cast<size_t>(node)];
+  const int32_t d = parent.depth;
+  int32_t i = parent.lo;
+  // Samples ending exactly here are a prefix of the others: they sort first.
+  while (i < parent.hi && samples_[static_cast<size_t>(i)].len == d) ++i;
+  int32_t first = -1, prev = -1;
+  while (i < parent.hi) {
+    const int32_t t = samples_[static_cast<size_t>(i)].tokens[d];
+    int32_t j = i + 1;
+    while (j < parent.hi && samples_[static_cast<size_t>(j)].tokens[d] == t) ++j;
+    const auto id = static_cast<int32_t>(nodes_.size());
+    nodes_.push_back({t, static_cast<uint32_t>(j - i), kUnexpanded, -1, i, j, d + 1});
+    if (prev == -1) {
+      first = id;
+    } else {
+      nodes_[static_cast<size_t>(prev)].next_sibling = id;
+    }
+    prev = id;
+    i = j;
+  }
+  nodes_[static_cast<size_t>(node)].first_child = first;
+}
+
+}  // namespace drafter

@@ -1,0 +1,74 @@
+// A source's candidate tree: the count-weighted tree of the continuations sampled
+// from the datastore for one context (what SSSD Algorithm 2 retrieves).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace drafter {
+
+// One sampled continuation: tokens[0, len) of a sub-index text.
+struct Sample {
+  const int32_t* tokens;
+  int32_t len;
+};
+
+// Count-weighted tree of sampled continuations, rebuilt for every call: the
+// count of a node is the number of samples whose path passes through it (the
+// root counts every sample, empty ones too).
+//
+// Stored implicitly: the samples are kept in lexicographic order, so the
+// samples below a node at depth d are one contiguous range sharing their first
+// d tokens, and a node's children are the runs of equal tokens at position d
+// of that range. Nodes are materialized when their parent's children are
+// first asked for, so a call pays for the few nodes fusion visits, not for the
+// hundreds of single-sample tails it never reaches. Node ids are stable once
+// handed out; children are listed in ascending token order.
+class CandidateTree {
+ public:
+  static constexpr int32_t kRoot = 0;
+  CandidateTree() { clear(); }
+  void clear();
+  // Adds sampled continuations (any order). A batch that sorts after every sample
+  // held is counted in one pass; otherwise it is sorted (each run of rows from one
+  // suffix array range arrives sorted) and merged with the samples held.
+  void add(const Sample* samples, size_t n);
+  // Nodes of the whole tree, root included, materialized or not.
+  int32_t num_nodes() const { return num_nodes_; }
+  // Longest context suffix whose matches were sampled (0: none); set by retrieval.
+  int32_t matched_prefix() const { return matched_prefix_; }
+  void set_matched_prefix(int32_t m) { matched_prefix_ = m; }
+  int32_t token(int32_t node) const { return nodes_[static_cast<size_t>(node)].token; }
+  uint32_t count(int32_t node) const { return nodes_[static_cast<size_t>(node)].count; }
+  // Materializes the node's children on first use (logically const). Inline: fusion
+  // asks for every member's children, and the check is all a materialized node costs.
+  int32_t first_child(int32_t node) const {
+    if (nodes_[static_cast<size_t>(node)].first_child == kUnexpanded) expand(node);
+    return nodes_[static_cast<size_t>(node)].first_child;
+  }
+  // Valid for a node handed out by first_child/next_sibling.
+  int32_t next_sibling(int32_t node) const {
+    return nodes_[static_cast<size_t>(node)].next_sibling;
+  }
+
+ private:
+  struct Node {
+    int32_t token;         // edge token from the parent; -1 for the root
+    uint32_t count;        // samples through this node = hi - lo
+    int32_t first_child;   // -1: none; kUnexpanded: not materialized yet
+    int32_t next_sibling;  // next child of the same parent (greater token) or -1
+    int32_t lo, hi;        // the node's samples: samples_[lo, hi)
+    int32_t depth;         // tokens on the path from the root
+  };
+  static constexpr int32_t kUnexpanded = -2;
+  void expand(int32_t node) const;
+
+  std::vector<Sample> samples_;  // sorted lexicographically (a prefix before its extensions)
+  std::vector<Sample> merged_;   // add()'s merge buffer; meaningless between calls
+  mutable std::vector<Node> nodes_;  // [0] is the root; grows as nodes are materialized
+  int32_t num_nodes_ = 1;
+  int32_t matched_prefix_ = 0;
+};
+
+}  // namespace drafter

@@ -1,0 +1,240 @@
+#include "fusion.h"
+
+#include <algorithm>
+
+#include "node_score.h"
+
+namespace drafter {
+
+namespace {
+
+using fusion::Candidate;
+using fusion::DraftNode;
+using fusion::Member;
+using fusion::Offer;
+using fusion::Source;
+using fusion::kNotLookedUp;
+
+struct WorseFirst {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    return a.score < b.score || (a.score == b.score && a.seq > b.seq);
+  }
+};
+
+// One fuse() call: its inputs, its scorer and the buffers its steps share. Best-first
+// over candidates: each source's root offers its children; every chosen candidate
+// becomes a draft node whose members offer theirs.
+class Fusion {
+ public:
+  Fusion(const FusionInputs& in, const NodeScorer& scorer, FusionScratch& scratch)
+      : in_(in),
+        config_(in.config),
+        view_{in.trie, in.datastore_tree, in.live_tree},
+        scorer_(scorer),
+        featured_(scorer.needs_features() || in.explain),
+        s_(scratch) {
+    s_.members.clear();
+    s_.offers.clear();
+    s_.nodes.clear();
+    s_.heap.clear();
+    s_.feature_pool.clear();
+  }
+
+  // Leaves the draft in scratch.nodes, in the order the nodes were chosen.
+  void run() {
+    offer_roots();
+    push_root();
+    grow();
+  }
+
+ private:
+  void offer_roots();
+  void push_root();
+  void grow();
+  void offer_children(const Member& m, int32_t cap);
+  void push_offers(int32_t draft_parent);
+  void group_offers(int32_t draft_parent);
+  void push_group();
+
+  const FusionInputs& in_;
+  const DraftConfig& config_;
+  const fusion::SourceView view_;
+  const NodeScorer& scorer_;
+  const bool featured_;  // features are computed only where something reads them
+  FusionScratch& s_;
+  uint64_t seq_ = 0;
+};
+
+// Offers the children of one member, at most `cap` of them: the draft nodes still to
+// be chosen. With the hand-set score a member's lower-ranked children could only be
+// chosen after `cap` better ones, so the tree is the same; with a learned score the
+// candidates are defined this way (docs/algorithm.md).
+void Fusion::offer_children(const Member& m, int32_t cap) {
+  const double smoothing =
+      m.source == Source::kInput ? config_.input_smoothing : config_.datastore_smoothing;
+  const double denominator = m.denominator + smoothing;
+  if (m.denominator <= 0.0 || cap <= 0) return;
+  std::vector<int32_t>& kids = s_.children;
+  kids.clear();
+  for (int32_t c = view_.first_child(m.source, m.node); c != -1;
+       c = view_.next_sibling(m.source, c)) {
+    kids.push_back(c);
+  }
+  auto score_of = [&](int32_t c) { return view_.count(m.source, c) / denominator * m.multiplier; };
+  if (kids.size() > static_cast<size_t>(cap)) {
+    std::nth_element(kids.begin(), kids.begin() + cap, kids.end(), [&](int32_t a, int32_t b) {
+      const double sa = score_of(a), sb = score_of(b);
+      return sa > sb || (sa == sb && view_.token(m.source, a) < view_.token(m.source, b));
+    });
+    kids.resize(static_cast<size_t>(cap));
+  }
+  std::vector<Offer>& offers = s_.offers;
+  for (int32_t c : kids) {
+    offers.push_back({view_.token(m.source, c), c, score_of(c), m.source,
+                      static_cast<int32_t>(offers.size()), m.discount, m.denominator, m.match});
+  }
+}
+
+// Roots of the sources, in a fixed order: the datastore tree (a split datastore's
+// base), its live tree, then input matches from the longest suffix (P) to the
+// shortest (1).
+void Fusion::offer_roots() {
+  if (in_.datastore_tree != nullptr) {
+    offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
+                    static_cast<double>(in_.datastore_tree->count(CandidateTree::kRoot)),
+                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
+                   in_.budget);
+  }
+  if (in_.live_tree != nullptr) {
+    offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
+                    static_cast<double>(in_.live_tree->count(CandidateTree::kRoot)),
+                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
+                   in_.budget);
+  }
+  if (in_.trie != nullptr && in_.matches != nullptr) {
+    const std::vector<InputMatch>& matches = *in_.matches;
+    for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {
+      const InputMatch& match = matches[static_cast<size_t>(m) - 1];
+      if (match.node < 0) continue;
+      offer_children({match.node, Source::kInput, 1.0, match.continued, config_.input_weight,
+                      config_.input_child_discount_base + config_.input_child_discount_per_match * m,
+                      0.0, m},
+                     in_.budget);
+    }
+  }
+}
+
+// The root: the context's last token (and the two last) start the n-grams.
+void Fusion::push_root() {
+  NgramNodes root{-1, -1};
+  if (featured_ && in_.trie != nullptr) {
+    root = root_ngrams(*in_.trie, in_.context, in_.context_len);
+  }
+  s_.nodes.push_back({-1, -1, 0, 1.0, 0.0, root.unigram, root.bigram, -1});  // log(hand 1) = 0
+  push_offers(0);
+}
+
+// Best-first: every candidate is a distinct (parent, token), so each pop adds
+// one draft node. With scores non-increasing along paths this selects the
+// `budget` nodes of highest score that form a tree.
+void Fusion::grow() {
+  std::vector<DraftNode>& nodes = s_.nodes;
+  std::vector<Candidate>& heap = s_.heap;  // max-heap under WorseFirst
+  while (!heap.empty() && static_cast<int32_t>(nodes.size()) - 1 < in_.budget) {
+    std::pop_heap(heap.begin(), heap.end(), WorseFirst{});
+    const Candidate cand = heap.back();
+    heap.pop_back();
+    const auto slot = static_cast<int32_t>(nodes.size());
+    const DraftNode& parent = nodes[static_cast<size_t>(cand.draft_parent)];
+    // The trie nodes of its unigram and bigram, where its children's n-grams start.
+    NgramNodes ngrams{-1, -1};
+    if (featured_ && in_.trie != nullptr) ngrams = chosen_ngrams(*in_.trie, parent, cand);
+    nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.log_hand,
+                     ngrams.unigram, ngrams.bigram, cand.features});
+    // The draft nodes still to be chosen; the last node's children could never be.
+    const int32_t remaining = in_.budget - slot;
+    if (remaining <= 0) break;
+    for (int32_t k = cand.begin; k < cand.end; ++k) {
+      offer_children(s_.members[static_cast<size_t>(k)], remaining);
+    }
+    push_offers(slot);
+  }
+}
+
+// Groups the offers by token into candidates under `draft_parent`, pushed in
+// ascending token order; members keep the order in which sources offered.
+void Fusion::push_offers(int32_t draft_parent) {
+  std::sort(s_.offers.begin(), s_.offers.end(), [](const Offer& a, const Offer& b) {
+    return a.token < b.token || (a.token == b.token && a.order < b.order);
+  });
+  const DraftNode parent = s_.nodes[static_cast<size_t>(draft_parent)];
+  group_offers(draft_parent);
+  std::vector<Candidate>& group = s_.group;
+  if (featured_) {
+    if (in_.trie != nullptr) prefetch_ngrams(*in_.trie, parent, group.data(), group.size());
+    group_features(view_, s_.members.data(), parent, group.data(), group.size(),
+                   s_.group_features);
+  }
+  scorer_.score(parent, group.data(), group.size(),
+                featured_ ? s_.group_features.data() : nullptr);
+  push_group();
+}
+
+// The sorted offers, one candidate per token, into s_.group; their members into the
+// pool. The hand score is the most confident member's.
+void Fusion::group_offers(int32_t draft_parent) {
+  std::vector<Offer>& offers = s_.offers;
+  std::vector<Member>& pool = s_.members;
+  s_.group.clear();
+  for (size_t i = 0; i < offers.size();) {
+    const auto begin = static_cast<int32_t>(pool.size());
+    double hand = 0.0;
+    const int32_t token = offers[i].token;
+    for (; i < offers.size() && offers[i].token == token; ++i) {
+      const Offer& o = offers[i];
+      hand = std::max(hand, o.score);  // the most confident source decides
+      pool.push_back({o.node, o.source, o.score, view_.count(o.source, o.node),
+                      o.score * o.discount, o.discount, o.parent_count, o.match});
+    }
+    s_.group.push_back({0.0, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
+                        hand, 0.0, -1, kNotLookedUp});
+  }
+  offers.clear();
+}
+
+// The scored group onto the queue, in order; to explain, each one's features into the
+// feature pool.
+void Fusion::push_group() {
+  for (size_t i = 0; i < s_.group.size(); ++i) {
+    Candidate c = s_.group[i];
+    if (in_.explain) {
+      const double* f = s_.group_features.data() + i * kScoreFeatures;
+      c.features = static_cast<int32_t>(s_.feature_pool.size() / kScoreFeatures);
+      s_.feature_pool.insert(s_.feature_pool.end(), f, f + kScoreFeatures);
+    }
+    c.seq = seq_++;
+    s_.heap.push_back(c);
+    std::push_heap(s_.heap.begin(), s_.heap.end(), WorseFirst{});
+  }
+}
+
+}  // namespace
+
+void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out) {
+  out.tokens.clear();
+  out.features.clear();
+  out.parents.clear();
+  out.scores.clear();
+  if (in.budget <= 0) return;
+  if (in.config.node_score.empty()) {
+    const HandScore scorer{};
+    Fusion(in, scorer, scratch).run();
+  } else {
+    const LearnedScore scorer(in.config.node_score);
+    Fusion(in, scorer, scratch).run();
+  }
+  write_breadth_first(scratch.nodes, in.explain ? &scratch.feature_pool : nullptr,
+                      scratch.output, out);
+}
+
+}  // namespace drafter

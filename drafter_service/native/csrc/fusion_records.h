@@ -1,0 +1,101 @@
+// The records fusion builds a draft from, shared by fusion, node scoring and the
+// breadth-first output step, and the draft it produces.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "candidate_tree.h"
+#include "input_trie.h"
+
+namespace drafter {
+
+// A draft tree in breadth-first order: parents[i] < i, -1 = child of the root.
+struct Draft {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> parents;
+  std::vector<float> scores;
+  // kScoreFeatures values per node, row-major in ScoreFeature order; filled only when
+  // fuse() is asked to explain (tools and offline training), else empty.
+  std::vector<double> features;
+};
+
+namespace fusion {
+
+enum class Source : uint8_t { kDatastore, kInput, kLive };  // kLive: a split datastore's live part
+
+// One source's node standing behind a draft node (or candidate): the same
+// path, as seen by that source.
+struct Member {
+  int32_t node;          // node in the source tree
+  Source source;
+  double score;          // this source's score of the path
+  double denominator;    // count(node) (count(u) - 1 for an input match root), before smoothing
+  double multiplier;     // a child's score = count(child) / (denominator + smoothing) * multiplier
+  double discount;       // per-level discount of this source
+  double parent_count;   // the count this member's own score was taken over
+  int32_t match;         // input: length of the context suffix the path continues; else 0
+};
+
+// A child waiting in the queue: draft parent + token, backed by members[begin, end).
+struct Candidate {
+  double score;   // the queue's key: the learned path probability, or the hand score (NodeScorer)
+  uint64_t seq;   // push order; breaks score ties (earlier first)
+  int32_t token;
+  int32_t draft_parent;  // internal index, 0 = root
+  int32_t begin, end;    // range in the member pool
+  double hand;           // hand-set SSSD score: the most confident member's
+  double log_hand;       // its log (-100 for 0), set with the features
+  int32_t features;      // row in the feature pool (explain only), else -1
+  // Input-trie node of [token before, token] when the n-gram features looked it up
+  // (-1: absent), else kNotLookedUp; a chosen node reuses it.
+  int32_t bigram;
+};
+constexpr int32_t kNotLookedUp = -2;
+
+struct DraftNode {
+  int32_t token;
+  int32_t parent;  // internal index; 0 is the root
+  int32_t depth;   // 1 for children of the root
+  double score;    // what the draft reports: as Candidate::score
+  double log_hand; // as Candidate's: what its children's hand conditional is taken over
+  // Input-trie nodes of [token] and [token before, token] (-1: absent, or not needed):
+  // where its children's n-grams start.
+  int32_t unigram, bigram;
+  int32_t features;  // as Candidate's
+};
+
+// Child of a member, gathered before grouping by token.
+struct Offer {
+  int32_t token;
+  int32_t node;
+  double score;
+  Source source;
+  int32_t order;  // position among the offers of one expansion (ties by token keep it)
+  double discount;
+  double parent_count;
+  int32_t match;
+};
+
+// Uniform read access to the kinds of source tree.
+struct SourceView {
+  const InputTrie* trie;
+  const CandidateTree* tree;
+  const CandidateTree* live;
+  const CandidateTree& of(Source s) const { return s == Source::kLive ? *live : *tree; }
+  int32_t first_child(Source s, int32_t n) const {
+    return s == Source::kInput ? trie->first_child(n) : of(s).first_child(n);
+  }
+  int32_t next_sibling(Source s, int32_t n) const {
+    return s == Source::kInput ? trie->next_sibling(n) : of(s).next_sibling(n);
+  }
+  int32_t token(Source s, int32_t n) const {
+    return s == Source::kInput ? trie->token(n) : of(s).token(n);
+  }
+  double count(Source s, int32_t n) const {
+    return static_cast<double>(s == Source::kInput ? trie->count(n) : of(s).count(n));
+  }
+};
+
+}  // namespace fusion
+}  // namespace drafter

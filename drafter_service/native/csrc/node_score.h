@@ -1,0 +1,100 @@
+// Node scoring: the ScoreFeature values of fusion's candidates, and the NodeScorer
+// that turns a candidate into its queue key (the hand-set SSSD score, or the learned
+// node score of DraftConfig::node_score).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "fusion_records.h"
+#include "input_trie.h"
+#include "score_features.h"
+
+namespace drafter {
+
+// How fusion ranks candidates: the queue key of each candidate of one expansion (the
+// children offered under one draft node), from what fusion knows of it.
+class NodeScorer {
+ public:
+  virtual ~NodeScorer() = default;
+  // Whether score() reads the candidates' ScoreFeature values. Features are computed
+  // only where something reads them: the scorer, or explain.
+  virtual bool needs_features() const = 0;
+  // Sets Candidate::score of group[0, n), offered under `parent`. `features` holds
+  // kScoreFeatures values per candidate, or is null where none were computed.
+  virtual void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
+                     const double* features) const = 0;
+};
+
+// The hand-set SSSD score: a candidate's is its most confident member's (its hand score).
+class HandScore final : public NodeScorer {
+ public:
+  bool needs_features() const override { return false; }
+  void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
+             const double* features) const override;
+};
+
+// The learned node score: a path's score is the product of its nodes' learned
+// probabilities P(accepted | parent accepted), the logistic of DraftConfig::node_score
+// over the node's ScoreFeature values.
+class LearnedScore final : public NodeScorer {
+ public:
+  // `weights`: a bias and a weight per feature (validated); must outlive the scorer.
+  explicit LearnedScore(const std::vector<double>& weights) : weights_(weights) {}
+  bool needs_features() const override { return true; }
+  void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
+             const double* features) const override;
+
+ private:
+  const std::vector<double>& weights_;
+};
+
+// The ScoreFeature values of the candidates of one expansion, group[0, n) under
+// `parent` (members in pool), into `features` (kScoreFeatures per candidate): each
+// one's members, then the columns that compare it with its siblings, then (with an
+// input trie) the n-gram columns. Sets each candidate's log_hand, and its bigram where
+// the n-gram columns looked it up.
+void group_features(const fusion::SourceView& view, const fusion::Member* pool,
+                    const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
+                    std::vector<double>& features);
+
+// The n-gram lookups of group_features are likely cache misses (a request's trie is
+// cold when its draft starts): this issues them for the whole group first, so they
+// overlap.
+void prefetch_ngrams(const InputTrie& trie, const fusion::DraftNode& parent,
+                     const fusion::Candidate* group, size_t n);
+
+// Input-trie nodes where a draft node's children's n-grams start (DraftNode::unigram,
+// bigram; -1: absent).
+struct NgramNodes {
+  int32_t unigram, bigram;
+};
+
+// The trie node of [parent's token, token] (-1: absent), from the parent's unigram
+// node; only a held token can end a bigram the trie holds.
+inline int32_t bigram_node(const InputTrie& trie, const fusion::DraftNode& parent,
+                           int32_t token) {
+  return parent.unigram >= 0 && trie.holds(token) ? trie.child(parent.unigram, token) : -1;
+}
+
+// The n-gram nodes of a chosen candidate, under its draft parent: the bigram its
+// features looked up, if they did.
+inline NgramNodes chosen_ngrams(const InputTrie& trie, const fusion::DraftNode& parent,
+                                const fusion::Candidate& chosen) {
+  return {trie.holds(chosen.token) ? trie.child(InputTrie::kRoot, chosen.token) : -1,
+          chosen.bigram != fusion::kNotLookedUp ? chosen.bigram
+                                                : bigram_node(trie, parent, chosen.token)};
+}
+
+// The root's: the context's last token (and the two last) start the n-grams.
+inline NgramNodes root_ngrams(const InputTrie& trie, const int32_t* context,
+                              int64_t context_len) {
+  NgramNodes root{-1, -1};
+  if (context == nullptr || context_len < 1) return root;
+  root.unigram = trie.find(context + context_len - 1, 1);
+  if (context_len >= 2) root.bigram = trie.find(context + context_len - 2, 2);
+  return root;
+}
+
+}  // namespace drafter
