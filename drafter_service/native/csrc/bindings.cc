@@ -144,13 +144,36 @@ batch_call(
           to_numpy(std::move(out.state_bytes)), to_numpy(std::move(out.state_headroom))};
 }
 
-}  // namespace
-}  // namespace drafter
+// retrieve_datastore: the datastore's candidate tree for one context.
+std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatastore& ds,
+                                                                  In<int32_t> context,
+                                                                  const DraftConfig& config,
+                                                                  int32_t max_len) {
+  validate(config);
+  DraftScratch scratch;
+  retrieve_datastore(*ds.datastore, context.data(), static_cast<int64_t>(context.shape(0)),
+                     config, max_len, scratch);
+  const CandidateTree& tree = scratch.datastore_tree;
+  // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
+  std::vector<int32_t> tokens, parents;
+  std::vector<int64_t> counts;
+  std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
+  for (int32_t n = 0; n < tree.num_nodes(); ++n) {
+    for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {
+      parent_of[static_cast<size_t>(c)] = n;
+    }
+  }
+  for (int32_t n = 0; n < tree.num_nodes(); ++n) {
+    tokens.push_back(tree.token(n));
+    parents.push_back(parent_of[static_cast<size_t>(n)]);
+    counts.push_back(tree.count(n));
+  }
+  return std::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)),
+                         to_numpy(std::move(counts)));
+}
 
-NB_MODULE(_core, m) {
-  using namespace drafter;
-  m.doc() = "Native SSSD drafting core: suffix-array sub-indices, input tries, tree fusion.";
-
+// build_suffix_array: SA-IS over a token array, without the GIL.
+void bind_suffix_array(nb::module_& m) {
   m.def(
       "build_suffix_array",
       [](In<int32_t> tokens, int32_t vocab_size) {
@@ -163,7 +186,10 @@ NB_MODULE(_core, m) {
         return to_numpy(std::move(sa));
       },
       "tokens"_a, "vocab_size"_a);
+}
 
+// DraftConfig: every knob, read-write, and its validation.
+void bind_config(nb::module_& m) {
   nb::class_<DraftConfig>(m, "DraftConfig")
       .def(nb::init<>())
       .def_rw("input_max_prefix", &DraftConfig::input_max_prefix)
@@ -183,7 +209,11 @@ NB_MODULE(_core, m) {
       .def_rw("datastore_smoothing", &DraftConfig::datastore_smoothing)
       .def_rw("node_score", &DraftConfig::node_score)
       .def("validate", [](const DraftConfig& c) { validate(c); });
+}
 
+// SubIndex: built from tokens, extended, or wrapping a snapshot's arrays; its arrays as
+// read-only views, and prefix search.
+void bind_sub_index(nb::module_& m) {
   nb::class_<PySubIndex>(m, "SubIndex")
       .def_static(
           "build",
@@ -251,7 +281,10 @@ NB_MODULE(_core, m) {
             return std::make_tuple(r.begin, r.end);
           },
           "prefix"_a);
+}
 
+// Datastore: a set of sub-indices (the first base_count of them the base).
+void bind_datastore(nb::module_& m) {
   nb::class_<PyDatastore>(m, "Datastore")
       .def("__init__",
            [](PyDatastore* self, const std::vector<const PySubIndex*>& subs, int64_t base_count) {
@@ -266,37 +299,19 @@ NB_MODULE(_core, m) {
       .def_prop_ro("num_sub_indices", [](const PyDatastore& d) {
         return static_cast<int64_t>(d.datastore->sub_indices.size());
       });
+}
 
-  m.def(
-      "retrieve_datastore",
-      [](const PyDatastore& ds, In<int32_t> context, const DraftConfig& config, int32_t max_len) {
-        validate(config);
-        DraftScratch scratch;
-        retrieve_datastore(*ds.datastore, context.data(), static_cast<int64_t>(context.shape(0)),
-                           config, max_len, scratch);
-        const CandidateTree& tree = scratch.datastore_tree;
-        // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
-        std::vector<int32_t> tokens, parents;
-        std::vector<int64_t> counts;
-        std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
-        for (int32_t n = 0; n < tree.num_nodes(); ++n) {
-          for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {
-            parent_of[static_cast<size_t>(c)] = n;
-          }
-        }
-        for (int32_t n = 0; n < tree.num_nodes(); ++n) {
-          tokens.push_back(tree.token(n));
-          parents.push_back(parent_of[static_cast<size_t>(n)]);
-          counts.push_back(tree.count(n));
-        }
-        return std::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)),
-                               to_numpy(std::move(counts)));
-      },
-      "datastore"_a, "context"_a, "config"_a, "max_len"_a);
+// Drafting without a Drafter: one retrieval, one draft.
+void bind_drafting(nb::module_& m) {
+  m.def("retrieve_datastore", &retrieve_tree, "datastore"_a, "context"_a, "config"_a,
+        "max_len"_a);
 
   m.def("draft_context", &draft_context, "context"_a, "datastore"_a.none(), "config"_a,
         "budget"_a, "use_input"_a, "vocab_size"_a);
+}
 
+// Drafter: request states, batched drafting and explain.
+void bind_drafter(nb::module_& m) {
   nb::class_<Drafter>(m, "Drafter")
       .def(nb::init<const DraftConfig&, int32_t, int32_t>(), "config"_a, "vocab_size"_a,
            "num_threads"_a)
@@ -331,5 +346,19 @@ NB_MODULE(_core, m) {
                                    to_numpy(std::move(draft.features)));
           },
           "handle"_a, "budget"_a);
+}
+
+}  // namespace
+}  // namespace drafter
+
+NB_MODULE(_core, m) {
+  using namespace drafter;
+  m.doc() = "Native SSSD drafting core: suffix-array sub-indices, input tries, tree fusion.";
+  bind_suffix_array(m);
+  bind_config(m);
+  bind_sub_index(m);
+  bind_datastore(m);
+  bind_drafting(m);
+  bind_drafter(m);
   m.attr("SCORE_FEATURE_COUNT") = static_cast<int32_t>(kScoreFeatures);
 }
