@@ -432,8 +432,9 @@ Draft reference_fuse(const InputTrie* trie, const CandidateTree* tree, const Dra
   };
   std::vector<Member> roots;
   if (tree != nullptr) {
-    roots.push_back({false, CandidateTree::kRoot, tree->count(CandidateTree::kRoot),
-                     c.datastore_smoothing, c.datastore_weight, c.datastore_child_discount});
+    roots.push_back({false, CandidateTree::kRoot,
+                     static_cast<double>(tree->count(CandidateTree::kRoot)), c.datastore_smoothing,
+                     c.datastore_weight, c.datastore_child_discount});
   }
   if (trie != nullptr) {
     for (int32_t m = c.input_max_prefix; m >= 1; --m) {

@@ -66,7 +66,7 @@ std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubInd
                                 "], got " + std::to_string(base_count));
   }
   auto ds = std::make_shared<Datastore>();
-  ds->base_count = static_cast<size_t>(base_count);
+  ds->base_count = base_count;
   for (const PySubIndex* s : subs) {
     if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
     if (!ds->sub_indices.empty() && s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
@@ -84,7 +84,7 @@ std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubInd
 template <void (Drafter::*Method)(int64_t, const int32_t*, int64_t)>
 void with_tokens(Drafter& d, int64_t handle, In<int32_t> tokens) {
   nb::gil_scoped_release release;
-  (d.*Method)(handle, tokens.data(), static_cast<int64_t>(tokens.shape(0)));
+  (d.*Method)(handle, tokens.data(), tokens.shape(0));
 }
 
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
@@ -97,7 +97,7 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
   {
     nb::gil_scoped_release release;
     const int32_t* ctx = context.data();
-    const auto n = static_cast<int64_t>(context.shape(0));
+    const int64_t n = context.shape(0);
     for (int64_t i = 0; i < n; ++i) {
       if (ctx[i] < 0 || ctx[i] >= vocab_size) {
         throw std::invalid_argument("token id " + std::to_string(ctx[i]) + " at index " +
@@ -125,7 +125,7 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>, Out<int64_t>, O
 batch_call(
     Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
     In<int32_t> budgets) {
-  const auto batch = static_cast<int64_t>(handles.shape(0));
+  const int64_t batch = handles.shape(0);
   if (offsets.shape(0) != handles.shape(0) + 1 || budgets.shape(0) != handles.shape(0)) {
     throw std::invalid_argument("for a batch of " + std::to_string(batch) +
                                 " requests, offsets needs " + std::to_string(batch + 1) +
@@ -136,8 +136,8 @@ batch_call(
   BatchDrafts out;
   {
     nb::gil_scoped_release release;
-    out = d.draft_batch(handles.data(), batch, tokens.data(), static_cast<int64_t>(tokens.shape(0)),
-                        offsets.data(), budgets.data());
+    out = d.draft_batch(handles.data(), batch, tokens.data(), tokens.shape(0), offsets.data(),
+                        budgets.data());
   }
   return {to_numpy(std::move(out.tokens)),      to_numpy(std::move(out.parents)),
           to_numpy(std::move(out.scores)),      to_numpy(std::move(out.offsets)),
@@ -151,21 +151,20 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatas
                                                                   int32_t max_len) {
   validate(config);
   DraftScratch scratch;
-  retrieve_datastore(*ds.datastore, context.data(), static_cast<int64_t>(context.shape(0)),
-                     config, max_len, scratch);
+  retrieve_datastore(*ds.datastore, context.data(), context.shape(0), config, max_len, scratch);
   const CandidateTree& tree = scratch.datastore_tree;
   // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
   std::vector<int32_t> tokens, parents;
   std::vector<int64_t> counts;
-  std::vector<int32_t> parent_of(static_cast<size_t>(tree.num_nodes()), -1);
+  std::vector<int32_t> parent_of(tree.num_nodes(), -1);
   for (int32_t n = 0; n < tree.num_nodes(); ++n) {
     for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {
-      parent_of[static_cast<size_t>(c)] = n;
+      parent_of[c] = n;
     }
   }
   for (int32_t n = 0; n < tree.num_nodes(); ++n) {
     tokens.push_back(tree.token(n));
-    parents.push_back(parent_of[static_cast<size_t>(n)]);
+    parents.push_back(parent_of[n]);
     counts.push_back(tree.count(n));
   }
   return std::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)),
@@ -180,8 +179,7 @@ void bind_suffix_array(nb::module_& m) {
         std::vector<int32_t> sa;
         {
           nb::gil_scoped_release release;
-          sa = build_suffix_array(tokens.data(), static_cast<int64_t>(tokens.shape(0)),
-                                  vocab_size);
+          sa = build_suffix_array(tokens.data(), tokens.shape(0), vocab_size);
         }
         return to_numpy(std::move(sa));
       },
@@ -231,7 +229,7 @@ void bind_sub_index(nb::module_& m) {
             const SubIndex& old = *base.index;
             nb::gil_scoped_release release;
             std::vector<int32_t> text;
-            text.reserve(static_cast<size_t>(old.num_tokens()) + 1 + tokens.shape(0));
+            text.reserve(old.num_tokens() + 1 + tokens.shape(0));
             text.insert(text.end(), old.tokens(), old.tokens() + old.num_tokens());
             if (old.num_tokens() > 0 && tokens.shape(0) > 0) text.push_back(kSeparator);
             text.insert(text.end(), tokens.data(), tokens.data() + tokens.shape(0));
@@ -250,7 +248,7 @@ void bind_sub_index(nb::module_& m) {
             owner->obj = std::move(keep);
             const int32_t* t = tokens.data();
             const int32_t* s = suffix_array.data();
-            const auto n = static_cast<int64_t>(tokens.shape(0));
+            const int64_t n = tokens.shape(0);
             nb::gil_scoped_release release;
             return PySubIndex{SubIndex::wrap(t, s, n, vocab_size, std::move(owner))};
           },
@@ -292,12 +290,12 @@ void bind_datastore(nb::module_& m) {
            },
            "sub_indices"_a, "base_count"_a = 0)
       .def_prop_ro("base_count",
-                   [](const PyDatastore& d) { return static_cast<int64_t>(d.datastore->base_count); })
+                   [](const PyDatastore& d) -> int64_t { return d.datastore->base_count; })
       .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
       .def_prop_ro("resident_bytes",
                    [](const PyDatastore& d) { return d.datastore->resident_bytes(); })
-      .def_prop_ro("num_sub_indices", [](const PyDatastore& d) {
-        return static_cast<int64_t>(d.datastore->sub_indices.size());
+      .def_prop_ro("num_sub_indices", [](const PyDatastore& d) -> int64_t {
+        return d.datastore->sub_indices.size();
       });
 }
 
@@ -360,5 +358,6 @@ NB_MODULE(_core, m) {
   bind_datastore(m);
   bind_drafting(m);
   bind_drafter(m);
-  m.attr("SCORE_FEATURE_COUNT") = static_cast<int32_t>(kScoreFeatures);
+  const int32_t feature_count = kScoreFeatures;  // an int, not the (unbound) enum
+  m.attr("SCORE_FEATURE_COUNT") = feature_count;
 }

@@ -8,6 +8,9 @@ namespace drafter {
 
 using fusion::DraftNode;
 
+// A feature row's length, as a size_t: row offsets are computed in size_t.
+constexpr size_t kRow = kScoreFeatures;
+
 void write_breadth_first(const std::vector<DraftNode>& nodes,
                          const std::vector<double>* feature_pool, BreadthFirstScratch& scratch,
                          Draft& out) {
@@ -16,30 +19,29 @@ void write_breadth_first(const std::vector<DraftNode>& nodes,
   const auto num = static_cast<int32_t>(nodes.size()) - 1;
   // A counting sort: depths are in [1, num].
   std::vector<int32_t>& start = scratch.depth_start;
-  start.assign(static_cast<size_t>(num) + 2, 0);
-  for (int32_t i = 1; i <= num; ++i) ++start[static_cast<size_t>(nodes[static_cast<size_t>(i)].depth) + 1];
+  start.assign(num + 2, 0);
+  for (int32_t i = 1; i <= num; ++i) ++start[nodes[i].depth + 1];
   for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
   std::vector<int32_t>& order = scratch.order;
-  order.resize(static_cast<size_t>(num));
+  order.resize(num);
   for (int32_t i = 1; i <= num; ++i) {
-    order[static_cast<size_t>(start[static_cast<size_t>(nodes[static_cast<size_t>(i)].depth)]++)] = i;
+    order[start[nodes[i].depth]++] = i;
   }
   std::vector<int32_t>& remap = scratch.remap;
-  remap.assign(static_cast<size_t>(num) + 1, -1);
-  for (int32_t i = 0; i < num; ++i) remap[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
-  out.tokens.reserve(static_cast<size_t>(num));
+  remap.assign(num + 1, -1);
+  for (int32_t i = 0; i < num; ++i) remap[order[i]] = i;
+  out.tokens.reserve(num);
   for (int32_t i = 0; i < num; ++i) {
-    const DraftNode& d = nodes[static_cast<size_t>(order[static_cast<size_t>(i)])];
+    const DraftNode& d = nodes[order[i]];
     out.tokens.push_back(d.token);
-    out.parents.push_back(remap[static_cast<size_t>(d.parent)]);  // root (0) maps to -1
+    out.parents.push_back(remap[d.parent]);  // root (0) maps to -1
     out.scores.push_back(static_cast<float>(d.score));
   }
   if (feature_pool != nullptr) {
-    out.features.resize(static_cast<size_t>(num) * kScoreFeatures);
+    out.features.resize(num * kRow);
     for (int32_t i = 0; i < num; ++i) {
-      const DraftNode& d = nodes[static_cast<size_t>(order[static_cast<size_t>(i)])];
-      std::copy_n(feature_pool->data() + static_cast<size_t>(d.features) * kScoreFeatures,
-                  kScoreFeatures, out.features.data() + static_cast<size_t>(i) * kScoreFeatures);
+      const DraftNode& d = nodes[order[i]];
+      std::copy_n(feature_pool->data() + d.features * kRow, kRow, out.features.data() + i * kRow);
     }
   }
 }

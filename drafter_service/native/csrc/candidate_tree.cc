@@ -57,7 +57,7 @@ void CandidateTree::add(const Sample* samples, size_t n) {
   if (!sorted) {
     // The samples held are sorted, and so is each run of new ones from one suffix
     // array range: sort only the new samples, then merge (linear) with those held.
-    const auto first_new = samples_.begin() + static_cast<std::ptrdiff_t>(held);
+    const auto first_new = samples_.begin() + held;
     if (!std::is_sorted(first_new, samples_.end(), sample_less)) {
       std::sort(first_new, samples_.end(), sample_less);
     }
@@ -77,27 +77,27 @@ void CandidateTree::add(const Sample* samples, size_t n) {
 }
 
 void CandidateTree::expand(int32_t node) const {
-  const Node parent = nodes_[static_cast<size_t>(node)];
+  const Node parent = nodes_[node];
   const int32_t d = parent.depth;
   int32_t i = parent.lo;
   // Samples ending exactly here are a prefix of the others: they sort first.
-  while (i < parent.hi && samples_[static_cast<size_t>(i)].len == d) ++i;
+  while (i < parent.hi && samples_[i].len == d) ++i;
   int32_t first = -1, prev = -1;
   while (i < parent.hi) {
-    const int32_t t = samples_[static_cast<size_t>(i)].tokens[d];
+    const int32_t t = samples_[i].tokens[d];
     int32_t j = i + 1;
-    while (j < parent.hi && samples_[static_cast<size_t>(j)].tokens[d] == t) ++j;
+    while (j < parent.hi && samples_[j].tokens[d] == t) ++j;
     const auto id = static_cast<int32_t>(nodes_.size());
     nodes_.push_back({t, static_cast<uint32_t>(j - i), kUnexpanded, -1, i, j, d + 1});
     if (prev == -1) {
       first = id;
     } else {
-      nodes_[static_cast<size_t>(prev)].next_sibling = id;
+      nodes_[prev].next_sibling = id;
     }
     prev = id;
     i = j;
   }
-  nodes_[static_cast<size_t>(node)].first_child = first;
+  nodes_[node].first_child = first;
 }
 
 }  // namespace drafter

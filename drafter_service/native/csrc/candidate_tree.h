@@ -39,17 +39,17 @@ class CandidateTree {
   // Longest context suffix whose matches were sampled (0: none); set by retrieval.
   int32_t matched_prefix() const { return matched_prefix_; }
   void set_matched_prefix(int32_t m) { matched_prefix_ = m; }
-  int32_t token(int32_t node) const { return nodes_[static_cast<size_t>(node)].token; }
-  uint32_t count(int32_t node) const { return nodes_[static_cast<size_t>(node)].count; }
+  int32_t token(int32_t node) const { return nodes_[node].token; }
+  uint32_t count(int32_t node) const { return nodes_[node].count; }
   // Materializes the node's children on first use (logically const). Inline: fusion
   // asks for every member's children, and the check is all a materialized node costs.
   int32_t first_child(int32_t node) const {
-    if (nodes_[static_cast<size_t>(node)].first_child == kUnexpanded) expand(node);
-    return nodes_[static_cast<size_t>(node)].first_child;
+    if (nodes_[node].first_child == kUnexpanded) expand(node);
+    return nodes_[node].first_child;
   }
   // Valid for a node handed out by first_child/next_sibling.
   int32_t next_sibling(int32_t node) const {
-    return nodes_[static_cast<size_t>(node)].next_sibling;
+    return nodes_[node].next_sibling;
   }
 
  private:

@@ -53,7 +53,7 @@ void validate(const DraftConfig& c) {
   require_in("input_smoothing", c.input_smoothing, 0.0, 1e6);
   require_in("datastore_smoothing", c.datastore_smoothing, 0.0, 1e6);
   if (!c.node_score.empty()) {
-    require(c.node_score.size() == static_cast<size_t>(kScoreFeatures) + 1, "node_score length",
+    require(c.node_score.size() == kScoreFeatures + 1, "node_score length",
             static_cast<double>(c.node_score.size()),
             ("must be 0 (the hand-set score) or " + std::to_string(kScoreFeatures + 1) +
              " (a bias and a weight per feature)").c_str());

@@ -96,9 +96,9 @@ BatchDrafts gather(const std::vector<Draft>& drafts) {
   out.offsets.resize(drafts.size() + 1);
   out.offsets[0] = 0;
   for (size_t i = 0; i < drafts.size(); ++i) {
-    out.offsets[i + 1] = out.offsets[i] + static_cast<int64_t>(drafts[i].tokens.size());
+    out.offsets[i + 1] = out.offsets[i] + drafts[i].tokens.size();
   }
-  const auto total = static_cast<size_t>(out.offsets.back());
+  const size_t total = out.offsets.back();
   out.tokens.reserve(total);
   out.parents.reserve(total);
   out.scores.reserve(total);
@@ -151,7 +151,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   auto state = std::make_shared<LoopState>();
   state->n = n;
   state->fn = &fn;
-  const int64_t helpers = std::min<int64_t>(static_cast<int64_t>(workers_.size()), n - 1);
+  const int64_t helpers = std::min<int64_t>(workers_.size(), n - 1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t h = 0; h < helpers; ++h) tasks_.emplace_back([state] { state->run(); });
@@ -251,7 +251,7 @@ bool Drafter::stop(int64_t handle) {
 int64_t Drafter::num_tokens(int64_t handle) const {
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);
-  return static_cast<int64_t>(state->tokens.size());
+  return state->tokens.size();
 }
 
 int64_t Drafter::request_bytes(int64_t handle) const {
@@ -268,7 +268,7 @@ std::vector<int32_t> Drafter::tokens(int64_t handle) const {
 
 int64_t Drafter::num_requests() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(requests_.size());
+  return requests_.size();
 }
 
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
@@ -285,7 +285,7 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
   check_batch(batch, num_tokens, offsets, budgets, config_);
   check_tokens(tokens, num_tokens);
   BatchInputs in;
-  in.states.resize(static_cast<size_t>(batch));
+  in.states.resize(batch);
   std::lock_guard<std::mutex> lock(mu_);
   std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < batch; ++i) {
@@ -297,7 +297,7 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
     if (it == requests_.end()) {
       throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
     }
-    in.states[static_cast<size_t>(i)] = it->second;
+    in.states[i] = it->second;
   }
   in.datastore = datastore_;
   return in;
@@ -308,21 +308,20 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
                                  const int32_t* budgets) {
   const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
 
-  std::vector<Draft> drafts(static_cast<size_t>(batch));
-  std::vector<int64_t> bytes(static_cast<size_t>(batch)), headroom(static_cast<size_t>(batch));
+  std::vector<Draft> drafts(batch);
+  std::vector<int64_t> bytes(batch), headroom(batch);
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
-    const auto row = static_cast<size_t>(i);
-    RequestState& state = *in.states[row];
+    RequestState& state = *in.states[i];
     std::lock_guard<std::mutex> lock(state.mu);
     for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
       state.tokens.push_back(new_tokens[k]);
       state.trie.append(new_tokens[k]);
     }
-    bytes[row] = state.bytes();
-    headroom[row] = state.headroom();
-    draft_one(&state.trie, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
-              in.datastore.get(), config_, budgets[i], scratch, drafts[row]);
+    bytes[i] = state.bytes();
+    headroom[i] = state.headroom();
+    draft_one(&state.trie, state.tokens.data(), state.tokens.size(), in.datastore.get(), config_,
+              budgets[i], scratch, drafts[i]);
   });
 
   BatchDrafts out = gather(drafts);
@@ -339,9 +338,8 @@ Draft Drafter::explain(int64_t handle, int32_t budget) {
   Draft out;
   std::lock_guard<std::mutex> lock(state->mu);
   committed_matches(state->trie, config_, scratch.matches);
-  fuse_with_datastore(&state->trie, state->tokens.data(),
-                      static_cast<int64_t>(state->tokens.size()), datastore.get(), config_, budget,
-                      scratch, out, /*explain=*/true);
+  fuse_with_datastore(&state->trie, state->tokens.data(), state->tokens.size(), datastore.get(),
+                      config_, budget, scratch, out, /*explain=*/true);
   return out;
 }
 

@@ -49,8 +49,7 @@ struct RequestState {
 
   // Bytes held: the trie's buffers, the tokens' capacity, this object. Caller holds mu.
   int64_t bytes() const {
-    return trie.resident_bytes() +
-           static_cast<int64_t>(tokens.capacity() * sizeof(int32_t) + sizeof(*this));
+    return trie.resident_bytes() + tokens.capacity() * sizeof(int32_t) + sizeof(*this);
   }
   // Tokens that can still be appended without any allocation. Caller holds mu.
   int64_t headroom() const {

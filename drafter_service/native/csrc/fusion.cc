@@ -86,7 +86,7 @@ void Fusion::offer_children(const Member& m, int32_t cap) {
       const double sa = score_of(a), sb = score_of(b);
       return sa > sb || (sa == sb && view_.token(m.source, a) < view_.token(m.source, b));
     });
-    kids.resize(static_cast<size_t>(cap));
+    kids.resize(cap);
   }
   std::vector<Offer>& offers = s_.offers;
   for (int32_t c : kids) {
@@ -114,11 +114,12 @@ void Fusion::offer_roots() {
   if (in_.trie != nullptr && in_.matches != nullptr) {
     const std::vector<InputMatch>& matches = *in_.matches;
     for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {
-      const InputMatch& match = matches[static_cast<size_t>(m) - 1];
+      const InputMatch& match = matches[m - 1];
       if (match.node < 0) continue;
+      const double discount =
+          config_.input_child_discount_base + config_.input_child_discount_per_match * m;
       offer_children({match.node, Source::kInput, 1.0, match.continued, config_.input_weight,
-                      config_.input_child_discount_base + config_.input_child_discount_per_match * m,
-                      0.0, m},
+                      discount, 0.0, m},
                      in_.budget);
     }
   }
@@ -145,7 +146,7 @@ void Fusion::grow() {
     const Candidate cand = heap.back();
     heap.pop_back();
     const auto slot = static_cast<int32_t>(nodes.size());
-    const DraftNode& parent = nodes[static_cast<size_t>(cand.draft_parent)];
+    const DraftNode& parent = nodes[cand.draft_parent];
     // The trie nodes of its unigram and bigram, where its children's n-grams start.
     NgramNodes ngrams{-1, -1};
     if (featured_ && in_.trie != nullptr) ngrams = chosen_ngrams(*in_.trie, parent, cand);
@@ -155,7 +156,7 @@ void Fusion::grow() {
     const int32_t remaining = in_.budget - slot;
     if (remaining <= 0) break;
     for (int32_t k = cand.begin; k < cand.end; ++k) {
-      offer_children(s_.members[static_cast<size_t>(k)], remaining);
+      offer_children(s_.members[k], remaining);
     }
     push_offers(slot);
   }
@@ -167,7 +168,7 @@ void Fusion::push_offers(int32_t draft_parent) {
   std::sort(s_.offers.begin(), s_.offers.end(), [](const Offer& a, const Offer& b) {
     return a.token < b.token || (a.token == b.token && a.order < b.order);
   });
-  const DraftNode parent = s_.nodes[static_cast<size_t>(draft_parent)];
+  const DraftNode parent = s_.nodes[draft_parent];
   group_offers(draft_parent);
   std::vector<Candidate>& group = s_.group;
   if (featured_) {

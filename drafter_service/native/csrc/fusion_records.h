@@ -93,7 +93,7 @@ struct SourceView {
     return s == Source::kInput ? trie->token(n) : of(s).token(n);
   }
   double count(Source s, int32_t n) const {
-    return static_cast<double>(s == Source::kInput ? trie->count(n) : of(s).count(n));
+    return s == Source::kInput ? trie->count(n) : of(s).count(n);
   }
 };
 

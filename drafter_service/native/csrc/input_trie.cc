@@ -19,29 +19,27 @@ InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
   nodes_.push_back({-1, 0, -1, -1});
   keys_.assign(64, kEmptyKey);
   values_.assign(64, -1);
-  active_.reserve(static_cast<size_t>(max_depth));
-  scratch_.reserve(static_cast<size_t>(max_depth));
+  active_.reserve(max_depth);
+  scratch_.reserve(max_depth);
 }
 
 int64_t InputTrie::resident_bytes() const {
-  return static_cast<int64_t>(sizeof(*this) + nodes_.capacity() * sizeof(Node) +
-                              keys_.capacity() * sizeof(uint64_t) +
-                              values_.capacity() * sizeof(int32_t) +
-                              seen_.capacity() * sizeof(uint64_t) +
-                              (active_.capacity() + scratch_.capacity()) * sizeof(int32_t));
+  return sizeof(*this) + nodes_.capacity() * sizeof(Node) + keys_.capacity() * sizeof(uint64_t) +
+         values_.capacity() * sizeof(int32_t) + seen_.capacity() * sizeof(uint64_t) +
+         (active_.capacity() + scratch_.capacity()) * sizeof(int32_t);
 }
 
 int64_t InputTrie::append_headroom() const {
   const int64_t depth = max_depth_;
-  const auto nodes_free = static_cast<int64_t>(nodes_.capacity() - nodes_.size());
+  const int64_t nodes_free = nodes_.capacity() - nodes_.size();
   // get_or_add_child grows the table before the insert that would pass half full.
-  const int64_t slots_free = static_cast<int64_t>(keys_.size()) / 2 - used_;
+  const int64_t slots_free = keys_.size() / 2 - used_;
   return std::max<int64_t>(0, std::min(nodes_free, slots_free) / depth);
 }
 
 int32_t InputTrie::suffix_node(int32_t len) const {
   if (len < 1 || len > static_cast<int32_t>(active_.size())) return -1;
-  return active_[static_cast<size_t>(len) - 1];
+  return active_[len - 1];
 }
 
 int32_t InputTrie::find(const int32_t* tokens, int32_t len) const {
@@ -83,12 +81,12 @@ int32_t InputTrie::get_or_add_child(int32_t parent, int32_t token) {
   for (; keys_[s] != kEmptyKey; s = (s + 1) & mask) {
     if (keys_[s] == key) return values_[s];
   }
-  if (nodes_.size() >= static_cast<size_t>(INT32_MAX)) {
+  if (nodes_.size() >= INT32_MAX) {
     throw std::length_error("input trie: more than 2^31 - 1 nodes");
   }
   const auto id = static_cast<int32_t>(nodes_.size());
-  nodes_.push_back({token, 0, -1, nodes_[static_cast<size_t>(parent)].first_child});
-  nodes_[static_cast<size_t>(parent)].first_child = id;
+  nodes_.push_back({token, 0, -1, nodes_[parent].first_child});
+  nodes_[parent].first_child = id;
   keys_[s] = key;
   values_[s] = id;
   ++used_;
@@ -99,7 +97,7 @@ void InputTrie::append(int32_t token) {
   // The suffixes ending at the new token are the old suffixes (up to length
   // max_depth - 1) extended by `token`, plus the one-token suffix.
   scratch_.clear();
-  const auto t = static_cast<uint32_t>(token);
+  const uint32_t t = token;
   if (t < kBitmapTokens) {
     if (t / 64 >= seen_.size()) seen_.resize(t / 64 + 1, 0);
     seen_[t / 64] |= uint64_t{1} << (t % 64);
@@ -109,11 +107,11 @@ void InputTrie::append(int32_t token) {
   prefetch_child(kRoot, token);
   for (size_t k = 0; k < keep; ++k) prefetch_child(active_[k], token);
   const int32_t first = get_or_add_child(kRoot, token);
-  ++nodes_[static_cast<size_t>(first)].count;
+  ++nodes_[first].count;
   scratch_.push_back(first);
   for (size_t k = 0; k < keep; ++k) {
     const int32_t node = get_or_add_child(active_[k], token);
-    ++nodes_[static_cast<size_t>(node)].count;
+    ++nodes_[node].count;
     scratch_.push_back(node);
   }
   active_.swap(scratch_);

@@ -40,7 +40,7 @@ class InputTrie {
   }
   // The same for holds(token).
   void prefetch_holds(int32_t token) const {
-    const auto t = static_cast<uint32_t>(token);
+    const uint32_t t = token;
     if (t < kBitmapTokens && t / 64 < seen_.size()) __builtin_prefetch(seen_.data() + t / 64);
   }
 
@@ -49,7 +49,7 @@ class InputTrie {
   // 16 KiB for a 128k vocabulary), which stays in cache where a hash probe would miss;
   // larger tokens take the hash table.
   bool holds(int32_t token) const {
-    const auto t = static_cast<uint32_t>(token);
+    const uint32_t t = token;
     if (t < kBitmapTokens) {
       const size_t word = t / 64;
       return word < seen_.size() && ((seen_[word] >> (t % 64)) & 1) != 0;
@@ -62,7 +62,7 @@ class InputTrie {
   uint32_t count(int32_t node) const { return nodes_[node].count; }
   int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
   int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
-  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  int64_t num_nodes() const { return nodes_.size(); }
   // Bytes this trie holds: every buffer's capacity and the object itself.
   int64_t resident_bytes() const;
   // How many more appends can run without allocating (every buffer has room for
@@ -78,14 +78,13 @@ class InputTrie {
   };
 
   static uint64_t edge_key(int32_t parent, int32_t token) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) |
-           static_cast<uint32_t>(token);
+    const uint32_t high = parent, low = token;  // zero-extended below, not sign-extended
+    return (uint64_t{high} << 32) | low;
   }
   // Home slot of `key` in the table: Fibonacci hashing (multiply by 2^64 / phi, keep
   // the high bits).
   size_t slot_of(uint64_t key) const {
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >>
-                               (64 - __builtin_ctzll(keys_.size()))) &
+    return ((key * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(keys_.size()))) &
            (keys_.size() - 1);
   }
   int32_t get_or_add_child(int32_t parent, int32_t token);

@@ -23,11 +23,11 @@ namespace {
 class RangeTable {
  public:
   RangeTable(std::vector<SaRange>& ranges, size_t begin, size_t end, int32_t longest)
-      : ranges_(ranges), begin_(begin), stride_(static_cast<size_t>(longest)) {
+      : ranges_(ranges), begin_(begin), stride_(longest) {
     ranges_.assign((end - begin) * stride_, SaRange{0, 0});
   }
   SaRange& at(size_t s, int32_t m) {
-    return ranges_[(s - begin_) * stride_ + static_cast<size_t>(m) - 1];
+    return ranges_[(s - begin_) * stride_ + m - 1];
   }
 
  private:
@@ -138,13 +138,13 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
 
 void committed_matches(const InputTrie& trie, const DraftConfig& config,
                        std::vector<InputMatch>& out) {
-  out.assign(static_cast<size_t>(config.input_max_prefix), InputMatch{-1, 0.0});
+  out.assign(config.input_max_prefix, InputMatch{-1, 0.0});
   for (int32_t m = 1; m <= config.input_max_prefix; ++m) {
     const int32_t u = trie.suffix_node(m);
     if (u < 0) continue;
     // count(u) includes the occurrence at the very end of the input, which
     // has no continuation yet; leave it out of the denominator.
-    out[static_cast<size_t>(m) - 1] = {u, static_cast<double>(trie.count(u)) - 1.0};
+    out[m - 1] = {u, trie.count(u) - 1.0};
   }
 }
 

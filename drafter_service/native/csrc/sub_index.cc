@@ -13,12 +13,11 @@ namespace drafter {
 
 std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int32_t vocab_size) {
   std::shared_ptr<SubIndex> index(new SubIndex());
-  index->owned_sa_ = build_suffix_array(tokens.data(), static_cast<int64_t>(tokens.size()),
-                                        vocab_size);
+  index->owned_sa_ = build_suffix_array(tokens.data(), tokens.size(), vocab_size);
   index->owned_tokens_ = std::move(tokens);
   index->tokens_ = index->owned_tokens_.data();
   index->sa_ = index->owned_sa_.data();
-  index->n_ = static_cast<int64_t>(index->owned_tokens_.size());
+  index->n_ = index->owned_tokens_.size();
   index->vocab_size_ = vocab_size;
   index->build_buckets();
 #if defined(__GLIBC__)
@@ -66,14 +65,14 @@ std::shared_ptr<const SubIndex> SubIndex::wrap(const int32_t* tokens, const int3
 
 void SubIndex::build_buckets() {
   // Counting the first token of every suffix = counting every token.
-  bucket_.assign(static_cast<size_t>(vocab_size_) + 1, 0);
+  bucket_.assign(vocab_size_ + 1, 0);
   int32_t separators = 0;
   for (int64_t i = 0; i < n_; ++i) {
     const int32_t v = tokens_[i];
     if (v == kSeparator) {
       ++separators;
     } else {
-      ++bucket_[static_cast<size_t>(v) + 1];
+      ++bucket_[v + 1];
     }
   }
   bucket_[0] = separators;
@@ -81,7 +80,7 @@ void SubIndex::build_buckets() {
 }
 
 int64_t SubIndex::resident_bytes() const {
-  return 8 * n_ + static_cast<int64_t>(bucket_.size() * sizeof(int32_t));
+  return 8 * n_ + bucket_.size() * sizeof(int32_t);
 }
 
 int SubIndex::compare_suffix(int64_t pos, const int32_t* prefix, int32_t len) const {
@@ -97,8 +96,8 @@ SaRange SubIndex::find_range(const int32_t* prefix, int32_t len) const {
   if (len <= 0 || n_ == 0) return {0, 0};
   const int32_t first = prefix[0];
   if (first < 0 || first >= vocab_size_) return {0, 0};
-  int64_t lo = bucket_[static_cast<size_t>(first)];
-  int64_t hi = bucket_[static_cast<size_t>(first) + 1];
+  int64_t lo = bucket_[first];
+  int64_t hi = bucket_[first + 1];
   if (lo == hi || len == 1) return {lo, hi};
   // Every suffix in the bucket already matches prefix[0]; compare the rest.
   const int32_t* rest = prefix + 1;

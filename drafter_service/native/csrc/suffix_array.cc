@@ -15,7 +15,7 @@ using Index = int32_t;
 // one, L-type (false) otherwise. The last symbol (the unique sentinel) is S.
 class SuffixTypes {
  public:
-  SuffixTypes(const Index* s, Index n) : bits_(static_cast<size_t>(n)) {
+  SuffixTypes(const Index* s, Index n) : bits_(n) {
     bits_[n - 1] = 1;
     for (Index i = n - 2; i >= 0; --i) {
       bits_[i] = s[i] < s[i + 1] || (s[i] == s[i + 1] && bits_[i + 1]);
@@ -62,7 +62,7 @@ void sais(const Index* s, Index* sa, Index n, Index k) {
     return;
   }
   const SuffixTypes t(s, n);
-  std::vector<Index> bkt(static_cast<size_t>(k));
+  std::vector<Index> bkt(k);
 
   // Stage 1: sort LMS substrings by induced sorting from LMS positions.
   bucket_bounds(s, n, k, bkt, true);
@@ -143,7 +143,7 @@ std::vector<int32_t> build_suffix_array(const int32_t* text, int64_t n, int32_t 
   // Shift symbols so that the appended sentinel (0) is unique and smallest:
   // separator -1 -> 1, token t -> t + 2.
   const Index len = static_cast<Index>(n) + 1;
-  std::vector<Index> s(static_cast<size_t>(len));
+  std::vector<Index> s(len);
   for (int64_t i = 0; i < n; ++i) {
     const int32_t v = text[i];
     if (v < -1 || v >= vocab_size) {
@@ -151,10 +151,10 @@ std::vector<int32_t> build_suffix_array(const int32_t* text, int64_t n, int32_t 
                                   std::to_string(i) + " is outside [-1, " +
                                   std::to_string(vocab_size) + ")");
     }
-    s[static_cast<size_t>(i)] = v + 2;
+    s[i] = v + 2;
   }
-  s[static_cast<size_t>(n)] = 0;
-  std::vector<Index> sa(static_cast<size_t>(len));
+  s[n] = 0;
+  std::vector<Index> sa(len);
   sais(s.data(), sa.data(), len, vocab_size + 2);
   // sa[0] is the sentinel suffix; drop it.
   sa.erase(sa.begin());
