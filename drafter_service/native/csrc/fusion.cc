@@ -172,7 +172,6 @@ void Fusion::push_offers(int32_t draft_parent) {
   group_offers(draft_parent);
   std::vector<Candidate>& group = s_.group;
   if (featured_) {
-    if (in_.trie != nullptr) prefetch_ngrams(*in_.trie, parent, group.data(), group.size());
     group_features(view_, s_.members.data(), parent, group.data(), group.size(),
                    s_.group_features);
   }

@@ -53,17 +53,12 @@ class LearnedScore final : public NodeScorer {
 // The ScoreFeature values of the candidates of one expansion, group[0, n) under
 // `parent` (members in pool), into `features` (kScoreFeatures per candidate): each
 // one's members, then the columns that compare it with its siblings, then (with an
-// input trie) the n-gram columns. Sets each candidate's log_hand, and its bigram where
-// the n-gram columns looked it up.
+// input trie) the n-gram columns, whose trie lookups are prefetched for the whole
+// group first. Sets each candidate's log_hand, and its bigram where the n-gram columns
+// looked it up.
 void group_features(const fusion::SourceView& view, const fusion::Member* pool,
                     const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
                     std::vector<double>& features);
-
-// The n-gram lookups of group_features are likely cache misses (a request's trie is
-// cold when its draft starts): this issues them for the whole group first, so they
-// overlap.
-void prefetch_ngrams(const InputTrie& trie, const fusion::DraftNode& parent,
-                     const fusion::Candidate* group, size_t n);
 
 // Input-trie nodes where a draft node's children's n-grams start (DraftNode::unigram,
 // bigram; -1: absent).

@@ -56,7 +56,7 @@ void find_ranges(const Datastore& datastore, size_t begin, size_t end, const int
 // Interval sampling: the rows of a range are sorted by continuation, so evenly
 // spaced rows approximate the continuation distribution. The sample budget is
 // split over sub-indices in proportion to their matches. Each row's suffix array
-// entry is prefetched as it is chosen (see prefetch_continuations).
+// entry is prefetched as it is chosen (see read_samples).
 void sample_rows(const Datastore& datastore, size_t begin, size_t end, RangeTable& ranges,
                  int32_t m, int64_t total, const DraftConfig& config,
                  std::vector<SampledRow>& rows) {
@@ -77,11 +77,15 @@ void sample_rows(const Datastore& datastore, size_t begin, size_t end, RangeTabl
   }
 }
 
-// Each sample is two dependent random reads (suffix array, then text), cache
-// misses on a large index. All are issued as prefetches first, over every
-// sub-index, so that the misses overlap instead of queueing one after another.
-void prefetch_continuations(const Datastore& datastore, const std::vector<SampledRow>& rows,
-                            int32_t m, int32_t cont_cap) {
+// The continuation after each sampled row's m-token match: up to cont_cap tokens,
+// ending at a document separator or the end of the text.
+void read_samples(const Datastore& datastore, const std::vector<SampledRow>& rows, int32_t m,
+                  int32_t cont_cap, std::vector<Sample>& samples) {
+  // Each sample is two dependent random reads (suffix array, then text), cache
+  // misses on a large index. All are issued as prefetches first, over every
+  // sub-index, so that the misses overlap instead of queueing one after another.
+  // (Not a function of their own: one that only prefetches has no effect the
+  // compiler must keep, and GCC drops its call.)
   for (const SampledRow& r : rows) {
     const SubIndex& index = *datastore.sub_indices[r.sub];
     const int64_t start = index.position(r.row) + m;
@@ -90,12 +94,6 @@ void prefetch_continuations(const Datastore& datastore, const std::vector<Sample
     __builtin_prefetch(index.tokens() + std::min(start, last));
     __builtin_prefetch(index.tokens() + last);
   }
-}
-
-// The continuation after each sampled row's m-token match: up to cont_cap tokens,
-// ending at a document separator or the end of the text.
-void read_samples(const Datastore& datastore, const std::vector<SampledRow>& rows, int32_t m,
-                  int32_t cont_cap, std::vector<Sample>& samples) {
   samples.clear();
   for (const SampledRow& r : rows) {
     const SubIndex& index = *datastore.sub_indices[r.sub];
@@ -130,7 +128,6 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
     if (total == 0) continue;
     if (tree.matched_prefix() == 0) tree.set_matched_prefix(m);
     sample_rows(datastore, begin, end, ranges, m, total, config, scratch.sample_rows);
-    prefetch_continuations(datastore, scratch.sample_rows, m, cont_cap);
     read_samples(datastore, scratch.sample_rows, m, cont_cap, scratch.samples);
     tree.add(scratch.samples.data(), scratch.samples.size());
   }
