@@ -96,7 +96,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         return None
 
     async def Draft(
-        self, request: pb.DraftRequest | Undecodable | Shed, context: Any
+        self, request: pb.DraftRequest | Undecodable, context: Any
     ) -> pb.DraftResponse:
         remaining = context.time_remaining()  # None without a deadline
         deadline = time.monotonic() + remaining if remaining is not None else None

@@ -261,9 +261,10 @@ class ServeConfig(BaseSettings):
         "open); beyond, calls wait in gRPC's core (bounded by max_pending_rpcs) and are "
         "refused there, before the call reaches Python: the cheapest refusal there is. 0 = "
         "no limit. Under floods of unary Draft calls set it to a few calls plus the streams "
-        "you expect (never below the streams: a stream past it waits): heavy calls at 10x "
-        "overload kept 0.92 of capacity with 4 against 0.86 without, at 50x 0.60 against "
-        "0.24 (docs/benchmarks.md, Goodput under overload)",
+        "you expect (never below the streams: a stream past it waits). With 4, light "
+        "(~10 ms) calls at 10x overload kept 0.62 of capacity against 0.55 without; heavy "
+        "ones, which the service already refuses unread, 0.80 against 0.84, within run-to-"
+        "run noise (docs/benchmarks.md, Goodput under overload)",
     )
     max_pending_rpcs: Annotated[int, _bounds(0)] = Field(
         128,

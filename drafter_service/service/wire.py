@@ -8,11 +8,12 @@ Here a request that does not parse becomes an :class:`Undecodable` value, which
 the servicer refuses with INVALID_ARGUMENT, counted like any other refusal and
 logged in one rate-limited line.
 
-A Draft message that arrives while the service is already full (too much drafting work
-queued, or too many calls in flight) is not parsed at all: parsing a large message costs
-more than refusing it (1.6 ms for 64 requests of 2,000 tokens), and under a flood those
-costs are what decides how much of the service is left for the calls it can answer. It
-becomes a :class:`Shed` value carrying the refusal.
+A DraftStream step that arrives while the service is already full (too much drafting
+work queued, or too many calls in flight) is not parsed at all: parsing a large message
+costs more than refusing it (1.6 ms for 64 requests of 2,000 tokens), and under a flood
+those costs are what decides how much of the service is left for the calls it can answer.
+It becomes a :class:`Shed` value carrying the refusal. (A unary Draft call is refused
+before it is even received: :mod:`drafter_service.service.load_gate`.)
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def add_drafter_service(
     servicer: object, server: grpc.aio.Server, overloaded: Overloaded | None = None
 ) -> None:
     """Registers ``servicer`` as ``sssd_drafter.v1.DrafterService`` (what the generated
-    function does, with :func:`_tolerant` parsing; Draft and DraftStream messages that
-    arrive while ``overloaded()`` names a refusal are not parsed)."""
+    function does, with :func:`_tolerant` parsing; DraftStream steps that arrive while
+    ``overloaded()`` names a refusal are not parsed)."""
     request: dict[str, type[Message]] = {
         "Draft": pb.DraftRequest, "DraftStream": pb.DraftRequest, "Finish": pb.FinishRequest,
         "Ingest": pb.IngestRequest, "GetServiceInfo": pb.GetServiceInfoRequest,
@@ -112,8 +113,10 @@ def add_drafter_service(
         )
         handlers[method] = make(
             getattr(servicer, method),
+            # A unary Draft call's load is asked before it is read (LoadGate) and again,
+            # with its deadline, by the servicer: only a stream's steps are asked here.
             request_deserializer=_tolerant(
-                message, overloaded if message is pb.DraftRequest else None
+                message, overloaded if method == "DraftStream" else None
             ),
             response_serializer=_serialize,
         )
