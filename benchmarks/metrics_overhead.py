@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Histogram
 
-from drafter_service.service.drafter_metrics import TREE_NODES, DrafterMetrics
+from drafter_service.metrics.drafter_metrics import TREE_NODES, DrafterMetrics
 
 
 def tree_offsets(batch: int, seed: int = 0) -> npt.NDArray[np.int64]:

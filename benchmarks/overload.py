@@ -36,7 +36,7 @@ from typing import TypeAlias
 import grpc
 import numpy as np
 
-from drafter_service.service.wire import SERVICE_NAME
+from drafter_service.edge.wire import SERVICE_NAME
 from sssd_drafter.v1 import drafter_pb2 as pb
 
 from .unauth_flood import cpu_s

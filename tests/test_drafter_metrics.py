@@ -33,8 +33,8 @@ from service_support import (
 
 from drafter_service import Datastore
 from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.metrics.drafter_metrics import DrafterMetrics
 from drafter_service.service import ServeConfig
-from drafter_service.service.drafter_metrics import DrafterMetrics
 from drafter_service.serving import start_server
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from sssd_drafter.v1 import drafter_pb2 as pb

@@ -18,7 +18,7 @@ from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_support import FakeClock, LoopThread, config, serving
 
-from drafter_service.service.grpc_auth import TokenFile
+from drafter_service.edge.grpc_auth import TokenFile
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 from verifier_client import BudgetRule, DrafterClient

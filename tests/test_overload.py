@@ -26,13 +26,14 @@ from service_support import (
 )
 
 from drafter_service import Drafter
-from drafter_service.service.call_errors import DeadlineExceeded, ResourceExhausted
-from drafter_service.service.catalog import Catalog, DatastoreSlot
-from drafter_service.service.draft_engine import DraftEngine
-from drafter_service.service.ingest_queue import GenerationIngester
-from drafter_service.service.request_table import RequestTable
-from drafter_service.service.validation import CallLimits, parse_draft_request
-from drafter_service.service.wire import SERVICE_NAME
+from drafter_service.edge.validation import parse_draft_request
+from drafter_service.edge.wire import SERVICE_NAME
+from drafter_service.engine.call_errors import DeadlineExceeded, ResourceExhausted
+from drafter_service.engine.calls import CallLimits
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
+from drafter_service.engine.draft_engine import DraftEngine
+from drafter_service.engine.ingest_queue import GenerationIngester
+from drafter_service.engine.request_table import RequestTable
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from drafter_service.service.catalog import resolve_tokenizer
-from drafter_service.service.request_table import (
+from drafter_service.engine.request_table import (
     NODE_BYTES_MAX,
     PYTHON_STATE_BYTES,
-    RequestState,
+    HeldRequest,
     RequestTable,
     StateCost,
 )
+from drafter_service.service.open_catalog import resolve_tokenizer
 from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
 
 
@@ -162,7 +162,7 @@ def test_table_counts_the_bound_until_measured_then_what_was_measured() -> None:
     assert a.bytes == 5_000 + PYTHON_STATE_BYTES + a.reserved and a.headroom == 0
     table.measured("a", a, a.reserved, held=9_000, headroom=7)
     assert table.bytes == a.bytes == 9_000 + PYTHON_STATE_BYTES and a.headroom == 7
-    table.measured("a", RequestState("default", 1, 1, 0.0), 0, held=1, headroom=0)  # stale
+    table.measured("a", HeldRequest("default", 1, 1, 0.0), 0, held=1, headroom=0)  # stale
     assert table.bytes == a.bytes
     b, _ = table.start("b", "default", 1, 1, 0.0)
     table.max_bytes = table.bytes - 1  # over budget by one byte: the oldest goes

@@ -27,8 +27,9 @@ from service_support import (
 )
 
 from drafter_service import Datastore
-from drafter_service.service.call_errors import InvalidArgument, ServiceError
-from drafter_service.service.validation import CallLimits, parse_draft_request
+from drafter_service.edge.validation import parse_draft_request
+from drafter_service.engine.call_errors import InvalidArgument, ServiceError
+from drafter_service.engine.calls import CallLimits
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from sssd_drafter.v1 import drafter_pb2 as pb
 

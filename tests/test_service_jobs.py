@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from drafter_service import Datastore, Drafter
-from drafter_service.service.catalog import Catalog, DatastoreSlot
-from drafter_service.service.draft_jobs import (
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
+from drafter_service.engine.draft_jobs import (
     BUDGET_PER_WEIGHT,
     STOPS_PER_WEIGHT,
     TOKENS_PER_WEIGHT,

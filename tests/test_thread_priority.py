@@ -15,10 +15,10 @@ import pytest
 from log_server import RedisServer
 from service_support import LoopThread, config, delta, serving
 
+from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.live.thread_priority import MAX_NICE, check_nice, lower_thread_priority
-from drafter_service.service.ingest_queue import GenerationIngester
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 

@@ -37,7 +37,7 @@ class Job:
     error: str | None = None
 
 
-class JobRunner:
+class AdminJobs:
     """Runs jobs in submission order on one worker thread."""
 
     def __init__(self) -> None:

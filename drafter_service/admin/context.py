@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drafter_service.admin.admin_jobs import JobRunner
+from drafter_service.admin.admin_jobs import AdminJobs
 from drafter_service.admin.http_errors import conflict, not_found, unavailable
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.live.live_datastore import LiveDatastore
-from drafter_service.service.catalog import Catalog, DatastoreSlot
 from drafter_service.service.grpc_server import Phase
 from drafter_service.service.settings import ServeConfig
 
@@ -19,7 +19,7 @@ class AdminContext:
     config: ServeConfig
     catalog: Callable[[], Catalog | None]  # None until the datastores are loaded
     phase: Callable[[], Phase]
-    jobs: JobRunner
+    jobs: AdminJobs
 
     def loaded(self) -> Catalog:
         """The datastores, or 503 while loading or stopping."""

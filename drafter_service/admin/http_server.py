@@ -14,11 +14,11 @@ from collections.abc import Callable, Generator
 
 import uvicorn
 
-from drafter_service.admin.admin_jobs import JobRunner
+from drafter_service.admin.admin_jobs import AdminJobs
 from drafter_service.admin.app import create_app
 from drafter_service.admin.bearer_auth import load_token
 from drafter_service.admin.context import AdminContext
-from drafter_service.service.catalog import Catalog
+from drafter_service.engine.catalog import Catalog
 from drafter_service.service.grpc_server import Phase
 from drafter_service.service.settings import ServeConfig
 
@@ -42,7 +42,7 @@ class AdminServer:
     ) -> None:
         self.config = config
         self.port = 0
-        self.jobs = JobRunner()
+        self.jobs = AdminJobs()
         self._context = AdminContext(config, catalog, phase, self.jobs)
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None

@@ -28,8 +28,8 @@ from drafter_service.admin.schemas import (
     SettingsPatch,
     SharedLogDetail,
 )
+from drafter_service.engine.catalog import DatastoreSlot
 from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
-from drafter_service.service.catalog import DatastoreSlot
 from drafter_service.service.settings import DATASTORE_NAME
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")

@@ -23,18 +23,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from drafter_service.service.catalog import Catalog, open_catalog
-from drafter_service.service.draft_engine import DraftEngine
-from drafter_service.service.drafter_metrics import DrafterMetrics
-from drafter_service.service.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
-from drafter_service.service.ingest_queue import GenerationIngester
-from drafter_service.service.load_gate import LoadGate
-from drafter_service.service.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
-from drafter_service.service.request_table import RequestTable, StateCost
-from drafter_service.service.servicer import DrafterServicer, status_code
+from drafter_service.edge.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
+from drafter_service.edge.load_gate import LoadGate
+from drafter_service.edge.servicer import DrafterServicer, status_code
+from drafter_service.edge.wire import SERVICE_NAME, add_drafter_service
+from drafter_service.engine.calls import CallLimits
+from drafter_service.engine.catalog import Catalog
+from drafter_service.engine.draft_engine import DraftEngine
+from drafter_service.engine.ingest_queue import GenerationIngester
+from drafter_service.engine.request_table import RequestTable, StateCost
+from drafter_service.metrics.drafter_metrics import DrafterMetrics
+from drafter_service.metrics.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
+from drafter_service.service.open_catalog import open_catalog
 from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
-from drafter_service.service.validation import CallLimits
-from drafter_service.service.wire import SERVICE_NAME, add_drafter_service
 
 log = logging.getLogger(__name__)
 

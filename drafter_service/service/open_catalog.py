@@ -1,5 +1,5 @@
-"""The service's datastores: the live default one and read-only named snapshots, each
-with its own Drafter (request state) and the one worker thread its calls run on."""
+"""Opening the service's datastores (the live default one and read-only named snapshots):
+the tokenizer they are checked against, the seed snapshot, peers and the shared log."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
 from drafter_service.drafting.node_score import resolve_node_score
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
 from drafter_service.live.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
 from drafter_service.service.admin_token import load_token
@@ -27,47 +28,6 @@ from drafter_service.snapshot.store import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DatastoreStats:
-    num_tokens: int  # text positions (tokens plus document separators)
-    sub_indices: int
-    resident_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class DatastoreSlot:
-    """One datastore and the drafter that holds the state of the requests using it."""
-
-    name: str
-    drafter: Drafter
-    live: LiveDatastore | None  # None: read-only
-    executor: ThreadPoolExecutor  # one worker: this drafter's calls run in call order
-
-    def stats(self) -> DatastoreStats:
-        if self.live is not None:
-            s = self.live.stats()
-            return DatastoreStats(s.num_tokens, s.sub_indices, s.resident_bytes)
-        ds = self.drafter.datastore
-        return DatastoreStats(ds.num_tokens, len(ds.sub_indices), ds.resident_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class Catalog:
-    """Every datastore of the service, by name; ``DEFAULT_DATASTORE`` is the live one."""
-
-    tokenizer: TokenizerIdentity
-    slots: dict[str, DatastoreSlot]
-
-    def close(self) -> None:
-        """Waits for queued drafting work, then closes the live datastore (its waiting
-        documents stay in the ingest log)."""
-        for slot in self.slots.values():
-            slot.executor.shutdown(wait=True)
-        for slot in self.slots.values():
-            if slot.live is not None:
-                slot.live.close()
 
 
 TOKENIZER_RECORD = "tokenizer-identity.json"

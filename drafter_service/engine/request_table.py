@@ -20,7 +20,7 @@ NODE_BYTES_MAX = 80
 doubles past its size, and 12 in the hash table, kept between a quarter and a half full
 (native ``InputTrie``)."""
 PYTHON_STATE_BYTES = 640
-"""What the service's own objects cost per request (this RequestState, its id string,
+"""What the service's own objects cost per request (this HeldRequest, its id string,
 the table's and the drafter's dict entries), measured with tracemalloc."""
 
 
@@ -48,7 +48,7 @@ class StateCost:
 
 
 @dataclass(slots=True)
-class RequestState:
+class HeldRequest:
     """One request the service holds."""
 
     datastore: str  # fixed when the request starts
@@ -84,7 +84,7 @@ class RequestTable:
         self.ttl_s = ttl_s
         self.max_states = max_states
         self.max_bytes = max_bytes
-        self._states: OrderedDict[str, RequestState] = OrderedDict()  # oldest use first
+        self._states: OrderedDict[str, HeldRequest] = OrderedDict()  # oldest use first
         self.cost = cost
         self._bytes = 0  # sum of the states' bytes
         self.evicted = {"ttl": 0, "count": 0, "bytes": 0}  # states dropped, by bound
@@ -102,23 +102,23 @@ class RequestTable:
         reserved for work planned since."""
         return self._bytes
 
-    def get(self, request_id: str) -> RequestState | None:
+    def get(self, request_id: str) -> HeldRequest | None:
         return self._states.get(request_id)
 
     def start(
         self, request_id: str, datastore: str, length: int, prompt_length: int, now_s: float
-    ) -> tuple[RequestState, int]:
+    ) -> tuple[HeldRequest, int]:
         """Holds a new state of ``length`` tokens (replacing any other under that id) as the
         most recently used; returns it and the bytes reserved for its native start."""
         self.pop(request_id)
         reserved = self.cost.worst(length)
-        state = RequestState(datastore, length, prompt_length, now_s, reserved, reserved,
+        state = HeldRequest(datastore, length, prompt_length, now_s, reserved, reserved,
                              pending=1)  # fmt: skip
         self._states[request_id] = state
         self._bytes += reserved
         return state, reserved
 
-    def growth(self, state: RequestState, tokens: int) -> int:
+    def growth(self, state: HeldRequest, tokens: int) -> int:
         """Bytes ``tokens`` more tokens may add to ``state`` before they are measured: 0
         while they fit its headroom, else up to the bound of its new length."""
         if tokens <= state.headroom:
@@ -138,7 +138,7 @@ class RequestTable:
         return reserved
 
     def measured(
-        self, request_id: str, state: RequestState, reserved: int, held: int, headroom: int
+        self, request_id: str, state: HeldRequest, reserved: int, held: int, headroom: int
     ) -> None:
         """The native work planned with ``reserved`` bytes has run: the drafter now holds
         ``held`` bytes for the request and can take ``headroom`` more tokens without
@@ -156,13 +156,13 @@ class RequestTable:
         self._states[request_id].last_used_s = now_s
         self._states.move_to_end(request_id)
 
-    def pop(self, request_id: str) -> RequestState | None:
+    def pop(self, request_id: str) -> HeldRequest | None:
         state = self._states.pop(request_id, None)
         if state is not None:
             self._bytes -= state.bytes
         return state
 
-    def expire(self, now_s: float) -> list[tuple[str, RequestState]]:
+    def expire(self, now_s: float) -> list[tuple[str, HeldRequest]]:
         """Removes and returns the states idle for longer than the TTL. States are in
         use order, so the idle ones are at the front: O(expired)."""
         expired = []
@@ -174,7 +174,7 @@ class RequestTable:
         self.evicted["ttl"] += len(expired)
         return expired
 
-    def trim(self, keep: Iterable[str] = ()) -> list[tuple[str, RequestState]]:
+    def trim(self, keep: Iterable[str] = ()) -> list[tuple[str, HeldRequest]]:
         """Removes and returns least recently used states beyond ``max_states`` or
         ``max_bytes``, never one in ``keep`` (the call in progress, which the caller
         checked fits the byte budget): the count may exceed its bound by the size of
@@ -194,10 +194,10 @@ class RequestTable:
             count, held = count - 1, held - state.bytes
         return [(request_id, self._pop_oldest(request_id)) for request_id in doomed]
 
-    def items(self) -> list[tuple[str, RequestState]]:
+    def items(self) -> list[tuple[str, HeldRequest]]:
         return list(self._states.items())
 
-    def _pop_oldest(self, request_id: str) -> RequestState:
+    def _pop_oldest(self, request_id: str) -> HeldRequest:
         state = self._states.pop(request_id)
         self._bytes -= state.bytes
         return state

@@ -12,8 +12,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from drafter_service.log_limits import RateLimitedLog
-from drafter_service.service.call_errors import (
+from drafter_service.edge.grpc_auth import ClientAuth, Unauthenticated
+from drafter_service.edge.responses import draft_response, service_info_response
+from drafter_service.edge.validation import (
+    parse_draft_request,
+    parse_finish_request,
+    parse_ingest_request,
+)
+from drafter_service.edge.wire import Shed, Undecodable, UndecodableRefusals
+from drafter_service.engine.call_errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -22,20 +29,9 @@ from drafter_service.service.call_errors import (
     ServiceError,
     Unavailable,
 )
-from drafter_service.service.draft_engine import DraftEngine
-from drafter_service.service.drafter_metrics import DrafterMetrics
-from drafter_service.service.grpc_auth import ClientAuth, Unauthenticated
-from drafter_service.service.responses import (
-    DatastoreSummary,
-    draft_response,
-    service_info_response,
-)
-from drafter_service.service.validation import (
-    parse_draft_request,
-    parse_finish_request,
-    parse_ingest_request,
-)
-from drafter_service.service.wire import Shed, Undecodable, UndecodableRefusals
+from drafter_service.engine.draft_engine import DraftEngine
+from drafter_service.log_limits import RateLimitedLog
+from drafter_service.metrics.drafter_metrics import DrafterMetrics
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
@@ -86,7 +82,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
 
     def overloaded(self) -> ServiceError | None:
         """What a Draft call arriving now would be refused for the load alone (asked
-        before its message is parsed: see :class:`~drafter_service.service.wire.Shed`)."""
+        before its message is parsed: see :class:`~drafter_service.edge.wire.Shed`)."""
         if self._engine is None:
             return None  # the loading answer comes from _guard, after authentication
         try:
@@ -201,24 +197,10 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def _service_info(
         self, engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
     ) -> pb.GetServiceInfoResponse:
-        catalog = engine.catalog
-        summaries = []
-        for name, slot in catalog.slots.items():
-            s = slot.stats()
-            summaries.append(
-                DatastoreSummary(
-                    name,
-                    name == engine.limits.default_datastore,
-                    slot.live is not None,
-                    s.num_tokens,
-                    s.sub_indices,
-                    s.resident_bytes,
-                )
-            )
         return service_info_response(
             self._version,
-            catalog.tokenizer.name,
+            engine.catalog.tokenizer.name,
             engine.limits,
             self._max_message_bytes,
-            summaries,
+            engine.catalog,
         )

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch, Drafter
-from drafter_service.service.catalog import Catalog
+from drafter_service.engine.catalog import Catalog
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 JobResults = dict[str, DraftBatch | None]

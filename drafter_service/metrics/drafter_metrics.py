@@ -29,11 +29,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from drafter_service.engine.catalog import Catalog, DatastoreStats
+from drafter_service.engine.ingest_queue import GenerationIngester
+from drafter_service.engine.request_table import RequestTable
 from drafter_service.live.live_datastore import LiveStats
-from drafter_service.service.catalog import Catalog, DatastoreStats
-from drafter_service.service.histograms import Buckets, SizeCounts
-from drafter_service.service.ingest_queue import GenerationIngester
-from drafter_service.service.request_table import RequestTable
+from drafter_service.metrics.histograms import Buckets, SizeCounts
 
 PREFIX = "sssd_drafter_"
 BATCH_METHODS = ("Draft", "DraftStream")

@@ -13,21 +13,20 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch
-from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
-from drafter_service.live.shared_log import LogError
-from drafter_service.service.call_errors import (
+from drafter_service.engine.call_errors import (
     DeadlineExceeded,
     ResourceExhausted,
     Unavailable,
 )
-from drafter_service.service.catalog import Catalog
-from drafter_service.service.draft_jobs import (
+from drafter_service.engine.calls import CallLimits, DraftAnswer, DraftCall, Finished
+from drafter_service.engine.catalog import Catalog
+from drafter_service.engine.draft_jobs import (
     CallExpired,
     DrafterJob,
     JobOutcome,
@@ -35,17 +34,36 @@ from drafter_service.service.draft_jobs import (
     RequestsDropped,
     jobs_for,
 )
-from drafter_service.service.drafter_metrics import DrafterMetrics
-from drafter_service.service.ingest_queue import GenerationIngester
-from drafter_service.service.request_table import RequestState, RequestTable
-from drafter_service.service.responses import DraftAnswer
-from drafter_service.service.validation import CallLimits, DraftCall, Finished
+from drafter_service.engine.ingest_queue import GenerationIngester
+from drafter_service.engine.request_table import HeldRequest, RequestTable
+from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.live.shared_log import LogError
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 Place = tuple[str, int]  # (datastore, row in its batch)
-Holds = dict[str, list[tuple[str, RequestState, int]]]
+Holds = dict[str, list[tuple[str, HeldRequest, int]]]
 # per datastore, its job's rows in order: (request id, state, bytes reserved for the row)
 HOPELESS = 2.0  # a call is refused at once when the queued work is this many times its time
+
+
+class EngineMetrics(Protocol):
+    """What the engine reports (``metrics.drafter_metrics.DrafterMetrics`` is one)."""
+
+    def count_resync(self, reason: str, n: int = 1) -> None: ...
+
+    def record_trees(
+        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
+    ) -> None: ...
+
+
+class _Unobserved:
+    def count_resync(self, reason: str, n: int = 1) -> None:
+        pass
+
+    def record_trees(
+        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
+    ) -> None:
+        pass
 
 
 class DraftEngine:
@@ -55,9 +73,9 @@ class DraftEngine:
     running, including those whose caller gave up); beyond it calls are refused, as
     are Draft calls that would wait behind more than ``max_queue_s`` of queued work
     (measured) or could not be answered within their deadline.
-    Per-batch numbers go to ``metrics`` (a private one when not given). Light calls
+    Per-batch numbers go to ``metrics`` (none when not given). Light calls
     run their native work on the loop thread when nothing else is queued
-    (``inline_max_work``, see :class:`~drafter_service.service.draft_jobs.JobRunner`).
+    (``inline_max_work``, see :class:`~drafter_service.engine.draft_jobs.JobRunner`).
     """
 
     def __init__(
@@ -67,7 +85,7 @@ class DraftEngine:
         table: RequestTable,
         ingester: GenerationIngester,
         max_inflight_calls: int,
-        metrics: DrafterMetrics | None = None,
+        metrics: EngineMetrics | None = None,
         inline_max_work: int = 0,
         finish_durable: bool = False,
         max_queue_s: float = 0.25,
@@ -81,7 +99,7 @@ class DraftEngine:
         self.max_inflight_calls = max_inflight_calls
         self.max_queue_s = max_queue_s  # drafting work queued ahead of a call, at most
         self.clock = clock  # what call deadlines are read against (monotonic seconds)
-        self.metrics = DrafterMetrics() if metrics is None else metrics
+        self.metrics: EngineMetrics = _Unobserved() if metrics is None else metrics
         self._inflight = 0
         self._runner = JobRunner(catalog, inline_max_work)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
@@ -348,7 +366,7 @@ class DraftEngine:
                     table.measured(request_id, state, reserved, held[row], headroom[row])
 
     def _stop_all(
-        self, states: Iterable[tuple[str, RequestState]], jobs: dict[str, DrafterJob]
+        self, states: Iterable[tuple[str, HeldRequest]], jobs: dict[str, DrafterJob]
     ) -> None:
         for request_id, state in states:
             jobs_for(jobs, state.datastore).stops.append(request_id)

@@ -13,7 +13,7 @@ work queued, or too many calls in flight) is not parsed at all: parsing a large 
 costs more than refusing it (1.6 ms for 64 requests of 2,000 tokens), and under a flood
 those costs are what decides how much of the service is left for the calls it can answer.
 It becomes a :class:`Shed` value carrying the refusal. (A unary Draft call is refused
-before it is even received: :mod:`drafter_service.service.load_gate`.)
+before it is even received: :mod:`drafter_service.edge.load_gate`.)
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from drafter_service.engine.call_errors import InvalidArgument, ServiceError
 from drafter_service.log_limits import RateLimitedLog
-from drafter_service.service.call_errors import InvalidArgument, ServiceError
 from sssd_drafter.v1 import drafter_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Shed", "Undecodable", "UndecodableRefusals", "add_drafter_service"]

@@ -10,18 +10,10 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch
-from drafter_service.service.validation import MAX_REQUEST_ID_CHARS, CallLimits
+from drafter_service.edge.validation import MAX_REQUEST_ID_CHARS
+from drafter_service.engine.calls import CallLimits, DraftAnswer
+from drafter_service.engine.catalog import Catalog
 from sssd_drafter.v1 import drafter_pb2 as pb
-
-
-@dataclass(frozen=True, slots=True)
-class DraftAnswer:
-    """The answer to a DraftCall: per request, the tokens now held and where its tree
-    is (a batch and its row), or None for RESYNC."""
-
-    request_ids: list[str]
-    lengths: list[int]
-    trees: list[tuple[DraftBatch, int] | None]
 
 
 def draft_response(answer: DraftAnswer, step: int, packed: bool) -> pb.DraftResponse:
@@ -155,39 +147,32 @@ def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArr
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
-@dataclass(frozen=True, slots=True)
-class DatastoreSummary:
-    name: str
-    is_default: bool
-    live: bool
-    num_tokens: int
-    sub_indices: int
-    resident_bytes: int
-
-
 def service_info_response(
     version: str,
     tokenizer_name: str,
     limits: CallLimits,
     max_message_bytes: int,
-    datastores: Sequence[DatastoreSummary],
+    catalog: Catalog,
 ) -> pb.GetServiceInfoResponse:
+    datastores = []
+    for name, slot in catalog.slots.items():
+        s = slot.stats()
+        datastores.append(
+            pb.DatastoreInfo(
+                name=name,
+                is_default=name == limits.default_datastore,
+                num_tokens=s.num_tokens,
+                sub_indices=s.sub_indices,
+                resident_bytes=s.resident_bytes,
+                live=slot.live is not None,
+            )
+        )
     return pb.GetServiceInfoResponse(
         version=version,
         tokenizer=pb.TokenizerInfo(
             name=tokenizer_name, fingerprint=limits.fingerprint, vocab_size=limits.vocab_size
         ),
-        datastores=[
-            pb.DatastoreInfo(
-                name=d.name,
-                is_default=d.is_default,
-                num_tokens=d.num_tokens,
-                sub_indices=d.sub_indices,
-                resident_bytes=d.resident_bytes,
-                live=d.live,
-            )
-            for d in datastores
-        ],
+        datastores=datastores,
         limits=pb.Limits(
             max_requests_per_call=limits.max_requests_per_call,
             max_tokens_per_request=limits.max_tokens_per_request,

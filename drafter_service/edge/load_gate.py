@@ -10,7 +10,7 @@ the call with a request-streaming handler that aborts without reading: flow cont
 the message with the caller. Otherwise the call goes on as registered, at no extra cost.
 
 DraftStream steps are shed where they are parsed instead
-(:class:`~drafter_service.service.wire.Shed`).
+(:class:`~drafter_service.edge.wire.Shed`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import grpc
 
-from drafter_service.service.call_errors import ServiceError
-from drafter_service.service.wire import SERVICE_NAME, Overloaded
+from drafter_service.edge.wire import SERVICE_NAME, Overloaded
+from drafter_service.engine.call_errors import ServiceError
 
 __all__ = ["LoadGate"]
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from drafter_service.service.call_errors import ServiceError
+from drafter_service.engine.call_errors import ServiceError
 
 __all__ = [
     "AuthGate", "ClientAuth", "TokenFile", "Unauthenticated", "certificate_name", "load_tokens",

@@ -1,0 +1,61 @@
+"""What the engine is asked and answers, once the edge has checked a call: plain values,
+no protocol messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.drafting.drafter import DraftBatch
+
+
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    """What a call is checked against: the service's tokenizer, datastores and limits."""
+
+    vocab_size: int
+    fingerprint: str  # sha256 hex of the service's tokenizer.json; "" = unknown
+    max_requests_per_call: int
+    max_tokens_per_request: int
+    max_budget: int
+    datastores: frozenset[str]
+    live_datastores: frozenset[str]
+    default_datastore: str
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCall:
+    """A validated Draft call, one list entry per request (lists, not an object per
+    request: this is the per-step hot path)."""
+
+    request_ids: list[str]
+    known_lengths: list[int]
+    tokens: npt.NDArray[np.int32]  # every request's new tokens, concatenated
+    offsets: list[int]  # request i's new tokens are tokens[offsets[i] : offsets[i + 1]]
+    budgets: list[int]
+    datastores: list[str]  # resolved (never empty); used only when a request starts
+    prompt_lengths: list[int]  # resolved: the whole context when the call said 0
+
+    def new_tokens(self, i: int) -> npt.NDArray[np.int32]:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One request of a Finish call, validated."""
+
+    request_id: str
+    store: bool  # FINISHED and not do_not_store
+    final_tokens: npt.NDArray[np.int32]
+
+
+@dataclass(frozen=True, slots=True)
+class DraftAnswer:
+    """The answer to a DraftCall: per request, the tokens now held and where its tree
+    is (a batch and its row), or None for RESYNC."""
+
+    request_ids: list[str]
+    lengths: list[int]
+    trees: list[tuple[DraftBatch, int] | None]
