@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from drafter_service.malloc_tuning import ENV as MALLOC_ENV
 from drafter_service.malloc_tuning import fix_mmap_threshold
 from drafter_service.service.admin_token import load_token
-from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.service.setting_values import DEFAULT_VOCAB_SIZE
+from drafter_service.service.settings import ServeConfig
 from drafter_service.serving import start_server
 from drafter_service.snapshot.array_files import DamagedDataError
 

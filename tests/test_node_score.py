@@ -28,7 +28,8 @@ from drafter_service.drafting.node_score import (
     default_node_score,
     resolve_node_score,
 )
-from drafter_service.service.open_catalog import DEFAULT_DATASTORE, open_catalog
+from drafter_service.service.open_catalog import open_catalog
+from drafter_service.service.setting_values import DEFAULT_DATASTORE
 from drafter_service.service.settings import ServeConfig
 from drafter_service.snapshot.store import load_snapshot, read_manifest
 

@@ -17,7 +17,8 @@ from drafter_service.engine.request_table import (
     StateCost,
 )
 from drafter_service.service.open_catalog import resolve_tokenizer
-from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.service.setting_values import DEFAULT_VOCAB_SIZE
+from drafter_service.service.settings import ServeConfig
 
 
 def test_defaults_need_no_configuration(tmp_path: Path) -> None:

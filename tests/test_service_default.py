@@ -16,7 +16,8 @@ from service_support import VOCAB, Subprocess
 from drafter_service.drafter_cli import main
 from drafter_service.live.live_datastore import LiveDatastore
 from drafter_service.service.open_catalog import TOKENIZER_RECORD, open_catalog, resolve_tokenizer
-from drafter_service.service.settings import DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.service.setting_values import DEFAULT_VOCAB_SIZE
+from drafter_service.service.settings import ServeConfig
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc

@@ -30,7 +30,7 @@ from drafter_service.admin.schemas import (
 )
 from drafter_service.engine.catalog import DatastoreSlot
 from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
-from drafter_service.service.settings import DATASTORE_NAME
+from drafter_service.service.setting_values import DATASTORE_NAME
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
 """Declares the scheme in the OpenAPI schema; ``bearer_auth.BearerAuth`` enforces it."""

@@ -15,16 +15,14 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -33,9 +31,16 @@ from drafter_service.engine.catalog import Catalog, DatastoreStats
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import RequestTable
 from drafter_service.live.live_datastore import LiveStats
+from drafter_service.metrics.families import (
+    PREFIX,
+    DatastoreCounts,
+    Recorded,
+    datastore_families,
+    family,
+    recorded_families,
+)
 from drafter_service.metrics.histograms import Buckets, SizeCounts
 
-PREFIX = "sssd_drafter_"
 BATCH_METHODS = ("Draft", "DraftStream")
 RPC_METHODS = ("Draft", "DraftStream", "Finish", "Ingest", "GetServiceInfo")
 RESYNC_REASONS = ("unknown", "length_mismatch")
@@ -66,32 +71,6 @@ TREE_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # le="0": empty trees
 REBUILD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-@dataclass(slots=True)
-class _DatastoreCounts:
-    requests: int  # drafted, one per request per step
-    trees: int  # non-empty trees
-    tree_nodes: SizeCounts
-    request_seconds: Buckets
-
-    def copy(self) -> _DatastoreCounts:
-        return _DatastoreCounts(
-            self.requests, self.trees, self.tree_nodes.copy(), self.request_seconds.copy()
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Recorded:
-    """A copy of the numbers recorded while serving, taken under the lock at a scrape
-    (the metric families are then built without holding it)."""
-
-    batch_seconds: dict[str, Buckets]
-    batch_requests: dict[str, Buckets]
-    datastores: dict[str, _DatastoreCounts]
-    resyncs: dict[str, int]
-    errors: dict[tuple[str, str], int]
-    rebuilds: dict[str, Buckets]
-
-
 @dataclass(frozen=True, slots=True)
 class _Sources:
     """Where scrape-time values are read from; set once the datastores are open."""
@@ -112,7 +91,7 @@ class DrafterMetrics(Collector):
         self._lock = threading.Lock()
         self._batch_seconds = {m: Buckets(BATCH_SECONDS) for m in BATCH_METHODS}
         self._batch_requests = {m: Buckets(BATCH_REQUESTS) for m in BATCH_METHODS}
-        self._datastores: dict[str, _DatastoreCounts] = {}
+        self._datastores: dict[str, DatastoreCounts] = {}
         self._resyncs = dict.fromkeys(RESYNC_REASONS, 0)
         self._errors = {(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES}
         self._rebuilds: dict[str, Buckets] = {}
@@ -175,10 +154,10 @@ class DrafterMetrics(Collector):
         with self._lock:
             self._rebuilds.setdefault(datastore, Buckets(REBUILD_SECONDS)).add(seconds)
 
-    def _datastore(self, name: str) -> _DatastoreCounts:  # with the lock held
+    def _datastore(self, name: str) -> DatastoreCounts:  # with the lock held
         counts = self._datastores.get(name)
         if counts is None:
-            counts = _DatastoreCounts(0, 0, SizeCounts(TREE_NODES), Buckets(REQUEST_SECONDS))
+            counts = DatastoreCounts(0, 0, SizeCounts(TREE_NODES), Buckets(REQUEST_SECONDS))
             self._datastores[name] = counts
         return counts
 
@@ -186,7 +165,7 @@ class DrafterMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            recorded = _Recorded(
+            recorded = Recorded(
                 {method: b.copy() for method, b in self._batch_seconds.items()},
                 {method: b.copy() for method, b in self._batch_requests.items()},
                 {name: c.copy() for name, c in self._datastores.items()},
@@ -194,7 +173,7 @@ class DrafterMetrics(Collector):
                 dict(self._errors),
                 {name: b.copy() for name, b in self._rebuilds.items()},
             )
-        yield from _recorded_families(recorded)
+        yield from recorded_families(recorded)
         yield from self._state()
 
     def _state(self) -> Iterator[Metric]:
@@ -238,7 +217,7 @@ class DrafterMetrics(Collector):
         yield active
         yield state_bytes
         yield budget
-        yield _family(
+        yield family(
             CounterMetricFamily,
             "request_states_evicted",
             "Request states dropped before their request finished, by the bound that "
@@ -247,7 +226,7 @@ class DrafterMetrics(Collector):
             evicted,
         )
         yield depth
-        yield _family(
+        yield family(
             CounterMetricFamily,
             "ingest_dropped",
             "Finished generations not ingested.",
@@ -255,154 +234,6 @@ class DrafterMetrics(Collector):
             dropped,
         )
         yield info
-        yield from _datastore_families(stores, self._started_unix)
+        yield from datastore_families(stores, self._started_unix)
 
 
-def _recorded_families(r: _Recorded) -> Iterator[Metric]:
-    stores = r.datastores
-    yield _histogram(
-        "batch_duration_seconds",
-        "One decode step's batch in the server: request received to response ready.",
-        "method",
-        r.batch_seconds,
-    )
-    yield _histogram("batch_requests", "Requests per batch.", "method", r.batch_requests)
-    yield _histogram(
-        "request_duration_seconds",
-        "Drafting time per request (the native batch job's time divided by its requests).",
-        "datastore",
-        {name: c.request_seconds for name, c in stores.items()},
-    )
-    yield _by_datastore(
-        CounterMetricFamily,
-        "requests",
-        "Requests drafted (one per request per step).",
-        stores,
-        "requests",
-    )
-    yield _by_datastore(CounterMetricFamily, "trees", "Non-empty trees served.", stores, "trees")
-    yield _histogram(
-        "tree_nodes",
-        "Draft nodes per tree served (empty trees included).",
-        "datastore",
-        {name: c.tree_nodes for name, c in stores.items()},
-    )
-    yield _family(CounterMetricFamily, "resyncs", "RESYNC answers.", "reason", r.resyncs)
-    errors = CounterMetricFamily(
-        PREFIX + "rpc_errors", "Calls that failed.", labels=["method", "code"]
-    )
-    for (method, code), value in r.errors.items():
-        errors.add_metric([method, code], value)
-    yield errors
-    yield _by_datastore(
-        CounterMetricFamily, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count"
-    )
-    yield _histogram(
-        "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
-    )
-
-
-_FamilyKind = type[CounterMetricFamily] | type[GaugeMetricFamily]
-
-# Per-datastore state read at a scrape: (kind, name, help, attribute of the stats).
-_DATASTORE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (GaugeMetricFamily, "datastore_tokens", "Tokens indexed.", "num_tokens"),
-    (
-        GaugeMetricFamily,
-        "datastore_resident_bytes",
-        "Bytes of the datastore's arrays (accounted).",
-        "resident_bytes",
-    ),
-    (GaugeMetricFamily, "datastore_sub_indices", "Sub-indices.", "sub_indices"),
-)
-_LIVE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (CounterMetricFamily, "ingested_tokens", "Tokens ingested (durable).", "ingested_tokens"),
-    (CounterMetricFamily, "ingested_sequences", "Sequences ingested.", "ingested_sequences"),
-    (
-        GaugeMetricFamily,
-        "wal_bytes",
-        "Ingest-log bytes not yet covered by a snapshot.",
-        "wal_bytes",
-    ),
-)
-
-
-_SHARED_LOG_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (
-        CounterMetricFamily,
-        "shared_log_skipped_entries",
-        "Shared-log entries no replica can store (another format, bad checksum or ids).",
-        "stream_skipped",
-    ),
-    (
-        CounterMetricFamily,
-        "shared_log_errors",
-        "Failed reads of the shared log server or writes of taken entries (retried).",
-        "stream_errors",
-    ),
-    (
-        CounterMetricFamily,
-        "shared_log_lost",
-        "Times shared-log entries were found trimmed by retention before they were taken.",
-        "stream_lost",
-    ),
-    (
-        GaugeMetricFamily,
-        "shared_log_delay_seconds",
-        "Seconds from the newest taken entry's append (log server clock) to its being taken.",
-        "stream_delay_s",
-    ),
-)
-
-
-def _datastore_families(
-    stores: dict[str, LiveStats | DatastoreStats], started_unix: float
-) -> Iterator[Metric]:
-    """Per-datastore state; the ingest, snapshot and log series exist for live ones."""
-    live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
-    for kind, name, documentation, attribute in _DATASTORE_STATE:
-        yield _by_datastore(kind, name, documentation, stores, attribute)
-    for kind, name, documentation, attribute in _LIVE_STATE:
-        yield _by_datastore(kind, name, documentation, live, attribute)
-    shared = {name: s for name, s in live.items() if s.shared_log}
-    for kind, name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
-        yield _by_datastore(kind, name, documentation, shared, attribute)
-    now = time.time()
-    yield _family(
-        GaugeMetricFamily,
-        "snapshot_age_seconds",
-        "Seconds since the newest snapshot was written (since start when none).",
-        "datastore",
-        {
-            n: now - (started_unix if s.last_snapshot_unix is None else s.last_snapshot_unix)
-            for n, s in live.items()
-        },
-    )
-
-
-def _histogram(
-    name: str, documentation: str, label: str, series: Mapping[str, Buckets | SizeCounts]
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(PREFIX + name, documentation, labels=[label])
-    for value, buckets in series.items():
-        cumulative, total = buckets.sample()
-        family.add_metric([value], cumulative, total)
-    return family
-
-
-def _family(
-    kind: _FamilyKind, name: str, documentation: str, label: str, series: Mapping[str, float]
-) -> Metric:
-    """A counter or gauge family with one series per ``label`` value."""
-    family = kind(PREFIX + name, documentation, labels=[label])
-    for value, number in series.items():
-        family.add_metric([value], number)
-    return family
-
-
-def _by_datastore(
-    kind: _FamilyKind, name: str, documentation: str, stats: Mapping[str, Any], attribute: str
-) -> Metric:
-    """A family with one series per datastore: ``attribute`` of that datastore's ``stats``."""
-    series = {datastore: getattr(s, attribute) for datastore, s in stats.items()}
-    return _family(kind, name, documentation, "datastore", series)

@@ -35,7 +35,8 @@ from drafter_service.engine.request_table import RequestTable, StateCost
 from drafter_service.metrics.drafter_metrics import DrafterMetrics
 from drafter_service.metrics.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
 from drafter_service.service.open_catalog import open_catalog
-from drafter_service.service.settings import DEFAULT_DATASTORE, ServeConfig
+from drafter_service.service.setting_values import DEFAULT_DATASTORE
+from drafter_service.service.settings import ServeConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
 from drafter_service.live.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
 from drafter_service.service.admin_token import load_token
-from drafter_service.service.settings import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE, ServeConfig
+from drafter_service.service.setting_values import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE
+from drafter_service.service.settings import ServeConfig
 from drafter_service.snapshot.array_files import fsync_dir, write_file
 from drafter_service.snapshot.store import (
     SnapshotInfo,

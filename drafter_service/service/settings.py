@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
     BeforeValidator,
     Field,
     ValidationError,
-    ValidationInfo,
     model_validator,
 )
 from pydantic_settings import (
@@ -49,6 +46,25 @@ from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_sc
 from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.live.thread_priority import MAX_NICE
+from drafter_service.service.setting_values import (
+    DEFAULT_VOCAB_SIZE,
+    AtLeastOne,
+    Bool,
+    Host,
+    OptionalPort,
+    Pairs,
+    Port,
+    PositiveSeconds,
+    Seconds,
+    bounds,
+    check_live_store,
+    check_log_level,
+    cpu_count,
+    none_text,
+    pairs,
+    unique_datastore_names,
+    urls,
+)
 from drafter_service.service.settings_layers import (
     CONFIG_FILE_ENV,
     ENV_PREFIX,
@@ -58,138 +74,6 @@ from drafter_service.service.settings_layers import (
     flag_name,
 )
 
-DATASTORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-DEFAULT_DATASTORE = "default"
-DEFAULT_VOCAB_SIZE = 128256
-"""The embedded default vocabulary: Llama 3's 128256 token ids. ``drafter serve`` uses it
-when no --vocab-size, --tokenizer, --snapshot or existing data directory gives one."""
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-# --- how text becomes a value (flags and variables are text; a file or Python give values)
-
-
-def _bounds(low: float, high: float | None = None, *, low_open: bool = False) -> AfterValidator:
-    """A number within [low, high] (above low with ``low_open``), checked once parsed so that
-    the message shows the number: ``ServeConfig.port = 70000 is out of range [0, 65535]``."""
-    if high is not None:
-        shown = f"{'(' if low_open else '['}{low}, {high}]"
-    else:
-        shown = f"({'>' if low_open else '>='} {low})"
-
-    def check(value: float, info: ValidationInfo) -> float:
-        above = value > low if low_open else value >= low
-        if not (above and (high is None or value <= high)):
-            raise ValueError(f"ServeConfig.{info.field_name} = {value!r} is out of range {shown}")
-        return value
-
-    return AfterValidator(check)
-
-
-def _bool_text(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value  # a file's true/false, or Python's
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean (true/false)")
-
-
-def _none_text(value: Any) -> Any:
-    """``""`` or ``none`` (any case) is None, for the settings whose default is None."""
-    return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
-
-
-def _pairs(form: str) -> BeforeValidator:
-    """``A=B`` pairs from a variable's ``A=B[,A=B...]``, the repeated flag's list of ``A=B``,
-    a file's table ``{A = B}`` or Python's tuple of pairs; a pair needs both sides."""
-
-    def parse(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return tuple((key, str(item)) for key, item in value.items())
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
-            return value  # not pairs: the type check says so
-        pairs = []
-        for item in items:
-            if not isinstance(item, str):
-                pairs.append(item)
-                continue
-            if not item.strip():
-                continue
-            key, sep, text = item.partition("=")
-            if not sep or not key.strip() or not text.strip():
-                raise ValueError(f"{item.strip()!r} is not {form}")
-            pairs.append((key.strip(), text.strip()))
-        return tuple(pairs)
-
-    return BeforeValidator(parse)
-
-
-def _urls(value: Any) -> Any:
-    """Peer URLs from ``A,B`` text or a list; each ``http[s]://host:port``."""
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        return value  # the type check says so
-    urls = []
-    for item in items:
-        text = str(item).strip().rstrip("/")
-        if not text:
-            continue
-        parts = urlsplit(text)
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-            raise ValueError(f"{text!r} is not an admin API URL http[s]://host:port")
-        urls.append(text)
-    return tuple(urls)
-
-
-def _log_level(value: str) -> str:
-    if value.upper() not in LOG_LEVELS:
-        raise ValueError(f"ServeConfig.log_level = {value!r} is out of range {LOG_LEVELS}")
-    return value
-
-
-def _live_store(value: Any) -> Any:
-    LivePolicy(store=value)  # LivePolicy owns what may be stored, and says so when it is not
-    return value
-
-
-def _unique_datastore_names(pairs: tuple[tuple[str, Path], ...]) -> tuple[tuple[str, Path], ...]:
-    seen = {DEFAULT_DATASTORE}
-    for name, _ in pairs:
-        if not DATASTORE_NAME.fullmatch(name) or name in seen:
-            raise ValueError(
-                f"ServeConfig.datastores: name {name!r} is invalid, reserved or repeated "
-                f"(expected {DATASTORE_NAME.pattern}, not {DEFAULT_DATASTORE!r})"
-            )
-        seen.add(name)
-    return pairs
-
-
-def _cpu_count() -> int:
-    """CPUs this process may run on (its affinity set, e.g. under taskset or a cgroup
-    cpuset), not the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no affinity API (not Linux)
-        return os.cpu_count() or 1
-
-
-_Bool = Annotated[bool, BeforeValidator(_bool_text)]
-_Host = Annotated[str, Field(min_length=1)]
-_Port = Annotated[int, _bounds(0, 65535)]
-_OptionalPort = Annotated[int, _bounds(-1, 65535)]  # -1: that endpoint is off
-_AtLeastOne = Annotated[int, _bounds(1)]
-_Seconds = Annotated[float, _bounds(0)]
-_PositiveSeconds = Annotated[float, _bounds(0, low_open=True)]
-_Pairs = tuple[tuple[str, str], ...]
-
 
 class ServeConfig(BaseSettings):
     """Everything ``drafter serve`` needs; the defaults run an empty live datastore in
@@ -197,15 +81,15 @@ class ServeConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
-    host: _Host = Field("127.0.0.1", description="address to listen on")
-    port: _Port = Field(50051, description="port to listen on (0 = pick a free port)")
+    host: Host = Field("127.0.0.1", description="address to listen on")
+    port: Port = Field(50051, description="port to listen on (0 = pick a free port)")
     data_dir: Path = Field(Path("drafter-data"), description="live datastore directory")
     snapshot: Path | None = Field(
         None, description="snapshot that seeds the live datastore when data_dir has none yet"
     )
     tokenizer: Path | None = Field(None, description="tokenizer.json giving the tokenizer identity")
     tokenizer_name: str | None = Field(None, description="tokenizer label (default: from the file)")
-    vocab_size: Annotated[int, _bounds(1, 2**30)] | None = Field(
+    vocab_size: Annotated[int, bounds(1, 2**30)] | None = Field(
         None,
         description="vocabulary size (default: from --tokenizer, the seed snapshot or the data "
         f"directory, else {DEFAULT_VOCAB_SIZE}, the Llama-3 vocabulary)",
@@ -215,10 +99,10 @@ class ServeConfig(BaseSettings):
     datastores: Annotated[
         tuple[tuple[str, Path], ...],
         NoDecode,
-        _pairs("NAME=DIR"),
-        AfterValidator(_unique_datastore_names),
+        pairs("NAME=DIR"),
+        AfterValidator(unique_datastore_names),
     ] = Field((), description="extra read-only datastore NAME=DIR (a snapshot); repeatable")
-    draft_config: Annotated[_Pairs, NoDecode, _pairs("KEY=VALUE")] = Field(
+    draft_config: Annotated[Pairs, NoDecode, pairs("KEY=VALUE")] = Field(
         (),
         description="drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
         "datastore_smoothing=1; repeatable",
@@ -229,33 +113,33 @@ class ServeConfig(BaseSettings):
         "--snapshot (datastore-builder train-score), else the one shipped with the package; "
         "hand = the hand-set SSSD fusion; or a node score JSON file",
     )
-    draft_threads: Annotated[int, _bounds(1, 1024)] = Field(
-        default_factory=_cpu_count,
+    draft_threads: Annotated[int, bounds(1, 1024)] = Field(
+        default_factory=cpu_count,
         description="native drafting threads per datastore (default: CPUs)",
     )
-    max_requests_per_call: Annotated[int, _bounds(1, 2**32 - 1)] = Field(
+    max_requests_per_call: Annotated[int, bounds(1, 2**32 - 1)] = Field(
         1024, description="requests per Draft/Finish/Ingest call"
     )
-    max_tokens_per_request: Annotated[int, _bounds(1, 2**32 - 1)] = Field(
+    max_tokens_per_request: Annotated[int, bounds(1, 2**32 - 1)] = Field(
         1_048_576, description="tokens one request may hold"
     )
-    max_budget: Annotated[int, _bounds(1, 2**31 - 1)] = Field(
+    max_budget: Annotated[int, bounds(1, 2**31 - 1)] = Field(
         256, description="largest draft budget (tree nodes)"
     )
-    max_message_bytes: Annotated[int, _bounds(1024, 2**31 - 1)] = Field(
+    max_message_bytes: Annotated[int, bounds(1024, 2**31 - 1)] = Field(
         64 << 20, description="largest gRPC message, in bytes"
     )
-    inline_max_work: Annotated[int, _bounds(0)] = Field(
+    inline_max_work: Annotated[int, bounds(0)] = Field(
         256,
         description="a call's native work runs on the event loop thread, skipping two thread "
         "hand-offs, when nothing else is queued and it weighs at most this many drafted "
         "requests (each request 1, plus 1 per 64 nodes of budget, per 8 tokens added and "
         "per 8 requests stopped; ~12 µs each on 2 cores; 0 = always hand off)",
     )
-    max_inflight_calls: _AtLeastOne = Field(
+    max_inflight_calls: AtLeastOne = Field(
         64, description="calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED"
     )
-    max_concurrent_rpcs: Annotated[int, _bounds(0)] = Field(
+    max_concurrent_rpcs: Annotated[int, bounds(0)] = Field(
         0,
         description="RPCs open at once, open streams included (each counts while it is "
         "open); beyond, calls wait in gRPC's core (bounded by max_pending_rpcs) and are "
@@ -266,7 +150,7 @@ class ServeConfig(BaseSettings):
         "ones, which the service already refuses unread, 0.80 against 0.84, within run-to-"
         "run noise (docs/benchmarks.md, Goodput under overload)",
     )
-    max_pending_rpcs: Annotated[int, _bounds(0)] = Field(
+    max_pending_rpcs: Annotated[int, bounds(0)] = Field(
         128,
         description="calls gRPC has received that the service has not yet taken up (its "
         "event loop busy under a flood, or past max_concurrent_rpcs); beyond, gRPC's core "
@@ -277,7 +161,7 @@ class ServeConfig(BaseSettings):
         "0.15 of capacity was left; docs/benchmarks.md, Goodput under overload). 0 = "
         "gRPC's own (1,000 / 3,000)",
     )
-    max_queue_ms: _PositiveSeconds = Field(
+    max_queue_ms: PositiveSeconds = Field(
         250.0,
         description="drafting work queued ahead of a Draft call, at most (estimated from "
         "what it weighs at the measured speed); beyond: RESOURCE_EXHAUSTED, decided before "
@@ -286,38 +170,38 @@ class ServeConfig(BaseSettings):
         "turn is skipped. It bounds how long the service takes to answer again once a "
         "flood stops (0.24 s at 250, 0.78 s at 1000, at 10x overload)",
     )
-    request_ttl_s: _PositiveSeconds = Field(
+    request_ttl_s: PositiveSeconds = Field(
         600.0, description="request state idle this long is dropped"
     )
-    max_request_states: _AtLeastOne = Field(
+    max_request_states: AtLeastOne = Field(
         100_000, description="request states kept (least recent dropped)"
     )
-    max_request_state_bytes: Annotated[int, _bounds(1 << 20)] = Field(
+    max_request_state_bytes: Annotated[int, bounds(1 << 20)] = Field(
         4 << 30,
         description="memory request states may hold, as the drafter measures them (input "
         "trie and tokens: 12-640 bytes a context token, by how much it repeats; least "
         "recently used dropped; a call that alone may need more, at up to 1,288 bytes a "
         "new token before it is measured: RESOURCE_EXHAUSTED)",
     )
-    grace_period_s: _Seconds = Field(5.0, description="shutdown grace for in-flight calls")
-    ingest_queue_size: _AtLeastOne = Field(
+    grace_period_s: Seconds = Field(5.0, description="shutdown grace for in-flight calls")
+    ingest_queue_size: AtLeastOne = Field(
         1024, description="finished generations waiting to be stored"
     )
-    background_nice: Annotated[int, _bounds(0, MAX_NICE)] = Field(
+    background_nice: Annotated[int, bounds(0, MAX_NICE)] = Field(
         0,
         description="nice value of the threads that store generations, rebuild, snapshot "
         "and follow the shared log (Linux): 19 lets drafting run first where the drafter "
         "has its cores or its container to itself; on a machine shared with other busy "
         "processes it starves them (0 = as drafting)",
     )
-    keepalive_time_s: _PositiveSeconds = Field(
+    keepalive_time_s: PositiveSeconds = Field(
         30.0, description="interval of server keepalive pings"
     )
-    keepalive_timeout_s: _PositiveSeconds = Field(10.0, description="wait for a keepalive ack")
-    keepalive_min_ping_interval_s: _Seconds = Field(
+    keepalive_timeout_s: PositiveSeconds = Field(10.0, description="wait for a keepalive ack")
+    keepalive_min_ping_interval_s: Seconds = Field(
         5.0, description="shortest client ping interval"
     )
-    keepalive_permit_without_calls: _Bool = Field(True, description="pings allowed with no call")
+    keepalive_permit_without_calls: Bool = Field(True, description="pings allowed with no call")
     # The live datastore's policy: LivePolicy checks these (see live_policy).
     rebuild_min_tokens: int = Field(1_000_000, description="live: rebuild once this many wait")
     rebuild_interval_s: float = Field(60.0, description="live: or this often with any waiting")
@@ -330,39 +214,39 @@ class ServeConfig(BaseSettings):
     keep_snapshots: int = Field(2, description="live: complete snapshots kept")
     max_sub_indices: int = Field(8, description="live: sub-indices kept (oldest dropped)")
     max_sub_index_tokens: int = Field(512_000_000, description="live: positions per sub-index")
-    max_resident_bytes: Annotated[int | None, BeforeValidator(_none_text)] = Field(
+    max_resident_bytes: Annotated[int | None, BeforeValidator(none_text)] = Field(
         None, description="live: datastore memory bound in bytes"
     )
-    store: Annotated[Literal["output", "prompt+output"], BeforeValidator(_live_store)] = Field(
+    store: Annotated[Literal["output", "prompt+output"], BeforeValidator(check_live_store)] = Field(
         "output", description="live: what a finished generation stores (output|prompt+output)"
     )
     prompt_context_tokens: int = Field(3, description="live: prompt tokens kept before an output")
-    finish_durable: _Bool = Field(
+    finish_durable: Bool = Field(
         False,
         description="every Finish answers only once the generations it stores are in the "
         "ingest log (fsynced; FinishResponse.durable counts them), as a client can ask per "
         "call with wait_durable; without either, a Finish acknowledges queued generations",
     )
-    salvage: _Bool = Field(
+    salvage: Bool = Field(
         False,
         description="start despite damaged data (a corrupt ingest log record, an unreadable "
         "newest snapshot): keep what is readable, move the damaged files into "
         "DATA_DIR/damaged (never deleted); without it such damage refuses to start, naming "
         "what would be lost",
     )
-    log_level: Annotated[str, AfterValidator(_log_level)] = Field(
+    log_level: Annotated[str, AfterValidator(check_log_level)] = Field(
         "INFO", description="logging level"
     )
-    metrics_port: _OptionalPort = Field(
+    metrics_port: OptionalPort = Field(
         9400, description="Prometheus /metrics port (0 = pick a free port, -1 = disabled)"
     )
-    metrics_host: Annotated[_Host | None, BeforeValidator(_none_text)] = Field(
+    metrics_host: Annotated[Host | None, BeforeValidator(none_text)] = Field(
         None, description="Prometheus /metrics address (default: --host)"
     )
-    admin_port: _OptionalPort = Field(
+    admin_port: OptionalPort = Field(
         8400, description="REST admin API port (0 = pick a free port, -1 = disabled)"
     )
-    admin_host: _Host = Field("127.0.0.1", description="REST admin API address")
+    admin_host: Host = Field("127.0.0.1", description="REST admin API address")
     admin_token_file: Path | None = Field(
         None,
         description="file holding the admin bearer token (else env DRAFTER_ADMIN_TOKEN; "
@@ -387,7 +271,7 @@ class ServeConfig(BaseSettings):
         None, description="directory whose corpus files the admin API may add (unset: none)"
     )
     # Scale-out (docs/scale-out.md): replicas that learn as one.
-    shared_log: Annotated[str | None, BeforeValidator(_none_text)] = Field(
+    shared_log: Annotated[str | None, BeforeValidator(none_text)] = Field(
         None,
         description="redis:// or rediss:// URL of the shared ingest stream: every replica "
         "appends the generations it stores and takes every replica's (unset: this replica "
@@ -399,10 +283,10 @@ class ServeConfig(BaseSettings):
     shared_log_prefix: str = Field(
         "sssd-drafter", description="shared log key prefix (datastore NAME's stream: PREFIX:NAME)"
     )
-    shared_log_retention: Annotated[int, _bounds(0)] = Field(
+    shared_log_retention: Annotated[int, bounds(0)] = Field(
         1_000_000, description="shared log entries kept per stream, about (0 = all)"
     )
-    bootstrap_peers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)] = Field(
+    bootstrap_peers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(urls)] = Field(
         (),
         description="admin API URLs of peers (http[s]://host:port, comma-separated; a host "
         "naming several addresses counts as each): with no snapshot of its own, the live "

@@ -1,0 +1,199 @@
+"""The metric families of a scrape, built from a copy of what the serving path recorded
+(``Recorded``) and from the datastores' state (``datastore_families``), without holding
+the collector's lock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from drafter_service.engine.catalog import DatastoreStats
+from drafter_service.live.live_datastore import LiveStats
+from drafter_service.metrics.histograms import Buckets, SizeCounts
+
+PREFIX = "sssd_drafter_"
+
+
+@dataclass(slots=True)
+class DatastoreCounts:
+    requests: int  # drafted, one per request per step
+    trees: int  # non-empty trees
+    tree_nodes: SizeCounts
+    request_seconds: Buckets
+
+    def copy(self) -> DatastoreCounts:
+        return DatastoreCounts(
+            self.requests, self.trees, self.tree_nodes.copy(), self.request_seconds.copy()
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A copy of the numbers recorded while serving, taken under the lock at a scrape
+    (the metric families are then built without holding it)."""
+
+    batch_seconds: dict[str, Buckets]
+    batch_requests: dict[str, Buckets]
+    datastores: dict[str, DatastoreCounts]
+    resyncs: dict[str, int]
+    errors: dict[tuple[str, str], int]
+    rebuilds: dict[str, Buckets]
+
+
+def recorded_families(r: Recorded) -> Iterator[Metric]:
+    stores = r.datastores
+    yield histogram(
+        "batch_duration_seconds",
+        "One decode step's batch in the server: request received to response ready.",
+        "method",
+        r.batch_seconds,
+    )
+    yield histogram("batch_requests", "Requests per batch.", "method", r.batch_requests)
+    yield histogram(
+        "request_duration_seconds",
+        "Drafting time per request (the native batch job's time divided by its requests).",
+        "datastore",
+        {name: c.request_seconds for name, c in stores.items()},
+    )
+    yield by_datastore(
+        CounterMetricFamily,
+        "requests",
+        "Requests drafted (one per request per step).",
+        stores,
+        "requests",
+    )
+    yield by_datastore(CounterMetricFamily, "trees", "Non-empty trees served.", stores, "trees")
+    yield histogram(
+        "tree_nodes",
+        "Draft nodes per tree served (empty trees included).",
+        "datastore",
+        {name: c.tree_nodes for name, c in stores.items()},
+    )
+    yield family(CounterMetricFamily, "resyncs", "RESYNC answers.", "reason", r.resyncs)
+    errors = CounterMetricFamily(
+        PREFIX + "rpc_errors", "Calls that failed.", labels=["method", "code"]
+    )
+    for (method, code), value in r.errors.items():
+        errors.add_metric([method, code], value)
+    yield errors
+    yield by_datastore(
+        CounterMetricFamily, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count"
+    )
+    yield histogram(
+        "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
+    )
+
+
+_FamilyKind = type[CounterMetricFamily] | type[GaugeMetricFamily]
+
+# Per-datastore state read at a scrape: (kind, name, help, attribute of the stats).
+_DATASTORE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (GaugeMetricFamily, "datastore_tokens", "Tokens indexed.", "num_tokens"),
+    (
+        GaugeMetricFamily,
+        "datastore_resident_bytes",
+        "Bytes of the datastore's arrays (accounted).",
+        "resident_bytes",
+    ),
+    (GaugeMetricFamily, "datastore_sub_indices", "Sub-indices.", "sub_indices"),
+)
+_LIVE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (CounterMetricFamily, "ingested_tokens", "Tokens ingested (durable).", "ingested_tokens"),
+    (CounterMetricFamily, "ingested_sequences", "Sequences ingested.", "ingested_sequences"),
+    (
+        GaugeMetricFamily,
+        "wal_bytes",
+        "Ingest-log bytes not yet covered by a snapshot.",
+        "wal_bytes",
+    ),
+)
+
+
+_SHARED_LOG_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
+    (
+        CounterMetricFamily,
+        "shared_log_skipped_entries",
+        "Shared-log entries no replica can store (another format, bad checksum or ids).",
+        "stream_skipped",
+    ),
+    (
+        CounterMetricFamily,
+        "shared_log_errors",
+        "Failed reads of the shared log server or writes of taken entries (retried).",
+        "stream_errors",
+    ),
+    (
+        CounterMetricFamily,
+        "shared_log_lost",
+        "Times shared-log entries were found trimmed by retention before they were taken.",
+        "stream_lost",
+    ),
+    (
+        GaugeMetricFamily,
+        "shared_log_delay_seconds",
+        "Seconds from the newest taken entry's append (log server clock) to its being taken.",
+        "stream_delay_s",
+    ),
+)
+
+
+def datastore_families(
+    stores: dict[str, LiveStats | DatastoreStats], started_unix: float
+) -> Iterator[Metric]:
+    """Per-datastore state; the ingest, snapshot and log series exist for live ones."""
+    live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
+    for kind, name, documentation, attribute in _DATASTORE_STATE:
+        yield by_datastore(kind, name, documentation, stores, attribute)
+    for kind, name, documentation, attribute in _LIVE_STATE:
+        yield by_datastore(kind, name, documentation, live, attribute)
+    shared = {name: s for name, s in live.items() if s.shared_log}
+    for kind, name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
+        yield by_datastore(kind, name, documentation, shared, attribute)
+    now = time.time()
+    yield family(
+        GaugeMetricFamily,
+        "snapshot_age_seconds",
+        "Seconds since the newest snapshot was written (since start when none).",
+        "datastore",
+        {
+            n: now - (started_unix if s.last_snapshot_unix is None else s.last_snapshot_unix)
+            for n, s in live.items()
+        },
+    )
+
+
+def histogram(
+    name: str, documentation: str, label: str, series: Mapping[str, Buckets | SizeCounts]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(PREFIX + name, documentation, labels=[label])
+    for value, buckets in series.items():
+        cumulative, total = buckets.sample()
+        family.add_metric([value], cumulative, total)
+    return family
+
+
+def family(
+    kind: _FamilyKind, name: str, documentation: str, label: str, series: Mapping[str, float]
+) -> Metric:
+    """A counter or gauge family with one series per ``label`` value."""
+    family = kind(PREFIX + name, documentation, labels=[label])
+    for value, number in series.items():
+        family.add_metric([value], number)
+    return family
+
+
+def by_datastore(
+    kind: _FamilyKind, name: str, documentation: str, stats: Mapping[str, Any], attribute: str
+) -> Metric:
+    """A family with one series per datastore: ``attribute`` of that datastore's ``stats``."""
+    series = {datastore: getattr(s, attribute) for datastore, s in stats.items()}
+    return family(kind, name, documentation, "datastore", series)

@@ -1,0 +1,146 @@
+"""How the text of a ``drafter serve`` flag or ``DRAFTER_*`` variable becomes a setting's
+value (a settings file or Python give values), and the value types ``ServeConfig``'s
+fields are declared with; each check's message names the setting and the value."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
+
+from drafter_service.live.live_datastore import LivePolicy
+
+DATASTORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+DEFAULT_DATASTORE = "default"
+DEFAULT_VOCAB_SIZE = 128256
+"""The embedded default vocabulary: Llama 3's 128256 token ids. ``drafter serve`` uses it
+when no --vocab-size, --tokenizer, --snapshot or existing data directory gives one."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+
+def bounds(low: float, high: float | None = None, *, low_open: bool = False) -> AfterValidator:
+    """A number within [low, high] (above low with ``low_open``), checked once parsed so that
+    the message shows the number: ``ServeConfig.port = 70000 is out of range [0, 65535]``."""
+    if high is not None:
+        shown = f"{'(' if low_open else '['}{low}, {high}]"
+    else:
+        shown = f"({'>' if low_open else '>='} {low})"
+
+    def check(value: float, info: ValidationInfo) -> float:
+        above = value > low if low_open else value >= low
+        if not (above and (high is None or value <= high)):
+            raise ValueError(f"ServeConfig.{info.field_name} = {value!r} is out of range {shown}")
+        return value
+
+    return AfterValidator(check)
+
+
+def bool_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value  # a file's true/false, or Python's
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true/false)")
+
+
+def none_text(value: Any) -> Any:
+    """``""`` or ``none`` (any case) is None, for the settings whose default is None."""
+    return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
+
+
+def pairs(form: str) -> BeforeValidator:
+    """``A=B`` pairs from a variable's ``A=B[,A=B...]``, the repeated flag's list of ``A=B``,
+    a file's table ``{A = B}`` or Python's tuple of pairs; a pair needs both sides."""
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return tuple((key, str(item)) for key, item in value.items())
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value  # not pairs: the type check says so
+        pairs = []
+        for item in items:
+            if not isinstance(item, str):
+                pairs.append(item)
+                continue
+            if not item.strip():
+                continue
+            key, sep, text = item.partition("=")
+            if not sep or not key.strip() or not text.strip():
+                raise ValueError(f"{item.strip()!r} is not {form}")
+            pairs.append((key.strip(), text.strip()))
+        return tuple(pairs)
+
+    return BeforeValidator(parse)
+
+
+def urls(value: Any) -> Any:
+    """Peer URLs from ``A,B`` text or a list; each ``http[s]://host:port``."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value  # the type check says so
+    urls = []
+    for item in items:
+        text = str(item).strip().rstrip("/")
+        if not text:
+            continue
+        parts = urlsplit(text)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ValueError(f"{text!r} is not an admin API URL http[s]://host:port")
+        urls.append(text)
+    return tuple(urls)
+
+
+def check_log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise ValueError(f"ServeConfig.log_level = {value!r} is out of range {LOG_LEVELS}")
+    return value
+
+
+def check_live_store(value: Any) -> Any:
+    LivePolicy(store=value)  # LivePolicy owns what may be stored, and says so when it is not
+    return value
+
+
+def unique_datastore_names(pairs: tuple[tuple[str, Path], ...]) -> tuple[tuple[str, Path], ...]:
+    seen = {DEFAULT_DATASTORE}
+    for name, _ in pairs:
+        if not DATASTORE_NAME.fullmatch(name) or name in seen:
+            raise ValueError(
+                f"ServeConfig.datastores: name {name!r} is invalid, reserved or repeated "
+                f"(expected {DATASTORE_NAME.pattern}, not {DEFAULT_DATASTORE!r})"
+            )
+        seen.add(name)
+    return pairs
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity set, e.g. under taskset or a cgroup
+    cpuset), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity API (not Linux)
+        return os.cpu_count() or 1
+
+
+Bool = Annotated[bool, BeforeValidator(bool_text)]
+Host = Annotated[str, Field(min_length=1)]
+Port = Annotated[int, bounds(0, 65535)]
+OptionalPort = Annotated[int, bounds(-1, 65535)]  # -1: that endpoint is off
+AtLeastOne = Annotated[int, bounds(1)]
+Seconds = Annotated[float, bounds(0)]
+PositiveSeconds = Annotated[float, bounds(0, low_open=True)]
+Pairs = tuple[tuple[str, str], ...]
