@@ -146,6 +146,15 @@ def test_draft_batch_flat_form_equals_speculate() -> None:
     assert len(got.tree(1)) == 0
 
 
+def test_a_request_twice_in_one_batch_is_refused_by_name_and_changes_nothing() -> None:
+    drafter = Drafter(4)
+    drafter.start("a", [0, 1, 2])
+    drafter.start("b", [3])
+    with pytest.raises(ValueError, match="request 'a' appears twice in one batch"):
+        drafter.speculate(["a", "b", "a"], [[1], [2], [3]], 4)
+    assert drafter.num_tokens("a") == 3 and drafter.num_tokens("b") == 1
+
+
 def test_set_datastore_swaps_the_source() -> None:
     config = DraftConfig(max_budget=8)
     drafter = Drafter(6, config)

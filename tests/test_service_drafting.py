@@ -265,6 +265,48 @@ def test_named_datastore_is_read_only_and_fixed_per_request(
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "'code'" in err.details()
 
 
+def test_a_call_over_two_datastores_with_restarts_drafts_each_from_its_own_context(
+    loop_thread: LoopThread, tmp_path: Path, snapshot_dir: Path
+) -> None:
+    """The engine hands a call's token columns to the native call as they are only when
+    every request appends to one datastore; a call that interleaves datastores, starts
+    and appends gathers each datastore's rows. Every tree is the full context's."""
+    phrases, _ = phrases_corpus(0)
+    rng = np.random.default_rng(7)
+    contexts = {
+        rid: np.concatenate([phrases[j] for j in rng.integers(0, 12, size=10)])
+        for rid in ("a", "b", "c", "d", "e")
+    }
+    names = {"a": "code", "b": "default", "c": "code", "d": "default", "e": "code"}
+    stores = {"code": load_snapshot(snapshot_dir)[0], "default": None}
+    held = dict.fromkeys(contexts, 0)
+    cfg = config(tmp_path / "data", snapshot=snapshot_dir, datastores=(("code", snapshot_dir),))
+    with serving(loop_thread, cfg) as s:
+        checked = 0
+        for step in range(8):
+            deltas = []
+            for rid, ctx in contexts.items():
+                restart = held[rid] == 0 or (step == 4 and rid in ("b", "c"))
+                k = 6 if restart else int(rng.integers(0, 3))
+                start = 0 if restart else held[rid]
+                end = (held[rid] if restart else start) + k
+                deltas.append(delta(rid, ctx[start:end], known_length=start, budget=16,
+                                    datastore=names[rid]))  # fmt: skip
+                held[rid] = end
+            response = s.draft(*deltas, step=step)
+            for draft, rid in zip(response.drafts, contexts, strict=True):
+                assert draft.status == OK and draft.length == held[rid], (step, rid)
+                store = stores[names[rid]]
+                if store is None:  # the live default: seeded from the same snapshot
+                    store = stores["code"]
+                local = Drafter(VOCAB, SHIPPED, datastore=store)
+                local.start(rid, contexts[rid][: held[rid]])
+                tree = local.speculate([rid], [[]], budgets=16).tree(0)
+                assert trees_equal(draft, tree.tokens, tree.parents, tree.scores), (step, rid)
+                checked += len(draft.tokens) > 0
+        assert checked > 10  # the comparison was not vacuous
+
+
 def test_snapshot_seeds_the_live_datastore_once(
     loop_thread: LoopThread, tmp_path: Path, snapshot_dir: Path
 ) -> None:

@@ -46,13 +46,13 @@ def catalog() -> Iterator[Catalog]:
 def start_job(request_id: str, tokens: list[int], budget: int = 8) -> DrafterJob:
     job = DrafterJob()
     job.starts.append((request_id, np.array(tokens, np.int32)))
-    job.add(request_id, np.zeros(0, np.int32), budget)
+    job.add(request_id, -1, budget)
     return job
 
 
 def step_job(request_id: str, tokens: list[int], budget: int = 8) -> DrafterJob:
-    job = DrafterJob()
-    job.add(request_id, np.array(tokens, np.int32), budget)
+    job = DrafterJob(tokens=np.array(tokens, np.int32), offsets=[0, len(tokens)])
+    job.add(request_id, 0, budget)
     return job
 
 

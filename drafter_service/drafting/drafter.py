@@ -241,12 +241,17 @@ class Drafter:
     ) -> DraftBatch:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
-        seen: set[str] = set()
-        for r in request_ids:
-            if r in seen:
-                raise ValueError(f"request {r!r} appears twice in one batch")
-            seen.add(r)
-        return self._batch_call(self._native.draft_batch, request_ids, tokens, offsets, budgets)
+        try:
+            return self._batch_call(
+                self._native.draft_batch, request_ids, tokens, offsets, budgets
+            )
+        except ValueError:  # the native check (a handle twice) says it by handle
+            seen: set[str] = set()
+            for r in request_ids:
+                if r in seen:
+                    raise ValueError(f"request {r!r} appears twice in one batch") from None
+                seen.add(r)
+            raise
 
     def explain(self, request_id: str, budget: int) -> ExplainedTree:
         """The tree ``request_id`` would be drafted now at ``budget``, with what fusion

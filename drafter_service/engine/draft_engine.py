@@ -39,7 +39,6 @@ from drafter_service.engine.request_table import HeldRequest, RequestTable
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
 from drafter_service.live.shared_log import LogError
 
-_NO_TOKENS = np.zeros(0, dtype=np.int32)
 Place = tuple[str, int]  # (datastore, row in its batch)
 Holds = dict[str, list[tuple[str, HeldRequest, int]]]
 # per datastore, its job's rows in order: (request id, state, bytes reserved for the row)
@@ -129,7 +128,8 @@ class DraftEngine:
                 places.append(place)
                 lengths.append(length)
             self._stop_all(self.table.trim(keep=call.request_ids), jobs)
-            for job in jobs.values():
+            for job in jobs.values():  # its rows index the call's columns
+                job.tokens, job.offsets = call.tokens, call.offsets
                 job.deadline_s, job.clock = deadline_s, self.clock
             future = self._runner.run(jobs, lambda results: self._settled(jobs, results, holds))
         except BaseException:
@@ -166,30 +166,30 @@ class DraftEngine:
         holds: Holds,
     ) -> tuple[Place | None, int]:
         request_id, budget = call.request_ids[i], call.budgets[i]
-        tokens = call.new_tokens(i)
         state = self.table.get(request_id)
         if call.known_lengths[i] == 0:  # (re)start: the tokens are the whole context
             if state is not None:
                 jobs_for(jobs, state.datastore).stops.append(request_id)
             name = call.datastores[i]
+            tokens = call.new_tokens(i)
             state, reserved = self.table.start(
                 request_id, name, len(tokens), call.prompt_lengths[i], now
             )
             job = jobs_for(jobs, name)
             job.starts.append((request_id, tokens))
             holds.setdefault(name, []).append((request_id, state, reserved))
-            return (name, job.add(request_id, _NO_TOKENS, budget)), state.length
+            return (name, job.add(request_id, -1, budget)), state.length
         if state is None or state.length != call.known_lengths[i]:  # the client's view is stale
             self.metrics.count_resync("unknown" if state is None else "length_mismatch")
             if state is not None:
                 self.table.pop(request_id)
                 jobs_for(jobs, state.datastore).stops.append(request_id)
             return None, 0
-        reserved = self.table.append(request_id, len(tokens))
+        reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
         self.table.touch(request_id, now)
         job = jobs_for(jobs, state.datastore)
         holds.setdefault(state.datastore, []).append((request_id, state, reserved))
-        return (state.datastore, job.add(request_id, tokens, budget)), state.length
+        return (state.datastore, job.add(request_id, i, budget)), state.length
 
     async def finish(
         self, items: Sequence[Finished], wait_durable: bool = False

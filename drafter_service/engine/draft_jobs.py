@@ -60,23 +60,30 @@ def weight(requests: int, tokens: int, budgets: int, stops: int = 0) -> int:
 
 @dataclass(slots=True)
 class DrafterJob:
-    """What one call does to one datastore's drafter, in this order."""
+    """What one call does to one datastore's drafter, in this order.
+
+    A drafted request's new tokens are not copied out of the call: ``rows`` holds its
+    index into the call's ``tokens``/``offsets`` columns, so a call whose requests all
+    append to one datastore hands its columns to the native batch call as they are."""
 
     collect: list[str] = field(default_factory=list)  # finished: their tokens read first
     stops: list[str] = field(default_factory=list)  # restarted, mismatched, evicted, finished
     starts: list[tuple[str, npt.NDArray[np.int32]]] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
-    tokens: list[npt.NDArray[np.int32]] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # each one's index in the call; -1: none new
     budgets: list[int] = field(default_factory=list)
+    tokens: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_TOKENS)  # the call's new
+    offsets: list[int] = field(default_factory=lambda: [0])  # tokens; request i's: [o[i], o[i+1])
     seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
     collected: dict[str, npt.NDArray[np.int32]] = field(default_factory=dict)  # by run()
     deadline_s: float | None = None  # by `clock`; past it when its turn comes: CallExpired
     clock: Callable[[], float] = time.monotonic
 
-    def add(self, request_id: str, tokens: npt.NDArray[np.int32], budget: int) -> int:
-        """Adds a request to the batch call; returns its row in the batch."""
+    def add(self, request_id: str, row: int, budget: int) -> int:
+        """Adds a request to the batch call, its new tokens those of ``row`` of the call
+        (-1: none; rows are added in call order); returns its row in the batch."""
         self.request_ids.append(request_id)
-        self.tokens.append(tokens)
+        self.rows.append(row)
         self.budgets.append(budget)
         return len(self.request_ids) - 1
 
@@ -84,8 +91,30 @@ class DrafterJob:
         """Rough native cost in drafted requests: every drafted request (more for large
         budgets), every token added to a request (a start's context, an append), every
         stop. Whatever a call carries, its weight grows with the work it asks for."""
-        tokens = sum(len(t) for _, t in self.starts) + sum(len(t) for t in self.tokens)
+        offs = self.offsets
+        if self._whole_call():
+            appended = offs[-1]
+        else:
+            appended = sum(offs[r + 1] - offs[r] for r in self.rows if r >= 0)
+        tokens = sum(len(t) for _, t in self.starts) + appended
         return weight(len(self.request_ids), tokens, sum(self.budgets), len(self.stops))
+
+    def _whole_call(self) -> bool:
+        """Whether the batch is every request of the call, in order, each with its new
+        tokens (rows increase, so n of them in [0, n) are 0 .. n - 1)."""
+        rows = self.rows
+        return len(rows) == len(self.offsets) - 1 and -1 not in rows
+
+    def _batch_tokens(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """The batch's new tokens, flat, and each request's offsets into them."""
+        offs = self.offsets
+        if self._whole_call():
+            return self.tokens, np.asarray(offs, dtype=np.int64)
+        rows = self.rows
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([offs[r + 1] - offs[r] if r >= 0 else 0 for r in rows], out=offsets[1:])
+        pieces = [self.tokens[offs[r] : offs[r + 1]] for r in rows if r >= 0]
+        return (np.concatenate(pieces) if pieces else _NO_TOKENS), offsets
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
         """Reads the tokens of the requests to collect, stops, starts, then one native batch
@@ -110,9 +139,7 @@ class DrafterJob:
                 return None
             if dropped := [r for r in self.request_ids if r not in drafter]:
                 raise RequestsDropped(f"{len(dropped)} requests, e.g. {dropped[0]!r}")
-            offsets = np.zeros(len(self.tokens) + 1, dtype=np.int64)
-            np.cumsum([len(t) for t in self.tokens], out=offsets[1:])
-            flat = np.concatenate(self.tokens) if self.tokens else _NO_TOKENS
+            flat, offsets = self._batch_tokens()
             budgets = np.array(self.budgets, dtype=np.int32)
             return drafter.draft_batch(self.request_ids, flat, offsets, budgets)
         except BaseException:
