@@ -1,0 +1,355 @@
+"""Which drafter replicas a :class:`~verifier_client.replica_set.ReplicaSetClient` has, and
+which of them owns each live request (issue 14, item 3): :class:`ReplicaOwnership`.
+
+Targets are a list of ``host:port`` (a fixed set), or one ``host:port`` whose name
+resolves to a replica per address (a Kubernetes headless Service), resolved again in
+a background thread every ``resolve_interval_s``; a new address joins once it answers
+GetServiceInfo, a vanished one leaves, and a failed lookup keeps the last set. With
+``credentials``, the name is the TLS target name of every address
+(``grpc.ssl_target_name_override``), so certificates issued for the Service verify.
+
+Ownership is rendezvous (highest-random-weight) hashing: a request belongs to the
+usable replica (present, breaker closed) whose keyed blake2b of the request id weighs
+most (:func:`~verifier_client.replica_targets.rendezvous_owner`), the same in every
+process. A replica leaving moves only its own requests; when it comes back they move
+back. A request's context lives once, in its owner's DrafterClient (which keeps it for
+RESYNC anyway); a move hands it to the new owner's client whole (sent with its next
+step, known length 0) and aborts it on the old one. With no replica usable, requests
+stay where they are (their breakers answer at once); with no replica at all, they wait
+here for one.
+
+The steps themselves (one deadline, the merge) are ReplicaSetClient's; a
+:class:`ReplicaMember` holds what both use: the replica's client, the one worker thread
+its steps run on, the work last given to that worker, and the commits held for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Literal, TypedDict
+
+import grpc
+
+from verifier_client.breaker import BreakerConfig, BreakerState
+from verifier_client.budget import BudgetRule
+from verifier_client.channel import ChannelOptions
+from verifier_client.client import DrafterClient
+from verifier_client.deltas import DeltaTracker, RequestState, finish_tail
+from verifier_client.replica_targets import ReplicaResolver, replica_key, weight
+from verifier_client.results import ClientStats, StepResult
+
+log = logging.getLogger(__name__)
+
+
+class ClientOptions(TypedDict, total=False):
+    """DrafterClient's keyword arguments (documented there), given to every replica's."""
+
+    deadline_ms: float
+    mode: Literal["stream", "unary"]
+    budget: BudgetRule | None
+    tokenizer_fingerprint: str
+    channel_options: ChannelOptions
+    credentials: grpc.ChannelCredentials | None
+    token: str | None
+    ingest_queue_size: int
+    breaker: BreakerConfig | None
+    resync_retry: bool
+    background_timeout_s: float
+    probe_timeout_s: float
+
+
+class ReplicaClient(DrafterClient):
+    """A DrafterClient whose steps also end by a deadline shared with the other
+    replicas', and that hands a request's context over when it moves."""
+
+    def step_by(
+        self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
+    ) -> StepResult:
+        """``step``, with every wait ending by ``deadline_s`` (perf_counter) at the latest."""
+        io = self._begin_step(commits, budgets)
+        while not isinstance(io, StepResult):
+            io.deadline_s = min(io.deadline_s, deadline_s)
+            io = self._advance(io, self._io(io))
+        return io
+
+    def hand_over(self, request_id: str) -> RequestState:
+        """Stops tracking ``request_id`` (aborted on this replica); its last state."""
+        state = self._session.tracker.get(request_id)
+        self.abort(request_id)
+        return state
+
+    def record(self, commits: Mapping[str, list[int]]) -> None:
+        """Records commits without drafting (ones held while a step ran late)."""
+        self._session.tracker.commit_many(commits)
+
+
+@dataclass(eq=False, slots=True)
+class ReplicaMember:
+    """A present replica, with the one worker thread its client's calls run on."""
+
+    address: str
+    key: bytes  # replica_key(address)
+    client: ReplicaClient
+    worker: ThreadPoolExecutor  # one thread: this replica's steps, in order
+    busy: Future[Any] | None = None  # its last work on the worker, until seen done
+    held: dict[str, list[int]] = field(default_factory=dict)  # commits of a step it missed
+
+    def idle(self, until_s: float | None = None) -> bool:
+        """Waits (up to ``until_s``, perf_counter; None: as long as it takes, which is
+        never past its step's deadline) until the worker is done with the client, then
+        records the commits held for it; False if it is still busy. A late step's result
+        is dropped (its counters and delta state are kept)."""
+        busy = self.busy
+        if busy is not None:
+            timeout = None if until_s is None else max(0.0, until_s - perf_counter())
+            if not wait([busy], timeout).done:
+                return False
+            self.busy = None
+            if (error := busy.exception()) is not None:
+                log.error("drafter replica %s: a late step failed: %r", self.address, error)
+        if self.held:
+            held, self.held = self.held, {}
+            self.client.record(held)
+        return True
+
+
+class ReplicaOwnership:
+    """The replicas (by address, as of the last :meth:`sync`) and each live request's
+    owner among them, or none (see the module docstring).
+
+    Args:
+        targets: ReplicaSetClient's.
+        options: every replica client's keyword arguments.
+        resolve_interval_s: how often a name is looked up again.
+    """
+
+    def __init__(
+        self, targets: str | Sequence[str], options: ClientOptions, resolve_interval_s: float
+    ) -> None:
+        self._options = options
+        self.replicas: dict[str, ReplicaMember] = {}  # by address
+        self._usable: tuple[str, ...] = ()  # addresses usable at the last sync
+        self.spread: tuple[ReplicaMember, ...] = ()  # where ingest goes (read from any thread)
+        self._owner: dict[str, ReplicaMember | None] = {}  # live request -> its replica, or none
+        self._orphans = DeltaTracker()  # requests while no replica exists
+        self._retired = ClientStats()  # the counters of replicas gone
+        self._dropped_stores = 0  # finished requests that had no replica to store them
+        self.moves = 0  # requests handed from one replica (or none) to another
+        self._resolver = ReplicaResolver(targets, self._new_client, resolve_interval_s,
+                                         options.get("probe_timeout_s", 1.0))  # fmt: skip
+        for address in self._resolver.addresses:
+            self._add_replica(address, self._new_client(address))
+        self.sync()
+        self._resolver.start()
+
+    @property
+    def name(self) -> tuple[str, int] | None:
+        """The ``(host, port)`` looked up for the replicas; None for a fixed set."""
+        return self._resolver.name
+
+    def resolve_first(self, timeout_s: float) -> None:
+        """With no replica yet, looks the name (if any) up now, waiting up to
+        ``timeout_s`` for a new address to answer."""
+        if not self.replicas and self._resolver.name is not None:
+            self._resolver.refresh(timeout_s)
+
+    def counters(self) -> ClientStats:
+        """The replicas' counters summed (those gone too, as of their removal), and the
+        stores dropped for want of a replica in ``ingest_drops``. A fresh object."""
+        total = ClientStats()
+        for stats in (self._retired, *(r.client.stats for r in tuple(self.replicas.values()))):
+            _add_stats(total, stats)
+        total.ingest_drops += self._dropped_stores
+        return total
+
+    # --- requests
+
+    def owner_of(self, request_id: str) -> ReplicaMember | None:
+        """The replica that holds ``request_id``, None for none; KeyError unless live."""
+        try:
+            return self._owner[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
+
+    def check_live(self, request_ids: Mapping[str, object]) -> None:
+        """KeyError (naming some) unless every key of ``request_ids`` is a live request."""
+        owner = self._owner
+        if not owner.keys() >= request_ids.keys():
+            missing = [rid for rid in request_ids if rid not in owner]
+            raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+
+    def add(
+        self, request_id: str, prompt_ids: Iterable[int], datastore: str,
+        prompt_length: int | None,
+    ) -> None:  # fmt: skip
+        """Starts tracking a request on its owner (see DrafterClient.add_request)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._owner:
+            raise ValueError(f"request_id {request_id!r} is already live")
+        self.sync()
+        owner = self._rendezvous(request_id, self._usable or tuple(self.replicas))
+        if owner is None:
+            self._orphans.add(request_id, prompt_ids, datastore, prompt_length)
+        else:
+            owner.idle()
+            owner.client.add_request(request_id, prompt_ids, datastore=datastore,
+                                     prompt_length=prompt_length)  # fmt: skip
+        self._owner[request_id] = owner
+
+    def by_owner(
+        self, commits: Mapping[str, list[int]]
+    ) -> tuple[dict[ReplicaMember, dict[str, list[int]]], list[str]]:
+        """The commits of live requests split by owner, and the requests with no replica
+        (their commits are recorded here)."""
+        work: dict[ReplicaMember, dict[str, list[int]]] = {}
+        orphaned: list[str] = []
+        for rid, tokens in commits.items():
+            owner = self._owner[rid]
+            if owner is None:
+                self._orphans.commit(rid, tokens)
+                orphaned.append(rid)
+            else:
+                work.setdefault(owner, {})[rid] = tokens
+        return work, orphaned
+
+    def finish(
+        self, request_id: str, *, tail: Iterable[int], output: Iterable[int] | None,
+        store: bool, durable: bool,
+    ) -> bool:  # fmt: skip
+        """Ends a finished request on its owner (see ReplicaSetClient.finish)."""
+        owner = self.owner_of(request_id)
+        if owner is None:
+            finish_tail(self._orphans.get(request_id), tail, output)
+            self._orphans.finish(request_id)
+            del self._owner[request_id]
+            self._dropped_stores += store
+            return not store
+        owner.idle()
+        sent = owner.client.finish(
+            request_id, tail=tail, output=output, store=store, durable=durable
+        )
+        del self._owner[request_id]
+        return sent
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a cancelled request on its owner; nothing is stored."""
+        owner = self.owner_of(request_id)
+        sent = True
+        if owner is None:
+            self._orphans.finish(request_id)
+        else:
+            owner.idle()
+            sent = owner.client.abort(request_id)
+        del self._owner[request_id]
+        return sent
+
+    # --- replicas
+
+    def sync(self) -> None:
+        """Takes the resolver's news and the breakers' states; moves the requests whose
+        owner changed, and retires the replicas gone."""
+        gone: list[ReplicaMember] = []
+        if (news := self._resolver.news()) is not None:
+            addresses, offered = news
+            for address, client in offered.items():
+                if address in addresses and address not in self.replicas:
+                    self._add_replica(address, client)
+                else:
+                    client.close(0)
+            gone = [r for a, r in self.replicas.items() if a not in addresses]
+        closed = BreakerState.CLOSED
+        usable = tuple(a for a, r in self.replicas.items()
+                       if r not in gone and r.client.breaker_state is closed)  # fmt: skip
+        if not gone and usable == self._usable:
+            return
+        added = not set(usable) <= set(self._usable)
+        self._usable = usable
+        present = tuple(a for a, r in self.replicas.items() if r not in gone)
+        self.spread = tuple(self.replicas[a] for a in usable or present)
+        for rid, owner in list(self._owner.items()):
+            if owner is not None and owner not in gone and owner.address in usable and not added:
+                continue  # its owner still wins: only the usable set's losers move
+            if usable:
+                target = self._rendezvous(rid, usable)
+            elif owner is not None and owner not in gone:
+                continue  # nowhere better to go: its breaker answers at once
+            else:
+                target = self._rendezvous(rid, present)
+            if target is not owner:
+                self._move(rid, owner, target)
+        for replica in gone:
+            self._remove_replica(replica)
+
+    def close(self, timeout_s: float) -> None:
+        """Stops resolving, then closes every replica's client on its worker, all at once
+        (each sends its queued work up to ``timeout_s``)."""
+        self._resolver.close()
+        closing = [r.worker.submit(r.client.close, timeout_s) for r in self.replicas.values()]
+        wait(closing)
+        for replica in self.replicas.values():
+            replica.worker.shutdown()
+
+    def _rendezvous(self, request_id: str, addresses: Iterable[str]) -> ReplicaMember | None:
+        """The owner of ``request_id`` among ``addresses`` (see rendezvous_owner)."""
+        rid, replicas = request_id.encode(), self.replicas
+        best = max(((weight(rid, replicas[a].key), a) for a in addresses), default=None)
+        return None if best is None else replicas[best[1]]
+
+    def _move(
+        self, request_id: str, source: ReplicaMember | None, target: ReplicaMember | None
+    ) -> None:
+        """Hands a request, its whole context, from one replica (or none) to another."""
+        if source is None:
+            state = self._orphans.finish(request_id)
+        else:
+            source.idle()
+            state = source.client.hand_over(request_id)
+        if target is None:
+            self._orphans.add(request_id, state.tokens, state.datastore, state.prompt_length)
+        else:
+            target.idle()
+            target.client.add_request(request_id, state.tokens, datastore=state.datastore,
+                                      prompt_length=state.prompt_length)  # fmt: skip
+        self._owner[request_id] = target
+        self.moves += 1
+
+    def _add_replica(self, address: str, client: ReplicaClient) -> None:
+        worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{address}")
+        self.replicas[address] = ReplicaMember(address, replica_key(address), client, worker)
+
+    def _remove_replica(self, replica: ReplicaMember) -> None:
+        """Drops a replica whose requests have moved; it closes on its own worker."""
+        replica.idle()
+        del self.replicas[replica.address]
+        _add_stats(self._retired, replica.client.stats)
+        timeout_s = self._options.get("background_timeout_s", 5.0)
+        replica.worker.submit(replica.client.close, timeout_s)
+        replica.worker.shutdown(wait=False)
+        log.info("drafter replica %s left", replica.address)
+
+    def _new_client(self, address: str) -> ReplicaClient:
+        options = self._options.copy()
+        name = self._resolver.name
+        if name is not None and options.get("credentials") is not None:
+            # TLS to an address of a name: the certificate is the name's.
+            channel_options = list(options.get("channel_options", ()))
+            if not any(key == "grpc.ssl_target_name_override" for key, _ in channel_options):
+                channel_options.append(("grpc.ssl_target_name_override", name[0]))
+            options["channel_options"] = channel_options
+        return ReplicaClient(address, **options)
+
+
+def _add_stats(total: ClientStats, stats: ClientStats) -> None:
+    """Adds ``stats``' counters into ``total``."""
+    for f in dataclasses.fields(ClientStats):
+        if f.name == "fallbacks":
+            for outcome, n in stats.fallbacks.items():
+                total.fallbacks[outcome] += n
+        else:
+            setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
