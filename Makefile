@@ -99,7 +99,7 @@ SIDE        := nice -n 10
 
 test: setup
 	@mkdir -p $(LOGS) && rm -f $(STAGES) $(LOGS)/*.log && echo "setup         passed" > $(STAGES)
-	@( $(call logged,lint,$(SIDE) $(BIN)/ruff check drafter_service verifier_client datastore_builder benchmarks tests); \
+	@( $(call logged,lint,$(SIDE) $(BIN)/ruff check drafter_service verifier_client datastore_builder drafter_bench tests); \
 	  $(call logged,types,$(SIDE) $(BIN)/mypy); \
 	  $(call logged,imports,$(SIDE) $(BIN)/lint-imports); \
 	  $(call logged,sanitizers,$(SIDE) $(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
@@ -173,20 +173,20 @@ stubs: setup
 # Full benchmark report (minutes): see docs/benchmarks.md.
 bench: setup
 	$(BIN)/pip install -q --no-build-isolation -e ".[bench]"
-	$(BIN)/python benchmarks/run_all.py --data-dir $(DATA) --out benchmarks/results
-	cd benchmarks && ../$(BIN)/python live_curve.py --data-dir $(SSSD_DATA) --out results --plot ../docs/live_curve.png
-	$(BIN)/python benchmarks/live_rebuild_latency.py --data-dir $(DATA) > benchmarks/results/live_rebuild_latency.jsonl
-	( $(BIN)/python benchmarks/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
+	$(BIN)/python drafter_bench/run_all.py --data-dir $(DATA) --out benchmarks/results
+	$(BIN)/python drafter_bench/live_curve.py --data-dir $(SSSD_DATA) --out benchmarks/results --plot docs/live_curve.png
+	$(BIN)/python drafter_bench/live_rebuild_latency.py --data-dir $(DATA) > benchmarks/results/live_rebuild_latency.jsonl
+	( $(BIN)/python drafter_bench/grpc_floor.py --data $(DEV_CHAT) --batch 64 | sed 's/^{/{"server": "null", /'; \
 	  for b in 1 16 64; do $(BIN)/drafter-bench load --data $(DEV_CHAT) --corpus $(CORPUS) --batch $$b --json \
 	    | sed 's/^{/{"server": "drafter", /'; done ) > benchmarks/results/load.jsonl
-	$(BIN)/python benchmarks/load_bound.py --data-dir $(DATA) > benchmarks/results/load_bound.jsonl
-	$(BIN)/python benchmarks/breaker_cost.py > benchmarks/results/breaker.jsonl
-	$(BIN)/python benchmarks/verify_bench.py > benchmarks/results/verify.jsonl
+	$(BIN)/python drafter_bench/load_bound.py --data-dir $(DATA) > benchmarks/results/load_bound.jsonl
+	$(BIN)/python drafter_bench/breaker_cost.py > benchmarks/results/breaker.jsonl
+	$(BIN)/python drafter_bench/verify_bench.py > benchmarks/results/verify.jsonl
 	$(BIN)/drafter-bench worker --data $(DEV) --limit 16 --max-new-tokens 64 --batch 8 > benchmarks/results/worker.jsonl
-	$(BIN)/python benchmarks/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
+	$(BIN)/python drafter_bench/metrics_overhead.py --json > benchmarks/results/metrics_overhead.jsonl
 	$(BIN)/drafter serve --port 50071 --data-dir $$(mktemp -d) --vocab-size 1000 --metrics-port -1 \
 	  --admin-port -1 & pid=$$!; sleep 3; \
-	  $(BIN)/python benchmarks/grpc_fuzz.py --target 127.0.0.1:50071 --messages 40000 \
+	  $(BIN)/python drafter_bench/grpc_fuzz.py --target 127.0.0.1:50071 --messages 40000 \
 	    > benchmarks/results/grpc_fuzz.jsonl; kill $$pid
 	$(MAKE) setup-vllm
 	( for b in 4 16 32; do $(BIN)/drafter-bench engine --engine vllm --data $(DEV) --budget $$b --json; done; \

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-OURS = frozenset({"drafter_service", "datastore_builder", "verifier_client", "benchmarks",
+OURS = frozenset({"drafter_service", "datastore_builder", "verifier_client", "drafter_bench",
                   "sssd_drafter"})  # fmt: skip
 """A missing module of these is a broken install, not a missing extra: it is raised."""
 
@@ -40,4 +40,4 @@ def datastore_builder() -> int:
 
 def drafter_bench() -> int:
     """``drafter-bench``."""
-    return run("drafter-bench", "benchmarks.bench_cli", "bench")
+    return run("drafter-bench", "drafter_bench.bench_cli", "bench")

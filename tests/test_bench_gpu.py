@@ -15,7 +15,7 @@ import pytest
 import torch
 from worker_support import VOCAB, OracleDrafter, model64, prompts
 
-from benchmarks.gpu_plots import plot, read_rows
+from drafter_bench.gpu_plots import plot, read_rows
 from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
 from verifier_client.reference_worker.target_models import ARCHITECTURES, architecture_model
 
@@ -92,7 +92,7 @@ def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> No
     pay where the recording repeats itself (the drafter's input trie)."""
     data = repeating_records(tmp_path / "dev.jsonl", 3, seed=0)
     out = tmp_path / "gpu.jsonl"
-    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "gpu", "--data", str(data),
+    cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "gpu", "--data", str(data),
            "--batch", "1,2", "--chains", "4", "--nodes", "1,4", "--steps", "3", "--warmup", "1",
            "--max-new-tokens", "64", "--vocab-size", str(VOCAB), "--device", "cpu",
            # a loaded machine must not turn the drafts off: this test is about the rows

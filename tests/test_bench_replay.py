@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.acceptance import accepted_length
-from benchmarks.bench_cli import REPORT_KEYS, main
-from benchmarks.live_replay import ReplayLiveStore
-from benchmarks.pld import PldIndex, propose
-from benchmarks.replay import ReplaySettings, replay
-from benchmarks.token_records import DataError, Record, iter_records, read_records
+from drafter_bench.acceptance import accepted_length
+from drafter_bench.bench_cli import REPORT_KEYS, main
+from drafter_bench.live_replay import ReplayLiveStore
+from drafter_bench.pld import PldIndex, propose
+from drafter_bench.replay import ReplaySettings, replay
+from drafter_bench.token_records import DataError, Record, iter_records, read_records
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LivePolicy
@@ -506,7 +506,7 @@ def test_cli_ceiling_marks_its_rows_and_refuses_what_it_cannot_run(
 
 def test_module_runs_as_a_script(files: tuple[Path, Path]) -> None:
     data, _ = files
-    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--data", str(data),
+    cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "replay", "--data", str(data),
            "--sources", "input", "--no-pld", "--json"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60)
     (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -551,7 +551,7 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, s
 
 
 def load_command(data: Path, corpus: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.bench_cli", "load", "--data", str(data),
+    return [sys.executable, "-m", "drafter_bench.bench_cli", "load", "--data", str(data),
             "--corpus", str(corpus), *PATIENT, "--vocab-size", "1000", "--json", *args]  # fmt: skip
 
 

@@ -39,7 +39,7 @@ def test_scale_benchmark_reports_each_replica_count(tmp_path: Path) -> None:
         pytest.fail("redis-server not found: `make setup` installs it (Debian redis-server)")
     data = write_records(tmp_path / "dev_set.jsonl.gz", 0, 12)
     corpus = write_records(tmp_path / "corpus.jsonl.gz", 1, 20)
-    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "scale", "--replicas", "1,2",
+    cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "scale", "--replicas", "1,2",
            "--data", str(data), "--corpus", str(corpus), "--batch", "4", "--steps", "40",
            "--warmup", "5", "--visible-samples", "4", "--tau-records", "6", "--workers", "3",
            "--vocab-size", str(VOCAB_SIZE), "--client-deadline-ms", "120000", "--json"]  # fmt: skip
@@ -65,7 +65,7 @@ def test_scale_benchmark_reports_each_replica_count(tmp_path: Path) -> None:
 
 
 def test_scale_benchmark_refuses_bad_replica_counts(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "scale", "--replicas", "0,2",
+    cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "scale", "--replicas", "0,2",
            "--data", str(tmp_path / "none.jsonl")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "replica counts must be >= 1" in proc.stderr

@@ -1,4 +1,4 @@
-"""benchmarks.calibration_bound (issue 15, item 3): the ceiling of online calibration, run
+"""drafter_bench.calibration_bound (issue 15, item 3): the ceiling of online calibration, run
 end to end on a small synthetic data directory laid out like ../shared/data."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import calibration_bound
-from benchmarks.replay import ReplaySettings, replay
-from benchmarks.token_records import iter_documents, read_records
+from drafter_bench import calibration_bound
+from drafter_bench.replay import ReplaySettings, replay
+from drafter_bench.token_records import iter_documents, read_records
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.node_score import default_node_score
@@ -51,7 +51,7 @@ def test_rows_replay_the_second_half_with_each_score(tmp_path: Path) -> None:
         assert r["fit_records"] == 10 and r["eval_records"] == 10 and r["fit_nodes"] > 0
         assert all(r[k] >= 1.0 for k in ("hand", "shipped", "calibrated", "refit"))
         assert r["calibration_a"] != 0.0
-        assert r["command"].startswith("python -m benchmarks.calibration_bound")
+        assert r["command"].startswith("python -m drafter_bench.calibration_bound")
     # The shipped and hand-set columns are the plain replays of the second half.
     records = read_records(tmp_path / "dev" / "tiny.jsonl.gz", vocab_size=calibration_bound.VOCAB)
     base = [SubIndex.build(list(iter_documents(tmp_path / calibration_bound.CORPUS)),

@@ -11,7 +11,7 @@ import sys
 sys.modules["drafter_service"] = None  # any import of it now raises ImportError
 sys.modules["datastore_builder"] = None
 import verifier_client, verifier_client.client, verifier_client.aio
-ours = {"drafter_service", "datastore_builder", "benchmarks", "verifier_client", "sssd_drafter",
+ours = {"drafter_service", "datastore_builder", "drafter_bench", "verifier_client", "sssd_drafter",
         "tests"}
 loaded = {name.split(".")[0] for name, module in sys.modules.items() if module is not None}
 print(sorted(loaded & ours), "numpy" in sys.modules)

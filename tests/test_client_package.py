@@ -146,7 +146,7 @@ PROBE = """
 import importlib, importlib.util, json, pkgutil, sys
 wheel_dir, deps_dir = sys.argv[1:3]
 sys.path[:0] = [wheel_dir, deps_dir]
-for name in ("drafter_service", "datastore_builder", "benchmarks"):
+for name in ("drafter_service", "datastore_builder", "drafter_bench", "benchmarks", "sssd"):
     assert importlib.util.find_spec(name) is None, name + " is importable"
 
 import verifier_client

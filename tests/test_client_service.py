@@ -184,7 +184,7 @@ def test_breaker_opens_costs_nothing_per_step_and_recovers(tmp_path: Path) -> No
             failures = client.stats.fallback_steps
             assert 1 <= failures <= FAST_BREAKER.failure_threshold
             # While open a step builds no message and opens no stream: nothing is sent.
-            # (What such a step costs is a benchmark: benchmarks/breaker_cost.py.)
+            # (What such a step costs is a benchmark: drafter_bench/breaker_cost.py.)
             stats = client.stats
             wire_before = (stats.tokens_sent, stats.full_resends, stats.reconnects,
                            stats.late_responses, stats.drafted_steps)  # fmt: skip

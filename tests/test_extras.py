@@ -1,20 +1,24 @@
 """The library install is the core alone; the service, builder, worker and benchmark
 dependencies come with their extras (issue 30, item 5), and each console script names
 the extra it needs when it is missing. Checked in subprocesses where the other extras'
-packages cannot be imported (``sys.modules[name] = None`` makes ``import name`` fail)."""
+packages cannot be imported (``sys.modules[name] = None`` makes ``import name`` fail).
+The wheel installs packages of this project's names alone (no top-level ``benchmarks``)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
 
 # What the extras bring; none of it may be needed by the library.
 NOT_CORE = ("grpc", "google.protobuf", "grpc_health", "grpc_reflection", "fastapi",
@@ -39,6 +43,41 @@ def test_the_library_install_depends_on_numpy_alone() -> None:
     names = {e: {Requirement(r).name for r in extras[e]} for e in extras}
     assert {"grpcio", "fastapi", "uvicorn", "redis"} <= names["service"]
     assert "pyarrow" in names["builder"] and "pyarrow" not in names["worker"]
+
+
+# The wheel's top-level names: our packages, each named for this project, and nothing
+# generic at the top of site-packages (the benchmarks were `benchmarks`, the stubs `sssd`).
+WHEEL_PACKAGES = {"drafter_service", "verifier_client", "datastore_builder", "drafter_bench",
+                  "sssd_drafter"}  # fmt: skip
+NOT_TOP_LEVEL = {"benchmarks", "sssd", "tests"}
+
+
+def test_the_wheel_packages_only_names_of_its_own() -> None:
+    packages = PYPROJECT["tool"]["scikit-build"]["wheel"]["packages"]
+    assert set(packages) == WHEEL_PACKAGES
+    for package in packages:
+        assert (ROOT / package / "__init__.py").is_file(), package
+    # benchmarks/ is data (results, device scripts): no module there to be packaged.
+    assert not list((ROOT / "benchmarks").rglob("*.py"))
+    assert PROJECT["scripts"]["drafter-bench"] == "drafter_service.console:drafter_bench"
+
+
+@pytest.mark.system
+def test_the_built_wheel_has_no_generic_top_level_name(tmp_path: Path) -> None:
+    """The real wheel, built offline from this checkout (the build directory `make setup`
+    left makes it incremental)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        top = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
+    assert top == WHEEL_PACKAGES
+    assert not top & NOT_TOP_LEVEL
 
 
 LIBRARY = """

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess
 
-from benchmarks.state_memory import send_refused_probe
+from drafter_bench.state_memory import send_refused_probe
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 

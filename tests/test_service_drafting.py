@@ -22,7 +22,7 @@ from service_support import (
     serving,
 )
 
-from benchmarks.acceptance import accepted_length
+from drafter_bench.acceptance import accepted_length
 from drafter_service import Datastore, DraftConfig, Drafter
 from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LiveDatastore

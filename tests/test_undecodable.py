@@ -16,7 +16,7 @@ from client_servers import DrafterProcess
 pytestmark = pytest.mark.system
 
 METHODS = ("Draft", "Finish", "Ingest", "GetServiceInfo")
-FUZZ = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_fuzz.py"
+FUZZ = Path(__file__).resolve().parents[1] / "drafter_bench" / "grpc_fuzz.py"
 SERVICE = "/sssd_drafter.v1.DrafterService/"
 
 
@@ -56,7 +56,7 @@ def test_undecodable_messages_are_invalid_argument_without_tracebacks(tmp_path: 
 
 
 def test_a_bounded_fuzz_never_gets_unknown_or_internal(tmp_path: Path) -> None:
-    """2,000 random and mutated messages through benchmarks/grpc_fuzz.py (longer runs of
+    """2,000 random and mutated messages through drafter_bench/grpc_fuzz.py (longer runs of
     the same script are a benchmark)."""
     server = DrafterProcess(tmp_path / "data")
     try:

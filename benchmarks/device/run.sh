@@ -76,7 +76,7 @@ stage cuda-tests "$TESTS_LIMIT" "$PY" -m pytest -q -p no:cacheprovider "${TESTS[
 SNAP=$(mktemp -d)/corpus
 stage snapshot "$SNAP_LIMIT" "$PY" -m datastore_builder.builder_cli build --input "$CORPUS" --records token-ids \
   --output "$SNAP" --vocab-size "$VOCAB" --quiet > "$OUT/gpu.log" 2>&1
-stage gpu "$GPU_LIMIT" "$PY" -m benchmarks.bench_cli gpu --data "$DEV" --snapshot "$SNAP" \
+stage gpu "$GPU_LIMIT" "$PY" -m drafter_bench.bench_cli gpu --data "$DEV" --snapshot "$SNAP" \
   --vocab-size "$VOCAB" --out "$OUT/gpu.jsonl" "${GPU_ARGS[@]}" >> "$OUT/gpu.log" 2>&1
 
 # 3. The drafter on this host's cores: threads pinned to as many cores, the client beside.
@@ -87,7 +87,7 @@ load_all() {
     local server="0-$((threads - 1))" client=()
     [ "$threads" -lt "$cpus" ] && client=(--client-cpus "$threads-$((cpus - 1))")
     for batch in "${LOAD_BATCHES[@]}"; do
-      "$PY" -m benchmarks.bench_cli load --data "$DEV" --snapshot "$SNAP" --vocab-size "$VOCAB" \
+      "$PY" -m drafter_bench.bench_cli load --data "$DEV" --snapshot "$SNAP" --vocab-size "$VOCAB" \
         --batch "$batch" --server-cpus "$server" "${client[@]}" "${LOAD_ARGS[@]}" --json \
         | sed "s/^{/{\"threads\": $threads, /" >> "$OUT/load.jsonl" || return 1
     done

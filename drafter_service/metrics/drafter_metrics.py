@@ -5,7 +5,7 @@ Two kinds of numbers. What only the serving path knows (batch and request latenc
 trees and their sizes, RESYNCs, errors) is recorded per call under one lock into plain
 counters and histogram state (``histograms``): a batch of 64 requests costs one numpy
 ``bincount`` for its tree sizes, never 64 ``observe`` calls (about 5 us per batch in
-all; benchmarks/metrics_overhead.py). What is already state elsewhere (request states,
+all; drafter_bench/metrics_overhead.py). What is already state elsewhere (request states,
 datastore sizes, ingest counters, queue depth, snapshot age, log size) is read when
 Prometheus scrapes, so serving pays nothing for it.
 """

@@ -7,7 +7,7 @@ shipped in the package, and for the input trie alone (which learns nothing acros
 records); the SSSD reference's whole-set live tau is marked on each panel. Writes
 live_curve.jsonl and a plot, and prints a Markdown table.
 
-    python benchmarks/live_curve.py --data-dir ../shared/data --out benchmarks/results \
+    python drafter_bench/live_curve.py --data-dir ../shared/data --out benchmarks/results \
         --plot docs/live_curve.png
 """
 
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run_all import DEV_SETS
+from drafter_bench.run_all import DEV_SETS
 
 WINDOW = 50
 
@@ -37,7 +37,7 @@ REFERENCE_LIVE_TAU_BUDGET16 = {
 def run(data: Path, budget: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for node_score, sources in (("hand", ["input", "both"]), ("default", ["both"])):
-        cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--json", "--live",
+        cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "replay", "--json", "--live",
                "--no-pld", "--budget", str(budget), "--curve", str(WINDOW), "--data", str(data),
                "--node-score", node_score]  # fmt: skip
         for source in sources:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.token_records import LLAMA3_VOCAB_SIZE, read_records
+from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, read_records
 
 # torch, transformers and the worker are imported when the subcommand runs: the other
 # subcommands of drafter-bench must not need the decode side's dependencies.

@@ -4,7 +4,7 @@ Every method gets raw bytes (random, or a valid message with a few bytes changed
 answer's status code is counted. The service must never answer UNKNOWN or INTERNAL
 (a bug: an exception escaped), and must still serve afterwards. Prints one JSON line.
 
-    python benchmarks/grpc_fuzz.py --target 127.0.0.1:50051 --messages 40000
+    python drafter_bench/grpc_fuzz.py --target 127.0.0.1:50051 --messages 40000
 
 The test suite runs it with 2,000 messages (tests/test_undecodable.py); longer runs are
 a benchmark (the number of messages per second is reported too).

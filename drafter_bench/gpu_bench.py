@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.load import write_corpus_snapshot
-from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, read_records
-from benchmarks.worker_bench import drafter_for
+from drafter_bench.load import write_corpus_snapshot
+from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, Record, read_records
+from drafter_bench.worker_bench import drafter_for
 from verifier_client.results import Outcome, StepResult, Tree
 
 # torch and the worker are imported when the subcommand runs (see worker_bench).

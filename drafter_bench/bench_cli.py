@@ -13,20 +13,20 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.engine_bench import add_engine_parser
-from benchmarks.gpu_bench import add_gpu_parser
-from benchmarks.live_replay import LIVE_BASE_LAYOUTS
-from benchmarks.load import add_load_parser
-from benchmarks.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
-from benchmarks.scale_bench import add_scale_parser
-from benchmarks.token_records import (
+from drafter_bench.engine_bench import add_engine_parser
+from drafter_bench.gpu_bench import add_gpu_parser
+from drafter_bench.live_replay import LIVE_BASE_LAYOUTS
+from drafter_bench.load import add_load_parser
+from drafter_bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
+from drafter_bench.scale_bench import add_scale_parser
+from drafter_bench.token_records import (
     LLAMA3_VOCAB_SIZE,
     DataError,
     data_name,
     iter_documents,
     read_records,
 )
-from benchmarks.worker_bench import add_worker_parser
+from drafter_bench.worker_bench import add_worker_parser
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.draft_config import DraftConfig, config_pair_argument
 from drafter_service.drafting.node_score import NodeScoreError, resolve_node_score

@@ -30,11 +30,11 @@ with it). The dev sets are replayed against a datastore of the whole corpus, as
 
 Every position of a record is drafted once (trees at the candidate budget and at each
 budget), so each method's trajectory is exact: tau = output tokens / steps, steps
-advancing ``accepted + 1`` as in :mod:`benchmarks.replay`.
+advancing ``accepted + 1`` as in :mod:`drafter_bench.replay`.
 
 Example::
 
-    python -m benchmarks.rerank_headroom --data-dir ../shared/data --out /tmp/rerank.jsonl
+    python -m drafter_bench.rerank_headroom --data-dir ../shared/data --out /tmp/rerank.jsonl
 
 scikit-learn is needed at run time only (``pip install scikit-learn``).
 """
@@ -56,10 +56,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.acceptance import accepted_length
-from benchmarks.node_score_ablation import emit_row
-from benchmarks.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
 from datastore_builder.score_training import labelled_nodes
+from drafter_bench.acceptance import accepted_length
+from drafter_bench.node_score_ablation import emit_row
+from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
@@ -440,7 +440,7 @@ def _pick(records: list[Record], limit: int | None, seed: int) -> list[Record]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rerank_headroom",
+        prog="python -m drafter_bench.rerank_headroom",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     parser.add_argument(
@@ -473,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tail = list(argv) if argv is not None else sys.argv[1:]
-    command = shlex.join(["python", "-m", "benchmarks.rerank_headroom", *tail])
+    command = shlex.join(["python", "-m", "drafter_bench.rerank_headroom", *tail])
     budgets = args.budget or [16, 32]
     vocab = args.vocab_size
     config = DraftConfig()

@@ -1,10 +1,10 @@
 """Runs the greedy-replay matrix behind docs/benchmarks.md and writes its JSON.
 
-    python benchmarks/run_all.py --data-dir ../shared/data --out benchmarks/results
+    python drafter_bench/run_all.py --data-dir ../shared/data --out benchmarks/results
 
 Writes replay.jsonl (acceptance and per-request latency: every dev set, corpus
 and live, budgets 8/16/32, PLD / input / datastore / both) and batch.jsonl
-(batch-64 step time), then prints the Markdown tables (benchmarks/report.py).
+(batch-64 step time), then prints the Markdown tables (drafter_bench/report.py).
 Every replay drafts with ``--node-score`` (default: the shipped learned score, what
 ``drafter serve`` drafts with) and the DraftConfig defaults, changed by ``--config``.
 Takes about ten minutes on 2 cores. The hand-set SSSD fusion with the paper's
@@ -28,7 +28,7 @@ CORPUS = "corpus/datastore_llama3_family.jsonl.gz"
 
 
 def replay(args: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_cli", "replay", "--json", *args]
+    cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "replay", "--json", *args]
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.startswith("{")]

@@ -16,7 +16,7 @@ core).
 The load generator runs in this process, on the same 2 cores as the service: at 50x it
 takes a share of them too. Run::
 
-    python -m benchmarks.overload --out benchmarks/results/overload.jsonl
+    python -m drafter_bench.overload --out benchmarks/results/overload.jsonl
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from benchmarks.acceptance import accepted_length
-from benchmarks.token_records import Record, iter_documents, read_records
-from benchmarks.unauth_flood import cpu_s
+from drafter_bench.acceptance import accepted_length
+from drafter_bench.token_records import Record, iter_documents, read_records
+from drafter_bench.unauth_flood import cpu_s
 from drafter_service.drafting.draft_config import config_pair_argument
 from verifier_client import ClientStats, DrafterClient, StepResult
 

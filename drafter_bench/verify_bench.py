@@ -1,6 +1,7 @@
 """Micro-benchmark of tree packing and verification (issue 5): 64 trees of 16 nodes.
 
-    python benchmarks/verify_bench.py [--data ../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz]
+    python drafter_bench/verify_bench.py \\
+        [--data ../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz]
 
 The trees are real drafter trees when the dev data is there: the first 64
 HumanEval records start with their prompt and half their output, the outputs of

@@ -5,7 +5,8 @@ once prompt + output), loads each snapshot and compares its text with the ids
 file's ``output_ids`` (resp. ``prompt_ids + output_ids``) joined by separators.
 Prints one JSON object per run: tokens, seconds, tokens/s, mismatched documents.
 
-    python benchmarks/builder_equality.py --data-dir ../shared/data --tokenizer path/tokenizer.json
+    python drafter_bench/builder_equality.py --data-dir ../shared/data \\
+        --tokenizer path/tokenizer.json
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.token_records import iter_records
 from datastore_builder.builder_cli import main as build
+from drafter_bench.token_records import iter_records
 from drafter_service.snapshot.store import load_snapshot
 
 

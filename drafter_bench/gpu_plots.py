@@ -7,7 +7,7 @@
 
 Run::
 
-    python -m benchmarks.gpu_plots benchmarks/results/gpu.jsonl --out-dir docs
+    python -m drafter_bench.gpu_plots benchmarks/results/gpu.jsonl --out-dir docs
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ times, each in a new process so nothing is cached in Python, with and without
 checksum verification, and prints one JSON object per mode: load seconds (min
 and max over runs) and the process's RSS growth per token after the load.
 
-    python benchmarks/snapshot_load.py /tmp/corpus-snapshot --runs 3
+    python drafter_bench/snapshot_load.py /tmp/corpus-snapshot --runs 3
 """
 
 from __future__ import annotations

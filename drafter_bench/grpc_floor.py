@@ -6,7 +6,7 @@ step time it prints is what gRPC and protobuf in Python cost on this machine
 before any drafting. Compare with
 ``drafter-bench load`` against the real service.
 
-    python benchmarks/grpc_floor.py --data ../shared/data/dev/chat_alpacaeval_llama3_8b.jsonl.gz
+    python drafter_bench/grpc_floor.py --data ../shared/data/dev/chat_alpacaeval_llama3_8b.jsonl.gz
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def main() -> None:
                                "--port", str(args.port)], stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None and server.stdout.readline().strip() == "ready"
     try:
-        subprocess.run([sys.executable, "-m", "benchmarks.bench_cli", "load", "--json",
+        subprocess.run([sys.executable, "-m", "drafter_bench.bench_cli", "load", "--json",
                         "--target", f"127.0.0.1:{args.port}", "--data", args.data,
                         "--batch", str(args.batch), "--steps", str(args.steps),
                         "--mode", args.mode], check=True)

@@ -3,7 +3,7 @@
 Runs, interleaved for ``--rounds`` rounds (this machine's timings drift between
 runs, so the parts are compared within a round):
 
-* ``null_floor``: ``benchmarks/grpc_floor.py``, the real client against a null
+* ``null_floor``: ``drafter_bench/grpc_floor.py``, the real client against a null
   DrafterService (empty trees, no state): what gRPC, protobuf and the client
   cost per step before any drafting;
 * ``native_batch``: ``drafter-bench replay --batch 64``, one native call drafting
@@ -15,7 +15,7 @@ A service step does all the floor's work and all of the native call's, one
 after the other (the drafts need the step's tokens; the answer needs the
 drafts), so their sum bounds the step from below. Prints one JSON line per run.
 
-    python benchmarks/load_bound.py --data-dir ../shared/data
+    python drafter_bench/load_bound.py --data-dir ../shared/data
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     data, corpus = str(args.data_dir / CHAT), str(args.data_dir / CORPUS)
-    bench = [sys.executable, "-m", "benchmarks.bench_cli"]
+    bench = [sys.executable, "-m", "drafter_bench.bench_cli"]
     batch = ["--batch", str(args.batch)]
     for round_ in range(args.rounds):
         parts: list[tuple[str, list[str]]] = [

@@ -6,7 +6,7 @@ loopback port nothing listens on, steps until the circuit opens, then times
 prints one JSON line per client and batch size. The issue's target is at most
 50 µs added per step once the circuit is open.
 
-    python benchmarks/breaker_cost.py --steps 20000
+    python drafter_bench/breaker_cost.py --steps 20000
 """
 
 from __future__ import annotations

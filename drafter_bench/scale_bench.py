@@ -60,10 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.acceptance import accepted_length
-from benchmarks.load import _cpu_list, _cpus_text, _pin_process, decode_loop
-from benchmarks.redis_server import RedisServer, free_port
-from benchmarks.token_records import Record, data_name, iter_documents, read_records
+from drafter_bench.acceptance import accepted_length
+from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, decode_loop
+from drafter_bench.redis_server import RedisServer, free_port
+from drafter_bench.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
@@ -425,7 +425,7 @@ def _measure_visible(args: argparse.Namespace, replicas: Sequence[_Replica]) -> 
 
 def _replay_record(client: ReplicaSetClient, request_id: str, record: Record, budget: int
                    ) -> tuple[int, int, list[int]]:  # fmt: skip
-    """Greedy replay of one record (``benchmarks.replay``'s step rule); returns its steps,
+    """Greedy replay of one record (``drafter_bench.replay``'s step rule); returns its steps,
     the steps whose tree was lost (not OK) and the tokens committed by the last step."""
     output = record.output_ids.tolist()
     client.add_request(request_id, record.prompt_ids)

@@ -8,7 +8,7 @@ grows with it), this stores one generation with the default policy and times how
 until the datastore holds it. Prints one JSON line per size: seconds until searchable,
 the rebuild's own seconds, and its share of the time since the rebuild before it.
 
-    python -m benchmarks.live_freshness --tokens 0,1000000,4000000,16000000
+    python -m drafter_bench.live_freshness --tokens 0,1000000,4000000,16000000
 """
 
 from __future__ import annotations

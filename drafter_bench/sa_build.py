@@ -7,8 +7,8 @@ The real 6.4M-token corpus is built as is; larger texts tile it, each copy with
 its token ids remapped by a fresh random permutation of the vocabulary, so the
 copies do not repeat each other. Prints one JSON object per size.
 
-    python benchmarks/sa_build.py --corpus ../shared/data/corpus/datastore_llama3_family.jsonl.gz \
-        --sizes 6.4e6 64e6 256e6
+    python drafter_bench/sa_build.py \\
+        --corpus ../shared/data/corpus/datastore_llama3_family.jsonl.gz --sizes 6.4e6 64e6 256e6
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from benchmarks.token_records import iter_documents
+from drafter_bench.token_records import iter_documents
 from drafter_service import SubIndex
 from drafter_service.datastore.sub_indices import concat_documents
 

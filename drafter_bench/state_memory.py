@@ -11,7 +11,7 @@ first step sends its prompt), then reads the server's resident set size (VmRSS) 
 
 ``rss_over_accounted`` is what issue 29 bounds (at most 1.5). Run::
 
-    python -m benchmarks.state_memory \
+    python -m drafter_bench.state_memory \
         --corpus ../shared/data/corpus/datastore_llama3_family.jsonl.gz
 """
 
@@ -32,7 +32,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.token_records import iter_documents
+from drafter_bench.token_records import iter_documents
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 

@@ -8,7 +8,7 @@ line per (variant, dev set, budget).
 
 Example::
 
-    python -m benchmarks.node_score_ablation --data-dir ../shared/data \\
+    python -m drafter_bench.node_score_ablation --data-dir ../shared/data \\
         --out benchmarks/results/node_score_ablation.jsonl
 """
 
@@ -21,8 +21,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from benchmarks.replay import ReplaySettings, replay
-from benchmarks.token_records import LLAMA3_VOCAB_SIZE, data_name, iter_documents, read_records
 from datastore_builder.score_training import (
     collect,
     fit,
@@ -30,6 +28,8 @@ from datastore_builder.score_training import (
     share_datastore_weights,
     split_holdout,
 )
+from drafter_bench.replay import ReplaySettings, replay
+from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
@@ -64,13 +64,13 @@ def emit_row(row: Mapping[str, object], out: Path | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.node_score_ablation")
+    parser = argparse.ArgumentParser(prog="python -m drafter_bench.node_score_ablation")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--holdout", type=int, default=300)
     parser.add_argument("--candidate-budget", type=int, default=256)
     parser.add_argument("--out", type=Path, help="also append the JSON lines here")
     args = parser.parse_args(argv)
-    command = shlex.join(["python", "-m", "benchmarks.node_score_ablation",
+    command = shlex.join(["python", "-m", "drafter_bench.node_score_ablation",
                           *(argv if argv is not None else sys.argv[1:])])  # fmt: skip
     vocab = LLAMA3_VOCAB_SIZE
     records = read_training_records(args.data_dir / CORPUS, vocab)

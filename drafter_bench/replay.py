@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.acceptance import accepted_length
-from benchmarks.live_replay import ReplayLiveStore
-from benchmarks.proposers import (
+from drafter_bench.acceptance import accepted_length
+from drafter_bench.live_replay import ReplayLiveStore
+from drafter_bench.proposers import (
     ContextProposer,
     DrafterProposer,
     PldProposer,
     Proposer,
 )
-from benchmarks.token_records import Record
+from drafter_bench.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import Drafter, DraftTree
@@ -58,7 +58,7 @@ class ReplaySettings:
     before the next one starts."""
     live_base: str = "pinned"
     """With ``live`` and a base: how the base joins the live datastore, one of
-    :data:`~benchmarks.live_replay.LIVE_BASE_LAYOUTS` (``seed``: its initial snapshot,
+    :data:`~drafter_bench.live_replay.LIVE_BASE_LAYOUTS` (``seed``: its initial snapshot,
     finished records fold into its newest sub-index; ``pinned``: a pinned corpus,
     finished records get sub-indices of their own)."""
     vocab_size: int = 128256

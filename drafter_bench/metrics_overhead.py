@@ -6,7 +6,7 @@ per-request time of one datastore's batch; job: two clock reads), for several ba
 sizes, and for comparison the same tree sizes as one prometheus_client
 ``Histogram.observe`` per request. Budget: about 15 us per batch.
 
-    python benchmarks/metrics_overhead.py
+    python drafter_bench/metrics_overhead.py
 """
 
 from __future__ import annotations

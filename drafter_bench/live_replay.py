@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.token_records import Record
+from drafter_bench.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.live.pinned_corpora import CORPORA_KEY, Corpus, corpora_listing

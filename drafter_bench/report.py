@@ -1,6 +1,6 @@
 """Renders benchmarks/results/*.jsonl as the Markdown tables of docs/benchmarks.md.
 
-    python benchmarks/report.py benchmarks/results
+    python drafter_bench/report.py benchmarks/results
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.token_records import LLAMA3_VOCAB_SIZE
-from benchmarks.worker_bench import drafter_for
+from drafter_bench.token_records import LLAMA3_VOCAB_SIZE
+from drafter_bench.worker_bench import drafter_for
 
 ENGINE_PYTHON_ENV = "SSSD_ENGINE_PYTHON"
 _DEFAULT_PYTHON = {"vllm": Path(".venv-vllm") / "bin" / "python"}

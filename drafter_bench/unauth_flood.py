@@ -6,7 +6,7 @@ alone, then again while ``--flooders`` callers without a token each send
 server's resident memory. The server refuses those calls before reading their messages
 (``AuthGate``), so its memory and the Draft latency should barely move. One JSON line:
 
-    python benchmarks/unauth_flood.py --flooders 8 --message-mb 48 --seconds 10
+    python drafter_bench/unauth_flood.py --flooders 8 --message-mb 48 --seconds 10
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.pld import PldIndex
-from benchmarks.token_records import Record
+from drafter_bench.pld import PldIndex
+from drafter_bench.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import DraftBatch, Drafter

@@ -8,7 +8,7 @@ background threads (``--background-nice``). Prints one JSON object: draft p50/p9
 without and during rebuilds, and their ratio (target <= 1.2). ``--cpus 1`` runs the
 whole process on one core, where drafting and rebuilds take turns.
 
-    python benchmarks/live_rebuild_latency.py --data-dir ../shared/data --seconds 8
+    python drafter_bench/live_rebuild_latency.py --data-dir ../shared/data --seconds 8
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.token_records import Record, iter_documents, read_records
+from drafter_bench.token_records import Record, iter_documents, read_records
 from drafter_service import Datastore, Drafter, SubIndex
 from drafter_service.datastore.sub_indices import concat_documents
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy

@@ -14,7 +14,7 @@ both fits. ``corpus``: against the 6.4M-token corpus datastore. ``live``: the wh
 replayed into an empty live datastore (the first half is what the fits drafted from, as
 it learned), and tau is taken over the second half's records.
 
-    python -m benchmarks.calibration_bound --data-dir ../shared/data \
+    python -m drafter_bench.calibration_bound --data-dir ../shared/data \
         --out benchmarks/results/calibration_bound.jsonl
 """
 
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.live_replay import ReplayLiveStore
-from benchmarks.replay import ReplaySettings, replay
-from benchmarks.token_records import Record, iter_documents, read_records
 from datastore_builder.score_training import NoDraftNodes, TrainingRecord, collect, fit
+from drafter_bench.live_replay import ReplayLiveStore
+from drafter_bench.replay import ReplaySettings, replay
+from drafter_bench.token_records import Record, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import Drafter
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sets", nargs="*", default=list(DEV_SETS))
     parser.add_argument("--modes", nargs="*", default=["corpus", "live"])
     args = parser.parse_args(argv)
-    command = "python -m benchmarks.calibration_bound " + " ".join(
+    command = "python -m drafter_bench.calibration_bound " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     documents = list(iter_documents(args.data_dir / CORPUS, vocab_size=VOCAB))
