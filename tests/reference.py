@@ -33,6 +33,7 @@ SPEC_FIELDS = frozenset({
     "input_weight", "input_child_discount_base", "input_child_discount_per_match",
     "datastore_weight", "datastore_child_discount", "max_budget",
     "input_smoothing", "datastore_smoothing", "node_score",
+    "recent_samples", "recent_min_match", "recent_max_match", "recent_candidates",
 })
 
 
@@ -269,11 +270,13 @@ def fuse(
     budget: int,
     live_tree: Tree | None = None,
     prefixes: tuple[int, int] = (0, 0),
+    recent: tuple[Tree, int] | None = None,
 ) -> RefDraft:
     """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
 
     ``prefixes``: the base's and the live tree's matched prefixes (:func:`matched_prefix`),
-    for the features."""
+    for the features; ``recent``: the recent tier's tree and matched prefix
+    (:meth:`RefRecentTier.retrieve`)."""
     check_spec_fields(config)
     ctx = [int(t) for t in context]
     # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
@@ -303,6 +306,7 @@ def fuse(
         f[FEATURE_INDEX["depth"]] = depth
         f[FEATURE_INDEX["base_prefix"]] = prefixes[0] if datastore_tree is not None else 0
         f[FEATURE_INDEX["live_prefix"]] = prefixes[1] if live_tree is not None else 0
+        f[FEATURE_INDEX["recent_prefix"]] = recent[1] if recent is not None else 0
         evidence: dict[str, tuple[float, float]] = {}
         for tree, _, node, _, _, _, _, source, parent_count, match in members:
             if source == "input":
@@ -368,6 +372,10 @@ def fuse(
         roots.append((live_tree, _children(live_tree), (), live_tree[()],
                       config.datastore_smoothing, config.datastore_weight,
                       config.datastore_child_discount, "live", 0.0, 0))
+    if recent is not None and recent[0].get((), 0) > 0:  # the recent tier: after the live part
+        roots.append((recent[0], _children(recent[0]), (), recent[0][()],
+                      config.datastore_smoothing, config.datastore_weight,
+                      config.datastore_child_discount, "recent", 0.0, 0))
     if trie is not None:
         kids = _children(trie)
         for m in range(config.input_max_prefix, 0, -1):
@@ -400,6 +408,77 @@ def fuse(
         features=np.array([rows[i] for i in order], dtype=np.float64).reshape(
             len(order), len(SCORE_FEATURES)),
     )
+
+
+class RefRecentTier:
+    """The recent tier (docs/algorithm.md, "The recent tier") over the requests a drafter
+    holds, as plainly as it can be said: every position p >= K of a stream is an entry
+    keyed by the K tokens before it, numbered in the order entries are made (a stream's
+    positions in order, as its tokens arrive); a lookup walks the entries of the
+    context's last K tokens from the newest, over live streams only."""
+
+    def __init__(self, config: DraftConfig) -> None:
+        self.config = config
+        self.streams: dict[int, list[int]] = {}  # stream id -> its tokens
+        self.stream_of: dict[str, int] = {}  # request id -> its stream
+        self.entries: list[tuple[int, int]] = []  # (stream, position), oldest first
+        self._next = 0
+
+    def start(self, request_id: str, tokens: Sequence[int]) -> None:
+        stream = self._next
+        self._next += 1
+        self.stream_of[request_id] = stream
+        self.streams[stream] = []
+        self.append(request_id, tokens)
+
+    def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        stream = self.stream_of[request_id]
+        text = self.streams[stream]
+        before = len(text)
+        text.extend(int(t) for t in tokens)
+        k = self.config.recent_min_match
+        for p in range(max(k, before + 1 if before >= k else k), len(text) + 1):
+            self.entries.append((stream, p))
+
+    def stop(self, request_id: str) -> None:
+        stream = self.stream_of.pop(request_id, None)
+        if stream is not None:
+            del self.streams[stream]
+
+    def retrieve(self, request_id: str, context: Sequence[int], budget: int) -> tuple[Tree, int]:
+        """The tree of the continuations taken for ``request_id``'s context, and the
+        longest match among them (0: none)."""
+        c, k = self.config, self.config.recent_min_match
+        ctx = [int(t) for t in context]
+        tree: Tree = {(): 0}
+        if len(ctx) < k or budget <= 0 or c.recent_samples <= 0:
+            return tree, 0
+        own = self.stream_of.get(request_id)
+        cap = min(c.datastore_max_continuation, budget)
+        found: list[tuple[int, int, tuple[int, ...]]] = []  # (match, entry number, continuation)
+        walked = 0
+        for number in range(len(self.entries) - 1, -1, -1):
+            if walked >= 4 * c.recent_candidates or len(found) >= c.recent_candidates:
+                break
+            stream, pos = self.entries[number]
+            text = self.streams.get(stream)
+            if text is None or text[pos - k:pos] != ctx[-k:]:
+                continue
+            limit = min(c.recent_max_match, pos, len(ctx))
+            match = 0
+            while match < limit and text[pos - 1 - match] == ctx[-1 - match]:
+                match += 1
+            walked += 1
+            if stream == own or len(text) <= pos:
+                continue
+            found.append((match, number, tuple(text[pos:pos + cap])))
+        found.sort(key=lambda x: (-x[0], -x[1]))
+        taken = found[:c.recent_samples]
+        for _, _, continuation in taken:
+            tree[()] += 1
+            for d in range(1, len(continuation) + 1):
+                tree[continuation[:d]] = tree.get(continuation[:d], 0) + 1
+        return tree, (taken[0][0] if taken else 0)
 
 
 def datastore_trees(

@@ -49,6 +49,18 @@ class DraftConfig:
     """Per-level discount of datastore paths."""
     max_budget: int = 256
     """Largest draft budget a call may ask for."""
+    recent_samples: int = 0
+    """The recent tier: continuations taken per draft from the other requests the drafter
+    holds (siblings in flight), drafted from as a source of its own weighted like the
+    datastore (docs/algorithm.md, "The recent tier"). 0: no recent tier."""
+    recent_min_match: int = 3
+    """K: the context's last K tokens must occur in another request for it to be a match
+    (the recent tier's index key)."""
+    recent_max_match: int = 32
+    """How far back a recent match is measured (longer ones are taken first)."""
+    recent_candidates: int = 64
+    """Recent matches weighed per draft, newest first, before the longest
+    ``recent_samples`` are kept."""
     input_smoothing: float = 0.0
     """Shrinks input-trie probabilities to count(child) / (count(node) + k)."""
     datastore_smoothing: float = 2.0

@@ -72,6 +72,8 @@ SCORE_FEATURES = (
       for name in ("present", "log_cond", "log_count", "log_parent")),
     "input_match", "input_members", "base_prefix", "live_prefix",
     "unigram_seen", "bigram_seen", "trigram_seen",
+    "recent_present", "recent_log_cond", "recent_log_count", "recent_log_parent",
+    "recent_prefix",
 )  # fmt: skip
 """Columns of :meth:`Drafter.explain`'s features, the native ``ScoreFeature`` order: what
 fusion knows of a candidate when it offers it, the inputs of the learned node score
@@ -84,7 +86,9 @@ count), log(1 + count) and log(1 + parent count), all 0 where it does not. ``inp
 is the longest context suffix an input match behind it continues, ``input_members`` how
 many input matches offer it, ``*_prefix`` the longest context suffix a datastore tree was
 sampled for; ``*gram_seen`` whether the request's input trie holds the token, the token
-after the one before it, the token after the two before it."""
+after the one before it, the token after the two before it; ``recent_*`` the same four
+per-source columns for the recent tier (the other requests in flight), and the longest
+context suffix its matches share."""
 assert len(SCORE_FEATURES) == _core.SCORE_FEATURE_COUNT
 
 

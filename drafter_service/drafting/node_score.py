@@ -84,6 +84,8 @@ class NodeScore:
         if not isinstance(weights, dict):
             raise NodeScoreError(f"{where}: 'weights' must be an object of feature -> number")
         unknown = sorted(set(weights) - set(SCORE_FEATURES))
+        # A score trained before the recent tier existed leaves it out: weight 0.
+        weights = {**dict.fromkeys(RECENT_FEATURES, 0.0), **weights}
         missing = [f for f in SCORE_FEATURES if f not in weights]
         if unknown or missing:
             raise NodeScoreError(
@@ -97,6 +99,11 @@ class NodeScore:
             return cls(obj.get("bias"), tuple(weights[f] for f in SCORE_FEATURES), trained_on)  # type: ignore[arg-type]
         except NodeScoreError as exc:
             raise NodeScoreError(f"{where}: {exc}") from None
+
+
+RECENT_FEATURES = tuple(f for f in SCORE_FEATURES if f.startswith("recent_"))
+"""The recent tier's columns: a node score without them (trained before the tier existed)
+reads as weighing them 0."""
 
 
 def default_node_score() -> NodeScore:

@@ -93,6 +93,30 @@ class DraftConfig:
     def max_budget(self, arg: int, /) -> None: ...
 
     @property
+    def recent_samples(self) -> int: ...
+
+    @recent_samples.setter
+    def recent_samples(self, arg: int, /) -> None: ...
+
+    @property
+    def recent_min_match(self) -> int: ...
+
+    @recent_min_match.setter
+    def recent_min_match(self, arg: int, /) -> None: ...
+
+    @property
+    def recent_max_match(self) -> int: ...
+
+    @recent_max_match.setter
+    def recent_max_match(self, arg: int, /) -> None: ...
+
+    @property
+    def recent_candidates(self) -> int: ...
+
+    @recent_candidates.setter
+    def recent_candidates(self, arg: int, /) -> None: ...
+
+    @property
     def input_smoothing(self) -> float: ...
 
     @input_smoothing.setter
@@ -189,4 +213,4 @@ class Drafter:
 
     def explain(self, handle: int, budget: int) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))], Annotated[NDArray[numpy.float64], dict(shape=(None,))]]: ...
 
-SCORE_FEATURE_COUNT: int = 23
+SCORE_FEATURE_COUNT: int = 28

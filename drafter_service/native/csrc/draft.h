@@ -11,6 +11,7 @@
 #include "fusion.h"
 #include "fusion_records.h"
 #include "input_trie.h"
+#include "recent_tier.h"
 #include "retrieval.h"
 #include "score_features.h"
 
@@ -21,6 +22,8 @@ namespace drafter {
 struct DraftScratch {
   CandidateTree datastore_tree;     // the whole datastore, or a split datastore's base
   CandidateTree live_tree;          // a split datastore's live sub-indices
+  CandidateTree recent_tree;        // the recent tier's continuations
+  RecentScratch recent;
   std::vector<InputMatch> matches;  // input-trie matches of the context, m = 1..P
   RetrievalScratch retrieval;
   FusionScratch fusion;

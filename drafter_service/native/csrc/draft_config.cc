@@ -45,6 +45,11 @@ void validate(const DraftConfig& c) {
   require_in("datastore_max_continuation", c.datastore_max_continuation, 1, 1024);
   require_in("datastore_min_tree_nodes", c.datastore_min_tree_nodes, 0, 1e9);
   require_in("max_budget", c.max_budget, 0, 4096);
+  require_in("recent_samples", c.recent_samples, 0, 4096);
+  require_in("recent_min_match", c.recent_min_match, 1, 64);
+  require(c.recent_max_match >= c.recent_min_match && c.recent_max_match <= 1024,
+          "recent_max_match", c.recent_max_match, "must be in [recent_min_match, 1024]");
+  require_in("recent_candidates", c.recent_candidates, 1, 100000);
   require_in("input_weight", c.input_weight, 0.0, 1e6);
   require_in("input_child_discount_base", c.input_child_discount_base, 0.0, 1e6);
   require_in("input_child_discount_per_match", c.input_child_discount_per_match, 0.0, 1e6);

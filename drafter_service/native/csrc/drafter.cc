@@ -112,9 +112,11 @@ BatchDrafts gather(const std::vector<Draft>& drafts) {
 
 // Retrieval from the datastore for the context ending at context[context_len - 1], then
 // fusion with the input matches already in scratch.matches.
+// `recent`: the recent tier's candidates (null: none).
 void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t context_len,
                          const Datastore* datastore, const DraftConfig& config, int32_t budget,
-                         DraftScratch& scratch, Draft& out, bool explain = false) {
+                         DraftScratch& scratch, Draft& out, bool explain = false,
+                         const CandidateTree* recent = nullptr) {
   const CandidateTree* tree = nullptr;
   const CandidateTree* live = nullptr;
   if (datastore != nullptr && datastore->split()) {
@@ -134,6 +136,7 @@ void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t 
   in.matches = &scratch.matches;
   in.datastore_tree = tree;
   in.live_tree = live;
+  in.recent_tree = recent;
   in.context = context;
   in.context_len = context_len;
   in.explain = explain;
@@ -173,6 +176,7 @@ Drafter::Drafter(const DraftConfig& config, int32_t vocab_size, int32_t num_thre
       datastore_(std::make_shared<const Datastore>()),
       pool_(num_threads) {
   validate(config_);
+  if (config_.recent_samples > 0) tier_ = std::make_unique<RecentTier>(config_);
   if (vocab_size <= 0 || vocab_size > (1 << 30)) {
     throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) +
                                 " must be in [1, 2^30]");
@@ -221,22 +225,33 @@ void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n) {
   auto state = std::make_shared<RequestState>(config_.input_max_depth);
   state->tokens.assign(tokens, tokens + n);
   for (int64_t i = 0; i < n; ++i) state->trie.append(tokens[i]);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!requests_.emplace(handle, std::move(state)).second) {
-    throw std::invalid_argument("request handle " + std::to_string(handle) +
-                                " is already started");
+  std::unique_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
+  if (tier_) tier_lock.lock();
+  const std::vector<int32_t>* stream = &state->tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!requests_.emplace(handle, std::move(state)).second) {
+      throw std::invalid_argument("request handle " + std::to_string(handle) +
+                                  " is already started");
+    }
   }
+  if (tier_) tier_->add(handle, stream);
 }
 
 void Drafter::add(int64_t handle, const int32_t* tokens, int64_t n) {
   check_tokens(tokens, n);
+  std::unique_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
+  if (tier_) tier_lock.lock();
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);
   state->tokens.insert(state->tokens.end(), tokens, tokens + n);
   for (int64_t i = 0; i < n; ++i) state->trie.append(tokens[i]);
+  if (tier_) tier_->index(handle);
 }
 
 bool Drafter::stop(int64_t handle) {
+  std::unique_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
+  if (tier_) tier_lock.lock();
   std::shared_ptr<RequestState> state;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -245,6 +260,7 @@ bool Drafter::stop(int64_t handle) {
     state = std::move(it->second);
     requests_.erase(it);
   }
+  if (tier_) tier_->remove(handle);
   return true;  // freed here, or by the last call still drafting for it
 }
 
@@ -257,7 +273,16 @@ int64_t Drafter::num_tokens(int64_t handle) const {
 int64_t Drafter::request_bytes(int64_t handle) const {
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);
-  return state->bytes();
+  return held_bytes(*state);
+}
+
+int64_t Drafter::held_bytes(const RequestState& state) const {
+  if (!tier_) return state.bytes();
+  return state.bytes() + static_cast<int64_t>(state.tokens.size()) * RecentTier::kBytesPerToken;
+}
+
+int64_t Drafter::held_headroom(const RequestState& state) const {
+  return tier_ ? 0 : state.headroom();
 }
 
 std::vector<int32_t> Drafter::tokens(int64_t handle) const {
@@ -303,25 +328,67 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
   return in;
 }
 
-BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
-                                 int64_t num_new_tokens, const int64_t* offsets,
-                                 const int32_t* budgets) {
-  const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
-
-  std::vector<Draft> drafts(batch);
-  std::vector<int64_t> bytes(batch), headroom(batch);
+void Drafter::append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
+                           const int32_t* new_tokens, const int64_t* offsets,
+                           std::vector<int64_t>& bytes, std::vector<int64_t>& headroom) {
   pool_.parallel_for(batch, [&](int64_t i) {
-    thread_local DraftScratch scratch;
     RequestState& state = *in.states[i];
     std::lock_guard<std::mutex> lock(state.mu);
     for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
       state.tokens.push_back(new_tokens[k]);
       state.trie.append(new_tokens[k]);
     }
-    bytes[i] = state.bytes();
-    headroom[i] = state.headroom();
-    draft_one(&state.trie, state.tokens.data(), state.tokens.size(), in.datastore.get(), config_,
-              budgets[i], scratch, drafts[i]);
+    bytes[i] = held_bytes(state);
+    headroom[i] = held_headroom(state);
+  });
+  if (!tier_) return;
+  for (int64_t i = 0; i < batch; ++i) {
+    if (offsets[i + 1] > offsets[i]) tier_->index(handles[i]);
+  }
+}
+
+void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
+                          int32_t budget, DraftScratch& scratch, Draft& out,
+                          bool explain) const {
+  committed_matches(state.trie, config_, scratch.matches);
+  const CandidateTree* recent = nullptr;
+  if (tier_) {
+    tier_->retrieve(handle, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
+                    budget, scratch.recent, scratch.recent_tree);
+    recent = &scratch.recent_tree;
+  }
+  fuse_with_datastore(&state.trie, state.tokens.data(), state.tokens.size(), datastore, config_,
+                      budget, scratch, out, explain, recent);
+}
+
+BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
+                                 int64_t num_new_tokens, const int64_t* offsets,
+                                 const int32_t* budgets) {
+  std::vector<Draft> drafts(batch);
+  std::vector<int64_t> bytes(batch), headroom(batch);
+  BatchInputs in;
+  if (tier_) {  // the appends change what other requests' drafts read: exclusively
+    std::unique_lock<std::shared_mutex> tier_lock(tier_mu_);
+    in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+    append_batch(in, handles, batch, new_tokens, offsets, bytes, headroom);
+  } else {
+    in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+  }
+  std::shared_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
+  if (tier_) tier_lock.lock();
+  pool_.parallel_for(batch, [&](int64_t i) {
+    thread_local DraftScratch scratch;
+    RequestState& state = *in.states[i];
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (!tier_) {  // without the tier a request's appends and draft are one step
+      for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+        state.tokens.push_back(new_tokens[k]);
+        state.trie.append(new_tokens[k]);
+      }
+      bytes[i] = held_bytes(state);
+      headroom[i] = held_headroom(state);
+    }
+    draft_state(handles[i], state, in.datastore.get(), budgets[i], scratch, drafts[i], false);
   });
 
   BatchDrafts out = gather(drafts);
@@ -336,10 +403,10 @@ Draft Drafter::explain(int64_t handle, int32_t budget) {
   const std::shared_ptr<const Datastore> datastore = this->datastore();
   DraftScratch scratch;
   Draft out;
+  std::shared_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
+  if (tier_) tier_lock.lock();
   std::lock_guard<std::mutex> lock(state->mu);
-  committed_matches(state->trie, config_, scratch.matches);
-  fuse_with_datastore(&state->trie, state->tokens.data(), state->tokens.size(), datastore.get(),
-                      config_, budget, scratch, out, /*explain=*/true);
+  draft_state(handle, *state, datastore.get(), budget, scratch, out, /*explain=*/true);
   return out;
 }
 

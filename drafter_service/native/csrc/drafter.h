@@ -9,12 +9,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "draft.h"
 #include "input_trie.h"
+#include "recent_tier.h"
 
 namespace drafter {
 
@@ -118,9 +120,27 @@ class Drafter {
   BatchInputs prepare(const int64_t* handles, int64_t batch, const int32_t* tokens,
                       int64_t num_tokens, const int64_t* offsets, const int32_t* budgets) const;
   void check_tokens(const int32_t* tokens, int64_t n) const;
+  // What the service counts for a request: its state's bytes and, with the recent tier,
+  // the tier's bound for its tokens (RecentTier::kBytesPerToken); with the tier no
+  // headroom is reported, since its tokens grow the shared tier. Caller holds state.mu.
+  int64_t held_bytes(const RequestState& state) const;
+  int64_t held_headroom(const RequestState& state) const;
+  // Drafts for one request from its state (caller holds state.mu, and the tier shared).
+  void draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
+                   int32_t budget, DraftScratch& scratch, Draft& out, bool explain) const;
+  // A batch's appends, and with the recent tier their indexing (draft_batch's first half).
+  void append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
+                    const int32_t* new_tokens, const int64_t* offsets,
+                    std::vector<int64_t>& bytes, std::vector<int64_t>& headroom);
 
   const DraftConfig config_;
   const int32_t vocab_size_;
+  // With config.recent_samples > 0: the recent tier over every request's tokens. Every
+  // change to any request's tokens holds tier_mu_ exclusively (and indexes them), every
+  // draft holds it shared, so a draft reads the other requests' tokens unchanging.
+  // Lock order: tier_mu_, then mu_, then a RequestState's mu.
+  std::unique_ptr<RecentTier> tier_;
+  mutable std::shared_mutex tier_mu_;
   mutable std::mutex mu_;  // guards requests_ and datastore_
   std::unordered_map<int64_t, std::shared_ptr<RequestState>> requests_;
   std::shared_ptr<const Datastore> datastore_;  // never null

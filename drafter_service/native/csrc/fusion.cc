@@ -29,7 +29,7 @@ class Fusion {
   Fusion(const FusionInputs& in, const NodeScorer& scorer, FusionScratch& scratch)
       : in_(in),
         config_(in.config),
-        view_{in.trie, in.datastore_tree, in.live_tree},
+        view_{in.trie, in.datastore_tree, in.live_tree, in.recent_tree},
         scorer_(scorer),
         featured_(scorer.needs_features() || in.explain),
         s_(scratch) {
@@ -96,8 +96,8 @@ void Fusion::offer_children(const Member& m, int32_t cap) {
 }
 
 // Roots of the sources, in a fixed order: the datastore tree (a split datastore's
-// base), its live tree, then input matches from the longest suffix (P) to the
-// shortest (1).
+// base), its live tree, the recent tier's, then input matches from the longest suffix
+// (P) to the shortest (1).
 void Fusion::offer_roots() {
   if (in_.datastore_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
@@ -108,6 +108,12 @@ void Fusion::offer_roots() {
   if (in_.live_tree != nullptr) {
     offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
                     static_cast<double>(in_.live_tree->count(CandidateTree::kRoot)),
+                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
+                   in_.budget);
+  }
+  if (in_.recent_tree != nullptr && in_.recent_tree->count(CandidateTree::kRoot) > 0) {
+    offer_children({CandidateTree::kRoot, Source::kRecent, 1.0,
+                    static_cast<double>(in_.recent_tree->count(CandidateTree::kRoot)),
                     config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
                    in_.budget);
   }

@@ -27,6 +27,7 @@ struct FusionInputs {
   const std::vector<InputMatch>* matches = nullptr;
   const CandidateTree* datastore_tree = nullptr;  // the datastore, or a split one's base
   const CandidateTree* live_tree = nullptr;       // a split datastore's live sub-indices
+  const CandidateTree* recent_tree = nullptr;     // the recent tier's continuations
   // context[0, context_len) ends the context (its last two tokens are read, for the
   // n-gram features).
   const int32_t* context = nullptr;

@@ -22,7 +22,8 @@ struct Draft {
 
 namespace fusion {
 
-enum class Source : uint8_t { kDatastore, kInput, kLive };  // kLive: a split datastore's live part
+// kLive: a split datastore's live part; kRecent: the recent tier (the requests in flight).
+enum class Source : uint8_t { kDatastore, kInput, kLive, kRecent };
 
 // One source's node standing behind a draft node (or candidate): the same
 // path, as seen by that source.
@@ -82,7 +83,10 @@ struct SourceView {
   const InputTrie* trie;
   const CandidateTree* tree;
   const CandidateTree* live;
-  const CandidateTree& of(Source s) const { return s == Source::kLive ? *live : *tree; }
+  const CandidateTree* recent;
+  const CandidateTree& of(Source s) const {
+    return s == Source::kLive ? *live : s == Source::kRecent ? *recent : *tree;
+  }
   int32_t first_child(Source s, int32_t n) const {
     return s == Source::kInput ? trie->first_child(n) : of(s).first_child(n);
   }

@@ -62,6 +62,7 @@ void member_features(const LogTable& logs, const Member* begin, const Member* en
   f[kFeatDepth] = depth;
   f[kFeatBasePrefix] = view.tree != nullptr ? view.tree->matched_prefix() : 0;
   f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
+  f[kFeatRecentPrefix] = view.recent != nullptr ? view.recent->matched_prefix() : 0;
   double input_count = 0.0, input_parent = 0.0;
   for (const Member* m = begin; m != end; ++m) {
     const double count = m->denominator;
@@ -79,6 +80,9 @@ void member_features(const LogTable& logs, const Member* begin, const Member* en
         break;
       case Source::kLive:
         source_features(logs, count, m->parent_count, f + kFeatLivePresent);
+        break;
+      case Source::kRecent:
+        source_features(logs, count, m->parent_count, f + kFeatRecentPresent);
         break;
     }
   }

@@ -38,6 +38,11 @@ enum ScoreFeature : int32_t {
   kFeatUnigramSeen,     // 1 if the request's input trie holds the token,
   kFeatBigramSeen,      // the token after the one before it (its parent, or the context's
   kFeatTrigramSeen,     // last token), the token after the two before it
+  kFeatRecentPresent,   // the recent tier (the other requests in flight)
+  kFeatRecentLogCond,
+  kFeatRecentLogCount,
+  kFeatRecentLogParent,
+  kFeatRecentPrefix,    // longest context suffix the recent tier's matches share
   kScoreFeatures
 };
 

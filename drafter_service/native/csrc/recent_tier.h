@@ -1,0 +1,91 @@
+// The recent tier: an index over the tokens of the requests one Drafter holds (its
+// requests in flight, siblings included), drafted from as a source of its own
+// (docs/algorithm.md, "The recent tier").
+//
+// Every position p >= K of a stream (K = recent_min_match) is an entry keyed by the
+// K tokens before it, entered when its K-th token arrives: its continuation is what
+// the stream holds from p on, which grows as the stream does. A lookup for a context
+// walks the entries of the context's last K tokens from the newest, takes the first
+// recent_candidates ones of other streams that have a continuation, measures how far
+// back each one's match with the context extends (up to recent_max_match), and keeps
+// the recent_samples longest (the newer first among equal lengths).
+//
+// Not thread-safe: the Drafter mutates it and the streams it reads under an exclusive
+// lock, and drafts from it under a shared one (drafter.h).
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "candidate_tree.h"
+#include "draft_config.h"
+
+namespace drafter {
+
+// Reusable buffers of RecentTier::retrieve; contents are meaningless between calls.
+struct RecentScratch {
+  struct Found {
+    int32_t match;   // tokens the match with the context extends back, >= K
+    uint32_t entry;  // the entry's index: larger is newer
+    const int32_t* continuation;
+    int32_t len;
+  };
+  std::vector<Found> found;
+  std::vector<Sample> samples;
+};
+
+class RecentTier {
+ public:
+  // What one indexed token may cost the tier at most, in bytes: its entry (16) with a
+  // vector's slack (x2) and the entries of stopped streams not compacted yet (x2), and
+  // its share of the bucket table (4 bytes, at most 4 slots per entry, the same x2).
+  static constexpr int64_t kBytesPerToken = 16 * 2 * 2 + 4 * 4 * 2;
+
+  explicit RecentTier(const DraftConfig& config);
+
+  // Starts indexing the stream of request `handle`. `tokens` must stay valid until
+  // remove(handle) and change only by appends, each followed by index(handle).
+  void add(int64_t handle, const std::vector<int32_t>* tokens);
+  // Enters the positions the stream's tokens appended since the last call complete.
+  void index(int64_t handle);
+  // Forgets the stream (its entries are skipped, then compacted away).
+  void remove(int64_t handle);
+  // Fills `tree` with the continuations of other streams after the context's last K
+  // tokens (see the file comment), each capped at min(datastore_max_continuation,
+  // max_len) tokens, and sets its matched prefix to the longest match (0: none).
+  // `own`: the request drafting, whose own stream is never matched.
+  void retrieve(int64_t own, const int32_t* context, int64_t context_len, int32_t max_len,
+                RecentScratch& scratch, CandidateTree& tree) const;
+
+  int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t resident_bytes() const;
+
+ private:
+  struct Stream {
+    const std::vector<int32_t>* tokens;  // null once removed
+    int64_t indexed;  // tokens whose position after them has been considered
+  };
+  struct Entry {
+    uint32_t stream;  // index into streams_
+    uint32_t pos;     // the continuation starts at tokens[pos]
+    uint32_t key;     // hash of tokens[pos - K, pos)
+    uint32_t next;    // the next older entry of the same bucket, + 1 (0: none)
+  };
+  uint32_t key_of(const int32_t* last) const;  // of the K tokens ending at last[-1]
+  void insert(uint32_t stream, uint32_t pos, uint32_t key);
+  void rebuild(bool drop_removed);  // rechains every entry; compacts when asked
+
+  const int32_t k_;          // recent_min_match
+  const int32_t max_match_;  // recent_max_match
+  const int32_t candidates_; // recent_candidates
+  const int32_t samples_;    // recent_samples
+  const int32_t max_continuation_;
+  std::vector<Stream> streams_;
+  std::unordered_map<int64_t, uint32_t> stream_of_;  // handle -> index into streams_
+  std::vector<Entry> entries_;  // oldest first
+  std::vector<uint32_t> heads_; // per bucket: its newest entry + 1 (0: none)
+  int64_t removed_entries_ = 0; // entries of removed streams still in entries_
+};
+
+}  // namespace drafter

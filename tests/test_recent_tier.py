@@ -1,0 +1,178 @@
+"""The recent tier (docs/algorithm.md, "The recent tier"): drafts from the other requests
+a drafter holds, native core against the reference over random sequences of starts,
+batched steps and stops, and what the tier promises by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import reference as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import assert_same_draft
+from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
+
+from drafter_service import DraftConfig, Drafter
+from drafter_service.drafting.drafter import SCORE_FEATURES
+
+
+@st.composite
+def recent_configs(draw: st.DrawFn) -> DraftConfig:
+    k = draw(st.integers(1, 3))
+    return dataclasses.replace(
+        draw(draft_configs()),
+        recent_samples=draw(st.integers(1, 6)),
+        recent_min_match=k,
+        recent_max_match=draw(st.integers(k, 6)),
+        recent_candidates=draw(st.integers(1, 6)),
+    )
+
+
+def reference_draft(tier: ref.RefRecentTier, request_id: str, context: list[int],
+                    corpus: Corpus | None, config: DraftConfig, budget: int) -> ref.RefDraft:
+    subs = corpus.reference() if corpus is not None else None
+    base = corpus.base_count if corpus is not None else 0
+    ds_tree, live_tree = ref.datastore_trees(subs, context, config, budget, base)
+    return ref.fuse(
+        ref.input_trie_counts(context, config.input_max_depth), context, ds_tree, config,
+        budget, live_tree=live_tree,
+        prefixes=ref.datastore_prefixes(subs, context, config, budget, base),
+        recent=tier.retrieve(request_id, context, budget),
+    )  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), recent_configs(), st.one_of(st.none(), corpora(split=True)),
+       st.integers(1, 3))
+def test_drafts_with_the_recent_tier_equal_the_reference(
+    data: st.DataObject, config: DraftConfig, corpus: Corpus | None, threads: int
+) -> None:
+    vocab = corpus.vocab_size if corpus is not None else data.draw(st.integers(2, 5))
+    tokens = st.lists(st.integers(0, vocab - 1), max_size=8)
+    drafter = Drafter(vocab, config, corpus.datastore() if corpus is not None else None,
+                      num_threads=threads)  # fmt: skip
+    tier = ref.RefRecentTier(config)
+    held: dict[str, list[int]] = {}
+    # Siblings: every request starts from a prompt drawn from a few shared ones.
+    prompts = data.draw(st.lists(tokens, min_size=1, max_size=3))
+    names = iter(f"r{i}" for i in range(100))
+    for _ in range(data.draw(st.integers(1, 6))):
+        for _ in range(data.draw(st.integers(0 if held else 1, 3))):
+            rid = next(names)
+            prompt = [*data.draw(st.sampled_from(prompts)), *data.draw(tokens)]
+            drafter.start(rid, prompt)
+            tier.start(rid, prompt)
+            held[rid] = prompt
+        for rid in data.draw(st.lists(st.sampled_from(sorted(held)), unique=True, max_size=1)):
+            if len(held) > 1:
+                drafter.stop(rid)
+                tier.stop(rid)
+                del held[rid]
+        ids = sorted(held)
+        new = [data.draw(tokens) for _ in ids]
+        budgets = [data.draw(st.integers(0, MAX_BUDGET)) for _ in ids]
+        got = drafter.speculate(ids, new, budgets)
+        for rid, added in zip(ids, new, strict=True):  # appended in row order, then drafted
+            tier.append(rid, added)
+            held[rid] = [*held[rid], *added]
+        for row, rid in enumerate(ids):
+            tree = got.tree(row)
+            want = reference_draft(tier, rid, held[rid], corpus, config, budgets[row])
+            assert_same_draft((tree.tokens, tree.parents, tree.scores), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data(), recent_configs(), st.integers(1, MAX_BUDGET))
+def test_explain_with_the_recent_tier_equals_the_reference(
+    data: st.DataObject, config: DraftConfig, budget: int
+) -> None:
+    tokens = st.lists(st.integers(0, 3), min_size=1, max_size=10)
+    drafter, tier = Drafter(4, config), ref.RefRecentTier(config)
+    held = {f"r{i}": data.draw(tokens) for i in range(data.draw(st.integers(1, 4)))}
+    for rid, context in held.items():
+        drafter.start(rid, context)
+        tier.start(rid, context)
+    for rid, context in held.items():
+        got = drafter.explain(rid, budget)
+        want = reference_draft(tier, rid, context, None, config, budget)
+        assert_same_draft((got.tree.tokens, got.tree.parents, got.tree.scores), want)
+        assert want.features is not None
+        assert got.features.tolist() == want.features.tolist()
+
+
+RECENT = DraftConfig(recent_samples=8, recent_min_match=2)
+
+
+def test_a_sibling_ahead_is_drafted_from() -> None:
+    """Two requests of one prompt: the one behind drafts what the other already wrote."""
+    drafter = Drafter(100, RECENT)
+    prompt = [1, 2, 3]
+    drafter.start("ahead", [*prompt, 10, 11, 12, 13, 14])
+    drafter.start("behind", prompt)
+    tree = drafter.speculate(["behind"], [[10]], 8).tree(0)
+    assert tree.tokens.tolist()[:4] == [11, 12, 13, 14]
+    assert tree.parents.tolist()[:4] == [-1, 0, 1, 2]
+
+
+def test_a_request_never_matches_its_own_tokens_in_the_tier() -> None:
+    """Its own repeats are the input trie's: alone, it drafts exactly as without the tier,
+    and no node says the tier offered it."""
+    context = [5, 6, 7, 8, 5, 6]
+    alone, plain = Drafter(100, RECENT), Drafter(100)
+    for d in (alone, plain):
+        d.start("a", context)
+    explained = alone.explain("a", 8)
+    assert len(explained.tree) > 0
+    assert explained.features[:, SCORE_FEATURES.index("recent_present")].tolist() == [0.0] * 4
+    want = plain.speculate(["a"], [[]], 8).tree(0)
+    assert explained.tree.tokens.tolist() == want.tokens.tolist()
+    assert explained.tree.scores.tolist() == want.scores.tolist()
+
+
+def test_a_stopped_request_is_drafted_from_no_more() -> None:
+    drafter = Drafter(100, RECENT)
+    drafter.start("gone", [1, 2, 3, 4, 5, 6])
+    drafter.start("b", [9, 1, 2])
+    assert drafter.speculate(["b"], [[3]], 4).tree(0).tokens.tolist() == [4, 5, 6]
+    drafter.stop("gone")
+    assert len(drafter.speculate(["b"], [[]], 4).tree(0)) == 0
+
+
+def test_many_starts_and_stops_compact_the_tier_and_keep_drafting() -> None:
+    """Stopped requests' entries are dropped once they outnumber the live ones; drafts
+    stay those of the requests held."""
+    drafter = Drafter(50, RECENT)
+    rng = np.random.default_rng(0)
+    drafter.start("keep", [1, 2, 3, 4, 5, 6, 7])
+    for i in range(300):
+        drafter.start(f"t{i}", rng.integers(10, 50, 64))
+        drafter.stop(f"t{i}")
+    drafter.start("b", [0, 1, 2])
+    assert drafter.speculate(["b"], [[3]], 3).tree(0).tokens.tolist() == [4, 5, 6]
+
+
+def test_the_tier_is_off_by_default_and_changes_nothing_then() -> None:
+    assert DraftConfig().recent_samples == 0
+    drafter = Drafter(100)
+    drafter.start("ahead", [1, 2, 3, 10, 11, 12])
+    drafter.start("behind", [1, 2, 3])
+    assert len(drafter.speculate(["behind"], [[10]], 8).tree(0)) == 0
+
+
+def test_its_memory_is_counted_per_token_and_no_headroom_is_claimed() -> None:
+    plain, recent = Drafter(100), Drafter(100, RECENT)
+    for d in (plain, recent):
+        d.start("a", list(range(50)))
+    assert plain.speculate(["a"], [[1]], 0).state_headroom.tolist()[0] > 0
+    assert recent.speculate(["a"], [[1]], 0).state_headroom.tolist() == [0]
+    assert recent.request_bytes("a") - plain.request_bytes("a") == 51 * 96
+
+
+@pytest.mark.parametrize("field,value", [("recent_samples", -1), ("recent_min_match", 0),
+                                         ("recent_max_match", 2), ("recent_candidates", 0)])
+def test_recent_settings_are_validated(field: str, value: int) -> None:
+    settings = {"recent_samples": 4, "recent_min_match": 3, field: value}
+    with pytest.raises(ValueError, match=field):
+        DraftConfig(**settings)
