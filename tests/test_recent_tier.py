@@ -5,10 +5,12 @@ batched steps and stops, and what the tier promises by hand."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 import reference as ref
+from client_servers import DrafterProcess
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import assert_same_draft
@@ -16,6 +18,8 @@ from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import DraftConfig, Drafter
 from drafter_service.drafting.drafter import SCORE_FEATURES
+from drafter_service.engine.request_table import RECENT_BYTES_PER_TOKEN, StateCost
+from verifier_client import BudgetRule, DrafterClient, Outcome
 
 
 @st.composite
@@ -176,3 +180,49 @@ def test_recent_settings_are_validated(field: str, value: int) -> None:
     settings = {"recent_samples": 4, "recent_min_match": 3, field: value}
     with pytest.raises(ValueError, match=field):
         DraftConfig(**settings)
+
+
+def test_siblings_on_two_clients_draft_from_each_other(tmp_path: Path) -> None:
+    """Through the real service (`drafter serve --draft-config recent_samples=8`): two
+    decode workers, each with its own client, run one prompt; the one behind drafts the
+    tokens the other has already committed, as a tree the service could not have drafted
+    from the prompt or the (empty) datastore."""
+    server = DrafterProcess(tmp_path / "data", "--draft-config", "recent_samples=8",
+                            "--draft-config", "recent_min_match=2")  # fmt: skip
+    try:
+        ahead = DrafterClient(server.target, deadline_ms=60_000.0, budget=BudgetRule.fixed(8))
+        behind = DrafterClient(server.target, deadline_ms=60_000.0, budget=BudgetRule.fixed(8))
+        ahead.wait_ready()
+        behind.wait_ready()
+        prompt = [1, 2, 3, 4]
+        written = [40, 41, 42, 43, 44, 45, 46, 47]
+        ahead.add_request("a", prompt)
+        behind.add_request("b", prompt)
+        assert ahead.step({"a": written}).outcome == Outcome.OK
+        result = behind.step({"b": written[:2]})
+        tree = result["b"]
+        assert result.outcome == Outcome.OK and tree is not None
+        assert list(tree.tokens[:6]) == written[2:]
+        alone = DrafterProcess(tmp_path / "alone", "--draft-config", "recent_samples=8")
+        try:  # the same step with no sibling drafts nothing
+            solo = DrafterClient(alone.target, deadline_ms=60_000.0,
+                                 budget=BudgetRule.fixed(8))  # fmt: skip
+            solo.wait_ready()
+            solo.add_request("b", prompt)
+            lone = solo.step({"b": written[:2]})["b"]
+            assert lone is None or len(lone.tokens) == 0
+            solo.close()
+        finally:
+            alone.stop()
+        ahead.close()
+        behind.close()
+    finally:
+        server.stop()
+
+
+def test_the_service_reserves_the_tiers_bound_for_every_token() -> None:
+    """What the native core counts a token for the tier, the service reserves before it
+    is measured (its request-state budget bounds the tier too)."""
+    plain, recent = StateCost(4, 640), StateCost(4, 640, RECENT_BYTES_PER_TOKEN)
+    assert RECENT_BYTES_PER_TOKEN == 96
+    assert recent.worst(100) - plain.worst(100) == 100 * RECENT_BYTES_PER_TOKEN

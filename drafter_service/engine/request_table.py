@@ -15,10 +15,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from drafter_service.native import _core
+
 NODE_BYTES_MAX = 80
 """Most bytes of capacity one input-trie node costs: 16 in the node array, which at most
 doubles past its size, and 12 in the hash table, kept between a quarter and a half full
 (native ``InputTrie``)."""
+RECENT_BYTES_PER_TOKEN: int = _core.RECENT_BYTES_PER_TOKEN
+"""What the native core counts a request's token for the recent tier (its entry and table
+slot with their slack: ``RecentTier::kBytesPerToken``), when the tier is on."""
 PYTHON_STATE_BYTES = 640
 """What the service's own objects cost per request (this HeldRequest, its id string,
 the table's and the drafter's dict entries), measured with tracemalloc."""
@@ -32,6 +37,7 @@ class StateCost:
 
     max_depth: int  # DraftConfig.input_max_depth: trie nodes a token adds, at most
     vocab_size: int
+    recent_bytes: int = 0  # what the recent tier counts a token (RECENT_BYTES_PER_TOKEN), if on
 
     @property
     def fixed(self) -> int:
@@ -44,7 +50,7 @@ class StateCost:
         """At most what a state of ``tokens`` tokens holds, whatever they are: every token
         a new trie node at each depth, every buffer at its most slack (tokens at 2 x 4
         bytes)."""
-        return self.fixed + tokens * (self.max_depth * NODE_BYTES_MAX + 8)
+        return self.fixed + tokens * (self.max_depth * NODE_BYTES_MAX + 8 + self.recent_bytes)
 
 
 @dataclass(slots=True)

@@ -214,3 +214,5 @@ class Drafter:
     def explain(self, handle: int, budget: int) -> tuple[Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.int32], dict(shape=(None,))], Annotated[NDArray[numpy.float32], dict(shape=(None,))], Annotated[NDArray[numpy.float64], dict(shape=(None,))]]: ...
 
 SCORE_FEATURE_COUNT: int = 28
+
+RECENT_BYTES_PER_TOKEN: int = 96

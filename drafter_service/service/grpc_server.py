@@ -31,7 +31,7 @@ from drafter_service.engine.calls import CallLimits
 from drafter_service.engine.catalog import Catalog
 from drafter_service.engine.draft_engine import DraftEngine
 from drafter_service.engine.ingest_queue import GenerationIngester
-from drafter_service.engine.request_table import RequestTable, StateCost
+from drafter_service.engine.request_table import RECENT_BYTES_PER_TOKEN, RequestTable, StateCost
 from drafter_service.metrics.drafter_metrics import DrafterMetrics
 from drafter_service.metrics.metrics_http import MetricsEndpoint, serve_metrics, stop_metrics
 from drafter_service.service.open_catalog import open_catalog
@@ -222,9 +222,11 @@ class DrafterServer:
             live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
             default_datastore=DEFAULT_DATASTORE,
         )
+        configs = [s.drafter.config for s in catalog.slots.values()]
         cost = StateCost(
-            max(s.drafter.config.input_max_depth for s in catalog.slots.values()),
+            max(c.input_max_depth for c in configs),
             catalog.tokenizer.vocab_size,
+            RECENT_BYTES_PER_TOKEN if any(c.recent_samples > 0 for c in configs) else 0,
         )
         table = RequestTable(
             config.request_ttl_s, config.max_request_states, config.max_request_state_bytes,

@@ -364,4 +364,5 @@ NB_MODULE(_core, m) {
   bind_drafter(m);
   const int32_t feature_count = kScoreFeatures;  // an int, not the (unbound) enum
   m.attr("SCORE_FEATURE_COUNT") = feature_count;
+  m.attr("RECENT_BYTES_PER_TOKEN") = RecentTier::kBytesPerToken;
 }
