@@ -17,7 +17,7 @@ from drafter_bench.engine_bench import add_engine_parser
 from drafter_bench.gpu_bench import add_gpu_parser
 from drafter_bench.live_replay import LIVE_BASE_LAYOUTS
 from drafter_bench.load import add_load_parser
-from drafter_bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay
+from drafter_bench.replay import METHODS, USES_DATASTORE, ReplaySettings, replay, sibling_groups
 from drafter_bench.scale_bench import add_scale_parser
 from drafter_bench.token_records import (
     LLAMA3_VOCAB_SIZE,
@@ -120,12 +120,30 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument("--batch", type=_positive, default=1, help="records in lockstep (default 1)")
     p.add_argument(
+        "--siblings",
+        type=_positive,
+        metavar="N",
+        help="replay groups of N records that answer one prompt, each group in N lanes at "
+        "once (parallel sampling, RL rollouts): the first N answers of every prompt with at "
+        "least N; --batch must be a multiple of N (default N). With the recent tier on "
+        "(--config recent_samples=S) siblings draft from each other",
+    )
+    p.add_argument(
+        "--stagger",
+        type=int,
+        default=0,
+        metavar="S",
+        help="with --siblings: sibling j starts S * j steps after the first (default 0: "
+        "lockstep)",
+    )
+    p.add_argument(
         "--curve",
         type=_positive,
         metavar="N",
         help="also report tau over each window of N finished records (tau_curve)",
     )
-    p.add_argument("--limit", type=_positive, help="replay only the first N records")
+    p.add_argument("--limit", type=_positive,
+                   help="replay only the first N records (with --siblings: of the groups)")
     p.add_argument("--threads", type=_positive, default=1, help="drafter threads (default 1)")
     p.add_argument(
         "--config",
@@ -224,7 +242,21 @@ def run_replay(args: argparse.Namespace) -> int:
     live_base = args.live and bool(args.corpus or args.snapshot)
     if args.live_base != "pinned" and not live_base:
         raise DataError(f"--live-base {args.live_base} needs --live and --corpus or --snapshot")
-    records = read_records(args.data, vocab_size=args.vocab_size, limit=args.limit)
+    records = read_records(args.data, vocab_size=args.vocab_size,
+                           limit=None if args.siblings else args.limit)  # fmt: skip
+    if args.stagger < 0 or (args.stagger and not args.siblings):
+        raise DataError(f"--stagger {args.stagger} needs --siblings and must be >= 0")
+    if args.siblings:
+        records = sibling_groups(records, args.siblings)
+        if args.limit:  # whole groups
+            records = records[: max(1, args.limit // args.siblings) * args.siblings]
+        if not records:
+            raise DataError(f"{args.data}: no prompt has {args.siblings} answers (--siblings)")
+        if args.batch == 1:
+            args.batch = args.siblings
+        if args.batch % args.siblings:
+            raise DataError(f"--batch {args.batch} is not a multiple of --siblings "
+                            f"{args.siblings}")  # fmt: skip
     base: list[SubIndex] = []
     build_s = load_s = None
     if args.corpus and args.snapshot:
@@ -284,6 +316,8 @@ def run_replay(args: argparse.Namespace) -> int:
         ceiling=args.ceiling or 0,
         chain=_chain_length(args),
         chain_min_score=args.chain_min_score,
+        siblings=args.siblings or 0,
+        stagger=args.stagger,
     )
     if args.chain and "pld" in methods:
         raise DataError("--chain needs drafter methods (input, datastore, both), not pld")
@@ -309,7 +343,10 @@ def run_replay(args: argparse.Namespace) -> int:
                 "wall_s": round(result.wall_s, 3), "batch": args.batch, "threads": args.threads,
                 "live_base": args.live_base if live_base and uses_store else None,
                 "node_score": args.node_score if method != "pld" else None,
+                "recent_samples": config.recent_samples if method != "pld" else None,
             }  # fmt: skip
+            if args.siblings:
+                row["siblings"], row["stagger"] = args.siblings, args.stagger
             if method == "pld":
                 row["pld_n"] = [args.pld_min, args.pld_max]
             if load_s is not None and uses_store:

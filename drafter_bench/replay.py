@@ -6,6 +6,12 @@ each step, with ``p`` output tokens committed, the drafter proposes a tree;
 ``output[p], output[p+1], ...``; the step commits ``accepted + 1`` tokens (the
 target's bonus token), capped at the end of the output. tau = output tokens /
 steps. ``batch`` records run in lockstep, one drafter call per step.
+
+With ``siblings`` N the records come in groups of N answering one prompt
+(:func:`sibling_groups`) and a group occupies N lanes together, as parallel sampling or
+RL rollouts put siblings in flight: with the recent tier on
+(``DraftConfig.recent_samples``) each drafts from the others. ``stagger`` S starts
+sibling j S * j steps after the first, as queued rollouts start.
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ class ReplaySettings:
     of at most this many tokens (``Tree.best_chain``; 0: none), ending before a node scored
     below ``chain_min_score``. Drafter methods only (the chain is chosen by node scores)."""
     chain_min_score: float = 0.0
+    siblings: int = 0
+    """Records per sibling group (0: none): see the module docstring."""
+    stagger: int = 0
+    """Steps between the starts of two siblings of a group."""
     ceiling: int = 0
     """Recall ceiling (0: off): draft trees of this many nodes and accept at most
     ``budget`` tokens of each, so tau is what the best ``budget``-node subtree of every
@@ -138,6 +148,19 @@ class _Lane:
     p: int = 0
     steps: int = 0
     delta: npt.NDArray[np.int32] = field(default_factory=lambda: _EMPTY)
+    start_at: int = 0  # the step it starts at (a staggered sibling waits until then)
+    started: bool = False
+
+
+def sibling_groups(records: Sequence[Record], n: int) -> list[Record]:
+    """The records in groups of ``n`` that answer one prompt (identical ``prompt_ids``),
+    group after group: the first ``n`` of every prompt that has at least ``n`` answers, in
+    the order each prompt first appears."""
+    by_prompt: dict[bytes, list[Record]] = {}
+    for record in records:
+        by_prompt.setdefault(np.asarray(record.prompt_ids, dtype=np.int32).tobytes(),
+                             []).append(record)  # fmt: skip
+    return [r for group in by_prompt.values() if len(group) >= n for r in group[:n]]
 
 
 def replay(
@@ -152,6 +175,9 @@ def replay(
     """
     if settings.batch < 1:
         raise ValueError(f"batch must be >= 1, got {settings.batch}")
+    group = max(1, settings.siblings)
+    if settings.batch % group:
+        raise ValueError(f"batch {settings.batch} is not a multiple of siblings {group}")
     uses_store = settings.method in USES_DATASTORE
     live = (
         ReplayLiveStore(base, settings.vocab_size, settings.live_policy, settings.live_base)
@@ -173,19 +199,33 @@ def replay(
     queue = iter(records)
     wall_start = time.perf_counter()
 
+    step = 0
+
     def fill() -> None:
-        for slot, lane in enumerate(lanes):
-            while lane is None:
+        """Gives every free block of ``group`` lanes the next ``group`` records (a sibling
+        group, or one record), the j-th starting ``stagger * j`` steps from now."""
+        for block in range(0, len(lanes), group):
+            if any(lane is not None for lane in lanes[block : block + group]):
+                continue
+            for j in range(group):
                 record = next(queue, None)
                 if record is None:
                     return
                 result.records += 1
                 if len(record.output_ids):
-                    proposer.begin(slot, record)
-                    lane = lanes[slot] = _Lane(record, record.output_ids.tolist())
+                    lanes[block + j] = _Lane(record, record.output_ids.tolist(),
+                                             start_at=step + settings.stagger * j)  # fmt: skip
 
     fill()
-    while active := [slot for slot, lane in enumerate(lanes) if lane is not None]:
+    while any(lane is not None for lane in lanes):
+        for slot, lane in enumerate(lanes):
+            if lane is not None and not lane.started and lane.start_at <= step:
+                proposer.begin(slot, lane.record)
+                lane.started = True
+        active = [s for s, lane in enumerate(lanes) if lane is not None and lane.started]
+        step += 1
+        if not active:
+            continue
         trees = proposer.draft(active, [lanes[s].delta for s in active])  # type: ignore[union-attr]
         (result.draft_ns if settings.batch == 1 else result.batch_ns).append(proposer.call_ns)
         finished: list[Record] = []

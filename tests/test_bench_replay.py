@@ -18,9 +18,10 @@ from drafter_bench.acceptance import accepted_length
 from drafter_bench.bench_cli import REPORT_KEYS, main
 from drafter_bench.live_replay import ReplayLiveStore
 from drafter_bench.pld import PldIndex, propose
-from drafter_bench.replay import ReplaySettings, replay
+from drafter_bench.replay import ReplaySettings, replay, sibling_groups
 from drafter_bench.token_records import DataError, Record, iter_records, read_records
 from drafter_service.datastore.sub_indices import SubIndex
+from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LivePolicy
 
@@ -628,3 +629,31 @@ def test_load_benchmark_passes_draft_config_to_the_service(
     code, err = refused(capsys, load_command(data, corpus, "--target", "127.0.0.1:1", *paper)[3:])
     assert code != 0
     assert "--draft-config sets up the service load starts" in err
+
+
+def test_sibling_groups_keep_the_first_answers_of_prompts_with_enough() -> None:
+    records = [rec([1, 2] if i % 3 else [3], [i + 10], f"r{i}") for i in range(9)]
+    groups = sibling_groups(records, 3)  # [3] has 3 answers (r0, r3, r6), [1, 2] six
+    assert [r.id for r in groups] == ["r0", "r3", "r6", "r1", "r2", "r4"]
+    assert [r.id for r in sibling_groups(records, 4)] == ["r1", "r2", "r4", "r5"]
+    assert sibling_groups(records, 7) == []
+
+
+def test_siblings_in_flight_draft_from_each_other_with_the_recent_tier() -> None:
+    """Two answers to one prompt, the second starting 10 steps after the first: with the
+    tier the second accepts what the first has written (8 tokens, the budget, at its first
+    step); without it the input trie has nothing (the output never repeats): one token a
+    step for both."""
+    output = list(range(20, 60))
+    records = [rec([1, 2, 3], output, "a"), rec([1, 2, 3], output, "b")]
+
+    def steps(recent: int, stagger: int) -> list[int]:
+        config = DraftConfig(recent_samples=recent, recent_min_match=2)
+        settings = ReplaySettings("input", 8, batch=2, config=config, siblings=2, stagger=stagger)
+        return sorted(s for _, s in replay(records, settings).finished)
+
+    assert steps(0, 10) == [40, 40]
+    fewer = steps(16, 10)
+    assert fewer[0] <= 40 - 8 and fewer[1] <= 40
+    with pytest.raises(ValueError, match="multiple of siblings"):
+        replay(records, ReplaySettings("input", 8, batch=3, siblings=2))

@@ -1,0 +1,105 @@
+"""What the recent tier gives siblings in flight, and what it costs everyone else (issue 31).
+
+Siblings: the corpus answers each of 400 AlpacaEval prompts 24-25 times (25 Llama-3-family
+models) and each MMLU-Pro question twice; groups of N answers to one prompt are replayed
+in N lanes at once (``drafter-bench replay --siblings N``), in lockstep or staggered (the
+j-th sibling starts ``stagger * j`` steps after the first), with and without the tier, no
+datastore (what siblings give each other is the question). The same records, the same
+lanes, the same drafter: the rows differ only in ``recent_samples``.
+
+Everyone else: the dev sets against the 6.4M-token corpus datastore in lockstep batches of
+unrelated requests (``--batch``), with and without the tier: tau and the batch's step
+time (what the tier costs requests that have no sibling).
+
+    python -m drafter_bench.recent_tier --data-dir ../shared/data \
+        --out benchmarks/results/recent_tier.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from drafter_bench.replay import ReplaySettings, replay, sibling_groups
+from drafter_bench.token_records import iter_documents, read_records
+from drafter_service.datastore.sub_indices import SubIndex
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.node_score import default_node_score
+
+CORPUS = "corpus/datastore_llama3_family.jsonl.gz"
+DEV_SETS = ("chat_alpacaeval_llama3_8b", "code_humaneval_llama31_8b", "multilingual_mtbench_suzume")
+VOCAB = 128256
+TIER = {"recent_samples": 16, "recent_min_match": 2}
+"""The tier's settings measured (recent_candidates at its default, 64)."""
+
+
+def _row(kind: str, settings: ReplaySettings, result: object, **extra: object) -> dict[str, object]:
+    r = result  # a ReplayResult
+    batch_ms = np.asarray(r.batch_ns, dtype=np.float64) / 1e6  # type: ignore[attr-defined]
+    return {
+        "kind": kind, **extra, "budget": settings.budget, "batch": settings.batch,
+        "recent_samples": settings.config.recent_samples,
+        "recent_min_match": settings.config.recent_min_match,
+        "tau": round(r.tau, 4),  # type: ignore[attr-defined]
+        "records": r.records, "steps": r.steps,  # type: ignore[attr-defined]
+        "batch_ms_p50": round(float(np.percentile(batch_ms, 50)), 4) if len(batch_ms) else None,
+        "batch_ms_p99": round(float(np.percentile(batch_ms, 99)), 4) if len(batch_ms) else None,
+        "wall_s": round(r.wall_s, 2),  # type: ignore[attr-defined]
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--sibling-records", type=int, default=1600,
+                        help="records per sibling replay (whole groups; default 1600)")
+    parser.add_argument("--siblings", type=int, action="append",
+                        help="group sizes (default 2, 4, 8)")
+    parser.add_argument("--stagger", type=int, action="append",
+                        help="steps between siblings' starts (default 0 and 8)")
+    parser.add_argument("--dev-batch", type=int, default=16)
+    parser.add_argument("--skip-dev", action="store_true")
+    args = parser.parse_args(argv)
+    score = default_node_score().as_config()
+    plain = DraftConfig(node_score=score)
+    tier = dataclasses.replace(plain, **TIER)
+    corpus_path = args.data_dir / CORPUS
+    rows: list[dict[str, object]] = []
+    out = args.out.open("w")
+
+    def emit(row: dict[str, object]) -> None:
+        rows.append(row)
+        print(json.dumps(row), file=out, flush=True)
+        print(json.dumps(row), file=sys.stderr)
+
+    corpus = read_records(corpus_path, vocab_size=VOCAB)
+    for n in args.siblings or [2, 4, 8]:
+        groups = sibling_groups(corpus, n)[: (args.sibling_records // n) * n]
+        for stagger in args.stagger or [0, 8]:
+            for config in (plain, tier):
+                settings = ReplaySettings("both", args.budget, batch=n, config=config,
+                                          siblings=n, stagger=stagger)  # fmt: skip
+                emit(_row("siblings", settings, replay(groups, settings), siblings=n,
+                          stagger=stagger))  # fmt: skip
+    del corpus
+    if not args.skip_dev:
+        base = [SubIndex.build(list(iter_documents(corpus_path, vocab_size=VOCAB)), VOCAB)]
+        for name in DEV_SETS:
+            records = read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
+            for config in (plain, tier):
+                settings = ReplaySettings("both", args.budget, batch=args.dev_batch,
+                                          config=config)  # fmt: skip
+                emit(_row("unrelated", settings, replay(records, settings, base), data=name))
+    out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
