@@ -271,12 +271,16 @@ def fuse(
     live_tree: Tree | None = None,
     prefixes: tuple[int, int] = (0, 0),
     recent: tuple[Tree, int] | None = None,
+    offer_all: bool = False,
 ) -> RefDraft:
-    """Algorithm 3 over merged nodes, every child pushed; scores in the documented float order.
+    """Algorithm 3 over merged nodes; scores in the documented float order.
 
     ``prefixes``: the base's and the live tree's matched prefixes (:func:`matched_prefix`),
     for the features; ``recent``: the recent tier's tree and matched prefix
-    (:meth:`RefRecentTier.retrieve`)."""
+    (:meth:`RefRecentTier.retrieve`). ``offer_all``: every member offers every child, not
+    only its best ones up to the nodes still to be chosen (the procedure as
+    docs/algorithm.md states it; with the hand-set score the tree is the same, which the
+    tests check)."""
     check_spec_fields(config)
     ctx = [int(t) for t in context]
     # A member: (tree, kids, node path, denominator before smoothing, smoothing, multiplier,
@@ -336,8 +340,9 @@ def fuse(
             # nodes still to be chosen: with the hand-set score the rest could only enter
             # after as many better ones, so the tree is the same either way; with a learned
             # score this defines the candidates, and the sibling features count them.
-            for s, tok in sorted(zip(offered, kids.get(node, []), strict=True),
-                                 key=lambda c: (-c[0], c[1]))[:budget - len(nodes)]:
+            best_first = sorted(zip(offered, kids.get(node, []), strict=True),
+                                key=lambda c: (-c[0], c[1]))
+            for s, tok in best_first if offer_all else best_first[:budget - len(nodes)]:
                 child = (*node, tok)
                 best, grouped = groups.get(tok, (0.0, []))
                 grouped.append((tree, kids, child, tree[child], smoothing, s * discount, discount,
@@ -505,12 +510,15 @@ def draft(
     budget: int,
     use_input: bool,
     base_count: int = 0,
+    offer_all: bool = False,
 ) -> RefDraft:
-    """One full drafting call: datastore tree (if any sub-index), input trie (if used), fusion."""
+    """One full drafting call: datastore tree (if any sub-index), input trie (if used), fusion
+    (``offer_all``: see :func:`fuse`)."""
     ds_tree, live_tree = datastore_trees(sub_indices, context, config, budget, base_count)
     trie = input_trie_counts(context, config.input_max_depth) if use_input else None
     return fuse(trie, context, ds_tree, config, budget, live_tree=live_tree,
-                prefixes=datastore_prefixes(sub_indices, context, config, budget, base_count))
+                prefixes=datastore_prefixes(sub_indices, context, config, budget, base_count),
+                offer_all=offer_all)
 
 
 def datastore_prefixes(

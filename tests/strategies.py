@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,3 +112,53 @@ def corpora(draw: st.DrawFn, max_sub_indices: int = 3, max_doc_len: int = 20,
         context += doc[lo:hi]
     base_count = draw(st.integers(0, len(sub_documents))) if split else 0
     return Corpus(vocab, sub_documents, context, base_count)
+
+
+class MarkovSource:
+    """"Natural" token streams: each token has four likely successors, mixed with uniform
+    noise (15 %), so that n-grams repeat at many lengths as they do in text and code."""
+
+    def __init__(self, vocab_size: int, rng: random.Random) -> None:
+        self.vocab_size = vocab_size
+        self.rng = rng
+        self.successors = [[rng.randrange(vocab_size) for _ in range(4)]
+                           for _ in range(vocab_size)]
+
+    def stream(self, length: int, prev: int = -1) -> list[int]:
+        out = []
+        for _ in range(length):
+            if prev < 0 or self.rng.random() < 0.15:
+                prev = self.rng.randrange(self.vocab_size)
+            else:
+                prev = self.successors[prev][self.rng.randrange(4)]
+            out.append(prev)
+        return out
+
+
+def natural_corpus(rng: random.Random, vocab_size: int, doc_lengths: list[list[int]],
+                   context_len: int, piece_len: int) -> Corpus:
+    """Documents (doc_lengths[s][d] tokens) and a context drawn from one MarkovSource; the
+    context is a stream of its own, then up to piece_len tokens of the first document."""
+    source = MarkovSource(vocab_size, rng)
+    sub_documents = [[source.stream(n) for n in lengths] for lengths in doc_lengths]
+    context = source.stream(context_len)
+    first = sub_documents[0][0]
+    if piece_len and first:
+        start = rng.randrange(len(first))
+        context += first[start : start + piece_len]
+    return Corpus(vocab_size, sub_documents, context)
+
+
+@st.composite
+def natural_corpora(draw: st.DrawFn, max_sub_indices: int = 3, max_docs: int = 6,
+                    max_doc_len: int = 120, max_vocab: int = 12) -> Corpus:
+    """Corpora of natural streams (MarkovSource): longer documents and contexts than
+    corpora(), matches of every length. Hypothesis draws the sizes and a seed."""
+    vocab = draw(st.integers(2, max_vocab))
+    doc_lengths = draw(st.lists(
+        st.lists(st.integers(0, max_doc_len), min_size=1, max_size=max_docs),
+        min_size=1, max_size=max_sub_indices))
+    context_len = draw(st.integers(0, 40))
+    piece_len = draw(st.sampled_from([0, 0, 1, 5, 30]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return natural_corpus(random.Random(seed), vocab, doc_lengths, context_len, piece_len)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from conftest import LLAMA3_VOCAB
 from hypothesis import given
 from hypothesis import strategies as st
 from reference import assert_same_draft
-from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
+from strategies import MAX_BUDGET, Corpus, corpora, draft_configs, natural_corpora, natural_corpus
 
 from drafter_service import Datastore, DraftConfig, Drafter, SubIndex
 from drafter_service.drafting.drafter import SCORE_FEATURES
@@ -67,17 +68,31 @@ def assert_draft_invariants(tokens: np.ndarray, parents: np.ndarray, scores: np.
     assert np.isfinite(scores).all() and (scores >= 0).all()
 
 
+def follows_a_context_suffix(texts: list[list[int]], context: list[int], path: ref.Path,
+                             lengths: range) -> bool:
+    """Whether context[-m:] + path occurs inside one of the texts for some m in lengths."""
+    for m in lengths:
+        needle = [*context[len(context) - m :], *path]
+        for text in texts:
+            for i in range(len(text) - len(needle) + 1):
+                if text[i : i + len(needle)] == needle:
+                    return True
+    return False
+
+
 def occurs_after_prefix(documents: list[list[int]], context: list[int], path: ref.Path,
                         config: DraftConfig) -> bool:
     """Whether ctx[-m:] + path lies inside one document for some allowed m."""
     longest = min(config.datastore_max_prefix, len(context))
-    for m in range(config.datastore_min_prefix, longest + 1):
-        needle = [*context[-m:], *path]
-        for doc in documents:
-            for i in range(len(doc) - len(needle) + 1):
-                if doc[i : i + len(needle)] == needle:
-                    return True
-    return False
+    return follows_a_context_suffix(documents, context, path,
+                                    range(config.datastore_min_prefix, longest + 1))
+
+
+def follows_an_input_match(context: list[int], path: ref.Path, config: DraftConfig) -> bool:
+    """Whether context[-m:] + path occurs in the context for some m <= input_max_prefix with
+    m + len(path) <= input_max_depth (a path of the input trie below the match of m)."""
+    longest = min(config.input_max_prefix, len(context), config.input_max_depth - len(path))
+    return follows_a_context_suffix([context], context, path, range(1, longest + 1))
 
 
 # --- datastore tree (Algorithm 2) -----------------------------------------------------------
@@ -164,6 +179,9 @@ def test_draft_equals_reference(corpus: Corpus, config: DraftConfig, budget: int
     assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, budget,
                                      use_input))
     assert_draft_invariants(*got, budget, corpus.vocab_size)
+    if not config.node_score:  # the hand-set score: offering every child changes nothing
+        assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, budget,
+                                         use_input, offer_all=True))
 
 
 @given(corpora(max_sub_indices=4, split=True), draft_configs(), st.integers(0, MAX_BUDGET),
@@ -217,7 +235,8 @@ def test_draft_without_datastore_equals_reference(corpus: Corpus, config: DraftC
     assert len(native_draft(corpus, None, config, budget, False)[0]) == 0
 
 
-@given(corpora(), draft_configs(max_discount=1.0), st.integers(0, MAX_BUDGET), st.booleans())
+@given(st.one_of(corpora(), natural_corpora()), draft_configs(max_discount=1.0),
+       st.integers(0, MAX_BUDGET), st.booleans())
 def test_scores_never_grow_along_a_path_when_discounts_are_at_most_one(
     corpus: Corpus, config: DraftConfig, budget: int, use_input: bool
 ) -> None:
@@ -283,6 +302,93 @@ def test_zero_weights_tie_break_by_push_order() -> None:
     # Root candidates: 0 and 2 (input: "3" was followed by 0 and 2), 1, 2, 4 (datastore).
     assert got[0][:4].tolist() == [0, 1, 2, 4]
     assert_same_draft(got, ref.draft(corpus.context, corpus.reference(), config, 16, True))
+
+
+# --- natural streams, wide nodes, every path from a source ---------------------------------
+
+
+@given(natural_corpora(), draft_configs(), st.integers(0, MAX_BUDGET))
+def test_natural_streams_equal_reference(corpus: Corpus, config: DraftConfig,
+                                         budget: int) -> None:
+    """Markov-chain documents of up to 120 tokens and contexts from the same source (matches
+    of every length, many samples): the datastore tree, and the drafts from the datastore,
+    from the input and from both, are the reference's; drafting twice on one Drafter (its
+    scratch reused) gives the same bytes as a fresh call."""
+    datastore = corpus.datastore()
+    subs = corpus.reference()
+    got_tree = native_tree(datastore, corpus.context_array(), config, budget)
+    assert got_tree == ref.retrieve_datastore(subs, corpus.context, config, budget)
+    for store, use_input in ((datastore, False), (None, True), (datastore, True)):
+        got = native_draft(corpus, store, config, budget, use_input)
+        want_subs = subs if store is not None else None
+        assert_same_draft(got, ref.draft(corpus.context, want_subs, config, budget, use_input))
+        assert_draft_invariants(*got, budget, corpus.vocab_size)
+        if not config.node_score:
+            assert_same_draft(got, ref.draft(corpus.context, want_subs, config, budget,
+                                             use_input, offer_all=True))
+    drafter = Drafter(corpus.vocab_size, config, datastore)
+    drafter.start("r", corpus.context)
+    first, second = (drafter.speculate(["r"], [[]], budget).tree(0) for _ in range(2))
+    for a, b in ((first.tokens, got[0]), (first.parents, got[1]), (first.scores, got[2]),
+                 (second.tokens, got[0]), (second.parents, got[1]), (second.scores, got[2])):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_natural_streams_draft_from_every_source() -> None:
+    """The natural corpora exercise something: with the default config most of them give
+    non-empty drafts from the datastore alone and from the input alone."""
+    from_datastore = from_input = 0
+    config = DraftConfig()
+    for seed in range(40):
+        rng = random.Random(seed)
+        lengths = [[rng.randrange(121) for _ in range(rng.randrange(1, 7))] for _ in range(3)]
+        corpus = natural_corpus(rng, rng.randrange(2, 13), lengths, rng.randrange(41), 5)
+        from_datastore += len(native_draft(corpus, corpus.datastore(), config, 16, False)[0]) > 0
+        from_input += len(native_draft(corpus, None, config, 16, True)[0]) > 0
+    assert from_datastore >= 30 and from_input >= 30, (from_datastore, from_input)
+
+
+@given(st.integers(0, 2**32 - 1), draft_configs(), st.integers(1, 6))
+def test_wide_nodes_with_small_budgets_equal_reference(seed: int, config: DraftConfig,
+                                                       budget: int) -> None:
+    """A token followed by up to 200 different tokens, in the input and in the datastore (a
+    shuffle of the input), and a budget of a few nodes: the core offers only each member's
+    best children, as many as nodes remain; with the hand-set score that is the tree of
+    offering every child."""
+    rng = random.Random(seed)
+    vocab, hub = 200, rng.randrange(200)
+    context = [t for _ in range(300)
+               for t in (hub, rng.randrange(6) if rng.random() < 0.5 else rng.randrange(vocab))]
+    context.append(hub)
+    document = rng.sample(context, len(context))
+    corpus = Corpus(vocab, [[document]], context)
+    got = native_draft(corpus, corpus.datastore(), config, budget, True)
+    assert_same_draft(got, ref.draft(context, corpus.reference(), config, budget, True))
+    if config.input_max_depth >= 2:  # the input's match "hub" alone has ~200 children
+        assert len(got[0]) == budget
+    if not config.node_score:
+        assert_same_draft(got, ref.draft(context, corpus.reference(), config, budget, True,
+                                         offer_all=True))
+
+
+@given(st.one_of(corpora(), natural_corpora()), draft_configs(), st.integers(0, MAX_BUDGET),
+       st.sampled_from(["datastore", "input", "both"]))
+def test_draft_paths_occur_in_the_texts(corpus: Corpus, config: DraftConfig, budget: int,
+                                        sources: str) -> None:
+    """Checked by scanning the texts, without the reference: every draft path continues a
+    context suffix of a looked-up length inside one document (and is no longer than the
+    continuation cap), or continues an earlier occurrence of an input match inside the
+    trie's depth; merging sources never makes a path that neither has."""
+    use_datastore, use_input = sources != "input", sources != "datastore"
+    store = corpus.datastore() if use_datastore else None
+    tokens, parents, _ = native_draft(corpus, store, config, budget, use_input)
+    documents = [d for sub in corpus.sub_documents for d in sub]
+    cap = min(config.datastore_max_continuation, budget)
+    for path in draft_paths(tokens, parents):
+        from_datastore = (use_datastore and len(path) <= cap
+                          and occurs_after_prefix(documents, corpus.context, path, config))
+        from_input = use_input and follows_an_input_match(corpus.context, path, config)
+        assert from_datastore or from_input, path
 
 
 # --- explained drafts: what fusion knew of each node -------------------------------------

@@ -8,7 +8,7 @@ import reference as ref
 from conftest import LLAMA3_VOCAB
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import MAX_BUDGET, Corpus, corpora, draft_configs, token_lists
+from strategies import MAX_BUDGET, Corpus, corpora, draft_configs, natural_corpora, token_lists
 
 from drafter_service import Datastore, DraftBatch, DraftConfig, Drafter, DraftTree
 from drafter_service.native import _core
@@ -104,8 +104,8 @@ def test_incremental_drafting_equals_full_context(corpus: Corpus, config: DraftC
     assert got.scores.tobytes() == want.scores.tobytes()
 
 
-@given(corpora(), st.lists(st.tuples(st.integers(0, 12), st.integers(0, MAX_BUDGET)),
-                           min_size=1, max_size=6))
+@given(st.one_of(corpora(), natural_corpora()),
+       st.lists(st.tuples(st.integers(0, 12), st.integers(0, MAX_BUDGET)), min_size=1, max_size=6))
 def test_batch_rows_match_single_requests(corpus: Corpus, specs: list[tuple[int, int]]) -> None:
     """Each slice of a batch is the tree of its own request, with its own budget."""
     config = DraftConfig(max_budget=MAX_BUDGET)
