@@ -42,9 +42,12 @@ $(UV): | $(BIN)/python
 # Prometheus and promtool (Debian package) for the metrics tests: the alert rules
 # are checked with promtool and a real Prometheus scrapes a drafter and a worker.
 # redis-server (Debian package): the shared ingest log of the scale-out tests.
-TOOL_PACKAGES = prometheus redis-server
+# libgtest-dev (Debian package: GoogleTest's headers, static libraries and CMake package):
+# the native tests under the sanitizers (tests/native, tests/test_native_sanitized.py).
+TOOL_PACKAGES = prometheus redis-server libgtest-dev
 tools:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null || { \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null \
+	  && [ -e /usr/include/gtest/gtest.h ] || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends $(TOOL_PACKAGES) >/dev/null; \
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends $(TOOL_PACKAGES) >/dev/null; fi; }
 

@@ -1,12 +1,17 @@
-// Standalone tests of the native core (drafter_service/native/csrc), built by CMake
-// with DRAFTER_NATIVE_TESTS=ON under AddressSanitizer + UndefinedBehaviorSanitizer.
+// GoogleTest tests of the native core (drafter_service/native/csrc) under AddressSanitizer +
+// UndefinedBehaviorSanitizer: built by CMake with DRAFTER_NATIVE_TESTS=ON and run by
+// tests/test_native_sanitized.py.
 //
-// No framework: the CHECK macros below record passes and failures (failures
-// are printed with file, line and context), the last line of output is
-// "N passed, M failed", and the exit status is non-zero when anything failed.
-// Random cases use fixed-seed std::mt19937 generators, so a run is repeatable.
-// The reference for every check is a brute-force reimplementation of
-// docs/algorithm.md written independently of the core's data structures.
+// Only what needs the sanitizers or threads is here: the suffix array construction on
+// adversarial texts, sub-index search bounds, the input trie's growth, candidate-tree
+// batches, retrieval and fusion run over random inputs for their memory safety and
+// structural invariants, the errors bad input raises, and the multi-threaded Drafter.
+// Whether retrieval and fusion compute what docs/algorithm.md says is checked once, in
+// Python, against the reference tests/reference.py (tests/test_draft_reference.py and the
+// other property tests). Random cases use fixed-seed std::mt19937 generators, so a run is
+// repeatable.
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,12 +21,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <queue>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -50,99 +52,6 @@ using drafter::SaRange;
 using drafter::SubIndex;
 
 using Tokens = std::vector<int32_t>;
-
-// ---------------------------------------------------------------------------
-// Minimal check framework.
-
-std::atomic<int64_t> g_passed{0};
-std::atomic<int64_t> g_failed{0};
-std::mutex g_print_mu;
-constexpr int64_t kMaxReported = 40;
-
-void record_pass() { g_passed.fetch_add(1, std::memory_order_relaxed); }
-
-void record_failure(const char* file, int line, const std::string& what) {
-  const int64_t k = g_failed.fetch_add(1);
-  std::lock_guard<std::mutex> lock(g_print_mu);
-  if (k < kMaxReported) {
-    std::fprintf(stderr, "FAIL %s:%d: %s\n", file, line, what.c_str());
-  } else if (k == kMaxReported) {
-    std::fprintf(stderr, "(further failures are counted but not printed)\n");
-  }
-}
-
-// CHECK_MSG evaluates `ctx` (a std::string expression) only on failure.
-#define CHECK_MSG(cond, ctx)                                                       \
-  do {                                                                             \
-    if (cond) {                                                                    \
-      record_pass();                                                               \
-    } else {                                                                       \
-      record_failure(__FILE__, __LINE__, std::string("CHECK(" #cond ") ") + (ctx)); \
-    }                                                                              \
-  } while (0)
-#define CHECK(cond) CHECK_MSG(cond, std::string())
-
-#define CHECK_EQ(a, b)                                                                  \
-  do {                                                                                  \
-    const auto va_ = (a);                                                               \
-    const auto vb_ = (b);                                                               \
-    if (va_ == vb_) {                                                                   \
-      record_pass();                                                                    \
-    } else {                                                                            \
-      record_failure(__FILE__, __LINE__,                                                \
-                     std::string("CHECK_EQ(" #a ", " #b "): ") + std::to_string(va_) + \
-                         " != " + std::to_string(vb_));                                 \
-    }                                                                                   \
-  } while (0)
-
-// Passes when `stmt` throws exactly `Type` (or a subclass).
-#define CHECK_THROWS(stmt, Type)                                                           \
-  do {                                                                                     \
-    std::string got_ = "nothing";                                                          \
-    bool ok_ = false;                                                                      \
-    try {                                                                                  \
-      stmt;                                                                                \
-    } catch (const Type&) {                                                                \
-      ok_ = true;                                                                          \
-    } catch (const std::exception& e_) {                                                   \
-      got_ = std::string("std::exception: ") + e_.what();                                  \
-    } catch (...) {                                                                        \
-      got_ = "a non-std exception";                                                        \
-    }                                                                                      \
-    if (ok_) {                                                                             \
-      record_pass();                                                                       \
-    } else {                                                                               \
-      record_failure(__FILE__, __LINE__,                                                   \
-                     "CHECK_THROWS(" #stmt ", " #Type "): threw " + got_);                 \
-    }                                                                                      \
-  } while (0)
-
-#define CHECK_NO_THROW(stmt)                                                       \
-  do {                                                                             \
-    try {                                                                          \
-      stmt;                                                                        \
-      record_pass();                                                               \
-    } catch (const std::exception& e_) {                                           \
-      record_failure(__FILE__, __LINE__,                                           \
-                     std::string("CHECK_NO_THROW(" #stmt "): ") + e_.what());      \
-    } catch (...) {                                                                \
-      record_failure(__FILE__, __LINE__, "CHECK_NO_THROW(" #stmt "): non-std");    \
-    }                                                                              \
-  } while (0)
-
-std::string show(const Tokens& v, size_t limit = 48) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < limit; ++i) {
-    if (i > 0) s += ",";
-    s += std::to_string(v[i]);
-  }
-  if (v.size() > limit) s += ",...(" + std::to_string(v.size()) + " total)";
-  return s + "]";
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // ---------------------------------------------------------------------------
 // Random inputs.
@@ -271,22 +180,11 @@ class MarkovSource {
 };
 
 // ---------------------------------------------------------------------------
-// Brute-force references.
+// Checks.
 
-// Suffix order of the spec: signed token comparison, a proper prefix first.
-bool suffix_less(const Tokens& t, int64_t a, int64_t b) {
-  return std::lexicographical_compare(t.begin() + a, t.end(), t.begin() + b, t.end());
-}
-
-Tokens naive_suffix_array(const Tokens& t) {
-  Tokens sa(t.size());
-  for (size_t i = 0; i < sa.size(); ++i) sa[i] = static_cast<int32_t>(i);
-  std::sort(sa.begin(), sa.end(), [&](int32_t a, int32_t b) { return suffix_less(t, a, b); });
-  return sa;
-}
-
-// O(n) verification of a suffix array: a permutation whose adjacent rows are
-// ordered by (first token, rank of the rest); an empty rest is smallest.
+// O(n) verification of a suffix array (Burkhardt and Kärkkäinen): a permutation whose
+// adjacent rows are ordered by (first token, rank of the rest), an empty rest smallest.
+// Complete: exactly the correct suffix array passes.
 bool verify_suffix_array(const Tokens& t, const Tokens& sa) {
   const auto n = static_cast<int64_t>(t.size());
   if (static_cast<int64_t>(sa.size()) != n) return false;
@@ -333,178 +231,24 @@ PathCounts dump_tree(const CandidateTree& tree) {
   return out;
 }
 
-// Algorithm 2 of docs/algorithm.md over the raw texts: matches found by linear
-// scan and ordered by naive suffix comparison (= their suffix-array rows).
-PathCounts reference_retrieve(const std::vector<Tokens>& texts, const Tokens& ctx,
-                              const DraftConfig& c, int32_t max_len) {
-  PathCounts tree;
-  tree[Tokens{}] = 0.0;
-  if (texts.empty() || ctx.empty() || max_len <= 0) return tree;
-  const int32_t cap = std::min(c.datastore_max_continuation, max_len);
-  const auto longest = static_cast<int32_t>(
-      std::min<int64_t>(c.datastore_max_prefix, static_cast<int64_t>(ctx.size())));
-  for (int32_t m = longest; m >= c.datastore_min_prefix; --m) {
-    if (static_cast<int64_t>(tree.size()) - 1 >= c.datastore_min_tree_nodes) break;
-    const int32_t* prefix = ctx.data() + ctx.size() - static_cast<size_t>(m);
-    std::vector<std::vector<int64_t>> rows(texts.size());
-    int64_t total = 0;
-    for (size_t s = 0; s < texts.size(); ++s) {
-      const Tokens& t = texts[s];
-      for (int64_t i = 0; i + m <= static_cast<int64_t>(t.size()); ++i) {
-        if (occurs_at(t, i, prefix, m)) rows[s].push_back(i);
-      }
-      std::sort(rows[s].begin(), rows[s].end(),
-                [&](int64_t a, int64_t b) { return suffix_less(t, a, b); });
-      total += static_cast<int64_t>(rows[s].size());
+// Structural invariants of a candidate tree: every allocated node reachable once, no
+// token twice among siblings, no child counted more often than its parent.
+std::string tree_problem(const CandidateTree& tree) {
+  int64_t reachable = 0;
+  std::string problem;
+  std::function<void(int32_t)> walk = [&](int32_t node) {
+    ++reachable;
+    std::set<int32_t> tokens;
+    for (int32_t c = tree.first_child(node); c != -1; c = tree.next_sibling(c)) {
+      if (!tokens.insert(tree.token(c)).second) problem = "duplicate sibling token";
+      if (tree.token(c) < 0) problem = "a separator became a node";
+      if (tree.count(c) > tree.count(node) || tree.count(c) < 1) problem = "bad count";
+      walk(c);
     }
-    if (total == 0) continue;
-    for (size_t s = 0; s < texts.size(); ++s) {
-      const auto f = static_cast<int64_t>(rows[s].size());
-      if (f == 0) continue;
-      const int64_t samples = total <= c.datastore_samples
-                                  ? f
-                                  : std::max<int64_t>(1, (c.datastore_samples * f) / total);
-      const Tokens& t = texts[s];
-      for (int64_t k = 0; k < samples; ++k) {
-        const int64_t start = rows[s][static_cast<size_t>((k * f) / samples)] + m;
-        Tokens path;
-        tree[path] += 1.0;
-        for (int64_t p = start; p < start + cap && p < static_cast<int64_t>(t.size()) &&
-                                t[static_cast<size_t>(p)] != drafter::kSeparator;
-             ++p) {
-          path.push_back(t[static_cast<size_t>(p)]);
-          tree[path] += 1.0;
-        }
-      }
-    }
-  }
-  return tree;
-}
-
-// Algorithm 3 of docs/algorithm.md (merged nodes), offering every child (no
-// budget pruning) and grouping offers by token in a std::map.
-Draft reference_fuse(const InputTrie* trie, const CandidateTree* tree, const DraftConfig& c,
-                     int32_t budget) {
-  Draft out;
-  if (budget <= 0) return out;
-  struct Member {
-    bool from_trie;
-    int32_t node;
-    double denominator, smoothing, multiplier, discount;
   };
-  struct Cand {
-    double score;
-    uint64_t seq;
-    int32_t token;
-    int32_t draft_parent;  // internal index, 0 = draft root
-    std::vector<Member> members;
-  };
-  auto worse = [](const Cand& a, const Cand& b) {
-    return a.score < b.score || (a.score == b.score && a.seq > b.seq);
-  };
-  std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse);
-  uint64_t seq = 0;
-  auto count = [&](bool from_trie, int32_t node) -> double {
-    return static_cast<double>(from_trie ? trie->count(node) : tree->count(node));
-  };
-  auto expand = [&](const std::vector<Member>& members, int32_t draft_parent) {
-    std::map<int32_t, std::pair<double, std::vector<Member>>> groups;  // token -> (max, members)
-    for (const Member& m : members) {
-      if (m.denominator <= 0.0) continue;
-      auto visit = [&](int32_t x, int32_t tok) {
-        const double s = count(m.from_trie, x) / (m.denominator + m.smoothing) * m.multiplier;
-        auto& g = groups[tok];
-        g.first = std::max(g.first, s);
-        g.second.push_back({m.from_trie, x, count(m.from_trie, x), m.smoothing, s * m.discount,
-                            m.discount});
-      };
-      if (m.from_trie) {
-        for (int32_t x = trie->first_child(m.node); x != -1; x = trie->next_sibling(x)) {
-          visit(x, trie->token(x));
-        }
-      } else {
-        for (int32_t x = tree->first_child(m.node); x != -1; x = tree->next_sibling(x)) {
-          visit(x, tree->token(x));
-        }
-      }
-    }
-    for (auto& [tok, g] : groups) queue.push({g.first, seq++, tok, draft_parent, g.second});
-  };
-  std::vector<Member> roots;
-  if (tree != nullptr) {
-    roots.push_back({false, CandidateTree::kRoot,
-                     static_cast<double>(tree->count(CandidateTree::kRoot)), c.datastore_smoothing,
-                     c.datastore_weight, c.datastore_child_discount});
-  }
-  if (trie != nullptr) {
-    for (int32_t m = c.input_max_prefix; m >= 1; --m) {
-      const int32_t u = trie->suffix_node(m);
-      if (u < 0) continue;
-      roots.push_back({true, u, static_cast<double>(trie->count(u)) - 1.0, c.input_smoothing,
-                       c.input_weight,
-                       c.input_child_discount_base + c.input_child_discount_per_match * m});
-    }
-  }
-  struct Node {
-    int32_t token, parent, depth;
-    double score;
-  };
-  std::vector<Node> nodes{{-1, -1, 0, 0.0}};
-  expand(roots, 0);
-  while (!queue.empty() && static_cast<int32_t>(nodes.size()) - 1 < budget) {
-    const Cand cand = queue.top();
-    queue.pop();
-    nodes.push_back({cand.token, cand.draft_parent,
-                     nodes[static_cast<size_t>(cand.draft_parent)].depth + 1, cand.score});
-    expand(cand.members, static_cast<int32_t>(nodes.size()) - 1);
-  }
-  std::vector<int32_t> order;
-  for (int32_t i = 1; i < static_cast<int32_t>(nodes.size()); ++i) order.push_back(i);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return nodes[static_cast<size_t>(a)].depth < nodes[static_cast<size_t>(b)].depth;
-  });
-  std::vector<int32_t> pos(nodes.size(), -1);
-  for (size_t i = 0; i < order.size(); ++i) pos[static_cast<size_t>(order[i])] = static_cast<int32_t>(i);
-  for (int32_t idx : order) {
-    const Node& n = nodes[static_cast<size_t>(idx)];
-    out.tokens.push_back(n.token);
-    out.parents.push_back(pos[static_cast<size_t>(n.parent)]);  // root -> -1
-    out.scores.push_back(static_cast<float>(n.score));
-  }
-  return out;
-}
-
-bool same_draft(const Draft& a, const Draft& b) {
-  if (a.tokens != b.tokens || a.parents != b.parents || a.scores.size() != b.scores.size()) {
-    return false;
-  }
-  // Bitwise, so that "deterministic" means exactly the same floats.
-  return a.scores.empty() ||
-         std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * sizeof(float)) == 0;
-}
-
-bool same_batch(const BatchDrafts& a, const BatchDrafts& b) {
-  if (a.tokens != b.tokens || a.parents != b.parents || a.offsets != b.offsets ||
-      a.scores.size() != b.scores.size()) {
-    return false;
-  }
-  return a.scores.empty() ||
-         std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * sizeof(float)) == 0;
-}
-
-std::string describe(const Draft& d) {
-  std::string s = "tokens=" + show(d.tokens) + " parents=" + show(d.parents) + " scores=[";
-  for (size_t i = 0; i < d.scores.size() && i < 16; ++i) s += std::to_string(d.scores[i]) + ",";
-  return s + "]";
-}
-
-Draft slice(const BatchDrafts& b, size_t i) {
-  Draft d;
-  const auto lo = static_cast<size_t>(b.offsets[i]), hi = static_cast<size_t>(b.offsets[i + 1]);
-  d.tokens.assign(b.tokens.begin() + static_cast<std::ptrdiff_t>(lo), b.tokens.begin() + static_cast<std::ptrdiff_t>(hi));
-  d.parents.assign(b.parents.begin() + static_cast<std::ptrdiff_t>(lo), b.parents.begin() + static_cast<std::ptrdiff_t>(hi));
-  d.scores.assign(b.scores.begin() + static_cast<std::ptrdiff_t>(lo), b.scores.begin() + static_cast<std::ptrdiff_t>(hi));
-  return d;
+  walk(CandidateTree::kRoot);
+  if (reachable != static_cast<int64_t>(tree.num_nodes())) problem = "unreachable nodes";
+  return problem;
 }
 
 // Structural invariants of any draft; returns "" or what is wrong.
@@ -529,57 +273,28 @@ std::string draft_problem(const Draft& d, int32_t budget, int32_t vocab, bool mo
   return "";
 }
 
-// Root-to-node token paths of the leaves (prefixes of a valid path are valid).
-std::vector<Tokens> leaf_paths(const Draft& d) {
-  const size_t n = d.tokens.size();
-  std::vector<Tokens> paths(n);
-  std::vector<bool> has_child(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t p = d.parents[i];
-    if (p >= 0) {
-      paths[i] = paths[static_cast<size_t>(p)];
-      has_child[static_cast<size_t>(p)] = true;
-    }
-    paths[i].push_back(d.tokens[i]);
-  }
-  std::vector<Tokens> leaves;
-  for (size_t i = 0; i < n; ++i) {
-    if (!has_child[i]) leaves.push_back(paths[i]);
-  }
-  return leaves;
+// Same tree, scores bit for bit (so that "deterministic" means exactly the same floats).
+bool same_draft(const Draft& a, const Draft& b) {
+  return a.tokens == b.tokens && a.parents == b.parents && a.scores.size() == b.scores.size() &&
+         (a.scores.empty() ||
+          std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * sizeof(float)) == 0);
 }
 
-// A datastore path: right after an occurrence of some looked-up suffix of the
-// context, inside one document (the path has no -1, so equality implies it).
-bool datastore_path_ok(const std::vector<Tokens>& texts, const Tokens& ctx, const DraftConfig& c,
-                       int32_t budget, const Tokens& path) {
-  const auto len = static_cast<int64_t>(path.size());
-  if (len > std::min(c.datastore_max_continuation, budget)) return false;
-  const int64_t longest = std::min<int64_t>(c.datastore_max_prefix, static_cast<int64_t>(ctx.size()));
-  for (int64_t m = c.datastore_min_prefix; m <= longest; ++m) {
-    const int32_t* suffix = ctx.data() + ctx.size() - static_cast<size_t>(m);
-    for (const Tokens& t : texts) {
-      for (int64_t i = 0; i + m + len <= static_cast<int64_t>(t.size()); ++i) {
-        if (occurs_at(t, i, suffix, m) && occurs_at(t, i + m, path.data(), len)) return true;
-      }
-    }
-  }
-  return false;
+bool same_batch(const BatchDrafts& a, const BatchDrafts& b) {
+  return a.tokens == b.tokens && a.parents == b.parents && a.offsets == b.offsets &&
+         a.scores.size() == b.scores.size() &&
+         (a.scores.empty() ||
+          std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * sizeof(float)) == 0);
 }
 
-// An input path: after an earlier occurrence of a suffix of length m <= P of
-// the input, within the trie depth.
-bool input_path_ok(const Tokens& input, const DraftConfig& c, const Tokens& path) {
-  const auto n = static_cast<int64_t>(input.size());
-  const auto len = static_cast<int64_t>(path.size());
-  for (int64_t m = 1; m <= std::min<int64_t>(c.input_max_prefix, n); ++m) {
-    if (m + len > c.input_max_depth) break;
-    const int32_t* suffix = input.data() + n - m;
-    for (int64_t i = 0; i + m + len <= n; ++i) {
-      if (occurs_at(input, i, suffix, m) && occurs_at(input, i + m, path.data(), len)) return true;
-    }
-  }
-  return false;
+Draft slice(const BatchDrafts& b, size_t i) {
+  Draft d;
+  const auto lo = static_cast<std::ptrdiff_t>(b.offsets[i]);
+  const auto hi = static_cast<std::ptrdiff_t>(b.offsets[i + 1]);
+  d.tokens.assign(b.tokens.begin() + lo, b.tokens.begin() + hi);
+  d.parents.assign(b.parents.begin() + lo, b.parents.begin() + hi);
+  d.scores.assign(b.scores.begin() + lo, b.scores.begin() + hi);
+  return d;
 }
 
 // Node reached from the root of `trie` by `path`, or -1.
@@ -593,14 +308,6 @@ int32_t walk_trie(const InputTrie& trie, const int32_t* path, int64_t len) {
   return node;
 }
 
-// Algorithm 2 of the core, copied out of a scratch into `tree`.
-void retrieve(const Datastore& ds, const int32_t* ctx, int64_t n, const DraftConfig& c,
-              int32_t max_len, CandidateTree& tree) {
-  DraftScratch scratch;
-  drafter::retrieve_datastore(ds, ctx, n, c, max_len, scratch);
-  tree = scratch.datastore_tree;
-}
-
 DraftConfig random_config(std::mt19937& rng) {
   DraftConfig c;
   c.input_max_prefix = uniform(rng, 1, 5);
@@ -610,41 +317,38 @@ DraftConfig random_config(std::mt19937& rng) {
   c.datastore_samples = uniform(rng, 1, 60);
   c.datastore_max_continuation = uniform(rng, 1, 8);
   c.datastore_min_tree_nodes = uniform(rng, 0, 40);
-  if (coin(rng, 0.5)) {  // weights and discounts <= 1: scores fall along a path
-    c.input_weight = uniform(rng, 0, 10) / 10.0;
-    c.input_child_discount_base = uniform(rng, 0, 5) / 10.0;
-    c.input_child_discount_per_match = uniform(rng, 0, 2) / 20.0;
-    c.datastore_weight = uniform(rng, 0, 10) / 10.0;
-    c.datastore_child_discount = uniform(rng, 0, 10) / 10.0;
-  } else {
-    c.input_weight = uniform(rng, 0, 30) / 10.0;
-    c.input_child_discount_base = uniform(rng, 0, 20) / 10.0;
-    c.input_child_discount_per_match = uniform(rng, 0, 10) / 10.0;
-    c.datastore_weight = uniform(rng, 0, 30) / 10.0;
-    c.datastore_child_discount = uniform(rng, 0, 20) / 10.0;
-  }
+  c.input_weight = uniform(rng, 0, 30) / 10.0;
+  c.input_child_discount_base = uniform(rng, 0, 20) / 10.0;
+  c.input_child_discount_per_match = uniform(rng, 0, 10) / 10.0;
+  c.datastore_weight = uniform(rng, 0, 30) / 10.0;
+  c.datastore_child_discount = uniform(rng, 0, 20) / 10.0;
   if (coin(rng, 0.5)) {
     c.input_smoothing = uniform(rng, 0, 8) / 4.0;
     c.datastore_smoothing = uniform(rng, 0, 8) / 4.0;
   }
+  if (coin(rng, 0.3)) {  // a learned node score: any finite weights
+    c.node_score.resize(static_cast<size_t>(drafter::kScoreFeatures) + 1);
+    for (double& w : c.node_score) w = uniform(rng, -40, 40) / 10.0;
+  }
   return c;
 }
 
+// Scores fall along a path: a learned score multiplies probabilities; the hand-set one
+// probabilities by weights and discounts, here when those are at most 1.
 bool scores_monotone(const DraftConfig& c) {
-  return c.input_weight <= 1.0 && c.datastore_weight <= 1.0 && c.datastore_child_discount <= 1.0 &&
-         c.input_child_discount_base + c.input_child_discount_per_match * c.input_max_prefix <= 1.0;
+  return !c.node_score.empty() ||
+         (c.input_weight <= 1.0 && c.datastore_weight <= 1.0 && c.datastore_child_discount <= 1.0 &&
+          c.input_child_discount_base + c.input_child_discount_per_match * c.input_max_prefix <= 1.0);
 }
 
 // ---------------------------------------------------------------------------
 // Suffix arrays.
 
-void test_suffix_array() {
-  // Exhaustive: every text over {-1, 0, 1} up to length 7 and over {0, 1} up to 12.
-  for (int32_t alphabet : {3, 2}) {
+TEST(SuffixArray, EveryShortText) {
+  // Every text over {-1, 0, 1} up to length 7 and over {0, 1} up to length 12.
+  for (const int32_t alphabet : {3, 2}) {
     const int32_t max_len = alphabet == 3 ? 7 : 12;
     const int32_t low = alphabet == 3 ? -1 : 0;
-    int64_t bad = 0, cases = 0;
-    std::string first_bad;
     for (int32_t len = 0; len <= max_len; ++len) {
       int64_t combos = 1;
       for (int32_t i = 0; i < len; ++i) combos *= alphabet;
@@ -655,30 +359,31 @@ void test_suffix_array() {
           v = static_cast<int32_t>(x % alphabet) + low;
           x /= alphabet;
         }
-        const Tokens sa = drafter::build_suffix_array(t.data(), len, 2);
-        ++cases;
-        if (sa != naive_suffix_array(t)) {
-          if (bad++ == 0) first_bad = show(t);
-        }
+        ASSERT_TRUE(verify_suffix_array(t, drafter::build_suffix_array(t.data(), len, 2)))
+            << ::testing::PrintToString(t);
       }
     }
-    CHECK_MSG(bad == 0, std::to_string(bad) + " of " + std::to_string(cases) +
-                            " exhaustive texts wrong, first " + first_bad);
   }
+}
 
-  // Random texts of many shapes, lengths 0..300, alphabets 1..6 with separators.
+TEST(SuffixArray, RandomTextsOfEveryShape) {
+  // Lengths 0..300, alphabets 1..6 with separators, some far from token 0 or in a
+  // vocabulary larger than the alphabet.
   std::mt19937 rng(12345);
-  for (int iter = 0; iter < 5000; ++iter) {
+  for (int iter = 0; iter < 1500; ++iter) {
     const int32_t alphabet = uniform(rng, 1, 6);
     const int32_t offset = coin(rng, 0.2) ? uniform(rng, 0, 1000) : 0;
     const int32_t vocab = offset + alphabet + (coin(rng, 0.3) ? uniform(rng, 0, 50) : 0);
     const Tokens t = random_text(rng, 300, alphabet, offset);
     const Tokens sa = drafter::build_suffix_array(t.data(), static_cast<int64_t>(t.size()), vocab);
-    CHECK_MSG(sa == naive_suffix_array(t), "text " + show(t, 400) + " vocab " + std::to_string(vocab));
+    ASSERT_TRUE(verify_suffix_array(t, sa)) << "vocab " << vocab << " text "
+                                            << ::testing::PrintToString(t);
   }
+}
 
-  // Larger texts, verified in O(n) through ranks.
-  for (int iter = 0; iter < 6; ++iter) {
+TEST(SuffixArray, LargeTexts) {
+  std::mt19937 rng(54321);
+  for (int iter = 0; iter < 4; ++iter) {
     Tokens t;
     if (iter == 0) {  // plain random text
       t.resize(100000);
@@ -687,60 +392,56 @@ void test_suffix_array() {
       t = random_text(rng, 60000, uniform(rng, 1, 6), 0);
     }
     const Tokens sa = drafter::build_suffix_array(t.data(), static_cast<int64_t>(t.size()), 6);
-    CHECK_MSG(verify_suffix_array(t, sa), "large text of length " + std::to_string(t.size()));
+    EXPECT_TRUE(verify_suffix_array(t, sa)) << "text of length " << t.size();
   }
+}
 
-  // Input validation.
+TEST(SuffixArray, RejectsTokensOutsideTheVocabulary) {
   const Tokens ok{0, 1, -1, 2};
-  CHECK(drafter::build_suffix_array(ok.data(), 0, 3).empty());
-  CHECK_EQ(drafter::build_suffix_array(ok.data(), 4, 3).size(), size_t{4});
+  EXPECT_TRUE(drafter::build_suffix_array(ok.data(), 0, 3).empty());
+  EXPECT_EQ(drafter::build_suffix_array(ok.data(), 4, 3).size(), size_t{4});
   const Tokens below{0, -2, 1};
-  CHECK_THROWS(drafter::build_suffix_array(below.data(), 3, 5), std::invalid_argument);
+  EXPECT_THROW(drafter::build_suffix_array(below.data(), 3, 5), std::invalid_argument);
   const Tokens above{0, 5, 1};
-  CHECK_THROWS(drafter::build_suffix_array(above.data(), 3, 5), std::invalid_argument);
-  CHECK_THROWS(drafter::build_suffix_array(ok.data(), 4, 2), std::invalid_argument);  // 2 >= vocab
-  CHECK_THROWS(drafter::build_suffix_array(ok.data(), 4, 0), std::invalid_argument);
-  CHECK_THROWS(drafter::build_suffix_array(ok.data(), -1, 3), std::invalid_argument);
-  CHECK_THROWS(SubIndex::build(above, 5), std::invalid_argument);
-  CHECK_THROWS(SubIndex::build(below, 5), std::invalid_argument);
+  EXPECT_THROW(drafter::build_suffix_array(above.data(), 3, 5), std::invalid_argument);
+  EXPECT_THROW(drafter::build_suffix_array(ok.data(), 4, 2), std::invalid_argument);  // 2 >= vocab
+  EXPECT_THROW(drafter::build_suffix_array(ok.data(), 4, 0), std::invalid_argument);
+  EXPECT_THROW(drafter::build_suffix_array(ok.data(), -1, 3), std::invalid_argument);
+  EXPECT_THROW(SubIndex::build(above, 5), std::invalid_argument);
+  EXPECT_THROW(SubIndex::build(below, 5), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------------------
 // Sub-index search.
 
-void check_find_range(const SubIndex& index, const Tokens& t, const Tokens& prefix,
-                      const char* what) {
+// find_range's rows lie inside the suffix array and hold exactly the prefix's occurrences.
+void expect_find_range(const SubIndex& index, const Tokens& t, const Tokens& prefix) {
   const SaRange r = index.find_range(prefix.data(), static_cast<int32_t>(prefix.size()));
   std::vector<int64_t> expected;
   for (int64_t i = 0; i + static_cast<int64_t>(prefix.size()) <= static_cast<int64_t>(t.size()); ++i) {
     if (occurs_at(t, i, prefix.data(), static_cast<int64_t>(prefix.size()))) expected.push_back(i);
   }
-  bool ok = r.begin <= r.end && r.begin >= 0 && r.end <= index.num_tokens() &&
-            r.size() == static_cast<int64_t>(expected.size());
-  if (ok) {
-    std::vector<int64_t> got;
-    for (int64_t row = r.begin; row < r.end; ++row) got.push_back(index.position(row));
-    std::sort(got.begin(), got.end());
-    ok = got == expected;
-  }
-  CHECK_MSG(ok, std::string(what) + ": prefix " + show(prefix) + " in " + show(t, 200) + " -> [" +
-                    std::to_string(r.begin) + ", " + std::to_string(r.end) + "), expected " +
-                    std::to_string(expected.size()) + " matches");
+  ASSERT_TRUE(r.begin >= 0 && r.begin <= r.end && r.end <= index.num_tokens())
+      << "[" << r.begin << ", " << r.end << ")";
+  std::vector<int64_t> got;
+  for (int64_t row = r.begin; row < r.end; ++row) got.push_back(index.position(row));
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, expected) << "prefix " << ::testing::PrintToString(prefix);
 }
 
-void test_sub_index() {
+TEST(SubIndex, FindRangeHoldsExactlyTheOccurrences) {
   std::mt19937 rng(777);
-  for (int iter = 0; iter < 600; ++iter) {
+  for (int iter = 0; iter < 120; ++iter) {
     const int32_t alphabet = uniform(rng, 1, 6);
     const int32_t vocab = alphabet + uniform(rng, 0, 3);
     const Tokens t = random_text(rng, 400, alphabet, 0);
+    SCOPED_TRACE("text " + ::testing::PrintToString(t));
     const auto index = SubIndex::build(t, vocab);
-    CHECK_EQ(index->num_tokens(), static_cast<int64_t>(t.size()));
-    CHECK(std::equal(t.begin(), t.end(), index->tokens()));
-    CHECK(index->resident_bytes() >= 8 * index->num_tokens());
-    // Empty prefix: only emptiness matters.
-    CHECK(index->find_range(t.data(), 0).size() == 0);
-    for (int q = 0; q < 40; ++q) {
+    ASSERT_EQ(index->num_tokens(), static_cast<int64_t>(t.size()));
+    ASSERT_TRUE(std::equal(t.begin(), t.end(), index->tokens()));
+    EXPECT_GE(index->resident_bytes(), 8 * index->num_tokens());
+    EXPECT_EQ(index->find_range(t.data(), 0).size(), 0);  // empty prefix: only emptiness matters
+    for (int q = 0; q < 30; ++q) {
       Tokens prefix;
       const int32_t len = uniform(rng, 1, 8);
       if (!t.empty() && coin(rng, 0.6)) {
@@ -753,51 +454,56 @@ void test_sub_index() {
       } else {
         for (int32_t k = 0; k < len; ++k) prefix.push_back(uniform(rng, 0, vocab - 1));
       }
-      check_find_range(*index, t, prefix, "build");
+      expect_find_range(*index, t, prefix);
     }
     // The same arrays wrapped (as a snapshot would be) answer the same.
     auto owner = std::make_shared<std::pair<Tokens, Tokens>>(
         t, Tokens(index->suffix_array(), index->suffix_array() + t.size()));
     const auto wrapped = SubIndex::wrap(owner->first.data(), owner->second.data(),
                                         static_cast<int64_t>(t.size()), vocab, owner);
+    owner.reset();  // the index keeps its arrays alive
     for (int q = 0; q < 10 && !t.empty(); ++q) {
       const int32_t from = uniform(rng, 0, static_cast<int32_t>(t.size()) - 1);
-      Tokens prefix(t.begin() + from, t.begin() + std::min<int32_t>(from + 3, static_cast<int32_t>(t.size())));
-      if (prefix[0] < 0) continue;
-      check_find_range(*wrapped, t, prefix, "wrap");
+      const Tokens prefix(t.begin() + from,
+                          t.begin() + std::min<int32_t>(from + 3, static_cast<int32_t>(t.size())));
+      if (prefix[0] >= 0) expect_find_range(*wrapped, t, prefix);
     }
   }
+}
 
-  // wrap validates value ranges.
+TEST(SubIndex, WrapValidatesItsArrays) {
   const Tokens text{0, 1, -1, 2, 1};
   const auto built = SubIndex::build(text, 3);
-  Tokens sa(built->suffix_array(), built->suffix_array() + text.size());
-  CHECK_NO_THROW(SubIndex::wrap(text.data(), sa.data(), 5, 3, nullptr));
+  const Tokens sa(built->suffix_array(), built->suffix_array() + text.size());
+  EXPECT_NO_THROW(SubIndex::wrap(text.data(), sa.data(), 5, 3, nullptr));
   Tokens bad_text = text;
   bad_text[3] = 3;  // == vocab
-  CHECK_THROWS(SubIndex::wrap(bad_text.data(), sa.data(), 5, 3, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(bad_text.data(), sa.data(), 5, 3, nullptr), std::invalid_argument);
   bad_text[3] = -2;
-  CHECK_THROWS(SubIndex::wrap(bad_text.data(), sa.data(), 5, 3, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(bad_text.data(), sa.data(), 5, 3, nullptr), std::invalid_argument);
   Tokens bad_sa = sa;
   bad_sa[2] = 5;  // == n
-  CHECK_THROWS(SubIndex::wrap(text.data(), bad_sa.data(), 5, 3, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(text.data(), bad_sa.data(), 5, 3, nullptr), std::invalid_argument);
   bad_sa[2] = -1;
-  CHECK_THROWS(SubIndex::wrap(text.data(), bad_sa.data(), 5, 3, nullptr), std::invalid_argument);
-  CHECK_THROWS(SubIndex::wrap(text.data(), sa.data(), 5, 0, nullptr), std::invalid_argument);
-  CHECK_THROWS(SubIndex::wrap(text.data(), sa.data(), -1, 3, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(text.data(), bad_sa.data(), 5, 3, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(text.data(), sa.data(), 5, 0, nullptr), std::invalid_argument);
+  EXPECT_THROW(SubIndex::wrap(text.data(), sa.data(), -1, 3, nullptr), std::invalid_argument);
   // An empty sub-index finds nothing.
   const auto empty = SubIndex::build({}, 3);
   const Tokens p{1};
-  CHECK(empty->find_range(p.data(), 1).size() == 0);
+  EXPECT_EQ(empty->find_range(p.data(), 1).size(), 0);
 }
 
 // ---------------------------------------------------------------------------
 // Input trie.
 
-void test_input_trie() {
-  CHECK_THROWS(InputTrie(0), std::invalid_argument);
+TEST(InputTrie, RejectsDepthZero) { EXPECT_THROW(InputTrie(0), std::invalid_argument); }
+
+// Appended chunk by chunk, the trie holds exactly the input's substrings up to its depth
+// with their counts; suffix_node and holds agree with them.
+TEST(InputTrie, GrowsToHoldEverySubstringWithItsCount) {
   std::mt19937 rng(4242);
-  for (int iter = 0; iter < 500; ++iter) {
+  for (int iter = 0; iter < 120; ++iter) {
     const int32_t depth = uniform(rng, 1, 9);
     const int32_t alphabet = uniform(rng, 1, 5);
     // Some alphabets straddle the end of the trie's token bitmap (holds()).
@@ -814,11 +520,11 @@ void test_input_trie() {
         trie.append(v);
         input.push_back(v);
       }
-      CHECK_EQ(trie.num_tokens(), static_cast<int64_t>(input.size()));
+      SCOPED_TRACE("depth " + std::to_string(depth) + " input " + ::testing::PrintToString(input));
+      ASSERT_EQ(trie.num_tokens(), static_cast<int64_t>(input.size()));
       const auto n = static_cast<int64_t>(input.size());
 
-      // Brute-force counts of every substring of length <= depth.
-      std::map<Tokens, int64_t> expected;
+      std::map<Tokens, int64_t> expected;  // every substring of length <= depth
       for (int64_t i = 0; i < n; ++i) {
         Tokens s;
         for (int64_t k = i; k < n && k - i < depth; ++k) {
@@ -826,17 +532,12 @@ void test_input_trie() {
           ++expected[s];
         }
       }
-      // Walking each substring reaches a node with that count.
-      int64_t wrong = 0;
-      std::string first_wrong;
       for (const auto& [s, cnt] : expected) {
         const int32_t node = walk_trie(trie, s.data(), static_cast<int64_t>(s.size()));
-        if (node < 0 || static_cast<int64_t>(trie.count(node)) != cnt) {
-          if (wrong++ == 0) first_wrong = show(s) + " expected " + std::to_string(cnt);
-        }
+        ASSERT_GE(node, 0) << ::testing::PrintToString(s);
+        ASSERT_EQ(static_cast<int64_t>(trie.count(node)), cnt) << ::testing::PrintToString(s);
       }
-      CHECK_MSG(wrong == 0, std::to_string(wrong) + " substrings miscounted, first " + first_wrong);
-      // ... and the trie holds nothing else (no duplicate siblings either).
+      // ... and nothing else (no duplicate siblings either).
       int64_t nodes_seen = 0;
       bool dup = false;
       std::function<void(int32_t)> visit = [&](int32_t node) {
@@ -848,220 +549,114 @@ void test_input_trie() {
         }
       };
       visit(InputTrie::kRoot);
-      CHECK_MSG(!dup && nodes_seen == static_cast<int64_t>(expected.size()) &&
-                    nodes_seen + 1 == trie.num_nodes(),
-                "trie has " + std::to_string(nodes_seen) + " reachable nodes, " +
-                    std::to_string(trie.num_nodes()) + " allocated, expected " +
-                    std::to_string(expected.size()));
+      ASSERT_FALSE(dup);
+      ASSERT_EQ(nodes_seen, static_cast<int64_t>(expected.size()));
+      ASSERT_EQ(nodes_seen + 1, trie.num_nodes());
       // suffix_node(len) is the node of the last len tokens.
-      bool suffix_ok = trie.suffix_node(0) == -1 && trie.suffix_node(-3) == -1;
+      EXPECT_EQ(trie.suffix_node(0), -1);
+      EXPECT_EQ(trie.suffix_node(-3), -1);
       for (int32_t len = 1; len <= depth + 2; ++len) {
         const int32_t got = trie.suffix_node(len);
         if (len > depth || len > n) {
-          suffix_ok = suffix_ok && got == -1;
+          EXPECT_EQ(got, -1) << "len " << len;
         } else {
-          suffix_ok = suffix_ok && got == walk_trie(trie, input.data() + n - len, len) && got > 0;
+          EXPECT_GT(got, 0) << "len " << len;
+          EXPECT_EQ(got, walk_trie(trie, input.data() + n - len, len)) << "len " << len;
         }
       }
-      CHECK_MSG(suffix_ok, "suffix_node, depth " + std::to_string(depth) + " input " + show(input));
       // holds(t): the input has token t, as the root's child along t says.
-      bool holds_ok = !trie.holds(-1) && !trie.holds(INT32_MAX);
+      EXPECT_FALSE(trie.holds(-1));
+      EXPECT_FALSE(trie.holds(INT32_MAX));
       for (int32_t t = offset - 1; t <= offset + alphabet + 1; ++t) {
         const bool has = std::find(input.begin(), input.end(), t) != input.end();
-        holds_ok = holds_ok && trie.holds(t) == has &&
-                   (trie.child(InputTrie::kRoot, t) >= 0) == has;
+        EXPECT_EQ(trie.holds(t), has) << "token " << t;
+        EXPECT_EQ(trie.child(InputTrie::kRoot, t) >= 0, has) << "token " << t;
       }
-      CHECK_MSG(holds_ok, "holds, input " + show(input));
-      CHECK(trie.resident_bytes() > 0);
+      EXPECT_GT(trie.resident_bytes(), 0);
     }
+  }
+}
+
+// Natural-ish stream with verbatim repeats of earlier spans (like code or chat).
+Tokens long_input(std::mt19937& rng, const MarkovSource& src, int32_t len) {
+  Tokens input;
+  input.reserve(static_cast<size_t>(len));
+  while (static_cast<int32_t>(input.size()) < len) {
+    if (input.size() > 1000 && coin(rng, 0.02)) {
+      const auto from = static_cast<size_t>(uniform(rng, 0, static_cast<int32_t>(input.size()) - 200));
+      const auto take = static_cast<size_t>(uniform(rng, 20, 200));
+      for (size_t k = 0; k < take && static_cast<int32_t>(input.size()) < len; ++k) {
+        input.push_back(input[from + k]);
+      }
+    } else {
+      input.push_back(src.next(rng, input.empty() ? -1 : input.back()));
+    }
+  }
+  return input;
+}
+
+constexpr int32_t kLargeLen = 128 * 1024;
+constexpr int32_t kLargeVocab = 32000;
+
+const MarkovSource& large_source() {
+  static const MarkovSource src(kLargeVocab, 8);
+  return src;
+}
+
+// 128k tokens, built once.
+const Tokens& large_input() {
+  static const Tokens input = [] {
+    std::mt19937 rng(8);
+    return long_input(rng, large_source(), kLargeLen);
+  }();
+  return input;
+}
+
+TEST(InputTrie, LargeInput) {
+  constexpr int32_t kDepth = 16;
+  std::mt19937 rng(8);
+  const Tokens& input = large_input();
+  const auto t0 = std::chrono::steady_clock::now();
+  InputTrie trie(kDepth);
+  for (int32_t v : input) trie.append(v);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  std::printf("InputTrie(depth %d) over %d tokens: %" PRId64 " nodes, %.1f MiB resident, %.2f s\n",
+              kDepth, kLargeLen, trie.num_nodes(),
+              static_cast<double>(trie.resident_bytes()) / (1 << 20), took.count());
+  EXPECT_EQ(trie.num_tokens(), int64_t{kLargeLen});
+  EXPECT_LE(trie.num_nodes(), int64_t{kLargeLen} * kDepth + 1);
+  EXPECT_GE(trie.resident_bytes(), trie.num_nodes() * 16);
+  int64_t root_total = 0;
+  for (int32_t c = trie.first_child(InputTrie::kRoot); c != -1; c = trie.next_sibling(c)) {
+    root_total += trie.count(c);
+  }
+  EXPECT_EQ(root_total, int64_t{kLargeLen});
+  for (int32_t len = 1; len <= kDepth; ++len) {
+    const int32_t node = trie.suffix_node(len);
+    EXPECT_GT(node, 0);
+    EXPECT_EQ(node, walk_trie(trie, input.data() + kLargeLen - len, len));
+  }
+  // Counts of a few substrings against a scan.
+  for (int q = 0; q < 20; ++q) {
+    const int32_t len = uniform(rng, 1, kDepth);
+    const int32_t from = uniform(rng, 0, kLargeLen - len);
+    int64_t expected = 0;
+    for (int64_t i = 0; i + len <= kLargeLen; ++i) expected += occurs_at(input, i, input.data() + from, len);
+    const int32_t node = walk_trie(trie, input.data() + from, len);
+    ASSERT_GT(node, 0);
+    EXPECT_EQ(static_cast<int64_t>(trie.count(node)), expected) << "at " << from << " length " << len;
   }
 }
 
 // ---------------------------------------------------------------------------
-// Datastore retrieval and fusion.
-
-struct TestDatastore {
-  std::vector<Tokens> texts;
-  Datastore datastore;
-};
-
-TestDatastore make_datastore(std::mt19937& rng, const MarkovSource& src, int32_t num_sub,
-                             int32_t max_docs, int32_t max_doc_len, int32_t vocab) {
-  TestDatastore d;
-  for (int32_t s = 0; s < num_sub; ++s) {
-    Tokens t = src.documents(rng, uniform(rng, 1, max_docs), max_doc_len);
-    d.datastore.sub_indices.push_back(SubIndex::build(t, vocab));
-    d.texts.push_back(std::move(t));
-  }
-  return d;
-}
-
-void test_retrieve_and_fuse() {
-  std::mt19937 rng(99);
-  int64_t nonempty_ds = 0, nonempty_mixed = 0;
-  for (int iter = 0; iter < 3000; ++iter) {
-    const int32_t vocab = uniform(rng, 2, 12);
-    const MarkovSource src(vocab, static_cast<uint32_t>(iter));
-    const TestDatastore ds =
-        make_datastore(rng, src, uniform(rng, 0, 3), 6, 120, vocab);
-    const DraftConfig config = random_config(rng);
-    drafter::validate(config);
-    // Context: a stream from the same source (often matches) or from a piece of a text.
-    Tokens ctx = src.stream(rng, uniform(rng, 0, 40));
-    if (!ds.texts.empty() && coin(rng, 0.3)) {
-      const Tokens& t = ds.texts[0];
-      const int32_t from = uniform(rng, 0, static_cast<int32_t>(t.size()));
-      for (int32_t k = from; k < static_cast<int32_t>(t.size()) && t[static_cast<size_t>(k)] >= 0 &&
-                             k - from < 30; ++k) {
-        ctx.push_back(t[static_cast<size_t>(k)]);
-      }
-    }
-    const int32_t budget = coin(rng, 0.1) ? 0 : uniform(rng, 1, coin(rng, 0.5) ? 4 : 40);
-    const std::string where = "iter " + std::to_string(iter) + " ctx " + show(ctx) +
-                              " budget " + std::to_string(budget);
-
-    // Algorithm 2 against the brute-force reference.
-    CandidateTree tree;
-    retrieve(ds.datastore, ctx.data(), static_cast<int64_t>(ctx.size()), config,
-                                budget, tree);
-    const PathCounts got_tree = dump_tree(tree);
-    CHECK_MSG(got_tree == reference_retrieve(ds.texts, ctx, config, budget), where);
-    CHECK_EQ(static_cast<int64_t>(got_tree.size()), static_cast<int64_t>(tree.num_nodes()));
-
-    InputTrie trie(config.input_max_depth);
-    for (int32_t v : ctx) trie.append(v);
-    const bool monotone = scores_monotone(config);
-    const CandidateTree* tree_ptr = ds.datastore.sub_indices.empty() ? nullptr : &tree;
-    DraftScratch scratch;
-
-    // Datastore only.
-    Draft d1;
-    drafter::FusionInputs datastore_only(config, budget);
-    datastore_only.datastore_tree = tree_ptr;
-    drafter::fuse(datastore_only, scratch.fusion, d1);
-    std::string problem = draft_problem(d1, budget, vocab, monotone);
-    CHECK_MSG(problem.empty(), problem + " (datastore only) " + where + " " + describe(d1));
-    const Draft r1 = reference_fuse(nullptr, tree_ptr, config, budget);
-    CHECK_MSG(same_draft(d1, r1), "datastore-only draft differs from the reference, " + where +
-                                      "\n  got      " + describe(d1) + "\n  expected " + describe(r1));
-    for (const Tokens& path : leaf_paths(d1)) {
-      CHECK_MSG(datastore_path_ok(ds.texts, ctx, config, budget, path),
-                "path " + show(path) + " not found after a context suffix, " + where);
-    }
-    if (!d1.tokens.empty()) ++nonempty_ds;
-
-    // Input only.
-    Draft d2;
-    std::vector<drafter::InputMatch> matches;
-    drafter::committed_matches(trie, config, matches);
-    drafter::FusionInputs input_only(config, budget);
-    input_only.trie = &trie;
-    input_only.matches = &matches;
-    drafter::fuse(input_only, scratch.fusion, d2);
-    problem = draft_problem(d2, budget, vocab, monotone);
-    CHECK_MSG(problem.empty(), problem + " (input only) " + where + " " + describe(d2));
-    const Draft r2 = reference_fuse(&trie, nullptr, config, budget);
-    CHECK_MSG(same_draft(d2, r2), "input-only draft differs from the reference, " + where +
-                                      "\n  got      " + describe(d2) + "\n  expected " + describe(r2));
-    for (const Tokens& path : leaf_paths(d2)) {
-      CHECK_MSG(input_path_ok(ctx, config, path),
-                "input path " + show(path) + " does not follow a suffix, " + where);
-    }
-
-    // Both sources via draft_one, twice with the same scratch and once fresh.
-    Draft d3, d4, d5;
-    drafter::draft_one(&trie, ctx.data(), static_cast<int64_t>(ctx.size()), &ds.datastore, config,
-                       budget, scratch, d3);
-    problem = draft_problem(d3, budget, vocab, monotone);
-    CHECK_MSG(problem.empty(), problem + " (both) " + where + " " + describe(d3));
-    const Draft r3 = reference_fuse(&trie, tree_ptr, config, budget);
-    CHECK_MSG(same_draft(d3, r3), "draft differs from the reference, " + where + "\n  got      " +
-                                      describe(d3) + "\n  expected " + describe(r3));
-    // Every draft path is the path of some source node (merging keeps paths).
-    for (const Tokens& path : leaf_paths(d3)) {
-      CHECK_MSG(input_path_ok(ctx, config, path) ||
-                    (tree_ptr != nullptr && datastore_path_ok(ds.texts, ctx, config, budget, path)),
-                "path " + show(path) + " comes from no source, " + where);
-    }
-    drafter::draft_one(&trie, ctx.data(), static_cast<int64_t>(ctx.size()), &ds.datastore, config,
-                       budget, scratch, d4);
-    DraftScratch fresh;
-    drafter::draft_one(&trie, ctx.data(), static_cast<int64_t>(ctx.size()), &ds.datastore, config,
-                       budget, fresh, d5);
-    CHECK_MSG(same_draft(d3, d4) && same_draft(d3, d5), "not deterministic, " + where);
-    if (!d3.tokens.empty() && !d1.tokens.empty()) ++nonempty_mixed;
-  }
-  // The random cases must exercise something.
-  CHECK_MSG(nonempty_ds > 600 && nonempty_mixed > 600,
-            std::to_string(nonempty_ds) + " non-empty datastore drafts");
-
-  // Wide nodes with small budgets: the core pushes only the `budget` best
-  // children of a node; the reference pushes all of them.
-  for (int iter = 0; iter < 300; ++iter) {
-    const int32_t vocab = 200;
-    InputTrie trie(8);
-    Tokens input;
-    const int32_t hub = uniform(rng, 0, vocab - 1);
-    for (int32_t k = 0; k < 300; ++k) {  // `hub` followed by many different tokens
-      input.push_back(hub);
-      input.push_back(coin(rng, 0.5) ? uniform(rng, 0, 5) : uniform(rng, 0, vocab - 1));
-    }
-    input.push_back(hub);
-    for (int32_t v : input) trie.append(v);
-    DraftConfig c = random_config(rng);
-    c.input_max_depth = std::max(c.input_max_depth, c.input_max_prefix);
-    Tokens doc = input;
-    std::shuffle(doc.begin(), doc.end(), rng);
-    Datastore ds;
-    ds.sub_indices.push_back(SubIndex::build(doc, vocab));
-    const int32_t budget = uniform(rng, 1, 6);
-    DraftScratch scratch;
-    Draft d;
-    drafter::draft_one(&trie, input.data(), static_cast<int64_t>(input.size()), &ds, c, budget,
-                       scratch, d);
-    CandidateTree tree;
-    retrieve(ds, input.data(), static_cast<int64_t>(input.size()), c, budget,
-                                tree);
-    const Draft r = reference_fuse(&trie, &tree, c, budget);
-    CHECK_MSG(same_draft(d, r), "wide node, budget " + std::to_string(budget) + "\n  got      " +
-                                    describe(d) + "\n  expected " + describe(r));
-  }
-
-  // Degenerate inputs.
-  DraftConfig c;
-  DraftScratch scratch;
-  Draft d;
-  d.tokens = {1};
-  drafter::draft_one(nullptr, nullptr, 0, nullptr, c, 10, scratch, d);
-  CHECK(d.tokens.empty() && d.parents.empty() && d.scores.empty());
-  Datastore empty_ds;
-  const Tokens ctx{1, 2, 3};
-  drafter::draft_one(nullptr, ctx.data(), 3, &empty_ds, c, 10, scratch, d);
-  CHECK(d.tokens.empty());
-  CandidateTree tree;
-  Datastore one;
-  one.sub_indices.push_back(SubIndex::build({1, 2, 3, 4, -1, 2, 3, 5}, 8));
-  retrieve(one, ctx.data(), 3, c, 0, tree);
-  CHECK_EQ(tree.num_nodes(), 1);
-  retrieve(one, ctx.data(), 0, c, 5, tree);
-  CHECK_EQ(tree.num_nodes(), 1);
-  retrieve(one, ctx.data(), 3, c, 5, tree);
-  CHECK(tree.num_nodes() > 1);
-  CHECK_THROWS(
-      [] {
-        DraftConfig bad;
-        bad.input_max_depth = 2;  // < input_max_prefix
-        drafter::validate(bad);
-      }(),
-      std::invalid_argument);
-}
+// Candidate trees.
 
 // Samples added to a CandidateTree in batches (sorted runs that interleave with the
 // samples held, unsorted batches, duplicates, empty continuations) give the tree of
 // all of them added at once, and its node count is the number of distinct paths.
-void test_candidate_tree_batches() {
+TEST(CandidateTree, BatchesGiveTheTreeOfAllSamples) {
   std::mt19937 rng(31337);
-  for (int iter = 0; iter < 2000; ++iter) {
+  for (int iter = 0; iter < 500; ++iter) {
     const int32_t alphabet = uniform(rng, 1, 4);
     const int32_t max_len = uniform(rng, 0, 6);
     std::vector<Tokens> conts(static_cast<size_t>(uniform(rng, 0, 40)));
@@ -1097,23 +692,229 @@ void test_candidate_tree_batches() {
     for (const Tokens& c : conts) {
       for (size_t j = 1; j <= c.size(); ++j) paths[Tokens(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(j))] += 1;
     }
-    const std::string where = "iter " + std::to_string(iter);
-    CHECK_MSG(dump_tree(whole) == paths, where);
-    CHECK_MSG(dump_tree(batched) == paths, where);
-    CHECK_EQ(static_cast<int64_t>(batched.num_nodes()), static_cast<int64_t>(paths.size()));
-    CHECK_EQ(static_cast<int64_t>(whole.num_nodes()), static_cast<int64_t>(paths.size()));
+    SCOPED_TRACE("iter " + std::to_string(iter));
+    ASSERT_EQ(dump_tree(whole), paths);
+    ASSERT_EQ(dump_tree(batched), paths);
+    ASSERT_EQ(static_cast<int64_t>(batched.num_nodes()), static_cast<int64_t>(paths.size()));
+    ASSERT_EQ(static_cast<int64_t>(whole.num_nodes()), static_cast<int64_t>(paths.size()));
   }
 }
 
 // ---------------------------------------------------------------------------
+// Retrieval and fusion over random inputs: memory safety, structure, determinism.
+
+struct TestDatastore {
+  std::vector<Tokens> texts;
+  Datastore datastore;
+};
+
+TestDatastore make_datastore(std::mt19937& rng, const MarkovSource& src, int32_t num_sub,
+                             int32_t max_docs, int32_t max_doc_len, int32_t vocab) {
+  TestDatastore d;
+  for (int32_t s = 0; s < num_sub; ++s) {
+    Tokens t = src.documents(rng, uniform(rng, 1, max_docs), max_doc_len);
+    d.datastore.sub_indices.push_back(SubIndex::build(t, vocab));
+    d.texts.push_back(std::move(t));
+  }
+  return d;
+}
+
+// Random natural streams and configs (split datastores, learned scores): the datastore
+// tree and every draft (datastore only, input only, both, explained) keep their
+// invariants, and drafting again with the same scratch or a fresh one gives the same bytes.
+TEST(Draft, RandomInputsKeepTheInvariants) {
+  std::mt19937 rng(99);
+  int64_t nonempty_datastore = 0, nonempty_input = 0;
+  constexpr int kIters = 500;
+  for (int iter = 0; iter < kIters; ++iter) {
+    const int32_t vocab = uniform(rng, 2, 12);
+    const MarkovSource src(vocab, static_cast<uint32_t>(iter));
+    TestDatastore ds = make_datastore(rng, src, uniform(rng, 0, 3), 6, 120, vocab);
+    ds.datastore.base_count = static_cast<size_t>(uniform(rng, 0, static_cast<int32_t>(ds.texts.size())));
+    const DraftConfig config = random_config(rng);
+    drafter::validate(config);
+    // Context: a stream from the same source (often matches) or from a piece of a text.
+    Tokens ctx = src.stream(rng, uniform(rng, 0, 40));
+    if (!ds.texts.empty() && coin(rng, 0.3)) {
+      const Tokens& t = ds.texts[0];
+      const int32_t from = uniform(rng, 0, static_cast<int32_t>(t.size()));
+      for (int32_t k = from; k < static_cast<int32_t>(t.size()) && t[static_cast<size_t>(k)] >= 0 &&
+                             k - from < 30; ++k) {
+        ctx.push_back(t[static_cast<size_t>(k)]);
+      }
+    }
+    const int32_t budget = coin(rng, 0.1) ? 0 : uniform(rng, 1, coin(rng, 0.5) ? 4 : 40);
+    SCOPED_TRACE("iter " + std::to_string(iter) + " budget " + std::to_string(budget) + " ctx " +
+                 ::testing::PrintToString(ctx));
+    const bool monotone = scores_monotone(config);
+    const auto n = static_cast<int64_t>(ctx.size());
+
+    DraftScratch scratch;
+    drafter::retrieve_datastore(ds.datastore, ctx.data(), n, config, budget, scratch);
+    const CandidateTree tree = scratch.datastore_tree;
+    ASSERT_EQ(tree_problem(tree), "");
+    const CandidateTree* tree_ptr = ds.datastore.sub_indices.empty() ? nullptr : &tree;
+
+    InputTrie trie(config.input_max_depth);
+    for (int32_t v : ctx) trie.append(v);
+    std::vector<drafter::InputMatch> matches;
+    drafter::committed_matches(trie, config, matches);
+
+    Draft datastore_only;
+    drafter::FusionInputs from_datastore(config, budget);
+    from_datastore.datastore_tree = tree_ptr;
+    from_datastore.context = ctx.data();
+    from_datastore.context_len = n;
+    drafter::fuse(from_datastore, scratch.fusion, datastore_only);
+    ASSERT_EQ(draft_problem(datastore_only, budget, vocab, monotone), "") << "datastore only";
+    nonempty_datastore += !datastore_only.tokens.empty();
+
+    Draft input_only;
+    drafter::FusionInputs from_input(config, budget);
+    from_input.trie = &trie;
+    from_input.matches = &matches;
+    from_input.context = ctx.data();
+    from_input.context_len = n;
+    from_input.explain = coin(rng, 0.5);
+    drafter::fuse(from_input, scratch.fusion, input_only);
+    ASSERT_EQ(draft_problem(input_only, budget, vocab, monotone), "") << "input only";
+    if (from_input.explain) {
+      ASSERT_EQ(input_only.features.size(), input_only.tokens.size() * drafter::kScoreFeatures);
+    }
+    nonempty_input += !input_only.tokens.empty();
+
+    // Both sources via draft_one, twice with the same scratch and once with a fresh one.
+    Draft both, again, fresh_draft;
+    drafter::draft_one(&trie, ctx.data(), n, &ds.datastore, config, budget, scratch, both);
+    ASSERT_EQ(draft_problem(both, budget, vocab, monotone), "") << "both";
+    drafter::draft_one(&trie, ctx.data(), n, &ds.datastore, config, budget, scratch, again);
+    DraftScratch fresh;
+    drafter::draft_one(&trie, ctx.data(), n, &ds.datastore, config, budget, fresh, fresh_draft);
+    ASSERT_TRUE(same_draft(both, again) && same_draft(both, fresh_draft)) << "not deterministic";
+  }
+  // The random cases must exercise something.
+  EXPECT_GT(nonempty_datastore, kIters / 5);
+  EXPECT_GT(nonempty_input, kIters / 5);
+}
+
+// Wide nodes with small budgets: the core offers only a member's best children, as many
+// as nodes remain to be chosen.
+TEST(Draft, WideNodesWithSmallBudgets) {
+  std::mt19937 rng(2718);
+  for (int iter = 0; iter < 100; ++iter) {
+    const int32_t vocab = 200;
+    InputTrie trie(8);
+    Tokens input;
+    const int32_t hub = uniform(rng, 0, vocab - 1);
+    for (int32_t k = 0; k < 300; ++k) {  // `hub` followed by many different tokens
+      input.push_back(hub);
+      input.push_back(coin(rng, 0.5) ? uniform(rng, 0, 5) : uniform(rng, 0, vocab - 1));
+    }
+    input.push_back(hub);
+    for (int32_t v : input) trie.append(v);
+    DraftConfig c = random_config(rng);
+    c.input_max_depth = std::max(c.input_max_depth, 2);
+    Tokens doc = input;
+    std::shuffle(doc.begin(), doc.end(), rng);
+    Datastore ds;
+    ds.sub_indices.push_back(SubIndex::build(doc, vocab));
+    const int32_t budget = uniform(rng, 1, 6);
+    DraftScratch scratch;
+    Draft d;
+    drafter::draft_one(&trie, input.data(), static_cast<int64_t>(input.size()), &ds, c, budget,
+                       scratch, d);
+    ASSERT_EQ(draft_problem(d, budget, vocab, scores_monotone(c)), "") << "iter " << iter;
+    ASSERT_EQ(static_cast<int32_t>(d.tokens.size()), budget) << "iter " << iter;
+  }
+}
+
+TEST(Draft, DegenerateInputs) {
+  DraftConfig c;
+  DraftScratch scratch;
+  Draft d;
+  d.tokens = {1};  // the output is replaced, not appended to
+  drafter::draft_one(nullptr, nullptr, 0, nullptr, c, 10, scratch, d);
+  EXPECT_TRUE(d.tokens.empty() && d.parents.empty() && d.scores.empty());
+  Datastore empty_ds;
+  const Tokens ctx{1, 2, 3};
+  drafter::draft_one(nullptr, ctx.data(), 3, &empty_ds, c, 10, scratch, d);
+  EXPECT_TRUE(d.tokens.empty());
+  Datastore one;
+  one.sub_indices.push_back(SubIndex::build({1, 2, 3, 4, -1, 2, 3, 5}, 8));
+  drafter::retrieve_datastore(one, ctx.data(), 3, c, 0, scratch);  // max_len 0
+  EXPECT_EQ(scratch.datastore_tree.num_nodes(), 1);
+  drafter::retrieve_datastore(one, ctx.data(), 0, c, 5, scratch);  // empty context
+  EXPECT_EQ(scratch.datastore_tree.num_nodes(), 1);
+  drafter::retrieve_datastore(one, ctx.data(), 3, c, 5, scratch);
+  EXPECT_GT(scratch.datastore_tree.num_nodes(), 1);
+  DraftConfig bad;
+  bad.input_max_depth = 2;  // < input_max_prefix
+  EXPECT_THROW(drafter::validate(bad), std::invalid_argument);
+}
+
+// A draft over the 128k-token input with a 100k-token datastore, alone and in a Drafter.
+TEST(Draft, LargeInputAndDatastore) {
+  std::mt19937 rng(9);
+  const Tokens& input = large_input();
+  InputTrie trie(DraftConfig{}.input_max_depth);
+  for (int32_t v : input) trie.append(v);
+  const Tokens docs = large_source().documents(rng, 200, 1000);
+  auto ds = std::make_shared<Datastore>();
+  ds->sub_indices.push_back(SubIndex::build(docs, kLargeVocab));
+  EXPECT_TRUE(verify_suffix_array(docs, Tokens(ds->sub_indices[0]->suffix_array(),
+                                               ds->sub_indices[0]->suffix_array() + docs.size())));
+  const DraftConfig config;
+  DraftScratch scratch;
+  Draft d;
+  drafter::draft_one(&trie, input.data(), kLargeLen, ds.get(), config, 256, scratch, d);
+  EXPECT_EQ(draft_problem(d, 256, kLargeVocab, true), "");
+  EXPECT_FALSE(d.tokens.empty());
+  Drafter big(config, kLargeVocab, 2);
+  big.set_datastore(ds);
+  big.start(1, input.data(), kLargeLen);
+  EXPECT_GE(big.request_bytes(1), trie.resident_bytes());
+  const int64_t h = 1, zero_offsets[2] = {0, 0};
+  const int32_t budget = 256;
+  const BatchDrafts b = big.draft_batch(&h, 1, nullptr, 0, zero_offsets, &budget);
+  EXPECT_TRUE(same_draft(slice(b, 0), d));
+}
+
+// ---------------------------------------------------------------------------
 // Drafter.
+
+constexpr int32_t kVocab = 64;
+
+const MarkovSource& shared_source() {
+  static const MarkovSource src(kVocab, 555);
+  return src;
+}
+
+// Three sub-indices of 40 documents each, built once.
+const std::shared_ptr<const Datastore>& shared_datastore() {
+  static const std::shared_ptr<const Datastore> ds = [] {
+    std::mt19937 rng(555);
+    auto d = std::make_shared<Datastore>();
+    for (int s = 0; s < 3; ++s) {
+      d->sub_indices.push_back(SubIndex::build(shared_source().documents(rng, 40, 400), kVocab));
+    }
+    return d;
+  }();
+  return ds;
+}
 
 // Sequential model of a Drafter: per-request trie + tokens, drafted with draft_one.
 struct ShadowRequest {
   explicit ShadowRequest(int32_t depth) : trie(depth) {}
   InputTrie trie;
   Tokens tokens;
+  void append(const int32_t* t, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) {
+      trie.append(t[k]);
+      tokens.push_back(t[k]);
+    }
+  }
 };
+using Shadow = std::map<int64_t, std::unique_ptr<ShadowRequest>>;
 
 struct Step {
   std::vector<int64_t> handles;
@@ -1143,50 +944,32 @@ BatchDrafts run_step(Drafter& d, const Step& s) {
                        s.offsets.data(), s.budgets.data());
 }
 
-std::vector<Draft> run_shadow(std::map<int64_t, std::unique_ptr<ShadowRequest>>& shadow,
-                              const Datastore& ds, const DraftConfig& c, const Step& s) {
+std::vector<Draft> run_shadow(Shadow& shadow, const Datastore& ds, const DraftConfig& c,
+                              const Step& s) {
   std::vector<Draft> out(s.handles.size());
   DraftScratch scratch;
   for (size_t i = 0; i < s.handles.size(); ++i) {
     ShadowRequest& r = *shadow.at(s.handles[i]);
-    for (int64_t k = s.offsets[i]; k < s.offsets[i + 1]; ++k) {
-      r.trie.append(s.new_tokens[static_cast<size_t>(k)]);
-      r.tokens.push_back(s.new_tokens[static_cast<size_t>(k)]);
-    }
+    r.append(s.new_tokens.data() + s.offsets[i], s.offsets[i + 1] - s.offsets[i]);
     drafter::draft_one(&r.trie, r.tokens.data(), static_cast<int64_t>(r.tokens.size()), &ds, c,
                        s.budgets[i], scratch, out[i]);
   }
   return out;
 }
 
-constexpr int32_t kVocab = 64;
-
-void test_drafter_basic(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src,
-                        bool learned = false) {
-  DraftConfig config;  // paper defaults
-  if (learned) {  // a learned node score: any finite weights
-    config.node_score.resize(static_cast<size_t>(drafter::kScoreFeatures) + 1);
-    for (size_t i = 0; i < config.node_score.size(); ++i) {
-      config.node_score[i] = 0.1 * static_cast<double>(static_cast<int>(i % 5) - 2);
-    }
-  }
-  CHECK_THROWS(Drafter(config, kVocab, 0), std::invalid_argument);
-  CHECK_THROWS(Drafter(config, 0, 1), std::invalid_argument);
-  {
-    DraftConfig bad = config;
-    bad.datastore_samples = 0;
-    CHECK_THROWS(Drafter(bad, kVocab, 2), std::invalid_argument);
-  }
-
-  // 32 requests, 4 threads vs 1 thread vs the sequential model.
+// 32 requests drafted by 4 threads, by 1 thread and by the sequential model, step by step;
+// then add, an empty batch, stop, and set_datastore.
+void expect_threads_and_model_agree(const DraftConfig& config) {
+  const auto& ds = shared_datastore();
+  const MarkovSource& src = shared_source();
   Drafter one(config, kVocab, 1), four(config, kVocab, 4);
-  CHECK_EQ(one.num_threads(), 1);
-  CHECK_EQ(four.num_threads(), 4);
+  EXPECT_EQ(one.num_threads(), 1);
+  EXPECT_EQ(four.num_threads(), 4);
   one.set_datastore(ds);
   four.set_datastore(ds);
-  CHECK(four.datastore() == ds);
+  EXPECT_EQ(four.datastore(), ds);
   std::mt19937 rng(2024);
-  std::map<int64_t, std::unique_ptr<ShadowRequest>> shadow;
+  Shadow shadow;
   std::vector<int64_t> handles;
   for (int64_t h = 0; h < 32; ++h) {
     const int64_t handle = h * 7919 - 100;  // negative handles are fine too
@@ -1194,183 +977,185 @@ void test_drafter_basic(const std::shared_ptr<const Datastore>& ds, const Markov
     one.start(handle, prompt.data(), static_cast<int64_t>(prompt.size()));
     four.start(handle, prompt.data(), static_cast<int64_t>(prompt.size()));
     auto r = std::make_unique<ShadowRequest>(config.input_max_depth);
-    for (int32_t v : prompt) r->trie.append(v);
-    r->tokens = prompt;
+    r->append(prompt.data(), static_cast<int64_t>(prompt.size()));
     shadow.emplace(handle, std::move(r));
     handles.push_back(handle);
-    CHECK_EQ(four.num_tokens(handle), static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(four.num_tokens(handle), static_cast<int64_t>(prompt.size()));
   }
-  CHECK_EQ(four.num_requests(), int64_t{32});
+  EXPECT_EQ(four.num_requests(), int64_t{32});
   int64_t drafted = 0;
   for (int step = 0; step < 16; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
     const Step s = random_step(rng, src, handles, config.max_budget);
     const BatchDrafts a = run_step(one, s);
     const BatchDrafts b = run_step(four, s);
     const std::vector<Draft> expected = run_shadow(shadow, *ds, config, s);
-    CHECK_MSG(same_batch(a, b), "num_threads=4 differs from num_threads=1 at step " + std::to_string(step));
-    bool model_ok = a.offsets.size() == s.handles.size() + 1;
-    for (size_t i = 0; model_ok && i < s.handles.size(); ++i) {
-      model_ok = same_draft(slice(a, i), expected[i]);
-      const std::string problem = draft_problem(slice(b, i), s.budgets[i], kVocab, true);
-      CHECK_MSG(problem.empty(), problem);
+    ASSERT_TRUE(same_batch(a, b)) << "num_threads=4 differs from num_threads=1";
+    ASSERT_EQ(a.offsets.size(), s.handles.size() + 1);
+    for (size_t i = 0; i < s.handles.size(); ++i) {
+      ASSERT_TRUE(same_draft(slice(a, i), expected[i])) << "draft_batch differs from draft_one";
+      ASSERT_EQ(draft_problem(slice(b, i), s.budgets[i], kVocab, true), "");
     }
-    CHECK_MSG(model_ok, "draft_batch differs from draft_one at step " + std::to_string(step));
     drafted += static_cast<int64_t>(a.tokens.size());
   }
-  CHECK(drafted > 1000);
+  EXPECT_GT(drafted, 1000);
   for (int64_t h : handles) {
-    CHECK_EQ(four.num_tokens(h), static_cast<int64_t>(shadow.at(h)->tokens.size()));
-    CHECK(four.request_bytes(h) > 0);
+    EXPECT_EQ(four.num_tokens(h), static_cast<int64_t>(shadow.at(h)->tokens.size()));
+    EXPECT_GT(four.request_bytes(h), 0);
   }
   // add() then a step with no new tokens sees the added tokens.
   const Tokens extra = src.stream(rng, 10);
   one.add(handles[3], extra.data(), 10);
   four.add(handles[3], extra.data(), 10);
-  for (int32_t v : extra) {
-    shadow.at(handles[3])->trie.append(v);
-    shadow.at(handles[3])->tokens.push_back(v);
-  }
+  shadow.at(handles[3])->append(extra.data(), 10);
   {
-    Step s;
-    s.handles = {handles[3]};
-    s.offsets = {0, 0};
-    s.budgets = {64};
+    const Step s{{handles[3]}, {}, {0, 0}, {64}};
     const BatchDrafts b = run_step(four, s);
-    CHECK(same_draft(slice(b, 0), run_shadow(shadow, *ds, config, s)[0]));
-    CHECK(same_batch(b, run_step(one, s)));
+    EXPECT_TRUE(same_draft(slice(b, 0), run_shadow(shadow, *ds, config, s)[0]));
+    EXPECT_TRUE(same_batch(b, run_step(one, s)));
   }
   // An empty batch.
   {
     const int64_t zero = 0;
     const BatchDrafts b = four.draft_batch(nullptr, 0, nullptr, 0, &zero, nullptr);
-    CHECK(b.tokens.empty() && b.offsets.size() == 1 && b.offsets[0] == 0);
+    EXPECT_TRUE(b.tokens.empty() && b.offsets.size() == 1 && b.offsets[0] == 0);
   }
   // Stop.
-  CHECK(four.stop(handles[0]));
-  CHECK(!four.stop(handles[0]));
-  CHECK_EQ(four.num_requests(), int64_t{31});
-  CHECK_THROWS(four.num_tokens(handles[0]), std::out_of_range);
+  EXPECT_TRUE(four.stop(handles[0]));
+  EXPECT_FALSE(four.stop(handles[0]));
+  EXPECT_EQ(four.num_requests(), int64_t{31});
+  EXPECT_THROW(four.num_tokens(handles[0]), std::out_of_range);
 
   // set_datastore validation; replacing the datastore changes later drafts only.
-  CHECK_THROWS(four.set_datastore(nullptr), std::invalid_argument);
+  EXPECT_THROW(four.set_datastore(nullptr), std::invalid_argument);
   auto other_vocab = std::make_shared<Datastore>();
   other_vocab->sub_indices.push_back(SubIndex::build({1, 2, 3}, kVocab + 1));
-  CHECK_THROWS(four.set_datastore(other_vocab), std::invalid_argument);
-  CHECK(four.datastore() == ds);
+  EXPECT_THROW(four.set_datastore(other_vocab), std::invalid_argument);
+  EXPECT_EQ(four.datastore(), ds);
   four.set_datastore(std::make_shared<Datastore>());
   {
-    Step s;
-    s.handles = {handles[5]};
-    s.offsets = {0, 0};
-    s.budgets = {32};
+    const Step s{{handles[5]}, {}, {0, 0}, {32}};
     const BatchDrafts b = run_step(four, s);
-    Datastore none;
-    CHECK(same_draft(slice(b, 0), run_shadow(shadow, none, config, s)[0]));
+    const Datastore none;
+    EXPECT_TRUE(same_draft(slice(b, 0), run_shadow(shadow, none, config, s)[0]));
   }
 }
 
-void test_drafter_bad_input(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
+TEST(Drafter, RejectsBadConstruction) {
+  const DraftConfig config;
+  EXPECT_THROW(Drafter(config, kVocab, 0), std::invalid_argument);
+  EXPECT_THROW(Drafter(config, 0, 1), std::invalid_argument);
+  DraftConfig bad = config;
+  bad.datastore_samples = 0;
+  EXPECT_THROW(Drafter(bad, kVocab, 2), std::invalid_argument);
+}
+
+TEST(Drafter, ThreadsAndSequentialModelAgree) { expect_threads_and_model_agree(DraftConfig{}); }
+
+TEST(Drafter, ThreadsAndSequentialModelAgreeWithALearnedScore) {
+  DraftConfig config;
+  config.node_score.resize(static_cast<size_t>(drafter::kScoreFeatures) + 1);
+  for (size_t i = 0; i < config.node_score.size(); ++i) {
+    config.node_score[i] = 0.1 * static_cast<double>(static_cast<int>(i % 5) - 2);
+  }
+  expect_threads_and_model_agree(config);
+}
+
+// Every rejected call (unknown or duplicate handles, tokens outside the vocabulary, bad
+// offsets, budgets outside [0, max_budget]) throws and changes nothing: the requests keep
+// their tokens and a valid step still gives the model's drafts.
+TEST(Drafter, BadInputIsRejectedAndChangesNothing) {
+  const auto& ds = shared_datastore();
+  const MarkovSource& src = shared_source();
   DraftConfig config;
   config.max_budget = 100;
   Drafter d(config, kVocab, 3);
   d.set_datastore(ds);
   std::mt19937 rng(31337);
-  std::map<int64_t, std::unique_ptr<ShadowRequest>> shadow;
-  std::vector<int64_t> handles{10, 20, 30, 40};
+  Shadow shadow;
+  const std::vector<int64_t> handles{10, 20, 30, 40};
   for (int64_t h : handles) {
     const Tokens prompt = src.stream(rng, 50);
     d.start(h, prompt.data(), 50);
-    auto r = std::make_unique<ShadowRequest>(config.input_max_depth);
-    for (int32_t v : prompt) r->trie.append(v);
-    r->tokens = prompt;
-    shadow.emplace(h, std::move(r));
+    shadow.emplace(h, std::make_unique<ShadowRequest>(config.input_max_depth));
+    shadow.at(h)->append(prompt.data(), 50);
   }
-  // After every rejected call: nothing changed and a valid step still works.
-  auto state_ok = [&](const char* what) {
-    bool ok = d.num_requests() == static_cast<int64_t>(handles.size());
+  auto expect_unchanged = [&](const char* after) {
+    SCOPED_TRACE(std::string("after ") + after);
+    EXPECT_EQ(d.num_requests(), static_cast<int64_t>(handles.size()));
     for (int64_t h : handles) {
-      ok = ok && d.num_tokens(h) == static_cast<int64_t>(shadow.at(h)->tokens.size());
+      EXPECT_EQ(d.num_tokens(h), static_cast<int64_t>(shadow.at(h)->tokens.size()));
     }
     const Step s = random_step(rng, src, handles, config.max_budget);
     const BatchDrafts b = run_step(d, s);
     const std::vector<Draft> expected = run_shadow(shadow, *ds, config, s);
-    for (size_t i = 0; i < s.handles.size(); ++i) ok = ok && same_draft(slice(b, i), expected[i]);
-    CHECK_MSG(ok, std::string("state after ") + what);
+    for (size_t i = 0; i < s.handles.size(); ++i) EXPECT_TRUE(same_draft(slice(b, i), expected[i]));
   };
-  state_ok("setup");
+  expect_unchanged("setup");
 
   const Tokens good{1, 2, 3};
   const Tokens bad_token{1, kVocab, 3};
   const Tokens negative{1, -1, 3};
   // Unknown handles.
-  CHECK_THROWS(d.add(999, good.data(), 3), std::out_of_range);
-  CHECK_THROWS(d.num_tokens(999), std::out_of_range);
-  CHECK_THROWS(d.request_bytes(999), std::out_of_range);
-  CHECK(!d.stop(999));
-  // Each rejected batch call below: handles, new tokens, offsets, budgets.
-  const Step unknown_handle{{10, 999}, good, {0, 2, 3}, {5, 5}};
-  CHECK_THROWS(run_step(d, unknown_handle), std::out_of_range);
-  state_ok("unknown handle");
+  EXPECT_THROW(d.add(999, good.data(), 3), std::out_of_range);
+  EXPECT_THROW(d.num_tokens(999), std::out_of_range);
+  EXPECT_THROW(d.request_bytes(999), std::out_of_range);
+  EXPECT_FALSE(d.stop(999));
+  EXPECT_THROW(run_step(d, Step{{10, 999}, good, {0, 2, 3}, {5, 5}}), std::out_of_range);
+  expect_unchanged("unknown handle");
   // Duplicate start keeps the existing request.
-  CHECK_THROWS(d.start(20, good.data(), 3), std::invalid_argument);
-  state_ok("duplicate start");
+  EXPECT_THROW(d.start(20, good.data(), 3), std::invalid_argument);
+  expect_unchanged("duplicate start");
   // Tokens out of the vocabulary (start must not register the handle).
-  CHECK_THROWS(d.start(50, bad_token.data(), 3), std::invalid_argument);
-  CHECK_THROWS(d.start(51, negative.data(), 3), std::invalid_argument);
-  CHECK_THROWS(d.num_tokens(50), std::out_of_range);
-  CHECK_THROWS(d.add(10, bad_token.data(), 3), std::invalid_argument);
-  CHECK_THROWS(d.add(10, negative.data(), 3), std::invalid_argument);
-  const Step bad_tokens{{10, 20}, bad_token, {0, 1, 3}, {5, 5}};
-  CHECK_THROWS(run_step(d, bad_tokens), std::invalid_argument);
-  state_ok("bad tokens");
+  EXPECT_THROW(d.start(50, bad_token.data(), 3), std::invalid_argument);
+  EXPECT_THROW(d.start(51, negative.data(), 3), std::invalid_argument);
+  EXPECT_THROW(d.num_tokens(50), std::out_of_range);
+  EXPECT_THROW(d.add(10, bad_token.data(), 3), std::invalid_argument);
+  EXPECT_THROW(d.add(10, negative.data(), 3), std::invalid_argument);
+  EXPECT_THROW(run_step(d, Step{{10, 20}, bad_token, {0, 1, 3}, {5, 5}}), std::invalid_argument);
+  expect_unchanged("bad tokens");
   // Duplicate handle in one batch.
-  const Step duplicate{{10, 20, 10}, good, {0, 1, 2, 3}, {5, 5, 5}};
-  CHECK_THROWS(run_step(d, duplicate), std::invalid_argument);
-  state_ok("duplicate handle in a batch");
+  EXPECT_THROW(run_step(d, Step{{10, 20, 10}, good, {0, 1, 2, 3}, {5, 5, 5}}),
+               std::invalid_argument);
+  expect_unchanged("duplicate handle in a batch");
   // Offsets: decreasing, not starting at 0, not ending at the token count.
   for (const std::vector<int64_t>& offsets : {std::vector<int64_t>{0, 2, 1, 3},
                                               std::vector<int64_t>{1, 2, 3, 3},
                                               std::vector<int64_t>{0, 1, 2, 2}}) {
-    const Step bad_offsets{{10, 20, 30}, good, offsets, {5, 5, 5}};
-    CHECK_THROWS(run_step(d, bad_offsets), std::invalid_argument);
+    EXPECT_THROW(run_step(d, Step{{10, 20, 30}, good, offsets, {5, 5, 5}}), std::invalid_argument)
+        << ::testing::PrintToString(offsets);
   }
-  state_ok("bad offsets");
+  expect_unchanged("bad offsets");
   // Budgets outside [0, max_budget].
+  EXPECT_THROW(run_step(d, Step{{10, 20}, good, {0, 1, 3}, {5, config.max_budget + 1}}),
+               std::invalid_argument);
+  EXPECT_THROW(run_step(d, Step{{10, 20}, good, {0, 1, 3}, {-1, 5}}), std::invalid_argument);
   {
-    const Step too_big{{10, 20}, good, {0, 1, 3}, {5, config.max_budget + 1}};
-    CHECK_THROWS(run_step(d, too_big), std::invalid_argument);
-    const Step negative_budget{{10, 20}, good, {0, 1, 3}, {-1, 5}};
-    CHECK_THROWS(run_step(d, negative_budget), std::invalid_argument);
     const Step max_ok{{10, 20}, good, {0, 1, 3}, {config.max_budget, 0}};
     BatchDrafts b;
-    CHECK_NO_THROW(b = run_step(d, max_ok));
-    for (size_t i = 0; i < 2; ++i) {
-      ShadowRequest& r = *shadow.at(max_ok.handles[i]);
-      for (int64_t k = max_ok.offsets[i]; k < max_ok.offsets[i + 1]; ++k) {
-        r.trie.append(good[static_cast<size_t>(k)]);
-        r.tokens.push_back(good[static_cast<size_t>(k)]);
-      }
-    }
-    CHECK(b.offsets.size() == 3 && b.offsets[2] == b.offsets[1]);  // budget 0: empty
+    EXPECT_NO_THROW(b = run_step(d, max_ok));
+    shadow.at(10)->append(good.data(), 1);
+    shadow.at(20)->append(good.data() + 1, 2);
+    EXPECT_TRUE(b.offsets.size() == 3 && b.offsets[2] == b.offsets[1]);  // budget 0: empty
   }
-  state_ok("bad budgets");
-  CHECK_THROWS(d.draft_batch(nullptr, -1, nullptr, 0, nullptr, nullptr), std::invalid_argument);
-  state_ok("negative batch");
+  expect_unchanged("bad budgets");
+  EXPECT_THROW(d.draft_batch(nullptr, -1, nullptr, 0, nullptr, nullptr), std::invalid_argument);
+  expect_unchanged("negative batch");
   // A stopped handle can be started again.
-  CHECK(d.stop(40));
-  CHECK_THROWS(d.add(40, good.data(), 3), std::out_of_range);
-  CHECK_NO_THROW(d.start(40, good.data(), 3));
+  EXPECT_TRUE(d.stop(40));
+  EXPECT_THROW(d.add(40, good.data(), 3), std::out_of_range);
+  EXPECT_NO_THROW(d.start(40, good.data(), 3));
   shadow[40] = std::make_unique<ShadowRequest>(config.input_max_depth);
-  for (int32_t v : good) {
-    shadow[40]->trie.append(v);
-    shadow[40]->tokens.push_back(v);
-  }
-  state_ok("restart");
+  shadow[40]->append(good.data(), 3);
+  expect_unchanged("restart");
 }
 
-// Several caller threads drafting on disjoint requests while others start,
-// add, draft and stop their own handles and swap in an equivalent datastore.
-void test_drafter_concurrent(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
+// Several caller threads drafting on disjoint requests while others start, add, draft
+// and stop their own handles and one swaps in an equal datastore; then each caller's
+// drafts are replayed on a fresh single-threaded drafter.
+TEST(Drafter, ConcurrentCallersChurnAndDatastoreSwaps) {
+  const auto& ds = shared_datastore();
+  const MarkovSource& src = shared_source();
   DraftConfig config;
   config.max_budget = 128;
   constexpr int kCallers = 4, kPerCaller = 8, kSteps = 16, kChurners = 2, kChurnIters = 60;
@@ -1397,7 +1182,7 @@ void test_drafter_concurrent(const std::shared_ptr<const Datastore>& ds, const M
         if (!d.stop(h)) errors.fetch_add(1);
       }
     } catch (const std::exception& e) {
-      record_failure(__FILE__, __LINE__, std::string("caller thread: ") + e.what());
+      ADD_FAILURE() << "caller thread: " << e.what();
       errors.fetch_add(1);
     }
   };
@@ -1430,7 +1215,7 @@ void test_drafter_concurrent(const std::shared_ptr<const Datastore>& ds, const M
           if (!shared.stop(h) || shared.stop(h)) errors.fetch_add(1);
         }
       } catch (const std::exception& e) {
-        record_failure(__FILE__, __LINE__, std::string("churn thread: ") + e.what());
+        ADD_FAILURE() << "churn thread: " << e.what();
         errors.fetch_add(1);
       }
     });
@@ -1444,184 +1229,56 @@ void test_drafter_concurrent(const std::shared_ptr<const Datastore>& ds, const M
     }
   });
   for (auto& t : threads) t.join();
-  CHECK_EQ(errors.load(), int64_t{0});
-  CHECK_EQ(shared.num_requests(), int64_t{0});
+  EXPECT_EQ(errors.load(), int64_t{0});
+  EXPECT_EQ(shared.num_requests(), int64_t{0});
 
-  // Sequential replay on a fresh single-threaded drafter.
   Drafter sequential(config, kVocab, 1);
   sequential.set_datastore(ds);
   for (int id = 0; id < kCallers; ++id) {
     std::vector<BatchDrafts> expected;
     caller(sequential, id, expected);
-    bool same = expected.size() == results[static_cast<size_t>(id)].size();
-    for (size_t s = 0; same && s < expected.size(); ++s) {
-      same = same_batch(expected[s], results[static_cast<size_t>(id)][s]);
+    const auto& got = results[static_cast<size_t>(id)];
+    ASSERT_EQ(expected.size(), got.size()) << "caller " << id;
+    for (size_t s = 0; s < expected.size(); ++s) {
+      EXPECT_TRUE(same_batch(expected[s], got[s])) << "caller " << id << " step " << s;
     }
-    CHECK_MSG(same, "concurrent caller " + std::to_string(id) + " differs from sequential");
   }
 }
 
 // Drafter::explain: the tree draft_batch gives, with drafter::kScoreFeatures values per
-// node, every path's sources recorded (a node has a source, a source's count never exceeds
-// its parent count); no state changes.
-void test_drafter_explain(const std::shared_ptr<const Datastore>& ds, const MarkovSource& src) {
-  DraftConfig config;
+// node (a node has a source, a source's count never exceeds its parent count); no state
+// changes.
+TEST(Drafter, ExplainIsTheDraftedTreeWithItsFeatures) {
+  const MarkovSource& src = shared_source();
+  const DraftConfig config;
   Drafter four(config, kVocab, 4);
-  four.set_datastore(ds);
+  four.set_datastore(shared_datastore());
   std::mt19937 rng(77);
   const int64_t h0 = 3, zero[2] = {0, 0};
   const Tokens prompt = src.stream(rng, uniform(rng, 1, 200));
   four.start(h0, prompt.data(), static_cast<int64_t>(prompt.size()));
-  const int32_t budget = 16;
-  for (const int32_t bud : {0, 1, 16, 256}) {
-    const Draft explained = four.explain(h0, bud);
-    const BatchDrafts drafted = four.draft_batch(&h0, 1, nullptr, 0, zero, &bud);
-    CHECK(explained.tokens == drafted.tokens && explained.parents == drafted.parents &&
-          explained.scores == drafted.scores);
-    CHECK_EQ(explained.features.size(), explained.tokens.size() * drafter::kScoreFeatures);
+  for (const int32_t budget : {0, 1, 16, 256}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    const Draft explained = four.explain(h0, budget);
+    const BatchDrafts drafted = four.draft_batch(&h0, 1, nullptr, 0, zero, &budget);
+    EXPECT_EQ(explained.tokens, drafted.tokens);
+    EXPECT_EQ(explained.parents, drafted.parents);
+    EXPECT_EQ(explained.scores, drafted.scores);
+    ASSERT_EQ(explained.features.size(), explained.tokens.size() * drafter::kScoreFeatures);
     for (size_t i = 0; i < explained.tokens.size(); ++i) {
       const double* f = explained.features.data() + i * drafter::kScoreFeatures;
-      CHECK(f[drafter::kFeatInputPresent] + f[drafter::kFeatBasePresent] +
-                f[drafter::kFeatLivePresent] >= 1);
-      CHECK(f[drafter::kFeatInputLogCond] <= 0 && f[drafter::kFeatBaseLogCond] <= 0);
-      CHECK(f[drafter::kFeatDepth] >= 1 && f[drafter::kFeatLogSiblings] >= 0);
-      CHECK(f[drafter::kFeatLogOverBest] <= 0);
+      EXPECT_GE(f[drafter::kFeatInputPresent] + f[drafter::kFeatBasePresent] +
+                    f[drafter::kFeatLivePresent], 1);
+      EXPECT_LE(f[drafter::kFeatInputLogCond], 0);
+      EXPECT_LE(f[drafter::kFeatBaseLogCond], 0);
+      EXPECT_GE(f[drafter::kFeatDepth], 1);
+      EXPECT_GE(f[drafter::kFeatLogSiblings], 0);
+      EXPECT_LE(f[drafter::kFeatLogOverBest], 0);
     }
   }
-  CHECK_THROWS(four.explain(99, budget), std::out_of_range);
-  CHECK_THROWS(four.explain(h0, config.max_budget + 1), std::invalid_argument);
-  CHECK_EQ(four.num_tokens(h0), static_cast<int64_t>(prompt.size()));
-}
-
-// ---------------------------------------------------------------------------
-// Large input.
-
-void test_large() {
-  constexpr int32_t kLen = 128 * 1024;
-  constexpr int32_t kDepth = 16;
-  constexpr int32_t kBigVocab = 32000;
-  std::mt19937 rng(8);
-  const MarkovSource src(kBigVocab, 8);
-  // Natural-ish stream with verbatim repeats of earlier spans (like code or chat).
-  Tokens input;
-  input.reserve(kLen);
-  while (static_cast<int32_t>(input.size()) < kLen) {
-    if (input.size() > 1000 && coin(rng, 0.02)) {
-      const auto from = static_cast<size_t>(uniform(rng, 0, static_cast<int32_t>(input.size()) - 200));
-      const size_t take = static_cast<size_t>(uniform(rng, 20, 200));
-      for (size_t k = 0; k < take && static_cast<int32_t>(input.size()) < kLen; ++k) {
-        input.push_back(input[from + k]);
-      }
-    } else {
-      input.push_back(src.next(rng, input.empty() ? -1 : input.back()));
-    }
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  InputTrie trie(kDepth);
-  for (int32_t v : input) trie.append(v);
-  const double trie_s = seconds_since(t0);
-  CHECK_EQ(trie.num_tokens(), int64_t{kLen});
-  CHECK(trie.num_nodes() <= int64_t{kLen} * kDepth + 1);
-  int64_t root_total = 0;
-  for (int32_t c = trie.first_child(InputTrie::kRoot); c != -1; c = trie.next_sibling(c)) {
-    root_total += trie.count(c);
-  }
-  CHECK_EQ(root_total, int64_t{kLen});
-  bool suffix_ok = true;
-  for (int32_t len = 1; len <= kDepth; ++len) {
-    const int32_t node = trie.suffix_node(len);
-    suffix_ok = suffix_ok && node > 0 && node == walk_trie(trie, input.data() + kLen - len, len);
-  }
-  CHECK(suffix_ok);
-  // Spot-check counts of a few substrings against a scan.
-  for (int q = 0; q < 20; ++q) {
-    const int32_t len = uniform(rng, 1, kDepth);
-    const int32_t from = uniform(rng, 0, kLen - len);
-    int64_t expected = 0;
-    for (int64_t i = 0; i + len <= kLen; ++i) expected += occurs_at(input, i, input.data() + from, len);
-    const int32_t node = walk_trie(trie, input.data() + from, len);
-    CHECK_MSG(node > 0 && static_cast<int64_t>(trie.count(node)) == expected,
-              "substring at " + std::to_string(from) + " length " + std::to_string(len));
-  }
-  std::printf("large: InputTrie(depth %d) over %d tokens: %" PRId64 " nodes, %.1f MiB resident, %.2f s\n",
-              kDepth, kLen, trie.num_nodes(), static_cast<double>(trie.resident_bytes()) / (1 << 20),
-              trie_s);
-  CHECK(trie.resident_bytes() >= trie.num_nodes() * 16);
-
-  // A draft over it with a 100k-token datastore, and the same prompt in a Drafter.
-  const auto t1 = std::chrono::steady_clock::now();
-  Tokens docs = src.documents(rng, 200, 1000);
-  auto ds = std::make_shared<Datastore>();
-  ds->sub_indices.push_back(SubIndex::build(docs, kBigVocab));
-  const double sa_s = seconds_since(t1);
-  CHECK_MSG(verify_suffix_array(docs, Tokens(ds->sub_indices[0]->suffix_array(),
-                                             ds->sub_indices[0]->suffix_array() + docs.size())),
-            "datastore suffix array");
-  DraftConfig config;
-  DraftScratch scratch;
-  Draft d;
-  drafter::draft_one(&trie, input.data(), kLen, ds.get(), config, 256, scratch, d);
-  const std::string problem = draft_problem(d, 256, kBigVocab, true);
-  CHECK_MSG(problem.empty(), problem);
-  CHECK(!d.tokens.empty());
-  Drafter big(config, kBigVocab, 2);
-  big.set_datastore(ds);
-  const auto t2 = std::chrono::steady_clock::now();
-  big.start(1, input.data(), kLen);
-  const int64_t bytes = big.request_bytes(1);
-  const int64_t h = 1, zero_offsets[2] = {0, 0};
-  const int32_t budget = 256;
-  const BatchDrafts b = big.draft_batch(&h, 1, nullptr, 0, zero_offsets, &budget);
-  CHECK(same_draft(slice(b, 0), d));
-  std::printf("large: datastore of %zu tokens built in %.2f s; Drafter request of %d tokens: "
-              "%.1f MiB (start + draft %.2f s)\n",
-              docs.size(), sa_s, kLen, static_cast<double>(bytes) / (1 << 20), seconds_since(t2));
-  CHECK(bytes >= trie.resident_bytes());
+  EXPECT_THROW(four.explain(99, 16), std::out_of_range);
+  EXPECT_THROW(four.explain(h0, config.max_budget + 1), std::invalid_argument);
+  EXPECT_EQ(four.num_tokens(h0), static_cast<int64_t>(prompt.size()));
 }
 
 }  // namespace
-
-int main() {
-  const auto start = std::chrono::steady_clock::now();
-  struct Section {
-    const char* name;
-    std::function<void()> run;
-  };
-  std::mt19937 rng(555);
-  const MarkovSource src(kVocab, 555);
-  auto ds = std::make_shared<Datastore>();
-  for (int s = 0; s < 3; ++s) {
-    ds->sub_indices.push_back(SubIndex::build(src.documents(rng, 40, 400), kVocab));
-  }
-  const std::shared_ptr<const Datastore> cds = ds;
-  const std::vector<Section> sections{
-      {"suffix_array", test_suffix_array},
-      {"sub_index", test_sub_index},
-      {"input_trie", test_input_trie},
-      {"retrieve_and_fuse", test_retrieve_and_fuse},
-      {"candidate_tree", test_candidate_tree_batches},
-      {"drafter_basic", [&] { test_drafter_basic(cds, src); }},
-      {"drafter_basic_learned", [&] { test_drafter_basic(cds, src, true); }},
-      {"drafter_bad_input", [&] { test_drafter_bad_input(cds, src); }},
-      {"drafter_concurrent", [&] { test_drafter_concurrent(cds, src); }},
-      {"drafter_explain", [&] { test_drafter_explain(cds, src); }},
-      {"large", test_large},
-  };
-  for (const Section& s : sections) {
-    const int64_t failed_before = g_failed.load();
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      s.run();
-    } catch (const std::exception& e) {
-      record_failure(__FILE__, __LINE__, std::string(s.name) + " threw: " + e.what());
-    } catch (...) {
-      record_failure(__FILE__, __LINE__, std::string(s.name) + " threw a non-std exception");
-    }
-    std::printf("%-20s %s  %.2f s\n", s.name, g_failed.load() == failed_before ? "ok  " : "FAIL",
-                seconds_since(t0));
-    std::fflush(stdout);
-  }
-  std::printf("total %.2f s\n", seconds_since(start));
-  std::printf("%" PRId64 " passed, %" PRId64 " failed\n", g_passed.load(), g_failed.load());
-  return g_failed.load() == 0 ? 0 : 1;
-}
