@@ -8,8 +8,9 @@ datastore (what siblings give each other is the question). The same records, the
 lanes, the same drafter: the rows differ only in ``recent_samples``.
 
 Everyone else: the dev sets against the 6.4M-token corpus datastore in lockstep batches of
-unrelated requests (``--batch``), with and without the tier: tau and the batch's step
-time (what the tier costs requests that have no sibling).
+unrelated requests (``--dev-batch``), with and without the tier: tau and the batch's step
+time. Follow-up turns are left out (:func:`first_turns`): a second turn's prompt holds the
+first turn's answer, and the two cannot be in flight together.
 
     python -m drafter_bench.recent_tier --data-dir ../shared/data \
         --out benchmarks/results/recent_tier.jsonl
@@ -20,13 +21,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from drafter_bench.replay import ReplaySettings, replay, sibling_groups
-from drafter_bench.token_records import iter_documents, read_records
+from drafter_bench.token_records import Record, iter_documents, read_records
 from drafter_service.datastore.sub_indices import SubIndex
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.node_score import default_node_score
@@ -36,6 +38,27 @@ DEV_SETS = ("chat_alpacaeval_llama3_8b", "code_humaneval_llama31_8b", "multiling
 VOCAB = 128256
 TIER = {"recent_samples": 16, "recent_min_match": 2}
 """The tier's settings measured (recent_candidates at its default, 64)."""
+
+
+def first_turns(records: list[Record], n: int = 8) -> list[Record]:
+    """``records`` less those whose prompt holds another record's output (a follow-up
+    turn, e.g. MT-Bench's second turns): one could not be in flight before the other
+    finished, so replaying both in one batch would let the first draft from its own
+    future answer. Known by another record's first ``n`` output tokens in the prompt, or
+    by an id naming a later turn (``...-t2``)."""
+    starts: dict[tuple[int, ...], set[int]] = {}
+    for i, r in enumerate(records):
+        if len(r.output_ids) >= n:
+            starts.setdefault(tuple(r.output_ids[:n].tolist()), set()).add(i)
+    kept = []
+    for i, r in enumerate(records):
+        prompt = r.prompt_ids.tolist()
+        owners = set().union(*(starts.get(tuple(prompt[j : j + n]), set())
+                               for j in range(len(prompt) - n + 1)))  # fmt: skip
+        later_turn = re.search(r"-t([0-9]+)$", r.id)  # MT-Bench's ids: <conversation>-t<turn>
+        if not owners - {i} and not (later_turn and int(later_turn.group(1)) > 1):
+            kept.append(r)
+    return kept
 
 
 def _row(kind: str, settings: ReplaySettings, result: object, **extra: object) -> dict[str, object]:
@@ -92,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_dev:
         base = [SubIndex.build(list(iter_documents(corpus_path, vocab_size=VOCAB)), VOCAB)]
         for name in DEV_SETS:
-            records = read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
+            records = first_turns(
+                read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
+            )
             for config in (plain, tier):
                 settings = ReplaySettings("both", args.budget, batch=args.dev_batch,
                                           config=config)  # fmt: skip
-                emit(_row("unrelated", settings, replay(records, settings, base), data=name))
+                emit(_row("unrelated", settings, replay(records, settings, base), data=name,
+                          kept=len(records)))  # fmt: skip
     out.close()
     return 0
 

@@ -53,7 +53,7 @@ class DraftConfig:
     """The recent tier: continuations taken per draft from the other requests the drafter
     holds (siblings in flight), drafted from as a source of its own weighted like the
     datastore (docs/algorithm.md, "The recent tier"). 0: no recent tier."""
-    recent_min_match: int = 3
+    recent_min_match: int = 2
     """K: the context's last K tokens must occur in another request for it to be a match
     (the recent tier's index key)."""
     recent_max_match: int = 32

@@ -1245,6 +1245,97 @@ TEST(Drafter, ConcurrentCallersChurnAndDatastoreSwaps) {
   }
 }
 
+// The recent tier under threads: callers step requests of shared prompts (siblings draft
+// from each other) while churners start, grow and stop requests, far more than live at
+// once, so the tier compacts repeatedly under the callers' feet. Every draft keeps the
+// invariants; siblings get drafts from the tier; nothing is left once all stop.
+TEST(Drafter, RecentTierUnderConcurrentCallersAndChurn) {
+  const MarkovSource& src = shared_source();
+  DraftConfig config;
+  config.max_budget = 64;
+  config.recent_samples = 8;
+  config.recent_min_match = 1;
+  config.recent_candidates = 16;
+  Drafter shared(config, kVocab, 4);
+  shared.set_datastore(shared_datastore());
+  constexpr int kCallers = 4, kPerCaller = 6, kSteps = 24, kChurners = 2;
+  std::mt19937 prompts_rng(9);
+  std::vector<Tokens> prompts;
+  for (int k = 0; k < kPerCaller; ++k) prompts.push_back(src.stream(prompts_rng, 40));
+  std::atomic<int64_t> errors{0}, recent_nodes{0};
+  std::atomic<int> callers_done{0};
+  std::vector<std::thread> threads;
+  for (int id = 0; id < kCallers; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        std::mt19937 rng(static_cast<uint32_t>(300 + id));
+        std::vector<int64_t> handles;
+        for (int k = 0; k < kPerCaller; ++k) {
+          handles.push_back(id * 100 + k);
+          const Tokens& p = prompts[static_cast<size_t>(k)];  // the same prompts: siblings
+          shared.start(handles.back(), p.data(), static_cast<int64_t>(p.size()));
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          const Step s = random_step(rng, src, handles, config.max_budget);
+          const BatchDrafts out = run_step(shared, s);
+          for (size_t i = 0; i < s.handles.size(); ++i) {
+            Draft d;
+            const auto lo = static_cast<size_t>(out.offsets[i]);
+            const auto hi = static_cast<size_t>(out.offsets[i + 1]);
+            d.tokens.assign(out.tokens.begin() + lo, out.tokens.begin() + hi);
+            d.parents.assign(out.parents.begin() + lo, out.parents.begin() + hi);
+            d.scores.assign(out.scores.begin() + lo, out.scores.begin() + hi);
+            const std::string problem = draft_problem(d, s.budgets[i], kVocab, false);
+            if (!problem.empty()) {
+              ADD_FAILURE() << "caller " << id << " step " << step << ": " << problem;
+              errors.fetch_add(1);
+            }
+            if (out.state_headroom[i] != 0) errors.fetch_add(1);
+          }
+          const int64_t asked = handles[static_cast<size_t>(step) % handles.size()];
+          const Draft explained = shared.explain(asked, 32);
+          for (size_t n = 0; n < explained.tokens.size(); ++n) {
+            if (explained.features[n * drafter::kScoreFeatures + drafter::kFeatRecentPresent] > 0) {
+              recent_nodes.fetch_add(1);
+            }
+          }
+        }
+        for (int64_t h : handles) {
+          if (!shared.stop(h)) errors.fetch_add(1);
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "caller thread: " << e.what();
+        errors.fetch_add(1);
+      }
+      callers_done.fetch_add(1);
+    });
+  }
+  for (int id = 0; id < kChurners; ++id) {
+    threads.emplace_back([&, id] {
+      try {
+        std::mt19937 rng(static_cast<uint32_t>(700 + id));
+        for (int it = 0; it < 400 || callers_done.load() < kCallers; ++it) {
+          if (it > 20000) break;
+          const int64_t h = 100000 + id * 100000 + it;
+          const Tokens prompt = src.stream(rng, uniform(rng, 0, 60));
+          shared.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
+          const Tokens more = src.stream(rng, 3);
+          shared.add(h, more.data(), 3);
+          if (it % 4 == 0) (void)run_step(shared, random_step(rng, src, {h}, config.max_budget));
+          if (!shared.stop(h)) errors.fetch_add(1);
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "churn thread: " << e.what();
+        errors.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), int64_t{0});
+  EXPECT_GT(recent_nodes.load(), int64_t{0}) << "no draft node came from the recent tier";
+  EXPECT_EQ(shared.num_requests(), int64_t{0});
+}
+
 // Drafter::explain: the tree draft_batch gives, with drafter::kScoreFeatures values per
 // node (a node has a source, a source's count never exceeds its parent count); no state
 // changes.

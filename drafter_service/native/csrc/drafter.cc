@@ -364,18 +364,18 @@ void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* 
 BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                                  int64_t num_new_tokens, const int64_t* offsets,
                                  const int32_t* budgets) {
+  // With the tier, the appends change what other requests' drafts read: exclusively.
+  std::unique_lock<std::shared_mutex> appending(tier_mu_, std::defer_lock);
+  if (tier_) appending.lock();
+  const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
   std::vector<Draft> drafts(batch);
   std::vector<int64_t> bytes(batch), headroom(batch);
-  BatchInputs in;
-  if (tier_) {  // the appends change what other requests' drafts read: exclusively
-    std::unique_lock<std::shared_mutex> tier_lock(tier_mu_);
-    in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+  if (tier_) {
     append_batch(in, handles, batch, new_tokens, offsets, bytes, headroom);
-  } else {
-    in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+    appending.unlock();
   }
-  std::shared_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
-  if (tier_) tier_lock.lock();
+  std::shared_lock<std::shared_mutex> drafting(tier_mu_, std::defer_lock);
+  if (tier_) drafting.lock();
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
     RequestState& state = *in.states[i];
