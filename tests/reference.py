@@ -427,9 +427,16 @@ class RefRecentTier:
         self.streams: dict[int, list[int]] = {}  # stream id -> its tokens
         self.stream_of: dict[str, int] = {}  # request id -> its stream
         self.entries: list[tuple[int, int]] = []  # (stream, position), oldest first
+        self.unshared: set[str] = set()  # requests held whose tokens stay out of the tier
         self._next = 0
 
-    def start(self, request_id: str, tokens: Sequence[int]) -> None:
+    def start(self, request_id: str, tokens: Sequence[int], shared: bool = True) -> None:
+        """``shared=False``: the request drafts from the tier but its tokens never join it."""
+        self.unshared.discard(request_id)
+        if not shared:
+            self.unshared.add(request_id)
+            self.stream_of.pop(request_id, None)
+            return
         stream = self._next
         self._next += 1
         self.stream_of[request_id] = stream
@@ -437,6 +444,8 @@ class RefRecentTier:
         self.append(request_id, tokens)
 
     def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        if request_id in self.unshared:
+            return
         stream = self.stream_of[request_id]
         text = self.streams[stream]
         before = len(text)
@@ -446,6 +455,7 @@ class RefRecentTier:
             self.entries.append((stream, p))
 
     def stop(self, request_id: str) -> None:
+        self.unshared.discard(request_id)
         stream = self.stream_of.pop(request_id, None)
         if stream is not None:
             del self.streams[stream]

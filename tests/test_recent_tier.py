@@ -66,8 +66,9 @@ def test_drafts_with_the_recent_tier_equal_the_reference(
         for _ in range(data.draw(st.integers(0 if held else 1, 3))):
             rid = next(names)
             prompt = [*data.draw(st.sampled_from(prompts)), *data.draw(tokens)]
-            drafter.start(rid, prompt)
-            tier.start(rid, prompt)
+            shared = data.draw(st.booleans()) or data.draw(st.booleans())  # mostly shared
+            drafter.start(rid, prompt, shared=shared)
+            tier.start(rid, prompt, shared)
             held[rid] = prompt
         for rid in data.draw(st.lists(st.sampled_from(sorted(held)), unique=True, max_size=1)):
             if len(held) > 1:
@@ -226,3 +227,73 @@ def test_the_service_reserves_the_tiers_bound_for_every_token() -> None:
     plain, recent = StateCost(4, 640), StateCost(4, 640, RECENT_BYTES_PER_TOKEN)
     assert RECENT_BYTES_PER_TOKEN == 96
     assert recent.worst(100) - plain.worst(100) == 100 * RECENT_BYTES_PER_TOKEN
+
+
+def test_a_request_that_shares_nothing_is_never_drafted_from_but_drafts() -> None:
+    """An opted-out request (``shared=False``): its tokens never join the tier, however it
+    grows, while it drafts from the requests that share theirs."""
+    drafter = Drafter(100, RECENT)
+    drafter.start("private", [1, 2, 3, 10, 11, 12, 13], shared=False)
+    drafter.start("public", [7, 8, 30, 31, 32])
+    drafter.start("b", [0, 1, 2, 3])
+    drafter.speculate(["private"], [[14, 15]], 4)
+    assert len(drafter.speculate(["b"], [[]], 4).tree(0)) == 0  # nothing of "private"
+    drafter.start("c", [9, 7, 8])
+    assert drafter.speculate(["c"], [[]], 3).tree(0).tokens.tolist() == [30, 31, 32]
+    drafter.start("p2", [5, 7, 8], shared=False)
+    assert drafter.speculate(["p2"], [[]], 3).tree(0).tokens.tolist() == [30, 31, 32]
+
+
+def test_a_request_that_opted_out_of_storage_is_never_shared_through_the_service(
+    tmp_path: Path,
+) -> None:
+    """``add_request(..., store=False)``: the client says so in the request's whole
+    context (``do_not_store``), and its tokens never reach another request's draft, while
+    it drafts from the others; its finish stores nothing."""
+    server = DrafterProcess(tmp_path / "data", "--draft-config", "recent_samples=8")
+    try:
+        client = DrafterClient(server.target, deadline_ms=60_000.0, budget=BudgetRule.fixed(8))
+        client.wait_ready()
+        written = [40, 41, 42, 43, 44, 45]
+        client.add_request("private", [1, 2, 3], store=False)
+        client.add_request("public", [5, 6, 7])
+        assert client.step({"private": written, "public": [50, 51, 52, 53]}).outcome == Outcome.OK
+        client.add_request("behind", [1, 2, 3])
+        client.add_request("other", [5, 6, 7])
+        result = client.step({"behind": written[:2], "other": [50]})
+        nothing = result["behind"]
+        assert nothing is None or len(nothing.tokens) == 0  # the private one's tokens: never
+        shared = result["other"]
+        assert shared is not None and list(shared.tokens[:3]) == [51, 52, 53]
+        client.add_request("late-private", [9, 5, 6, 7], store=False)
+        drafted = client.step({"late-private": [50]})["late-private"]
+        assert drafted is not None and list(drafted.tokens[:3]) == [51, 52, 53]
+        client.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("column,error", [(b"\x01", "4 entries of 1 bytes expected"),
+                                          (b"\x00\x02\x00\x00", r"do_not_store\[1\] is 2")])
+def test_a_bad_do_not_store_column_is_refused_by_name(column: bytes, error: str) -> None:
+    from drafter_service.edge.validation import parse_draft_request
+    from drafter_service.engine.call_errors import InvalidArgument
+    from drafter_service.engine.calls import CallLimits
+    from sssd_drafter.v1 import drafter_pb2 as pb
+
+    limits = CallLimits(100, "", 64, 1000, 64, frozenset(["d"]), frozenset(), "d")
+    packed = pb.PackedDeltas(
+        request_ids=["a", "b", "c", "e"], known_lengths=bytes(16),
+        new_token_counts=(1).to_bytes(4, "little") * 4, new_tokens=bytes(16),
+        budgets=bytes(16), do_not_store=column,
+    )  # fmt: skip
+    with pytest.raises(InvalidArgument, match=error):
+        parse_draft_request(pb.DraftRequest(packed=packed), limits)
+    one = {"request_ids": ["a"], "known_lengths": bytes(4), "budgets": bytes(4),
+           "new_token_counts": (1).to_bytes(4, "little"), "new_tokens": bytes(4)}  # fmt: skip
+    call = parse_draft_request(pb.DraftRequest(packed=pb.PackedDeltas(**one, do_not_store=b"\x01")),
+                               limits)  # fmt: skip
+    assert call.private == [True]
+    assert parse_draft_request(pb.DraftRequest(packed=pb.PackedDeltas(**one)), limits).private == []
+    delta = pb.RequestDelta(request_id="a", new_tokens=[1], do_not_store=True)
+    assert parse_draft_request(pb.DraftRequest(requests=[delta]), limits).private == [True]

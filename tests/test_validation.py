@@ -228,6 +228,10 @@ OUT_OF_RANGE: dict[str, list[Any]] = {
     "max_budget": [-1, 4097, 2**63],
     "input_smoothing": [-1.0, float("nan")],
     "datastore_smoothing": [-1.0, float("nan")],
+    "recent_samples": [-1, 4097],
+    "recent_min_match": [0, 65],
+    "recent_max_match": [1, 1025],  # below recent_min_match (2)
+    "recent_candidates": [0, 100001],
     "node_score": [
         (1.0, 2.0),  # neither empty nor a bias and a weight per feature
         (float("nan"),) * (len(SCORE_FEATURES) + 1),

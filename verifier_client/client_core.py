@@ -140,9 +140,13 @@ class ClientCore(ABC, Generic[StreamT]):
         *,
         datastore: str = "",
         prompt_length: int | None = None,
+        store: bool = True,
     ) -> None:
-        """Starts tracking a request; ``prompt_ids`` is its context so far (see deltas.py)."""
-        self._session.add(request_id, prompt_ids, datastore, prompt_length)
+        """Starts tracking a request; ``prompt_ids`` is its context so far (see deltas.py).
+        ``store=False``: it opted out of storage from the start, so the drafter never
+        shares its tokens with other requests while it runs either (its ``finish`` stores
+        nothing whatever it says)."""
+        self._session.add(request_id, prompt_ids, datastore, prompt_length, store)
 
     def finish(
         self,

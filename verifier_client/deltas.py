@@ -125,6 +125,7 @@ class RequestState:
     in_flight: bool = False  # in a DraftRequest whose answer is not applied yet
     refused: bool = False  # holds what the drafter would refuse: never sent again
     refusal: str = ""  # why, for logs
+    store: bool = True  # False: opted out of storage, so its tokens are never shared either
 
 
 class DeltaTracker:
@@ -164,11 +165,13 @@ class DeltaTracker:
         prompt_ids: Iterable[int],
         datastore: str = "",
         prompt_length: int | None = None,
+        store: bool = True,
     ) -> None:
         """Starts tracking a request whose context so far is ``prompt_ids``.
 
         ``prompt_length`` says how many of them are the prompt when the context
-        already holds generated tokens (default: all of them).
+        already holds generated tokens (default: all of them); ``store=False``: it opted
+        out of storage (sent with every whole context: the drafter shares none of it).
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
@@ -180,7 +183,7 @@ class DeltaTracker:
             raise ValueError(
                 f"prompt_length {prompt_length} of {request_id!r} is outside [0, {len(tokens)}]"
             )
-        state = RequestState(request_id, datastore, length, tokens)
+        state = RequestState(request_id, datastore, length, tokens, store=store)
         self._check_limits(state)
         self._states[request_id] = state
 
@@ -282,6 +285,7 @@ class DeltaTracker:
         prompts: list[int] = []
         datastores: list[str] = []
         named = False  # some request names a datastore: send one name per request
+        private: list[int] = []  # do_not_store per request, sent when some request has it
         sent: list[RequestState] = []
         refused: list[str] = []
         states = self._states
@@ -313,6 +317,7 @@ class DeltaTracker:
             )
             datastores.append(state.datastore)
             named = named or bool(state.datastore)
+            private.append(0 if state.store else 1)
             state.pending_length = len(tokens)
             state.sent = state.in_flight = True
             sent.append(state)
@@ -325,6 +330,7 @@ class DeltaTracker:
             budgets=_le("I", budgets),
             prompt_lengths=_le("I", prompts),
             datastores=datastores if named else (),
+            do_not_store=bytes(private) if any(private) else b"",
         )
         message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint,
                                   packed=packed)  # fmt: skip

@@ -185,7 +185,7 @@ class ReplicaOwnership:
 
     def add(
         self, request_id: str, prompt_ids: Iterable[int], datastore: str,
-        prompt_length: int | None,
+        prompt_length: int | None, store: bool = True,
     ) -> None:  # fmt: skip
         """Starts tracking a request on its owner (see DrafterClient.add_request)."""
         if not isinstance(request_id, str) or not request_id:
@@ -195,11 +195,11 @@ class ReplicaOwnership:
         self.sync()
         owner = self._rendezvous(request_id, self._usable or tuple(self.replicas))
         if owner is None:
-            self._orphans.add(request_id, prompt_ids, datastore, prompt_length)
+            self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
         else:
             owner.idle()
             owner.client.add_request(request_id, prompt_ids, datastore=datastore,
-                                     prompt_length=prompt_length)  # fmt: skip
+                                     prompt_length=prompt_length, store=store)  # fmt: skip
         self._owner[request_id] = owner
 
     def by_owner(
@@ -311,11 +311,13 @@ class ReplicaOwnership:
             source.idle()
             state = source.client.hand_over(request_id)
         if target is None:
-            self._orphans.add(request_id, state.tokens, state.datastore, state.prompt_length)
+            self._orphans.add(request_id, state.tokens, state.datastore, state.prompt_length,
+                              state.store)  # fmt: skip
         else:
             target.idle()
             target.client.add_request(request_id, state.tokens, datastore=state.datastore,
-                                      prompt_length=state.prompt_length)  # fmt: skip
+                                      prompt_length=state.prompt_length,
+                                      store=state.store)  # fmt: skip
         self._owner[request_id] = target
         self.moves += 1
 

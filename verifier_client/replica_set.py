@@ -167,9 +167,10 @@ class ReplicaSetClient:
         *,
         datastore: str = "",
         prompt_length: int | None = None,
+        store: bool = True,
     ) -> None:
         """Starts tracking a request on its owner (see DrafterClient.add_request)."""
-        self._ownership.add(request_id, prompt_ids, datastore, prompt_length)
+        self._ownership.add(request_id, prompt_ids, datastore, prompt_length, store)
 
     def step(
         self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None = None

@@ -106,10 +106,15 @@ class DraftSession:
     # --- lifecycle (planning only; the clients send the work in the background)
 
     def add(
-        self, request_id: str, prompt_ids: Iterable[int], datastore: str, prompt_length: int | None
+        self,
+        request_id: str,
+        prompt_ids: Iterable[int],
+        datastore: str,
+        prompt_length: int | None,
+        store: bool = True,
     ) -> None:
         """Starts tracking a request (see DeltaTracker.add)."""
-        self.tracker.add(request_id, prompt_ids, datastore, prompt_length)
+        self.tracker.add(request_id, prompt_ids, datastore, prompt_length, store)
         state = self.tracker.get(request_id)
         if state.refused:
             _log_refusal(state)
@@ -126,7 +131,8 @@ class DraftSession:
         ``finish_tail`` for ``tail`` and ``output``: on a ValueError it is still tracked)."""
         tail = finish_tail(self.tracker.get(request_id), tail, output)
         state = self.tracker.finish(request_id)
-        return plan_finish(state, tail, store and state.datastore not in self._read_only, durable)
+        stored = store and state.store and state.datastore not in self._read_only
+        return plan_finish(state, tail, stored, durable)
 
     def abort(self, request_id: str) -> list[Work]:
         """Stops tracking a cancelled request; returns the work that frees it."""

@@ -150,8 +150,10 @@ class Drafter:
         self._native.set_datastore(datastore.native)
         self._datastore = datastore
 
-    def start(self, request_id: str, prompt_ids: TokenIds) -> None:
-        """Creates the state of ``request_id`` from its prompt (O(len * depth))."""
+    def start(self, request_id: str, prompt_ids: TokenIds, *, shared: bool = True) -> None:
+        """Creates the state of ``request_id`` from its prompt (O(len * depth)). With the
+        recent tier on, ``shared=False`` keeps its tokens out of it (a request that opted
+        out of storage); it still drafts from the other requests'."""
         _check_request_id(request_id)
         prompt = as_token_array(prompt_ids, self.vocab_size, what="prompt_ids")
         with self._lock:
@@ -160,7 +162,7 @@ class Drafter:
             handle = next(self._next_handle)
             self._handles[request_id] = handle
         try:
-            self._native.start(handle, prompt)
+            self._native.start(handle, prompt, shared)
         except BaseException:
             with self._lock:
                 self._handles.pop(request_id, None)

@@ -64,6 +64,7 @@ class _DeltaColumns:
     budgets: npt.NDArray[np.uint64]
     prompt_lengths: npt.NDArray[np.uint64]  # 0 = the whole context
     datastores: list[str]  # one name per request, or none (the default for every one)
+    private: list[bool]  # do_not_store per request, or none (every one shares)
 
 
 def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
@@ -74,6 +75,7 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
     budgets: list[int] = []
     prompts: list[int] = []
     names: list[str] = []
+    private: list[bool] = []
     tokens = _TokenLists()
     for delta in deltas:
         new_tokens = delta.new_tokens
@@ -83,6 +85,7 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
         budgets.append(delta.budget)
         prompts.append(delta.prompt_length)
         names.append(delta.datastore)
+        private.append(delta.do_not_store)
     ends = np.array(tokens.offsets, dtype=np.uint64)
     return _DeltaColumns(
         ids,
@@ -93,9 +96,11 @@ def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
         np.array(budgets, dtype=np.uint64),
         np.array(prompts, dtype=np.uint64),
         names,
+        private if any(private) else [],
     )
 
 
+_U8 = np.dtype("u1")
 _U32 = np.dtype("<u4")
 _I32 = np.dtype("<i4")
 
@@ -111,12 +116,20 @@ def _packed_columns(packed: pb.PackedDeltas, n: int) -> _DeltaColumns:
         if packed.prompt_lengths
         else np.zeros(n, dtype=np.uint64)
     )
+    private: list[bool] = []
+    if packed.do_not_store:
+        _check_column_bytes(packed.do_not_store, _U8, n, "do_not_store")
+        flags = np.frombuffer(packed.do_not_store, dtype=_U8)
+        if (flags > 1).any():
+            i = int(np.argmax(flags > 1))
+            raise InvalidArgument(f"packed.do_not_store[{i}] is {int(flags[i])}: 0 or 1 expected")
+        private = (flags == 1).tolist()
     offsets = list(itertools.accumulate(counts.tolist(), initial=0))
     _check_column_bytes(packed.new_tokens, _I32, offsets[-1], "new_tokens", "new_token_counts")
     tokens = np.frombuffer(packed.new_tokens, dtype=_I32).astype(np.int32, copy=False)
     return _DeltaColumns(
         list(packed.request_ids), knowns, counts, tokens, offsets, budgets, prompts,
-        list(packed.datastores),
+        list(packed.datastores), private,
     )  # fmt: skip
 
 
@@ -152,7 +165,7 @@ def _validated_call(columns: _DeltaColumns, limits: CallLimits) -> DraftCall:
     prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
     return DraftCall(
         ids, knowns.tolist(), columns.new_tokens, offsets, columns.budgets.tolist(), names,
-        prompt_list,
+        prompt_list, columns.private,
     )  # fmt: skip
 
 

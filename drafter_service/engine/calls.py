@@ -3,7 +3,7 @@ no protocol messages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,7 @@ class DraftCall:
     budgets: list[int]
     datastores: list[str]  # resolved (never empty); used only when a request starts
     prompt_lengths: list[int]  # resolved: the whole context when the call said 0
+    private: list[bool] = field(default_factory=list)  # do_not_store per request; [] = none
 
     def new_tokens(self, i: int) -> npt.NDArray[np.int32]:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]

@@ -176,7 +176,7 @@ class DraftEngine:
                 request_id, name, len(tokens), call.prompt_lengths[i], now
             )
             job = jobs_for(jobs, name)
-            job.starts.append((request_id, tokens))
+            job.starts.append((request_id, tokens, not (call.private and call.private[i])))
             holds.setdefault(name, []).append((request_id, state, reserved))
             return (name, job.add(request_id, -1, budget)), state.length
         if state is None or state.length != call.known_lengths[i]:  # the client's view is stale

@@ -38,7 +38,7 @@ class DraftRequest(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[RequestDelta, _Mapping]]] = ..., step: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., packed: _Optional[_Union[PackedDeltas, _Mapping]] = ...) -> None: ...
 
 class PackedDeltas(_message.Message):
-    __slots__ = ("request_ids", "known_lengths", "new_token_counts", "new_tokens", "budgets", "prompt_lengths", "datastores")
+    __slots__ = ("request_ids", "known_lengths", "new_token_counts", "new_tokens", "budgets", "prompt_lengths", "datastores", "do_not_store")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     KNOWN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class PackedDeltas(_message.Message):
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     DATASTORES_FIELD_NUMBER: _ClassVar[int]
+    DO_NOT_STORE_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
     known_lengths: bytes
     new_token_counts: bytes
@@ -53,23 +54,26 @@ class PackedDeltas(_message.Message):
     budgets: bytes
     prompt_lengths: bytes
     datastores: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., known_lengths: _Optional[bytes] = ..., new_token_counts: _Optional[bytes] = ..., new_tokens: _Optional[bytes] = ..., budgets: _Optional[bytes] = ..., prompt_lengths: _Optional[bytes] = ..., datastores: _Optional[_Iterable[str]] = ...) -> None: ...
+    do_not_store: bytes
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., known_lengths: _Optional[bytes] = ..., new_token_counts: _Optional[bytes] = ..., new_tokens: _Optional[bytes] = ..., budgets: _Optional[bytes] = ..., prompt_lengths: _Optional[bytes] = ..., datastores: _Optional[_Iterable[str]] = ..., do_not_store: _Optional[bytes] = ...) -> None: ...
 
 class RequestDelta(_message.Message):
-    __slots__ = ("request_id", "known_length", "new_tokens", "budget", "datastore", "prompt_length")
+    __slots__ = ("request_id", "known_length", "new_tokens", "budget", "datastore", "prompt_length", "do_not_store")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     KNOWN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     DATASTORE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DO_NOT_STORE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     known_length: int
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
     budget: int
     datastore: str
     prompt_length: int
-    def __init__(self, request_id: _Optional[str] = ..., known_length: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., budget: _Optional[int] = ..., datastore: _Optional[str] = ..., prompt_length: _Optional[int] = ...) -> None: ...
+    do_not_store: bool
+    def __init__(self, request_id: _Optional[str] = ..., known_length: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., budget: _Optional[int] = ..., datastore: _Optional[str] = ..., prompt_length: _Optional[int] = ..., do_not_store: _Optional[bool] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("drafts", "step", "packed")

@@ -79,8 +79,7 @@ std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubInd
   return ds;
 }
 
-// Drafter::start and Drafter::add as bindings: the same (handle, tokens)
-// arguments, run without the GIL.
+// Drafter::add as a binding: (handle, tokens), run without the GIL.
 template <void (Drafter::*Method)(int64_t, const int32_t*, int64_t)>
 void with_tokens(Drafter& d, int64_t handle, In<int32_t> tokens) {
   nb::gil_scoped_release release;
@@ -324,7 +323,13 @@ void bind_drafter(nb::module_& m) {
       .def("set_datastore",
            [](Drafter& d, const PyDatastore& ds) { d.set_datastore(ds.datastore); },
            "datastore"_a)
-      .def("start", &with_tokens<&Drafter::start>, "handle"_a, "tokens"_a)
+      .def(
+          "start",
+          [](Drafter& d, int64_t handle, In<int32_t> tokens, bool shared) {
+            nb::gil_scoped_release release;
+            d.start(handle, tokens.data(), tokens.shape(0), shared);
+          },
+          "handle"_a, "tokens"_a, "shared"_a = true)
       .def("add", &with_tokens<&Drafter::add>, "handle"_a, "tokens"_a)
       .def("stop", &Drafter::stop, "handle"_a)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)

@@ -220,7 +220,7 @@ std::shared_ptr<RequestState> Drafter::find(int64_t handle) const {
   return it->second;
 }
 
-void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n) {
+void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool shared) {
   check_tokens(tokens, n);
   auto state = std::make_shared<RequestState>(config_.input_max_depth);
   state->tokens.assign(tokens, tokens + n);
@@ -235,7 +235,7 @@ void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n) {
                                   " is already started");
     }
   }
-  if (tier_) tier_->add(handle, stream);
+  if (tier_ && shared) tier_->add(handle, stream);
 }
 
 void Drafter::add(int64_t handle, const int32_t* tokens, int64_t n) {

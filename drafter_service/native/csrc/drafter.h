@@ -85,8 +85,10 @@ class Drafter {
   void set_datastore(std::shared_ptr<const Datastore> datastore);
   std::shared_ptr<const Datastore> datastore() const;
 
-  // Creates a request's state from its prompt. Throws if the handle exists.
-  void start(int64_t handle, const int32_t* tokens, int64_t n);
+  // Creates a request's state from its prompt. Throws if the handle exists. `shared`:
+  // whether its tokens join the recent tier (a request that opted out of storage does
+  // not share them; it still drafts from the others').
+  void start(int64_t handle, const int32_t* tokens, int64_t n, bool shared = true);
   // Appends committed tokens. Throws std::out_of_range for an unknown handle.
   void add(int64_t handle, const int32_t* tokens, int64_t n);
   // Frees a request's state; returns false if the handle was unknown.

@@ -93,7 +93,9 @@ void RecentTier::add(int64_t handle, const std::vector<int32_t>* tokens) {
 }
 
 void RecentTier::index(int64_t handle) {
-  const uint32_t s = stream_of_.at(handle);
+  const auto found = stream_of_.find(handle);
+  if (found == stream_of_.end()) return;  // not shared
+  const uint32_t s = found->second;
   Stream& stream = streams_[s];
   const std::vector<int32_t>& tokens = *stream.tokens;
   const int64_t last = std::min<int64_t>(static_cast<int64_t>(tokens.size()), kMaxPosition);

@@ -47,7 +47,8 @@ class RecentTier {
   // Starts indexing the stream of request `handle`. `tokens` must stay valid until
   // remove(handle) and change only by appends, each followed by index(handle).
   void add(int64_t handle, const std::vector<int32_t>* tokens);
-  // Enters the positions the stream's tokens appended since the last call complete.
+  // Enters the positions the stream's tokens appended since the last call complete
+  // (nothing for a request the tier does not index).
   void index(int64_t handle);
   // Forgets the stream (its entries are skipped, then compacted away).
   void remove(int64_t handle);
