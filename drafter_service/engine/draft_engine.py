@@ -13,7 +13,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from drafter_service.engine.draft_jobs import (
     RequestsDropped,
     jobs_for,
 )
+from drafter_service.engine.engine_metrics import EngineMetrics, Unobserved
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import HeldRequest, RequestTable
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
@@ -43,26 +44,6 @@ Place = tuple[str, int]  # (datastore, row in its batch)
 Holds = dict[str, list[tuple[str, HeldRequest, int]]]
 # per datastore, its job's rows in order: (request id, state, bytes reserved for the row)
 HOPELESS = 2.0  # a call is refused at once when the queued work is this many times its time
-
-
-class EngineMetrics(Protocol):
-    """What the engine reports (``metrics.drafter_metrics.DrafterMetrics`` is one)."""
-
-    def count_resync(self, reason: str, n: int = 1) -> None: ...
-
-    def record_trees(
-        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
-    ) -> None: ...
-
-
-class _Unobserved:
-    def count_resync(self, reason: str, n: int = 1) -> None:
-        pass
-
-    def record_trees(
-        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
-    ) -> None:
-        pass
 
 
 class DraftEngine:
@@ -98,7 +79,7 @@ class DraftEngine:
         self.max_inflight_calls = max_inflight_calls
         self.max_queue_s = max_queue_s  # drafting work queued ahead of a call, at most
         self.clock = clock  # what call deadlines are read against (monotonic seconds)
-        self.metrics: EngineMetrics = _Unobserved() if metrics is None else metrics
+        self.metrics: EngineMetrics = Unobserved() if metrics is None else metrics
         self._inflight = 0
         self._runner = JobRunner(catalog, inline_max_work)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
