@@ -1,7 +1,7 @@
 """No silent start after damage (issue 29): every single-bit flip of the newest snapshot's
 manifest, and of the last (whole, acknowledged) ingest-log record, either refuses to start
 with the damage error (`drafter serve` exits 3 on it) or starts with every acknowledged
-ingest present. In-process, against :func:`open_live_state`, which `drafter serve` opens
+ingest present. In-process, against :func:`open_live_parts`, which `drafter serve` opens
 its live datastore with (tests/test_damaged_data.py runs the real process)."""
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import numpy as np
 
 from drafter_service.datastore.sub_indices import SEPARATOR
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.live.live_state import LiveState
-from drafter_service.live.startup import open_live_state
+from drafter_service.live.startup import LiveParts, open_live_parts
 from drafter_service.snapshot.array_files import DamagedDataError
 from drafter_service.snapshot.store import TokenizerIdentity
 
@@ -43,10 +42,11 @@ def acknowledged_data_dir(data_dir: Path) -> list[tuple[int, ...]]:
     return written
 
 
-def held(state: LiveState) -> Counter[tuple[int, ...]]:
-    """Every document the opened state holds: in its sub-indices or waiting in the log."""
+def held(parts: LiveParts) -> Counter[tuple[int, ...]]:
+    """Every document the opened parts hold: in their sub-indices or waiting in the log."""
     docs: Counter[tuple[int, ...]] = Counter()
-    for sub in (*(s for c in state.corpora for s in c.sub_indices), *state.learned):
+    index = parts.index
+    for sub in (*(s for c in index.corpora for s in c.sub_indices), *index.learned):
         doc: list[int] = []
         for token in [*np.asarray(sub.tokens()).tolist(), SEPARATOR]:
             if token != SEPARATOR:
@@ -54,7 +54,7 @@ def held(state: LiveState) -> Counter[tuple[int, ...]]:
             elif doc:
                 docs[tuple(doc)] += 1
                 doc = []
-    docs.update(tuple(record.tokens.tolist()) for record in state.pending)
+    docs.update(tuple(record.tokens.tolist()) for record in parts.buffer.records())
     return docs
 
 
@@ -78,7 +78,7 @@ def sweep(
         at = bit // 8
         put_byte(path, at, original[at] ^ (1 << (bit % 8)))
         try:
-            state = open_live_state(data_dir, TOKENIZER, LivePolicy(), None, False)
+            parts = open_live_parts(data_dir, TOKENIZER, None, False)
         except DamagedDataError:
             outcomes["refused as damage"] += 1
             continue
@@ -91,8 +91,8 @@ def sweep(
                 put_byte(path, at, original[at])
             else:  # cut (as a torn tail)
                 path.write_bytes(original)
-        state.log.close()
-        missing = everything - held(state)
+        parts.buffer.close_log()
+        missing = everything - held(parts)
         outcomes["silent loss" if missing else "started, all present"] += 1
     assert path.read_bytes() == original
     return outcomes

@@ -8,19 +8,29 @@ periodically; on open, the newest snapshot is restored and the log after it is
 replayed. Operators may also add *corpora*, static sub-indices kept before the learned
 ones, and :meth:`LiveDatastore.restore` rolls the datastore back to a snapshot.
 
-:class:`LiveDatastore` composes the parts, one module each:
+:class:`LiveDatastore` composes parts that each own their state and its lock (the lock
+order they share is in the package docstring):
 
-- ``live_state``: what the datastore holds, and the lock order its parts share;
-- ``ingestion``: the one way a document enters (the log append, then the buffer);
-- ``ingest_log``: the write-ahead log itself;
-- ``rebuild``: folding the buffer into sub-indices, and the background schedule;
-- ``startup``: opening (the newest snapshot, then the log after it; damaged data refused);
-- ``snapshotting``: snapshot, rotate, delete, restore;
-- ``pinned_corpora``: corpora and how they are laid out in a datastore and a manifest;
-- ``live_policy``: when maintenance runs and the memory bound;
-- ``shared_log`` and ``stream_follower``: with a shared ingest stream (scale-out), an
-  ingest is appended to the stream and every replica's follower takes it into its log;
-- ``peer_bootstrap``: a new replica's first snapshot, downloaded from a peer.
+- ``pending_buffer``: :class:`PendingBuffer`, the ingest log and its documents waiting
+  for a rebuild (the one way a document enters: the log append, then the buffer), the
+  ingest counters and the condition the background thread waits on;
+- ``index_set``: :class:`IndexSet`, the corpora and learned sub-indices, the current
+  datastore and what it covers, rebuild statistics and listeners, ``on_swap``, and the
+  structural-change lock (one rebuild, snapshot, restore or corpus change at a time);
+- ``stream_cursor``: :class:`StreamCursor`, with a shared ingest stream the newest entry
+  taken, the condition ingests wait on to read their own write, the follower's counters;
+- ``live_stats``: :class:`LiveStats` made of the parts' views, and the last error.
+
+and the modules that work on them: ``ingest_log`` (the write-ahead log itself),
+``ingestion`` (what may enter; a full volume), ``rebuild`` (folding the buffer into
+sub-indices, and the background schedule), ``startup`` (opening: the newest snapshot,
+then the log after it; damaged data refused), ``snapshotting`` (snapshot, rotate,
+delete, restore), ``pinned_corpora`` (corpora and how they are laid out in a datastore
+and a manifest), ``live_policy`` (when maintenance runs and the memory bound).
+
+Replication is not here: ``drafter_service.replication`` follows a shared ingest stream
+(scale-out) through the methods under "for a shared-stream follower" below, and
+bootstraps a new replica from a peer.
 
 Directory layout: ``snapshots/<name>/`` (see docs/snapshot-format.md) and ``wal/``.
 """
@@ -37,14 +47,9 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.ingestion import (
-    accept_document,
-    check_room,
-    checked_document,
-    generation_document,
-)
+from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
-from drafter_service.live.live_state import LiveStats
+from drafter_service.live.live_stats import LastError, LiveStats, live_stats
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
@@ -52,14 +57,14 @@ from drafter_service.live.pinned_corpora import (
     with_corpus,
     without_corpus,
 )
-from drafter_service.live.rebuild import fold_pending, run_maintenance, run_maintenance_once
+from drafter_service.live.rebuild import MaintenanceSchedule, fold_pending
 from drafter_service.live.shared_log import RedisStream
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
-from drafter_service.live.startup import open_live_state
+from drafter_service.live.startup import open_live_parts
 from drafter_service.live.stream_follower import StreamFollower
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import check_nice
-from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity
+from drafter_service.snapshot.store import SnapshotError, SnapshotInfo, TokenizerIdentity
 
 __all__ = [
     "CORPORA_KEY",
@@ -72,7 +77,6 @@ __all__ = [
     "LivePolicy",
     "LiveStats",
 ]
-
 
 _READ_YOUR_WRITE_S = 2.0  # how long an ingest through the stream waits to be taken here
 
@@ -98,29 +102,34 @@ class LiveDatastore:
         check_nice(background_nice)
         self.directory = Path(directory)
         self.tokenizer = tokenizer
-        self._state = open_live_state(
-            self.directory, tokenizer, policy or LivePolicy(), on_swap, salvage
-        )
         self._stream = shared_log
-        self._follower: StreamFollower | None = None
-        self._state.follows_stream = shared_log is not None
-        self._snapshots = LiveSnapshots(self._state, self.directory / "snapshots")
-        self._state.publish(self._state.datastore)
-        if self._state.pending:
+        parts = open_live_parts(self.directory, tokenizer, on_swap, salvage)
+        self._buffer, self._index, self._cursor = parts.buffer, parts.index, parts.cursor
+        self._errors = LastError()
+        self._policy = policy or LivePolicy()  # replaced whole, so a read needs no lock
+        self._policy_lock = threading.Lock()  # serialises update_policy (a leaf lock)
+        self._snapshots = LiveSnapshots(
+            self._index, self._buffer, tokenizer, lambda: self._policy, self.directory / "snapshots"
+        )
+        self._schedule = MaintenanceSchedule(
+            self._index, self._buffer, self._errors, lambda: self._policy, self.rebuild,
+            self.snapshot,
+        )  # fmt: skip
+        self._index.publish(self._index.datastore)
+        if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(
-                target=run_maintenance,
-                args=(self._state, self.rebuild, self.snapshot, background_nice),
+                target=self._schedule.run,
+                args=(background_nice,),
                 name="live-datastore",
                 daemon=True,
             )
             self._thread.start()
+        self._follower: StreamFollower | None = None
         if shared_log is not None:
-            self._follower = StreamFollower(
-                self._state, shared_log, self.directory.name, background_nice
-            )
+            self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
             self._follower.start()
 
     @property
@@ -131,7 +140,7 @@ class LiveDatastore:
     @property
     def policy(self) -> LivePolicy:
         """The current policy (:meth:`update_policy` replaces it)."""
-        return self._state.policy
+        return self._policy
 
     # -- ingest ----------------------------------------------------------------------------
 
@@ -144,32 +153,16 @@ class LiveDatastore:
         replica's; the call waits briefly for that (read your writes) and returns this
         log's newest sequence number. Raises ``shared_log.LogError`` when the log server
         does not take it (nothing is stored then)."""
-        doc = checked_document(tokens, self._state.policy, self.tokenizer.vocab_size)
+        doc = checked_document(tokens, self._policy, self.tokenizer.vocab_size)
         if self._stream is not None:
-            check_room(self._state, len(doc))
+            self.check_room(len(doc))
             self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
-            with self._state.lock:
-                return self._state.log.last_seq
-        seq, due = accept_document(self._state, doc)
+            return self.wal_position
+        seq, due = self._buffer.accept(doc, self._policy, self._index, self._cursor)
         assert seq is not None  # only an entry of the stream can be a duplicate
         if due and self._thread is None:
             self.rebuild()
         return seq
-
-    def wait_consumed(self, entry: StreamId, timeout_s: float) -> bool:
-        """Waits until the shared stream's ``entry`` (or a later one) is in this
-        datastore's log; False on timeout or once closed."""
-        state = self._state
-        with state.lock:
-            return (
-                state.consumed_changed.wait_for(
-                    lambda: (
-                        state.closed or (state.consumed is not None and state.consumed >= entry)
-                    ),
-                    timeout=timeout_s,
-                )
-                and not state.closed
-            )
 
     def ingest_generation(
         self,
@@ -178,17 +171,70 @@ class LiveDatastore:
     ) -> int:
         """Stores a finished generation as the policy says (output with a little
         prompt context, or prompt + output)."""
-        policy = self._state.policy
+        policy = self._policy
         return self.ingest(
             generation_document(prompt_ids, output_ids, policy, self.tokenizer.vocab_size)
         )
+
+    # -- for a shared-stream follower (drafter_service.replication) ------------------------
+
+    def accept_entry(self, doc: npt.NDArray[np.int32], origin: StreamId) -> int | None:
+        """Stores ``doc`` (checked: ``ingestion.checked_document``), the shared stream's
+        entry ``origin``, in one fsynced log record that carries the id; an entry at or
+        before :attr:`consumed_offset` is a duplicate and is not stored again (None).
+        Returns its log sequence number. Raises as :meth:`ingest` does, RuntimeError
+        once closed, ``ingestion.VolumeFull`` or another OSError when the log cannot be
+        written (nothing is stored then)."""
+        return self._buffer.accept(doc, self._policy, self._index, self._cursor, origin)[0]
+
+    @property
+    def consumed_offset(self) -> StreamId | None:
+        """The newest shared-stream entry taken (into the log, or skipped); None: none."""
+        return self._cursor.consumed
+
+    def wait_consumed(self, entry: StreamId, timeout_s: float) -> bool:
+        """Waits until the shared stream's ``entry`` (or a later one) is in this
+        datastore's log; False on timeout or once closed."""
+        return self._cursor.wait_for(entry, timeout_s)
+
+    def check_room(self, n_tokens: int) -> None:
+        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
+        self._buffer.check_room(n_tokens, self._policy, self._index)
+
+    def make_room(self) -> None:
+        """Wakes the background thread: a rebuild drops the oldest sub-indices."""
+        self._buffer.wake()
+
+    @property
+    def wal_position(self) -> int:
+        """The newest acknowledged ingest's log sequence number."""
+        return self._buffer.last_seq
+
+    def note_stream_skip(self, entry: StreamId) -> int:
+        """Moves past ``entry``, which can never be stored (not in the log: a restart
+        reads it again and skips it again); returns how many were skipped so far."""
+        return self._cursor.skip(entry)
+
+    def note_stream_error(self, message: str) -> None:
+        """Counts a failed read of the stream or local write of an entry."""
+        self._cursor.count_error()
+        self._errors.note(message)
+
+    def note_stream_loss(self, message: str) -> None:
+        """Counts entries found trimmed from the stream before they were taken."""
+        self._cursor.count_loss()
+        self._errors.note(message)
+
+    def note_stream_delay(self, seconds: float) -> None:
+        """Append to taken, for the newest entry taken."""
+        self._cursor.note_delay(seconds)
 
     # -- rebuild ---------------------------------------------------------------------------
 
     def rebuild(self) -> bool:
         """Folds every waiting document into the sub-indices now and swaps the new
         datastore in. Returns False when nothing was waiting."""
-        return fold_pending(self._state)
+        return fold_pending(self._index, self._buffer, self._errors, self._policy)
 
     def run_maintenance_once(
         self, now_s: float | None = None, now_unix: float | None = None
@@ -197,14 +243,13 @@ class LiveDatastore:
         (time.monotonic) and ``now_unix`` (time.time; both default to now): rebuilds and
         snapshots if that is due then. Returns (rebuild due, snapshot due). For tests,
         which step the schedule by hand instead of waiting for the background thread."""
-        return run_maintenance_once(self._state, self.rebuild, self.snapshot, now_s, now_unix)
+        return self._schedule.run_once(now_s, now_unix)
 
     def add_rebuild_listener(self, listener: Callable[[float], None]) -> None:
         """Calls ``listener(seconds)`` after every later successful rebuild, on the
         thread that ran it (e.g. for a duration histogram); it must be quick and not
         raise."""
-        with self._state.lock:
-            self._state.rebuild_listeners = (*self._state.rebuild_listeners, listener)
+        self._index.add_listener(listener)
 
     # -- snapshots -------------------------------------------------------------------------
 
@@ -237,14 +282,19 @@ class LiveDatastore:
         only later ingests; then it is swapped in (drafting never waits) and the log
         through ``P`` is deleted. Ingests accepted while this runs (after ``P``) are kept
         and folded in by the next rebuild. Returns the new snapshot."""
+        if self._stream is not None:
+            raise SnapshotError(
+                "restore is refused while the datastore follows a shared ingest stream: "
+                "a rollback on one replica would make it differ from the others, and the "
+                "stream would not roll back. Restore without --shared-log on every replica"
+            )
         return self._snapshots.restore(name)
 
     # -- corpora ---------------------------------------------------------------------------
 
     @property
     def corpora(self) -> tuple[Corpus, ...]:
-        with self._state.lock:
-            return self._state.corpora
+        return self._index.corpora
 
     def add_corpus(self, corpus: Corpus) -> SnapshotInfo:
         """Adds ``corpus`` (sub-indices of this tokenizer's vocabulary) after the existing
@@ -252,28 +302,25 @@ class LiveDatastore:
         restart. Raises ValueError for a name in use or a bad vocabulary, DatastoreFull
         past ``max_resident_bytes``."""
         check_corpus_vocabulary(corpus, self.tokenizer.vocab_size)
-        state = self._state
         return self._change_corpora(
-            lambda corpora: with_corpus(
-                corpora, corpus, state.datastore.resident_bytes, state.policy.max_resident_bytes
+            lambda corpora, datastore: with_corpus(
+                corpora, corpus, datastore.resident_bytes, self._policy.max_resident_bytes
             )
         )
 
     def remove_corpus(self, name: str) -> SnapshotInfo:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""
-        return self._change_corpora(lambda corpora: without_corpus(corpora, name))
+        return self._change_corpora(lambda corpora, _: without_corpus(corpora, name))
 
     def _change_corpora(
-        self, change: Callable[[tuple[Corpus, ...]], tuple[Corpus, ...]]
+        self, change: Callable[[tuple[Corpus, ...], Datastore], tuple[Corpus, ...]]
     ) -> SnapshotInfo:
-        """Swaps in the corpora ``change`` makes of the current ones (called under both
-        locks; it may refuse by raising), then writes a snapshot. Every swap happens
-        under the rebuild lock, so swaps reach ``on_swap`` in the order they were made."""
-        state = self._state
-        with state.rebuild_lock:
-            with state.lock:
-                datastore = state.install(change(state.corpora), state.learned)
-            state.publish(datastore)
+        """Swaps in the corpora ``change`` makes of the current ones and datastore (called
+        under the index set's lock; it may refuse by raising), then writes a snapshot.
+        Every swap happens under the structural-change lock, so swaps reach ``on_swap``
+        in the order they were made."""
+        with self._index.changing():
+            self._index.publish(self._index.install_corpora(change))
             return self._snapshots.write(None, {})
 
     # -- live settings ---------------------------------------------------------------------
@@ -284,31 +331,29 @@ class LiveDatastore:
         unknown = sorted(set(changes) - set(LIVE_SETTINGS))
         if unknown:
             raise ValueError(f"not changeable while serving: {', '.join(unknown)}")
-        state = self._state
-        with state.lock:
-            state.policy = replace(state.policy, **changes)  # type: ignore[arg-type]
-            state.wake.notify()
-            return state.policy
+        with self._policy_lock:
+            policy = self._policy = replace(self._policy, **changes)  # type: ignore[arg-type]
+        self._buffer.wake()
+        return policy
 
     # -- state -----------------------------------------------------------------------------
 
     @property
     def datastore(self) -> Datastore:
-        with self._state.lock:
-            return self._state.datastore
+        return self._index.datastore
 
     def stats(self) -> LiveStats:
-        """A consistent view of the counters, taken under the lock."""
-        return self._state.stats()
+        """A view of the counters, each part's read under its lock (``live_stats``)."""
+        index, cursor = self._index.stats(), self._cursor.stats()
+        stats = live_stats(index, cursor, self._buffer.stats(), self._errors.message)
+        return replace(stats, shared_log=self._stream is not None)
 
     def content_digest(self) -> str:
         """SHA-256 over the learned sub-indices' tokens, each sub-index delimited: two
         replicas that took the same shared-stream entries and have folded them all
         give the same digest. Hashes every learned token (about 10 ms per 6M)."""
-        with self._state.lock:
-            learned = self._state.learned
         digest = hashlib.sha256()
-        for sub in learned:
+        for sub in self._index.learned:
             tokens = np.ascontiguousarray(sub.tokens(), dtype="<i4")
             digest.update(len(tokens).to_bytes(8, "little"))
             digest.update(tokens.tobytes())
@@ -319,15 +364,11 @@ class LiveDatastore:
         in the log."""
         if self._follower is not None:
             self._follower.stop()
-        state = self._state
-        with state.lock:
-            state.closed = True
-            state.wake.notify()
-            state.consumed_changed.notify_all()
+        self._buffer.close()
+        self._cursor.close()
         if self._thread is not None:
             self._thread.join()
-        with state.lock:
-            state.log.close()
+        self._buffer.close_log()
         if self._stream is not None:
             self._stream.close()
 

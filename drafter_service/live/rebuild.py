@@ -2,12 +2,13 @@
 schedule that decides when.
 
 :func:`fold_pending` takes the whole buffer, builds the new sub-indices with no lock
-held but the rebuild lock (ingests and drafting carry on), and swaps the result in:
-each rebuild produces a new immutable :class:`Datastore`. :func:`fold_documents` is the
-rotation: the newest sub-index is rebuilt with its old text plus the new documents
-until it is full, then a new one is started; past ``max_sub_indices`` or the memory
-bound the oldest is dropped. :func:`run_maintenance` is the background thread's loop,
-:func:`run_maintenance_once` one turn of it, for tests.
+held but the structural-change lock (ingests and drafting carry on), and swaps the
+result in: each rebuild produces a new immutable :class:`Datastore`.
+:func:`fold_documents` is the rotation: the newest sub-index is rebuilt with its old
+text plus the new documents until it is full, then a new one is started; past
+``max_sub_indices`` or the memory bound the oldest is dropped.
+:class:`MaintenanceSchedule` is the background thread's loop (``run``) and one turn of
+it (``run_once``, for tests).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
+from drafter_service.live.index_set import IndexProgress, IndexSet
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
-from drafter_service.live.live_state import LiveState
+from drafter_service.live.live_stats import LastError
+from drafter_service.live.pending_buffer import PendingBuffer
 from drafter_service.live.thread_priority import lower_thread_priority
 from drafter_service.log_limits import RateLimitedLog
 
@@ -29,46 +32,35 @@ log = logging.getLogger(__name__)
 _maintenance_log = RateLimitedLog(log, level=logging.ERROR)  # a failure repeats every wake-up
 
 
-def fold_pending(state: LiveState) -> bool:
+def fold_pending(
+    index: IndexSet, buffer: PendingBuffer, errors: LastError, policy: LivePolicy
+) -> bool:
     """Folds every waiting document into the sub-indices now and swaps the new
     datastore in. Returns False when nothing was waiting."""
-    with state.rebuild_lock:
-        with state.lock:
-            if not state.pending:
-                return False
-            base = state.learned
-            work = rebuild_work(base, state.pending_tokens)
-            batch, state.pending, state.pending_tokens = state.pending, [], 0
-            static = sum(c.resident_bytes for c in state.corpora)
-            through = batch[-1].seq
-            origins = [record.origin for record in batch if record.origin is not None]
-            state.log.roll()  # later records go to a new segment
+    with index.changing():
+        batch = buffer.take()
+        if not batch:
+            return False
+        # Corpora and learned sub-indices change only under the structural-change lock,
+        # which this holds.
+        base = index.learned
+        static = sum(c.resident_bytes for c in index.corpora)
+        work = rebuild_work(base, sum(len(r.tokens) for r in batch))
+        origins = [record.origin for record in batch if record.origin is not None]
         start = time.perf_counter()
         try:
             learned = fold_documents(
-                base, [r.tokens for r in batch], static, state.policy, state.tokenizer.vocab_size
+                base, [r.tokens for r in batch], static, policy, index.vocab_size
             )
         except BaseException as exc:
-            with state.lock:  # keep the documents for the next attempt
-                state.pending[:0] = batch
-                state.pending_tokens += sum(len(r.tokens) for r in batch)
-                state.last_error = f"rebuild failed: {exc!r}"
+            buffer.put_back(batch)  # keep the documents for the next attempt
+            errors.note(f"rebuild failed: {exc!r}")
             raise
         elapsed = time.perf_counter() - start
-        with state.lock:
-            # Corpora change only under the rebuild lock, which this holds.
-            datastore = state.install(state.corpora, learned)
-            state.covered = through
-            if origins:
-                state.covered_origin = origins[-1]
-            state.rebuilds += 1
-            state.rebuild_seconds += elapsed
-            state.last_rebuild_seconds = elapsed
-            state.last_rebuild_monotonic = time.monotonic()
-            if elapsed > 0:
-                state.rebuild_tokens_per_s = work / elapsed
-            listeners = state.rebuild_listeners
-        state.publish(datastore)
+        datastore, listeners = index.install_rebuild(
+            learned, batch[-1].seq, origins[-1] if origins else None, elapsed, work
+        )
+        index.publish(datastore)
         for listener in listeners:
             listener(elapsed)
         return True
@@ -80,15 +72,17 @@ def rebuild_work(learned: tuple[SubIndex, ...], pending_tokens: int) -> int:
     return pending_tokens + (learned[-1].num_tokens if learned else 0)
 
 
-def early_rebuild_due(state: LiveState, policy: LivePolicy, since_s: float) -> bool:
+def early_rebuild_due(
+    progress: IndexProgress, pending_tokens: int, policy: LivePolicy, since_s: float
+) -> bool:
     """Whether ``rebuild_max_share`` brings the next rebuild forward, ``since_s`` after the
-    last: its expected duration is at most that share of the time since (the caller
-    holds the state lock)."""
+    last: its expected duration (``pending_tokens`` waiting) is at most that share of
+    the time since."""
     share = policy.rebuild_max_share
     if share <= 0 or since_s < MIN_REBUILD_GAP_S:
         return False
-    rate = state.rebuild_tokens_per_s or REBUILD_TOKENS_PER_S
-    return rebuild_work(state.learned, state.pending_tokens) / rate <= share * since_s
+    rate = progress.rebuild_tokens_per_s or REBUILD_TOKENS_PER_S
+    return rebuild_work(progress.learned, pending_tokens) / rate <= share * since_s
 
 
 def fold_documents(
@@ -160,86 +154,89 @@ def join_group(docs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
     return np.concatenate(parts)
 
 
-def run_maintenance(
-    state: LiveState,
-    rebuild: Callable[[], object],
-    snapshot: Callable[[], object],
-    background_nice: int = 0,
-) -> None:
-    """The background thread: wakes at least once a second (or when an ingest fills the
-    buffer, the policy changes or the datastore closes) and does what
-    :func:`maintenance_due` says is due. Returns once the state is closed. It first
-    lowers its own priority to ``background_nice`` (thread_priority)."""
-    lower_thread_priority(background_nice)
-    while True:
-        with state.lock:
-            policy = state.policy  # may change while serving (update_policy)
-            state.wake.wait(timeout=min(policy.rebuild_interval_s, 1.0))
-            if state.closed:
-                return
-            due = maintenance_due(state, policy, time.monotonic(), time.time())
-        run_due(state, rebuild, snapshot, *due)
+class MaintenanceSchedule:
+    """When the background thread rebuilds and snapshots the datastore of ``index`` and
+    ``buffer``: ``rebuild`` and ``snapshot`` do it, ``policy`` says the current policy,
+    failures go to ``errors``."""
 
+    def __init__(
+        self,
+        index: IndexSet,
+        buffer: PendingBuffer,
+        errors: LastError,
+        policy: Callable[[], LivePolicy],
+        rebuild: Callable[[], object],
+        snapshot: Callable[[], object],
+    ) -> None:
+        self._index, self._buffer, self._errors = index, buffer, errors
+        self._policy, self._rebuild, self._snapshot = policy, rebuild, snapshot
 
-def run_maintenance_once(
-    state: LiveState,
-    rebuild: Callable[[], object],
-    snapshot: Callable[[], object],
-    now_s: float | None = None,
-    now_unix: float | None = None,
-) -> tuple[bool, bool]:
-    """One wake-up of :func:`run_maintenance`, without the wait, as if it were ``now_s``
-    (time.monotonic) and ``now_unix`` (time.time; both default to now): tests step the
-    schedule with it. Returns (rebuild due, snapshot due)."""
-    with state.lock:
+    def run(self, background_nice: int = 0) -> None:
+        """The background thread: wakes at least once a second (or when an ingest fills
+        the buffer, the policy changes or the datastore closes) and does what
+        :func:`maintenance_due` says is due. Returns once the buffer is closed. It first
+        lowers its own priority to ``background_nice`` (thread_priority)."""
+        lower_thread_priority(background_nice)
+        # The policy may change while serving (update_policy); it is read under the
+        # buffer's lock, which update_policy's wake-up takes, so none is missed.
+        while self._buffer.wait_for_work(lambda: min(self._policy().rebuild_interval_s, 1.0)):
+            self.run_once()
+
+    def run_once(
+        self, now_s: float | None = None, now_unix: float | None = None
+    ) -> tuple[bool, bool]:
+        """One wake-up of :meth:`run`, without the wait, as if it were ``now_s``
+        (time.monotonic) and ``now_unix`` (time.time; both default to now): tests step the
+        schedule with it. Returns (rebuild due, snapshot due)."""
+        records, tokens = self._buffer.pending()
         due = maintenance_due(
-            state,
-            state.policy,
+            self._index.progress(),
+            records,
+            tokens,
+            self._policy(),
             time.monotonic() if now_s is None else now_s,
             time.time() if now_unix is None else now_unix,
         )
-    run_due(state, rebuild, snapshot, *due)
-    return due
+        self._run_due(*due)
+        return due
+
+    def _run_due(self, rebuild_due: bool, snapshot_due: bool) -> None:
+        """Calls ``rebuild`` then ``snapshot`` as due; a failure is logged and recorded in
+        ``errors`` (retried at the next wake-up), never raised."""
+        try:
+            if rebuild_due:
+                self._rebuild()
+            if snapshot_due:
+                self._snapshot()
+        except Exception as exc:  # keep serving; retried at the next wake-up
+            _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
+            self._errors.note(repr(exc))
 
 
 def maintenance_due(
-    state: LiveState, policy: LivePolicy, now_s: float, now_unix: float
+    progress: IndexProgress,
+    pending_records: int,
+    pending_tokens: int,
+    policy: LivePolicy,
+    now_s: float,
+    now_unix: float,
 ) -> tuple[bool, bool]:
     """(rebuild due, snapshot due) at ``now_s`` (time.monotonic) and ``now_unix``
-    (time.time); the caller holds the state lock. A rebuild is due when anything waits
-    and enough does, or the interval has passed, or a rebuild is cheap enough for
-    ``rebuild_max_share`` (:func:`early_rebuild_due`); a snapshot when the sub-indices
-    hold log records the newest snapshot does not and the snapshot interval has passed."""
-    since = now_s - state.last_rebuild_monotonic
-    rebuild_due = bool(state.pending) and (
-        state.pending_tokens >= policy.rebuild_min_tokens
+    (time.time), with ``pending_records`` documents of ``pending_tokens`` tokens waiting.
+    A rebuild is due when anything waits and enough does, or the interval has passed,
+    or a rebuild is cheap enough for ``rebuild_max_share`` (:func:`early_rebuild_due`);
+    a snapshot when the sub-indices hold log records the newest snapshot does not and
+    the snapshot interval has passed."""
+    since = now_s - progress.last_rebuild_monotonic
+    rebuild_due = pending_records > 0 and (
+        pending_tokens >= policy.rebuild_min_tokens
         or since >= policy.rebuild_interval_s
-        or early_rebuild_due(state, policy, since)
+        or early_rebuild_due(progress, pending_tokens, policy, since)
     )
-    last = state.last_snapshot_unix
+    last = progress.last_snapshot_unix
     snapshot_due = (
         policy.snapshot_interval_s > 0
-        and state.covered > state.snapshot_covered
+        and progress.covered > progress.snapshot_covered
         and (last is None or now_unix - last >= policy.snapshot_interval_s)
     )
     return rebuild_due, snapshot_due
-
-
-def run_due(
-    state: LiveState,
-    rebuild: Callable[[], object],
-    snapshot: Callable[[], object],
-    rebuild_due: bool,
-    snapshot_due: bool,
-) -> None:
-    """Calls ``rebuild`` then ``snapshot`` as due; a failure is logged and recorded in
-    ``last_error`` (retried at the next wake-up), never raised."""
-    try:
-        if rebuild_due:
-            rebuild()
-        if snapshot_due:
-            snapshot()
-    except Exception as exc:  # keep serving; retried at the next wake-up
-        _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
-        with state.lock:
-            state.last_error = repr(exc)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.live_state import LiveState
+from drafter_service.live.index_set import IndexSet
+from drafter_service.live.live_policy import LivePolicy
+from drafter_service.live.pending_buffer import PendingBuffer
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
@@ -26,6 +28,7 @@ from drafter_service.live.pinned_corpora import (
 from drafter_service.snapshot.store import (
     SnapshotError,
     SnapshotInfo,
+    TokenizerIdentity,
     delete_snapshot,
     list_snapshots,
     load_snapshot,
@@ -46,17 +49,26 @@ snapshot consumes the stream after it."""
 
 def manifest_metadata(corpora: Sequence[Corpus], extra: Mapping[str, object]) -> dict[str, object]:
     """A live snapshot's manifest ``metadata``: ``extra`` (what the writer records
-    beside the content: ``pinned``, a restore's origin; state read under the lock
-    together with the content belongs here too), then the corpus listing, which an
+    beside the content: ``pinned``, a restore's origin; state read together with the
+    content belongs here too), then the corpus listing, which an
     ``extra`` key can never replace."""
     return {**extra, CORPORA_KEY: corpora_listing(corpora)}
 
 
 class LiveSnapshots:
-    """The snapshots under ``root`` of the live datastore whose state is ``state``."""
+    """The snapshots under ``root`` of the live datastore made of ``index`` and
+    ``buffer`` (``policy``: its current policy, for ``keep_snapshots``)."""
 
-    def __init__(self, state: LiveState, root: Path) -> None:
-        self._state = state
+    def __init__(
+        self,
+        index: IndexSet,
+        buffer: PendingBuffer,
+        tokenizer: TokenizerIdentity,
+        policy: Callable[[], LivePolicy],
+        root: Path,
+    ) -> None:
+        self._index, self._buffer = index, buffer
+        self._tokenizer, self._policy = tokenizer, policy
         self.root = root
 
     def complete(self) -> list[SnapshotInfo]:
@@ -64,33 +76,33 @@ class LiveSnapshots:
         return list_snapshots(self.root)
 
     def take(self, name: str | None, *, pinned: bool) -> SnapshotInfo:
-        """:meth:`write` under the rebuild lock."""
-        with self._state.rebuild_lock:
+        """:meth:`write` under the structural-change lock."""
+        with self._index.changing():
             return self.write(name, {PINNED_KEY: True} if pinned else {})
 
     def write(self, name: str | None, extra: Mapping[str, object]) -> SnapshotInfo:
         """Writes the current sub-indices (``name`` defaults to ``snapshot-<position>-<ms>``),
         deletes the log they cover and rotates unpinned snapshots past ``keep_snapshots``.
-        The caller holds the rebuild lock, so nothing swaps the datastore meanwhile."""
-        state = self._state
-        with state.lock:  # read together: the manifest describes exactly this content
-            datastore, covered, corpora = state.datastore, state.covered, state.corpora
-            if state.covered_origin is not None:
-                extra = {**extra, LOG_OFFSET_KEY: str(state.covered_origin)}
+        The caller holds the structural-change lock, so nothing swaps the datastore
+        meanwhile."""
+        index = self._index
+        # Read together: the manifest describes exactly this content.
+        datastore, covered, corpora, origin = index.snapshot_content()
+        if origin is not None:
+            extra = {**extra, LOG_OFFSET_KEY: str(origin)}
         name = name or _stamped("snapshot", covered)
         info = self._write_covering(name, datastore, covered, manifest_metadata(corpora, extra))
-        with state.lock:
-            state.log.discard_through(covered)
-            state.snapshot_covered = covered
-            state.last_snapshot_unix = info.created_unix
+        self._buffer.discard_through(
+            covered, alongside=lambda: index.note_snapshot(covered, info.created_unix)
+        )
         rotating = [s for s in list_snapshots(self.root) if not s.metadata.get(PINNED_KEY)]
-        for old in rotating[: -state.policy.keep_snapshots]:
+        for old in rotating[: -self._policy().keep_snapshots]:
             delete_snapshot(old.path)
         return info
 
     def delete(self, name: str) -> None:
         """Deletes snapshot ``name``; refuses the newest (a restart begins from it)."""
-        with self._state.rebuild_lock:
+        with self._index.changing():
             names = [s.path.name for s in list_snapshots(self.root)]
             if name not in names:
                 raise KeyError(f"no snapshot {name!r}")
@@ -105,33 +117,25 @@ class LiveSnapshots:
         """Rolls the datastore back to snapshot ``name`` (see LiveDatastore.restore): the
         content is written as a new snapshot covering the newest acknowledged ingest,
         then swapped in, then the log through that ingest is deleted."""
-        state = self._state
-        if state.follows_stream:
-            raise SnapshotError(
-                "restore is refused while the datastore follows a shared ingest stream: "
-                "a rollback on one replica would make it differ from the others, and the "
-                "stream would not roll back. Restore without --shared-log on every replica"
-            )
-        with state.rebuild_lock:
+        index = self._index
+        with index.changing():
             if name not in {s.path.name for s in list_snapshots(self.root)}:
                 raise KeyError(f"no snapshot {name!r}")
-            loaded, source = load_snapshot(self.root / name, expect_tokenizer=state.tokenizer)
+            loaded, source = load_snapshot(self.root / name, expect_tokenizer=self._tokenizer)
             corpora, learned = split_corpora(loaded, source)
-            with state.lock:
-                position = state.log.last_seq
-                state.log.roll()  # the segments through `position` can all be deleted
+            position = self._buffer.restore_point()
             extra = {"restored_from": name, "discarded_through": position}
             info = self._write_covering(
                 _stamped("restored", position), loaded, position, manifest_metadata(corpora, extra)
             )
-            with state.lock:
-                state.datastore, state.corpora, state.learned = loaded, corpora, learned
-                state.pending = [r for r in state.pending if r.seq > position]
-                state.pending_tokens = sum(len(r.tokens) for r in state.pending)
-                state.covered = state.snapshot_covered = position
-                state.last_snapshot_unix = info.created_unix
-                state.log.discard_through(position)
-            state.publish(loaded)
+            # The swap, the waiting documents it discards and the log through them: at once.
+            self._buffer.discard_through(
+                position,
+                alongside=lambda: index.install_restored(
+                    loaded, corpora, learned, position, info.created_unix
+                ),
+            )
+            index.publish(loaded)
             log.info("restored snapshot %s (log through %d discarded)", name, position)
             return info
 
@@ -143,7 +147,7 @@ class LiveSnapshots:
         info = write_snapshot(
             self.root / name,
             datastore,
-            self._state.tokenizer,
+            self._tokenizer,
             wal_position=position,
             metadata=metadata,
         )

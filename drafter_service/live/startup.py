@@ -1,6 +1,6 @@
 """Opening a live datastore: the newest complete snapshot, then the log after it.
 
-:func:`open_live_state` clears what interrupted snapshot writes left, loads the newest
+:func:`open_live_parts` clears what interrupted snapshot writes left, loads the newest
 complete snapshot whose data is intact, opens the ingest log after the position that
 snapshot covers (its later records are the documents waiting for a rebuild) and refuses
 to start when an unreadable or damaged newer snapshot may hold ingests that neither the
@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.live.index_set import IndexSet
 from drafter_service.live.ingest_log import IngestLog
-from drafter_service.live.live_policy import LivePolicy
-from drafter_service.live.live_state import LiveState
-from drafter_service.live.pinned_corpora import Corpus, joined_datastore, split_corpora
+from drafter_service.live.pending_buffer import PendingBuffer
+from drafter_service.live.pinned_corpora import Corpus, split_corpora
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY
+from drafter_service.live.stream_cursor import StreamCursor
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
 from drafter_service.snapshot.manifest import MANIFEST_NAME
@@ -36,47 +38,49 @@ from drafter_service.snapshot.store import (
 log = logging.getLogger(__name__)
 
 
-def open_live_state(
+@dataclass(frozen=True, slots=True)
+class LiveParts:
+    """The parts of an opened live datastore (lock order: the package docstring)."""
+
+    buffer: PendingBuffer
+    index: IndexSet
+    cursor: StreamCursor
+
+
+def open_live_parts(
     directory: Path,
     tokenizer: TokenizerIdentity,
-    policy: LivePolicy,
     on_swap: Callable[[Datastore], None] | None,
     salvage: bool,
-) -> LiveState:
-    """The state of the live datastore under ``directory`` as its files hold it: the
-    newest snapshot's content, with the log records after it waiting. ``salvage``: keep
+) -> LiveParts:
+    """The live datastore under ``directory`` as its files hold it: the newest
+    snapshot's content, with the log records after it waiting. ``salvage``: keep
     what is readable of a damaged log or snapshot instead of refusing to start."""
     snapshots = directory / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(snapshots)
     complete, damaged = scan_snapshots(snapshots)
     newest = _load_newest_readable(complete, tokenizer, damaged)
-    corpora, learned, offset = newest.corpora, newest.learned, newest.offset
     info = newest.info
     covered = info.wal_position if info is not None else 0
-    datastore = joined_datastore(corpora, learned, tokenizer.vocab_size)
     ingest_log = IngestLog(directory / "wal", covered_seq=covered, salvage=salvage)
     try:
         check_damaged_snapshots(damaged, info, ingest_log, directory, salvage)
         check_log_continues(info, ingest_log, salvage)
+        index = IndexSet(
+            tokenizer.vocab_size,
+            newest.corpora,
+            newest.learned,
+            covered,
+            newest.offset,
+            info.created_unix if info is not None else None,
+            on_swap,
+        )
     except BaseException:
         ingest_log.close()
         raise
-    known = [o for o in (ingest_log.last_origin, offset) if o is not None]
-    return LiveState(
-        tokenizer=tokenizer,
-        policy=policy,
-        log=ingest_log,
-        corpora=corpora,
-        learned=learned,
-        covered=covered,
-        last_snapshot_unix=info.created_unix if info is not None else None,
-        on_swap=on_swap,
-        datastore=datastore,
-        pending=ingest_log.recovered(),
-        consumed=max(known, default=None),
-        covered_origin=offset,
-    )
+    known = [o for o in (ingest_log.last_origin, newest.offset) if o is not None]
+    return LiveParts(PendingBuffer(ingest_log), index, StreamCursor(max(known, default=None)))
 
 
 class _Loaded(NamedTuple):

@@ -1,9 +1,9 @@
 """Consuming the shared ingest stream into the live datastore.
 
 :class:`StreamFollower` runs one thread per datastore that reads the stream after the
-newest entry the ingest log holds (``LiveState.consumed``) and hands each document to
-:func:`accept_document` with its entry id, which writes id and tokens in one fsynced
-log record: after a crash the log says exactly where to resume, and an entry at or
+newest entry the ingest log holds (the live datastore's ``consumed_offset``) and hands
+each document to its ``accept_entry`` with its entry id, which writes id and tokens in
+one fsynced log record: after a crash the log says exactly where to resume, and an entry at or
 before that id is skipped, so each entry is stored exactly once. Every replica takes the
 same entries in the same order and folds them the same way (``fold_documents`` does not
 depend on batching), so replicas that have taken the same entries hold the same
@@ -14,7 +14,7 @@ backoff while drafting goes on from what is held; when the datastore is full it 
 for a rebuild to make room rather than skip an entry. An entry that can never be
 stored (another format, a bad checksum, bad token ids) is skipped on every replica
 alike, logged and counted. Entries trimmed away by retention before this replica took
-them are reported as lost (``LiveState.last_error``, ``stream_lost``): bootstrap from a
+them are reported as lost (``last_error``, ``stream_lost`` in its stats): bootstrap from a
 peer's snapshot (``drafter serve --bootstrap-peers``) avoids that. Errors that repeat
 while the follower retries (the log server down, the local disk full) and skipped
 entries are counted every time and logged through a rate-limited log.
@@ -25,15 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
-from drafter_service.live.ingestion import (
-    VolumeFull,
-    accept_document,
-    checked_document,
-    note_consumed,
-)
-from drafter_service.live.live_policy import DatastoreFull
-from drafter_service.live.live_state import LiveState
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.live.ingestion import VolumeFull, checked_document
+from drafter_service.live.live_policy import DatastoreFull, LivePolicy
 from drafter_service.live.shared_log import (
     BadEntry,
     LogError,
@@ -44,8 +42,27 @@ from drafter_service.live.shared_log import (
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import lower_thread_priority
 from drafter_service.log_limits import RateLimitedLog
+from drafter_service.snapshot.store import TokenizerIdentity
 
 log = logging.getLogger(__name__)
+
+
+class Followed(Protocol):
+    """What the follower needs of the live datastore it feeds."""
+
+    tokenizer: TokenizerIdentity
+
+    @property
+    def policy(self) -> LivePolicy: ...
+    @property
+    def consumed_offset(self) -> StreamId | None: ...
+    def accept_entry(self, doc: npt.NDArray[np.int32], origin: StreamId) -> int | None: ...
+    def make_room(self) -> None: ...
+    def note_stream_skip(self, entry: StreamId) -> int: ...
+    def note_stream_error(self, message: str) -> None: ...
+    def note_stream_loss(self, message: str) -> None: ...
+    def note_stream_delay(self, seconds: float) -> None: ...
+
 
 _BATCH = 256  # entries per read
 _BLOCK_MS = 1000  # a read waits this long for new entries (then checks for stop)
@@ -53,12 +70,12 @@ _MAX_BACKOFF_S = 5.0
 
 
 class StreamFollower:
-    """Takes the entries of ``stream`` into the datastore whose state is ``state``."""
+    """Takes the entries of ``stream`` into the live datastore ``live``."""
 
     def __init__(
-        self, state: LiveState, stream: RedisStream, name: str, background_nice: int = 0
+        self, live: Followed, stream: RedisStream, name: str, background_nice: int = 0
     ) -> None:
-        self._state = state
+        self._live = live
         self._nice = background_nice
         self._stream = stream
         self._stop = threading.Event()
@@ -81,8 +98,7 @@ class StreamFollower:
     def _run(self) -> None:
         lower_thread_priority(self._nice)
         backoff = 0.1
-        with self._state.lock:
-            after = self._state.consumed
+        after = self._live.consumed_offset
         while not self._stop.is_set():
             try:
                 if not self._checked_loss:
@@ -112,24 +128,22 @@ class StreamFollower:
             "--shared-log-retention"
         )
         log.error("%s", message)
-        with self._state.lock:
-            self._state.stream_lost += 1
-            self._state.last_error = message
+        self._live.note_stream_loss(message)
 
     def _take(self, entry_id: StreamId, payload: bytes | BadEntry) -> bool:
         """Stores one entry; False once the datastore is closed or the follower stops."""
-        state = self._state
+        live = self._live
         try:
             if isinstance(payload, BadEntry):
                 raise payload
-            doc = checked_document(decode_tokens(payload), state.policy, state.tokenizer.vocab_size)
+            doc = checked_document(decode_tokens(payload), live.policy, live.tokenizer.vocab_size)
         except ValueError as exc:
             self._skip(entry_id, exc)
             return True
         waited = False
         while True:
             try:
-                accept_document(state, doc, entry_id)
+                live.accept_entry(doc, entry_id)
             except VolumeFull as exc:  # the local log's disk: retry, never skip
                 self._count_error(f"shared log {self._stream.key}: entry {entry_id}: {exc}")
             except DatastoreFull as exc:
@@ -137,30 +151,22 @@ class StreamFollower:
                     log.warning("shared log %s: entry %s waits for room: %s",
                                 self._stream.key, entry_id, exc)  # fmt: skip
                     waited = True
-                with state.lock:
-                    state.wake.notify()  # a rebuild drops the oldest sub-indices
+                live.make_room()  # a rebuild drops the oldest sub-indices
             except OSError as exc:  # the local log: retry, never skip
                 self._count_error(f"shared log {self._stream.key}: entry {entry_id}: {exc!r}")
             except RuntimeError:  # closed
                 return False
             else:
-                with state.lock:
-                    state.stream_delay_s = max(0.0, time.time() - entry_id.ms / 1000)
+                live.note_stream_delay(max(0.0, time.time() - entry_id.ms / 1000))
                 return True
             if self._stop.wait(1.0):
                 return False
 
     def _skip(self, entry_id: StreamId, why: Exception) -> None:
-        with self._state.lock:
-            self._state.stream_skipped += 1
-            skipped = self._state.stream_skipped
-            # Not in the log: a restart reads it again and skips it again.
-            note_consumed(self._state, entry_id)
+        skipped = self._live.note_stream_skip(entry_id)
         self._skip_log.log("shared log %s: entry %s skipped on every replica (%d so far): %s",
                            self._stream.key, entry_id, skipped, why)  # fmt: skip
 
     def _count_error(self, message: str) -> None:
         self._error_log.warning("%s", message)
-        with self._state.lock:
-            self._state.stream_errors += 1
-            self._state.last_error = message
+        self._live.note_stream_error(message)

@@ -1,0 +1,232 @@
+"""What the live datastore drafts from: its sub-indices and what they cover.
+
+:class:`IndexSet` owns the corpora, the learned sub-indices, the current immutable
+:class:`Datastore` made of them, the log position and stream entry they cover, what the
+newest snapshot covers, the rebuild statistics and listeners, and ``on_swap``. Two
+locks: the structural-change lock (:meth:`IndexSet.changing`, the package's
+``rebuild_lock``) admits one rebuild, snapshot, restore or corpus change at a time and
+is held while sub-indices are built or a snapshot is written; every swap happens under
+it, so swaps reach ``on_swap`` (:meth:`IndexSet.publish`, called with the other lock
+released) in the order they were made. The other lock guards the fields and is held for
+bookkeeping only, so drafting never waits for a rebuild.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.live.live_policy import DatastoreFull, LivePolicy
+from drafter_service.live.pinned_corpora import Corpus, joined_datastore
+from drafter_service.live.stream_ids import StreamId
+
+ChangeCorpora = Callable[[tuple[Corpus, ...], Datastore], tuple[Corpus, ...]]
+"""Makes the new corpora of the current ones and datastore (it may refuse by raising)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexProgress:
+    """What the maintenance schedule weighs: the sub-indices' coverage and timings."""
+
+    learned: tuple[SubIndex, ...]
+    covered: int  # newest log record folded into the sub-indices
+    snapshot_covered: int  # newest log record the newest snapshot holds
+    last_snapshot_unix: float | None
+    last_rebuild_monotonic: float
+    rebuild_tokens_per_s: float  # measured by the last rebuild; 0: none yet
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """The index set's counters, read together."""
+
+    num_tokens: int
+    sub_indices: int
+    resident_bytes: int
+    rebuilds: int
+    rebuild_seconds_total: float
+    last_rebuild_seconds: float
+    covered_position: int
+    covered_offset: StreamId | None
+    last_snapshot_unix: float | None
+
+
+class IndexSet:
+    """The corpora and learned sub-indices of one live datastore; thread-safe."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        corpora: tuple[Corpus, ...],
+        learned: tuple[SubIndex, ...],
+        covered: int,
+        covered_origin: StreamId | None,
+        last_snapshot_unix: float | None,
+        on_swap: Callable[[Datastore], None] | None,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self._changing = threading.Lock()  # one structural change at a time
+        self._lock = threading.Lock()
+        self._on_swap = on_swap
+        self._corpora = corpora
+        self._learned = learned
+        self._datastore = joined_datastore(corpora, learned, vocab_size)
+        self._covered = covered
+        # The newest shared-stream entry in the sub-indices (what a snapshot records).
+        self._covered_origin = covered_origin
+        self._snapshot_covered = covered
+        self._last_snapshot_unix = last_snapshot_unix
+        self._rebuilds = 0
+        self._rebuild_seconds = 0.0
+        self._last_rebuild_seconds = 0.0
+        self._last_rebuild_monotonic = time.monotonic()
+        self._rebuild_tokens_per_s = 0.0
+        self._listeners: tuple[Callable[[float], None], ...] = ()
+
+    def changing(self) -> AbstractContextManager[bool]:
+        """The structural-change lock (first in the package's lock order): held around
+        every swap, snapshot and snapshot deletion."""
+        return self._changing
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @property
+    def datastore(self) -> Datastore:
+        with self._lock:
+            return self._datastore
+
+    @property
+    def corpora(self) -> tuple[Corpus, ...]:
+        with self._lock:
+            return self._corpora
+
+    @property
+    def learned(self) -> tuple[SubIndex, ...]:
+        with self._lock:
+            return self._learned
+
+    def snapshot_content(self) -> tuple[Datastore, int, tuple[Corpus, ...], StreamId | None]:
+        """The datastore, the log position it covers, its corpora and the newest stream
+        entry it holds, read together: a manifest written from them describes exactly
+        that content."""
+        with self._lock:
+            return self._datastore, self._covered, self._corpora, self._covered_origin
+
+    def progress(self) -> IndexProgress:
+        with self._lock:
+            return IndexProgress(
+                self._learned,
+                self._covered,
+                self._snapshot_covered,
+                self._last_snapshot_unix,
+                self._last_rebuild_monotonic,
+                self._rebuild_tokens_per_s,
+            )
+
+    def stats(self) -> IndexStats:
+        with self._lock:
+            ds = self._datastore
+            return IndexStats(
+                num_tokens=ds.num_tokens,
+                sub_indices=len(ds.sub_indices),
+                resident_bytes=ds.resident_bytes,
+                rebuilds=self._rebuilds,
+                rebuild_seconds_total=self._rebuild_seconds,
+                last_rebuild_seconds=self._last_rebuild_seconds,
+                covered_position=self._covered,
+                covered_offset=self._covered_origin,
+                last_snapshot_unix=self._last_snapshot_unix,
+            )
+
+    def check_room(self, waiting_tokens: int, n_tokens: int, policy: LivePolicy) -> None:
+        """Raises DatastoreFull when ``n_tokens`` more, with ``waiting_tokens`` already
+        waiting for a rebuild, could not stay resident."""
+        bound = policy.max_resident_bytes
+        if bound is None:
+            return
+        with self._lock:
+            subs, corpora = self._learned, self._corpora
+        # What must stay resident after the next rebuild, when every older
+        # sub-index has been dropped: the sub-index the waiting documents land in.
+        waiting = waiting_tokens + n_tokens
+        if subs and subs[-1].num_tokens + 1 + waiting <= policy.max_sub_index_tokens:
+            waiting += subs[-1].num_tokens + 1  # they extend the newest
+        needed = 8 * waiting + 4 * (self.vocab_size + 1)  # text + SA + token table
+        needed += sum(c.resident_bytes for c in corpora)  # never dropped
+        if needed > bound:
+            raise DatastoreFull(
+                f"ingest of {n_tokens} tokens refused: it needs {needed} bytes, over the "
+                f"max_resident_bytes bound of {bound}"
+            )
+
+    # -- changes (the caller holds the structural-change lock) -----------------------------
+
+    def install_rebuild(
+        self,
+        learned: tuple[SubIndex, ...],
+        through: int,
+        origin: StreamId | None,
+        elapsed_s: float,
+        work_tokens: int,
+    ) -> tuple[Datastore, tuple[Callable[[float], None], ...]]:
+        """Makes ``learned`` (a rebuild folding the log through ``through``, the newest
+        stream entry among them ``origin``) current; returns the datastore to
+        :meth:`publish` and the listeners to call."""
+        with self._lock:
+            datastore = self._install(self._corpora, learned)
+            self._covered = through
+            if origin is not None:
+                self._covered_origin = origin
+            self._rebuilds += 1
+            self._rebuild_seconds += elapsed_s
+            self._last_rebuild_seconds = elapsed_s
+            self._last_rebuild_monotonic = time.monotonic()
+            if elapsed_s > 0:
+                self._rebuild_tokens_per_s = work_tokens / elapsed_s
+            return datastore, self._listeners
+
+    def install_corpora(self, change: ChangeCorpora) -> Datastore:
+        """Makes the corpora ``change`` makes of the current ones current (``change`` is
+        called under the lock); returns the datastore to :meth:`publish`."""
+        with self._lock:
+            return self._install(change(self._corpora, self._datastore), self._learned)
+
+    def install_restored(
+        self,
+        datastore: Datastore,
+        corpora: tuple[Corpus, ...],
+        learned: tuple[SubIndex, ...],
+        position: int,
+        snapshot_unix: float,
+    ) -> None:
+        """Makes a restored snapshot's content current, covering log ``position``, which
+        the snapshot written for it covers too."""
+        with self._lock:
+            self._datastore, self._corpora, self._learned = datastore, corpora, learned
+            self._covered = self._snapshot_covered = position
+            self._last_snapshot_unix = snapshot_unix
+
+    def note_snapshot(self, covered: int, snapshot_unix: float) -> None:
+        """Records that a snapshot now holds the log through ``covered``."""
+        with self._lock:
+            self._snapshot_covered = covered
+            self._last_snapshot_unix = snapshot_unix
+
+    def _install(self, corpora: tuple[Corpus, ...], learned: tuple[SubIndex, ...]) -> Datastore:
+        datastore = joined_datastore(corpora, learned, self.vocab_size)
+        self._datastore, self._corpora, self._learned = datastore, corpora, learned
+        return datastore
+
+    def publish(self, datastore: Datastore) -> None:
+        """Hands a swapped-in datastore to ``on_swap`` (called without the lock)."""
+        if self._on_swap is not None:
+            self._on_swap(datastore)
+
+    def add_listener(self, listener: Callable[[float], None]) -> None:
+        """Calls ``listener(seconds)`` after every later successful rebuild."""
+        with self._lock:
+            self._listeners = (*self._listeners, listener)

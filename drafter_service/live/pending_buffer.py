@@ -1,0 +1,185 @@
+"""The acknowledged documents not yet folded into the sub-indices, and the log that
+holds them.
+
+:class:`PendingBuffer` owns the ingest log (:class:`IngestLog`, not thread-safe itself)
+and the in-memory buffer of its records that the next rebuild folds in, under one lock:
+:meth:`PendingBuffer.accept` checks the memory bound, appends the document to the log
+(fsynced: from here on the ingest is acknowledged and survives a crash) and only then
+adds it to the buffer, so the buffer is always in log order and the log holds
+everything the buffer does. It also owns the ingest counters and the condition the
+background thread waits on (:meth:`PendingBuffer.wait_for_work`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.live.index_set import IndexSet
+from drafter_service.live.ingest_log import IngestLog, LogRecord
+from drafter_service.live.ingestion import volume_full
+from drafter_service.live.live_policy import LivePolicy
+from drafter_service.live.stream_cursor import StreamCursor
+from drafter_service.live.stream_ids import StreamId
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStats:
+    """The buffer's and the log's counters, read together."""
+
+    pending_tokens: int
+    wal_position: int  # newest acknowledged ingest
+    wal_bytes: int
+    ingested_sequences: int
+    ingested_tokens: int
+
+
+class PendingBuffer:
+    """The ingest log and its records waiting for a rebuild; thread-safe (its lock is
+    the second in the package's lock order, after the structural-change lock)."""
+
+    def __init__(self, log: IngestLog) -> None:
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # the background thread waits on it
+        self._log = log
+        self._records = log.recovered()  # in the log, not yet in a sub-index; log order
+        self._tokens = sum(len(record.tokens) for record in self._records)
+        self._ingested_sequences = 0  # acknowledged since this open (replay excluded)
+        self._ingested_tokens = 0
+        self._closed = False
+
+    def accept(
+        self,
+        doc: npt.NDArray[np.int32],
+        policy: LivePolicy,
+        index: IndexSet,
+        cursor: StreamCursor,
+        origin: StreamId | None = None,
+    ) -> tuple[int | None, bool]:
+        """Appends ``doc`` (checked) to the log, then to the buffer. ``origin``: its entry
+        id in the shared ingest stream; an entry ``cursor`` already holds is a duplicate
+        and is skipped (returns None for the sequence number), so consuming the stream
+        stores each entry exactly once. Returns its log sequence number and whether the
+        buffer now holds enough for a rebuild (the background thread has been woken).
+        Raises DatastoreFull past the memory bound (``index`` says what stays resident),
+        RuntimeError once closed, :class:`VolumeFull` when the log's volume is full and
+        another OSError when the log cannot be written (nothing is stored or buffered
+        then). The cursor and the index set are consulted under this buffer's lock."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("live datastore is closed")
+            if origin is not None and cursor.holds(origin):
+                return None, False
+            index.check_room(self._tokens, len(doc), policy)
+            try:
+                seq = self._log.append(doc, origin)
+            except OSError as exc:
+                full = volume_full(self._log.directory, exc)
+                if full is None:
+                    raise
+                raise full from None
+            self._records.append(LogRecord(seq, doc, origin))
+            if origin is not None:
+                cursor.advance(origin)
+            self._tokens += len(doc)
+            self._ingested_sequences += 1
+            self._ingested_tokens += len(doc)
+            due = self._tokens >= policy.rebuild_min_tokens
+            if due:
+                self._work.notify()
+        return seq, due
+
+    def check_room(self, n_tokens: int, policy: LivePolicy, index: IndexSet) -> None:
+        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
+        with self._lock:
+            index.check_room(self._tokens, n_tokens, policy)
+
+    # -- rebuilds (the caller holds the structural-change lock) ----------------------------
+
+    def take(self) -> list[LogRecord]:
+        """Empties the buffer for a rebuild (later records go to a new log segment)."""
+        with self._lock:
+            batch, self._records, self._tokens = self._records, [], 0
+            if batch:
+                self._log.roll()
+            return batch
+
+    def put_back(self, batch: list[LogRecord]) -> None:
+        """Returns a batch :meth:`take` gave to the front (its rebuild failed)."""
+        with self._lock:
+            self._records[:0] = batch
+            self._tokens += sum(len(r.tokens) for r in batch)
+
+    def restore_point(self) -> int:
+        """The newest acknowledged record; the log's later records go to a new segment,
+        so the segments through it can all be deleted."""
+        with self._lock:
+            self._log.roll()
+            return self._log.last_seq
+
+    def discard_through(self, position: int, alongside: Callable[[], None]) -> None:
+        """A snapshot now holds the log through ``position``: those records leave the
+        buffer (a restore discards them; after a rebuild there are none) and the log
+        segments holding only them are deleted, atomically with ``alongside`` (the index
+        set's matching change), which runs under this lock."""
+        with self._lock:
+            alongside()
+            if self._records and self._records[0].seq <= position:
+                self._records = [r for r in self._records if r.seq > position]
+                self._tokens = sum(len(r.tokens) for r in self._records)
+            self._log.discard_through(position)
+
+    # -- the background thread -------------------------------------------------------------
+
+    def wait_for_work(self, timeout_s: Callable[[], float]) -> bool:
+        """Waits ``timeout_s()`` (read under the lock) or until woken; False once closed."""
+        with self._lock:
+            self._work.wait(timeout=timeout_s())
+            return not self._closed
+
+    def wake(self) -> None:
+        """Wakes the background thread (a policy change; a follower waiting for room)."""
+        with self._lock:
+            self._work.notify()
+
+    def close(self) -> None:
+        """Refuses later documents and wakes the background thread (it returns)."""
+        with self._lock:
+            self._closed = True
+            self._work.notify()
+
+    def close_log(self) -> None:
+        with self._lock:
+            self._log.close()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """The newest acknowledged record's sequence number."""
+        with self._lock:
+            return self._log.last_seq
+
+    def pending(self) -> tuple[int, int]:
+        """(documents, tokens) waiting for a rebuild."""
+        with self._lock:
+            return len(self._records), self._tokens
+
+    def records(self) -> list[LogRecord]:
+        """The documents waiting for a rebuild, in log order (a copy)."""
+        with self._lock:
+            return list(self._records)
+
+    def stats(self) -> BufferStats:
+        with self._lock:
+            return BufferStats(
+                pending_tokens=self._tokens,
+                wal_position=self._log.last_seq,
+                wal_bytes=self._log.size_bytes,
+                ingested_sequences=self._ingested_sequences,
+                ingested_tokens=self._ingested_tokens,
+            )
