@@ -65,7 +65,7 @@ from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, decode_loop
 from drafter_bench.redis_server import RedisServer, free_port
 from drafter_bench.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
-from drafter_service.live.shared_log import SharedLogConfig
+from drafter_service.replication.shared_log import SharedLogConfig
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
 from verifier_client import DrafterClient, Outcome, ReplicaSetClient
 

@@ -18,7 +18,7 @@ import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess, owned_ids
 from log_server import RedisServer, free_port
 
-from drafter_service.live.shared_log import decode_tokens
+from drafter_service.replication.shared_log import decode_tokens
 from verifier_client import BreakerConfig, DrafterClient, ReplicaSetClient
 
 pytestmark = pytest.mark.system

@@ -14,8 +14,9 @@ import redis
 from log_server import RedisServer
 
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.live.shared_log import LogError, SharedLogConfig
 from drafter_service.live.stream_ids import StreamId
+from drafter_service.replication.replicated_datastore import ReplicatedDatastore
+from drafter_service.replication.shared_log import LogError, SharedLogConfig
 from drafter_service.snapshot.store import TokenizerIdentity
 
 VOCAB = 1000
@@ -45,12 +46,8 @@ def policy(**overrides: object) -> LivePolicy:
 
 
 def replica(root: Path, name: str, config: SharedLogConfig, **kw: object) -> LiveDatastore:
-    return LiveDatastore(
-        root / name,
-        TOKENIZER,
-        policy(**kw),
-        shared_log=config.stream("default"),  # type: ignore[arg-type]
-    )
+    return ReplicatedDatastore(root / name, TOKENIZER, policy(**kw),
+                               shared_log=config.stream("default"))  # fmt: skip
 
 
 def newest(config: SharedLogConfig) -> StreamId:

@@ -17,8 +17,9 @@ from service_support import LoopThread, config, delta, serving
 
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.live.live_datastore import LiveDatastore
-from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.live.thread_priority import MAX_NICE, check_nice, lower_thread_priority
+from drafter_service.replication.replicated_datastore import ReplicatedDatastore
+from drafter_service.replication.shared_log import SharedLogConfig
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 
@@ -141,8 +142,9 @@ def test_the_shared_log_follower_runs_at_background_nice(tmp_path: Path) -> None
     try:
         shared = SharedLogConfig(server.url, prefix="nice")
         before = set(threading.enumerate())
-        live = LiveDatastore(tmp_path / "live", TOKENIZER, shared_log=shared.stream("default"),
-                             background_nice=11)  # fmt: skip
+        live = ReplicatedDatastore(
+            tmp_path / "live", TOKENIZER, shared_log=shared.stream("default"), background_nice=11
+        )
         try:
             nice = max(PROCESS_NICE, 11)
             assert settled_nice(before, "stream-follower-", nice) == {"stream-follower-live": nice}

@@ -30,6 +30,7 @@ from drafter_service.admin.schemas import (
 )
 from drafter_service.engine.catalog import DatastoreSlot
 from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
+from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.service.setting_values import DATASTORE_NAME
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
@@ -142,9 +143,9 @@ async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDeta
 
 
 def _shared_log(live: LiveDatastore, s: LiveStats) -> SharedLogDetail | None:
-    stream = live.shared_log
-    if stream is None:
+    if not isinstance(live, ReplicatedDatastore):
         return None
+    stream = live.shared_log
     return SharedLogDetail(
         stream=stream.key,
         consumed_offset=_text(s.consumed_offset),

@@ -26,6 +26,7 @@ from drafter_service.live.live_datastore import (
     PINNED_KEY,
     LiveDatastore,
 )
+from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
 
 SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot name")]
@@ -106,7 +107,7 @@ async def restore_snapshot(
 ) -> JobInfo:
     live = routes.context(request).live(name)
     await _complete(request, name, snapshot)  # 404 for a snapshot it does not have
-    if live.shared_log is not None:
+    if isinstance(live, ReplicatedDatastore):
         raise conflict(
             "restore is refused while the datastore follows a shared ingest stream: a "
             "rollback on one replica would make it differ from the others"

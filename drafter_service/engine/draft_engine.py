@@ -38,7 +38,7 @@ from drafter_service.engine.engine_metrics import EngineMetrics, Unobserved
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import HeldRequest, RequestTable
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
-from drafter_service.live.shared_log import LogError
+from drafter_service.replication.shared_log import LogError
 
 Place = tuple[str, int]  # (datastore, row in its batch)
 Holds = dict[str, list[tuple[str, HeldRequest, int]]]

@@ -23,9 +23,9 @@ import numpy.typing as npt
 
 from drafter_service.live.ingestion import VolumeFull
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
-from drafter_service.live.shared_log import LogError, describe
 from drafter_service.live.thread_priority import check_nice, lower_thread_priority
 from drafter_service.log_limits import RateLimitedLog
+from drafter_service.replication.shared_log import LogError, describe
 
 log = logging.getLogger(__name__)
 

@@ -58,13 +58,11 @@ from drafter_service.live.pinned_corpora import (
     without_corpus,
 )
 from drafter_service.live.rebuild import MaintenanceSchedule, fold_pending
-from drafter_service.live.shared_log import RedisStream
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
 from drafter_service.live.startup import open_live_parts
-from drafter_service.live.stream_follower import StreamFollower
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import check_nice
-from drafter_service.snapshot.store import SnapshotError, SnapshotInfo, TokenizerIdentity
+from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity
 
 __all__ = [
     "CORPORA_KEY",
@@ -78,14 +76,9 @@ __all__ = [
     "LiveStats",
 ]
 
-_READ_YOUR_WRITE_S = 2.0  # how long an ingest through the stream waits to be taken here
-
 
 class LiveDatastore:
-    """The live datastore under ``directory``. Thread-safe.
-
-    ``shared_log``: the shared ingest stream this datastore appends its ingests to and
-    takes every replica's ingests from (None: it learns alone, from its own log)."""
+    """The live datastore under ``directory``. Thread-safe."""
 
     def __init__(
         self,
@@ -96,13 +89,11 @@ class LiveDatastore:
         on_swap: Callable[[Datastore], None] | None = None,
         background: bool = True,
         salvage: bool = False,
-        shared_log: RedisStream | None = None,
         background_nice: int = 0,
     ) -> None:
         check_nice(background_nice)
         self.directory = Path(directory)
         self.tokenizer = tokenizer
-        self._stream = shared_log
         parts = open_live_parts(self.directory, tokenizer, on_swap, salvage)
         self._buffer, self._index, self._cursor = parts.buffer, parts.index, parts.cursor
         self._errors = LastError()
@@ -127,15 +118,6 @@ class LiveDatastore:
                 daemon=True,
             )
             self._thread.start()
-        self._follower: StreamFollower | None = None
-        if shared_log is not None:
-            self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
-            self._follower.start()
-
-    @property
-    def shared_log(self) -> RedisStream | None:
-        """The shared ingest stream this datastore follows (None: it learns alone)."""
-        return self._stream
 
     @property
     def policy(self) -> LivePolicy:
@@ -146,18 +128,8 @@ class LiveDatastore:
 
     def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
         """Stores one document; durable (fsynced) when this returns. Returns its log
-        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound.
-
-        With a shared log the document is appended to the stream (durable as the log
-        server is configured) and this replica's follower takes it like every other
-        replica's; the call waits briefly for that (read your writes) and returns this
-        log's newest sequence number. Raises ``shared_log.LogError`` when the log server
-        does not take it (nothing is stored then)."""
+        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound."""
         doc = checked_document(tokens, self._policy, self.tokenizer.vocab_size)
-        if self._stream is not None:
-            self.check_room(len(doc))
-            self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
-            return self.wal_position
         seq, due = self._buffer.accept(doc, self._policy, self._index, self._cursor)
         assert seq is not None  # only an entry of the stream can be a duplicate
         if due and self._thread is None:
@@ -177,6 +149,7 @@ class LiveDatastore:
         )
 
     # -- for a shared-stream follower (drafter_service.replication) ------------------------
+    # It takes the stream into the log through these; the stream itself is not known here.
 
     def accept_entry(self, doc: npt.NDArray[np.int32], origin: StreamId) -> int | None:
         """Stores ``doc`` (checked: ``ingestion.checked_document``), the shared stream's
@@ -282,12 +255,6 @@ class LiveDatastore:
         only later ingests; then it is swapped in (drafting never waits) and the log
         through ``P`` is deleted. Ingests accepted while this runs (after ``P``) are kept
         and folded in by the next rebuild. Returns the new snapshot."""
-        if self._stream is not None:
-            raise SnapshotError(
-                "restore is refused while the datastore follows a shared ingest stream: "
-                "a rollback on one replica would make it differ from the others, and the "
-                "stream would not roll back. Restore without --shared-log on every replica"
-            )
         return self._snapshots.restore(name)
 
     # -- corpora ---------------------------------------------------------------------------
@@ -345,8 +312,7 @@ class LiveDatastore:
     def stats(self) -> LiveStats:
         """A view of the counters, each part's read under its lock (``live_stats``)."""
         index, cursor = self._index.stats(), self._cursor.stats()
-        stats = live_stats(index, cursor, self._buffer.stats(), self._errors.message)
-        return replace(stats, shared_log=self._stream is not None)
+        return live_stats(index, cursor, self._buffer.stats(), self._errors.message)
 
     def content_digest(self) -> str:
         """SHA-256 over the learned sub-indices' tokens, each sub-index delimited: two
@@ -360,17 +326,12 @@ class LiveDatastore:
         return digest.hexdigest()
 
     def close(self) -> None:
-        """Stops the background thread and the stream follower. Waiting documents stay
-        in the log."""
-        if self._follower is not None:
-            self._follower.stop()
+        """Stops the background thread. Waiting documents stay in the log."""
         self._buffer.close()
         self._cursor.close()
         if self._thread is not None:
             self._thread.join()
         self._buffer.close_log()
-        if self._stream is not None:
-            self._stream.close()
 
     def __enter__(self) -> LiveDatastore:
         return self

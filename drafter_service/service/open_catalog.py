@@ -14,7 +14,8 @@ from drafter_service.drafting.drafter import Drafter
 from drafter_service.drafting.node_score import resolve_node_score
 from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.live.live_datastore import CORPORA_KEY, LiveDatastore
-from drafter_service.live.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
+from drafter_service.replication.peer_bootstrap import bootstrap_from_peers, supersede_behind_stream
+from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.service.admin_token import load_token
 from drafter_service.service.setting_values import DEFAULT_DATASTORE, DEFAULT_VOCAB_SIZE
 from drafter_service.service.settings import ServeConfig
@@ -206,11 +207,15 @@ def open_catalog(config: ServeConfig) -> Catalog:
         seed = read_manifest(config.snapshot) if config.snapshot is not None else None
         drafter, executor = new_slot(DEFAULT_DATASTORE, seed)
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
-        live = LiveDatastore(
-            config.data_dir, tokenizer, config.live_policy(), on_swap=drafter.set_datastore,
-            salvage=config.salvage,
-            shared_log=stream, background_nice=config.background_nice,
-        )  # fmt: skip
+        policy, nice = config.live_policy(), config.background_nice
+        if stream is None:
+            live = LiveDatastore(config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
+                                 salvage=config.salvage, background_nice=nice)  # fmt: skip
+        else:  # it takes every replica's ingests from the stream, and closes it
+            live = ReplicatedDatastore(
+                config.data_dir, tokenizer, policy, shared_log=stream,
+                on_swap=drafter.set_datastore, salvage=config.salvage, background_nice=nice,
+            )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:

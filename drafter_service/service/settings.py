@@ -33,8 +33,8 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from drafter_service.drafting.draft_config import DraftConfig, config_field_value
 from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
 from drafter_service.live.live_datastore import LivePolicy
-from drafter_service.live.shared_log import SharedLogConfig
 from drafter_service.live.thread_priority import MAX_NICE
+from drafter_service.replication.shared_log import SharedLogConfig
 from drafter_service.service.setting_values import (
     DEFAULT_VOCAB_SIZE,
     AtLeastOne,

@@ -3,8 +3,8 @@
 :class:`StreamFollower` runs one thread per datastore that reads the stream after the
 newest entry the ingest log holds (the live datastore's ``consumed_offset``) and hands
 each document to its ``accept_entry`` with its entry id, which writes id and tokens in
-one fsynced log record: after a crash the log says exactly where to resume, and an entry at or
-before that id is skipped, so each entry is stored exactly once. Every replica takes the
+one fsynced log record: after a crash the log says exactly where to resume, and an
+entry at or before that id is skipped, so each entry is stored exactly once. Every replica takes the
 same entries in the same order and folds them the same way (``fold_documents`` does not
 depend on batching), so replicas that have taken the same entries hold the same
 sub-indices.
@@ -14,8 +14,8 @@ backoff while drafting goes on from what is held; when the datastore is full it 
 for a rebuild to make room rather than skip an entry. An entry that can never be
 stored (another format, a bad checksum, bad token ids) is skipped on every replica
 alike, logged and counted. Entries trimmed away by retention before this replica took
-them are reported as lost (``last_error``, ``stream_lost`` in its stats): bootstrap from a
-peer's snapshot (``drafter serve --bootstrap-peers``) avoids that. Errors that repeat
+them are reported as lost (``last_error`` and ``stream_lost`` in its stats): bootstrap
+from a peer's snapshot (``drafter serve --bootstrap-peers``) avoids that. Errors that repeat
 while the follower retries (the log server down, the local disk full) and skipped
 entries are counted every time and logged through a rate-limited log.
 """
@@ -25,44 +25,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
-
-import numpy as np
-import numpy.typing as npt
 
 from drafter_service.live.ingestion import VolumeFull, checked_document
-from drafter_service.live.live_policy import DatastoreFull, LivePolicy
-from drafter_service.live.shared_log import (
+from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
+from drafter_service.live.stream_ids import StreamId
+from drafter_service.live.thread_priority import lower_thread_priority
+from drafter_service.log_limits import RateLimitedLog
+from drafter_service.replication.shared_log import (
     BadEntry,
     LogError,
     RedisStream,
     decode_tokens,
     describe,
 )
-from drafter_service.live.stream_ids import StreamId
-from drafter_service.live.thread_priority import lower_thread_priority
-from drafter_service.log_limits import RateLimitedLog
-from drafter_service.snapshot.store import TokenizerIdentity
 
 log = logging.getLogger(__name__)
-
-
-class Followed(Protocol):
-    """What the follower needs of the live datastore it feeds."""
-
-    tokenizer: TokenizerIdentity
-
-    @property
-    def policy(self) -> LivePolicy: ...
-    @property
-    def consumed_offset(self) -> StreamId | None: ...
-    def accept_entry(self, doc: npt.NDArray[np.int32], origin: StreamId) -> int | None: ...
-    def make_room(self) -> None: ...
-    def note_stream_skip(self, entry: StreamId) -> int: ...
-    def note_stream_error(self, message: str) -> None: ...
-    def note_stream_loss(self, message: str) -> None: ...
-    def note_stream_delay(self, seconds: float) -> None: ...
-
 
 _BATCH = 256  # entries per read
 _BLOCK_MS = 1000  # a read waits this long for new entries (then checks for stop)
@@ -73,7 +50,7 @@ class StreamFollower:
     """Takes the entries of ``stream`` into the live datastore ``live``."""
 
     def __init__(
-        self, live: Followed, stream: RedisStream, name: str, background_nice: int = 0
+        self, live: LiveDatastore, stream: RedisStream, name: str, background_nice: int = 0
     ) -> None:
         self._live = live
         self._nice = background_nice

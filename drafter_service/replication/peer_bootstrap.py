@@ -30,9 +30,9 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from drafter_service.live.ingest_log import IngestLog
-from drafter_service.live.shared_log import LogError, RedisStream
 from drafter_service.live.startup import snapshot_offset
 from drafter_service.live.stream_ids import StreamId
+from drafter_service.replication.shared_log import LogError, RedisStream
 from drafter_service.snapshot.array_files import fsync_dir, move_aside
 from drafter_service.snapshot.store import (
     SnapshotError,

@@ -1,0 +1,87 @@
+"""A live datastore that learns from a shared ingest stream (scale-out).
+
+:class:`ReplicatedDatastore` is a :class:`LiveDatastore` whose ingests go through the
+stream: an accepted document is appended to the stream (not to the local log), this
+replica's :class:`StreamFollower` takes it into the log like every other replica's, and
+the ingest waits briefly for that so a client reads its own writes. It runs the
+follower, refuses a restore (a rollback of one replica the stream would not share), and
+closes the stream with the datastore (docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.live.ingestion import checked_document
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats
+from drafter_service.replication.shared_log import RedisStream
+from drafter_service.replication.stream_follower import StreamFollower
+from drafter_service.snapshot.store import SnapshotError, SnapshotInfo, TokenizerIdentity
+
+_READ_YOUR_WRITE_S = 2.0  # how long an ingest through the stream waits to be taken here
+
+
+class ReplicatedDatastore(LiveDatastore):
+    """The live datastore under ``directory``, fed by ``shared_log``: the stream it
+    appends its ingests to and takes every replica's ingests from (it closes it).
+    Thread-safe."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        tokenizer: TokenizerIdentity,
+        policy: LivePolicy | None = None,
+        *,
+        shared_log: RedisStream,
+        on_swap: Callable[[Datastore], None] | None = None,
+        background: bool = True,
+        salvage: bool = False,
+        background_nice: int = 0,
+    ) -> None:
+        super().__init__(
+            directory, tokenizer, policy, on_swap=on_swap, background=background,
+            salvage=salvage, background_nice=background_nice,
+        )  # fmt: skip
+        self._stream = shared_log
+        self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
+        self._follower.start()
+
+    @property
+    def shared_log(self) -> RedisStream:
+        """The shared ingest stream this datastore follows."""
+        return self._stream
+
+    def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
+        """Appends one document to the shared stream (durable as the log server is
+        configured); this replica's follower takes it like every other replica's, and
+        the call waits briefly for that (read your writes). Returns this log's newest
+        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound,
+        ``shared_log.LogError`` when the log server does not take it (nothing is
+        stored then)."""
+        doc = checked_document(tokens, self.policy, self.tokenizer.vocab_size)
+        self.check_room(len(doc))
+        self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
+        return self.wal_position
+
+    def restore(self, name: str) -> SnapshotInfo:
+        """Refused: a rollback on one replica would make it differ from the others."""
+        raise SnapshotError(
+            "restore is refused while the datastore follows a shared ingest stream: "
+            "a rollback on one replica would make it differ from the others, and the "
+            "stream would not roll back. Restore without --shared-log on every replica"
+        )
+
+    def stats(self) -> LiveStats:
+        return replace(super().stats(), shared_log=True)
+
+    def close(self) -> None:
+        """Stops the stream follower, then the datastore, then closes the stream."""
+        self._follower.stop()
+        super().close()
+        self._stream.close()
