@@ -110,7 +110,7 @@ def _pin_process(cpus: frozenset[int]) -> None:
 
 
 @dataclass(slots=True)
-class _Lane:
+class _LoadLane:
     request_id: str
     record: Record
     output: list[int]
@@ -247,9 +247,9 @@ def decode_loop(
     serial = itertools.count()
     source = itertools.cycle(records)
 
-    def new_lane() -> _Lane:
+    def new_lane() -> _LoadLane:
         record = next(source)
-        lane = _Lane(f"{prefix}-{next(serial)}", record, record.output_ids.tolist())
+        lane = _LoadLane(f"{prefix}-{next(serial)}", record, record.output_ids.tolist())
         client.add_request(lane.request_id, record.prompt_ids)
         return lane
 
