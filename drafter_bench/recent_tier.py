@@ -10,7 +10,8 @@ lanes, the same drafter: the rows differ only in ``recent_samples``.
 Everyone else: the dev sets against the 6.4M-token corpus datastore in lockstep batches of
 unrelated requests (``--dev-batch``), with and without the tier: tau and the batch's step
 time. Follow-up turns are left out (:func:`first_turns`): a second turn's prompt holds the
-first turn's answer, and the two cannot be in flight together.
+first turn's answer, and the two cannot be in flight together. Last, the step's cost: chat
+in batches of 64 at budget 32, with and without the tier.
 
     python -m drafter_bench.recent_tier --data-dir ../shared/data \
         --out benchmarks/results/recent_tier.jsonl
@@ -36,8 +37,9 @@ from drafter_service.drafting.node_score import default_node_score
 CORPUS = "corpus/datastore_llama3_family.jsonl.gz"
 DEV_SETS = ("chat_alpacaeval_llama3_8b", "code_humaneval_llama31_8b", "multilingual_mtbench_suzume")
 VOCAB = 128256
-TIER = {"recent_samples": 16, "recent_min_match": 2}
-"""The tier's settings measured (recent_candidates at its default, 64)."""
+TIER_SAMPLES = 16
+"""The tier's recent_samples measured (recent_candidates at its default, 64), at
+recent_min_match 2 (the default) and 1."""
 
 
 def first_turns(records: list[Record], n: int = 8) -> list[Record]:
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     score = default_node_score().as_config()
     plain = DraftConfig(node_score=score)
-    tier = dataclasses.replace(plain, **TIER)
+    tiers = [dataclasses.replace(plain, recent_samples=TIER_SAMPLES, recent_min_match=k)
+             for k in (2, 1)]  # fmt: skip
     corpus_path = args.data_dir / CORPUS
     rows: list[dict[str, object]] = []
     out = args.out.open("w")
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.siblings or [2, 4, 8]:
         groups = sibling_groups(corpus, n)[: (args.sibling_records // n) * n]
         for stagger in args.stagger or [0, 8]:
-            for config in (plain, tier):
+            for config in (plain, *tiers):
                 settings = ReplaySettings("both", args.budget, batch=n, config=config,
                                           siblings=n, stagger=stagger)  # fmt: skip
                 emit(_row("siblings", settings, replay(groups, settings), siblings=n,
@@ -118,11 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             records = first_turns(
                 read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
             )
-            for config in (plain, tier):
+            for config in (plain, *tiers):
                 settings = ReplaySettings("both", args.budget, batch=args.dev_batch,
                                           config=config)  # fmt: skip
                 emit(_row("unrelated", settings, replay(records, settings, base), data=name,
                           kept=len(records)))  # fmt: skip
+        # The step's cost: 64 requests a call at budget 32 (the issue's latency rows).
+        chat = first_turns(read_records(args.data_dir / "dev" / f"{DEV_SETS[0]}.jsonl.gz",
+                                        vocab_size=VOCAB))  # fmt: skip
+        for config in (plain, tiers[0]):
+            settings = ReplaySettings("both", 32, batch=64, config=config)
+            emit(_row("step", settings, replay(chat, settings, base), data=DEV_SETS[0]))
     out.close()
     return 0
 
