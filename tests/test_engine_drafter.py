@@ -240,3 +240,22 @@ def test_the_engines_tokenizer_fingerprint_is_the_drafters_identity(tmp_path: Pa
     identity = TokenizerIdentity.from_file(tokenizer, vocab_size=2)
     assert tokenizer_fingerprint(tmp_path) == identity.fingerprint != ""
     assert tokenizer_fingerprint(tmp_path / "missing") == tokenizer_fingerprint(None) == ""
+
+
+def test_a_row_that_opted_out_is_never_shared_with_the_recent_tier(tmp_path: Path) -> None:
+    """``stores=[False, ...]`` (what the vLLM and SGLang plug-ins read from a request's
+    sampling parameters): the opted-out row's context goes with do_not_store, so with the
+    recent tier on no other row drafts from it; the row that stores is drafted from."""
+    server = DrafterProcess(tmp_path / "data", "--draft-config", "recent_samples=8")
+    try:
+        engine = EngineDrafter(settings_for(server.target))
+        private, public = [1, 2, 3, 40, 41, 42, 43], [5, 6, 7, 50, 51, 52, 53]
+        rows = Rows(private, public)
+        engine.draft(["p", "q"], [7, 7], [3, 3], rows.tokens, stores=[False, True])
+        later = Rows([9, 1, 2, 3], [9, 5, 6, 7])
+        trees = engine.draft(["r", "s"], [4, 4], [4, 4], later.tokens)
+        assert trees[0] is None or len(trees[0].tokens) == 0  # nothing of the opted-out row
+        assert trees[1] is not None and list(trees[1].tokens[:4]) == [50, 51, 52, 53]
+        engine.close()
+    finally:
+        server.stop()

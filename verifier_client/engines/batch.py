@@ -262,6 +262,7 @@ class EngineDrafter:
         prompt_lengths: Sequence[int],
         tokens: TokenSlice,
         budget: int | None = None,
+        stores: Sequence[bool] | None = None,
     ) -> list[Tree | None]:
         """One drafter call for the rows; a tree per row (None: no drafts this step).
 
@@ -269,12 +270,14 @@ class EngineDrafter:
         ``num_tokens[i]`` tokens, the first ``prompt_lengths[i]`` of them its prompt.
         ``budget``: draft nodes per row instead of the settings' rule; 0 sends nothing
         and waits for nothing (the tokens go with the next step that drafts).
+        ``stores``: per row, False for a request that opted out of storage (said when it
+        is first sent, so the drafter never shares its tokens; default: all store).
         """
         self.last_result = None  # set again only if this call's answer arrives
         if not request_ids:
             return []
         try:
-            commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens)
+            commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens, stores)
             if not commits:
                 return [None] * len(request_ids)
             start = perf_counter()
@@ -314,6 +317,7 @@ class EngineDrafter:
         num_tokens: Sequence[int],
         prompt_lengths: Sequence[int],
         tokens: TokenSlice,
+        stores: Sequence[bool] | None = None,
     ) -> dict[str, Sequence[int]]:
         """Each row's tokens past what the client holds; a row whose tokens cannot be
         read (an engine bug) or that the client refuses is left out of this step,
@@ -338,7 +342,8 @@ class EngineDrafter:
                     del lengths[key]
                     client.abort(key)
                 client.add_request(key, context, datastore=self.settings.datastore,
-                                   prompt_length=min(int(prompt_lengths[row]), length))  # fmt: skip
+                                   prompt_length=min(int(prompt_lengths[row]), length),
+                                   store=stores is None or stores[row])  # fmt: skip
             except Exception:
                 if not failed:  # once a step: logged (once ever) and counted
                     self._failed("reading a row's tokens")

@@ -94,6 +94,12 @@ def store_verdict(req: Any) -> bool | None:
     as with the vLLM plug-in), unless it opted out through ``STORE_KEY``."""
     if not req.finished():
         return None
+    return _opted_in(req)
+
+
+def _opted_in(req: Any) -> bool:
+    """Whether ``req`` may be stored (and so shared while in flight): unless its
+    ``custom_params`` say ``STORE_KEY: False``."""
     custom = getattr(req.sampling_params, "custom_params", None)
     return not (isinstance(custom, Mapping) and custom.get(STORE_KEY) is False)
 
@@ -159,7 +165,9 @@ class DraftCorpus:
                 i = rows[k]
                 return _context(reqs[i], batch_tokens[i], lengths[k], start, stop)
 
-            drafts = drafter.draft([req_ids[i] for i in rows], lengths, prompts, tokens)
+            stores = [reqs[i] is None or _opted_in(reqs[i]) for i in rows]
+            drafts = drafter.draft([req_ids[i] for i in rows], lengths, prompts, tokens,
+                                   stores=stores)  # fmt: skip
             for i, tree in zip(rows, drafts, strict=True):
                 trees[i] = tree
             if self._on_draft is not None:

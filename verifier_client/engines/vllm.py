@@ -178,6 +178,7 @@ class SssdProposer:
             lengths,
             [int(batch.num_prompt_tokens[i]) for i in rows],
             lambda r, start, stop: token_ids_cpu[rows[r], start:stop].tolist(),
+            stores=[_stores(getattr(runner, "requests", {}).get(req_ids[i])) for i in rows],
             budget=0 if longest == 0 else None,  # no chain can pay: no round trip either
         )
         min_score = self.settings.chain_min_score
@@ -194,9 +195,7 @@ class SssdProposer:
         """The runner dropped a finished or aborted request: finish it on the drafter."""
         if self.drafter is None:
             return
-        params = getattr(req_state, "sampling_params", None)
-        extra = getattr(params, "extra_args", None)
-        store = not (isinstance(extra, Mapping) and extra.get(STORE_KEY) is False)
+        store = _stores(req_state)
         prompt = getattr(req_state, "prompt_token_ids", None) or []
         output = getattr(req_state, "output_token_ids", None) or []
         self.drafter.release(req_id, store=store, context=[*prompt, *output])
@@ -268,3 +267,11 @@ def _tensor_parallel_rank() -> int:
         return int(get_tensor_model_parallel_rank())
     except (AssertionError, RuntimeError):  # no parallel state (a bare test)
         return 0
+
+
+def _stores(req_state: Any) -> bool:
+    """Whether a request (vLLM's cached request state) may be stored: unless its sampling
+    parameters' ``extra_args`` say ``STORE_KEY: False``."""
+    params = getattr(req_state, "sampling_params", None)
+    extra = getattr(params, "extra_args", None)
+    return not (isinstance(extra, Mapping) and extra.get(STORE_KEY) is False)
