@@ -283,7 +283,8 @@ def test_layout_matches_sglangs_cpp_corpus(ngram_corpus: NgramCorpus) -> None:
     assert [len(t) for t in trees if t is not None] == [7, 6, 0, 2]  # full, padded, none
 
     class Answering:  # the drafter, answering with the C++ corpus's trees
-        def draft(self, ids: Sequence[str], lengths: Any, prompts: Any, slice_: Any) -> Any:
+        def draft(self, ids: Sequence[str], lengths: Any, prompts: Any, slice_: Any,
+                  stores: Any = None) -> Any:  # fmt: skip
             assert list(ids) == req_ids and [slice_(i, 0, n) for i, n in enumerate(lengths)]
             return trees
 
@@ -331,7 +332,7 @@ def _leaves(parents: Sequence[int]) -> list[int]:
 
 def test_malformed_tree_is_a_step_without_drafts() -> None:
     class Broken:
-        def draft(self, *args: Any) -> Any:
+        def draft(self, *args: Any, **kwargs: Any) -> Any:
             return [Tree.of([5, 6], [-1, 1], [1.0, 1.0])]  # node 1 is its own parent
 
     corpus = DraftCorpus(Broken(), D)  # type: ignore[arg-type]
@@ -388,12 +389,15 @@ class Recording:
 
     def __init__(self) -> None:
         self.released: list[tuple[str, bool]] = []
+        self.stores: list[bool] | None = None
         self.contexts: list[list[int]] = []
         self.final_contexts: dict[str, list[int]] = {}
 
-    def draft(self, ids: Sequence[str], lengths: Sequence[int], prompts: Any, slice_: Any) -> Any:
+    def draft(self, ids: Sequence[str], lengths: Sequence[int], prompts: Any, slice_: Any,
+              stores: Sequence[bool] | None = None) -> Any:  # fmt: skip
         self.ids = list(ids)
         self.contexts = [slice_(i, 0, n) for i, n in enumerate(lengths)]
+        self.stores = list(stores) if stores is not None else None
         return [None] * len(ids)
 
     def release(
@@ -417,6 +421,8 @@ def test_finished_requests_end_on_the_drafter_with_their_store_choice() -> None:
     corpus.bind(reqs)
     corpus.batch_get(*tails(reqs))
     assert recording.contexts == [r.context() for r in reqs]
+    # The opt-out goes with the first draft too (the drafter never shares its tokens).
+    assert recording.stores == [True, False, True, True, True]
     for req, kind in zip(reqs[:3], ["stop", "stop", "abort"], strict=True):
         req.output_ids.append(77)  # the last step's token, which no batch_get carried
         req.finished_reason = FinishReason(kind)
