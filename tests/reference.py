@@ -451,7 +451,7 @@ class RefRecentTier:
         before = len(text)
         text.extend(int(t) for t in tokens)
         k = self.config.recent_min_match
-        for p in range(max(k, before + 1 if before >= k else k), len(text) + 1):
+        for p in range(before + 1 if before >= k else k, len(text) + 1):
             self.entries.append((stream, p))
 
     def stop(self, request_id: str) -> None:

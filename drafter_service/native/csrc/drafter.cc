@@ -328,20 +328,25 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
   return in;
 }
 
+void Drafter::append_row(RequestState& state, const int32_t* tokens, int64_t n, int64_t& bytes,
+                         int64_t& headroom) const {
+  for (int64_t k = 0; k < n; ++k) {
+    state.tokens.push_back(tokens[k]);
+    state.trie.append(tokens[k]);
+  }
+  bytes = held_bytes(state);
+  headroom = held_headroom(state);
+}
+
 void Drafter::append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
                            const int32_t* new_tokens, const int64_t* offsets,
                            std::vector<int64_t>& bytes, std::vector<int64_t>& headroom) {
   pool_.parallel_for(batch, [&](int64_t i) {
     RequestState& state = *in.states[i];
     std::lock_guard<std::mutex> lock(state.mu);
-    for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
-      state.tokens.push_back(new_tokens[k]);
-      state.trie.append(new_tokens[k]);
-    }
-    bytes[i] = held_bytes(state);
-    headroom[i] = held_headroom(state);
+    append_row(state, new_tokens + offsets[i], offsets[i + 1] - offsets[i], bytes[i],
+               headroom[i]);
   });
-  if (!tier_) return;
   for (int64_t i = 0; i < batch; ++i) {
     if (offsets[i + 1] > offsets[i]) tier_->index(handles[i]);
   }
@@ -381,12 +386,8 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
     RequestState& state = *in.states[i];
     std::lock_guard<std::mutex> lock(state.mu);
     if (!tier_) {  // without the tier a request's appends and draft are one step
-      for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
-        state.tokens.push_back(new_tokens[k]);
-        state.trie.append(new_tokens[k]);
-      }
-      bytes[i] = held_bytes(state);
-      headroom[i] = held_headroom(state);
+      append_row(state, new_tokens + offsets[i], offsets[i + 1] - offsets[i], bytes[i],
+                 headroom[i]);
     }
     draft_state(handles[i], state, in.datastore.get(), budgets[i], scratch, drafts[i], false);
   });

@@ -130,7 +130,10 @@ class Drafter {
   // Drafts for one request from its state (caller holds state.mu, and the tier shared).
   void draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
                    int32_t budget, DraftScratch& scratch, Draft& out, bool explain) const;
-  // A batch's appends, and with the recent tier their indexing (draft_batch's first half).
+  // Appends tokens[0, n) to a request (caller holds state.mu) and reports what it holds.
+  void append_row(RequestState& state, const int32_t* tokens, int64_t n, int64_t& bytes,
+                  int64_t& headroom) const;
+  // With the recent tier, a batch's appends, then their indexing (draft_batch's first half).
   void append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
                     const int32_t* new_tokens, const int64_t* offsets,
                     std::vector<int64_t>& bytes, std::vector<int64_t>& headroom);
