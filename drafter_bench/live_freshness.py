@@ -8,6 +8,13 @@ grows with it), this stores one generation with the default policy and times how
 until the datastore holds it. Prints one JSON line per size: seconds until searchable,
 the rebuild's own seconds, and its share of the time since the rebuild before it.
 
+With the recent tier (docs/algorithm.md, "The recent tier"), a second line per size: a
+drafter (``recent_samples=16``) holding a request whose context ends inside the
+generation is attached to the live datastore (``unfolded``), the generation is stored,
+and the request's very next draft is checked for the generation's continuation: whether
+it is drafted from at the next step, the rebuilds that ran in between (0: none was
+needed), and the time from the ingest call to that draft.
+
     python -m drafter_bench.live_freshness --tokens 0,1000000,4000000,16000000
 """
 
@@ -21,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from drafter_service.drafting.draft_config import DraftConfig
+from drafter_service.drafting.drafter import Drafter
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.snapshot.store import TokenizerIdentity
 
@@ -52,6 +61,7 @@ def measure(
         waited = found_at - start
         stats = store.stats()
     return {
+        "kind": "rebuild",
         "live_tokens": tokens,
         "searchable_after_s": round(waited, 3),
         "found": waited < timeout_s,
@@ -60,6 +70,34 @@ def measure(
         "rebuild_share": round(stats.last_rebuild_seconds / (found_at - last_rebuild), 4),
         "rebuild_max_share": policy.rebuild_max_share,
         "rebuild_interval_s": policy.rebuild_interval_s,
+    }
+
+
+def measure_tier(directory: Path, tokens: int, policy: LivePolicy) -> dict[str, object]:
+    rng = np.random.default_rng(tokens)
+    drafter = Drafter(VOCAB, DraftConfig(recent_samples=16))
+    with LiveDatastore(directory, TOKENIZER, policy, on_swap=drafter.set_datastore,
+                       unfolded=drafter) as store:  # fmt: skip
+        if tokens:
+            store.ingest(rng.integers(0, VOCAB, size=tokens).astype(np.int32))
+            store.rebuild()
+        time.sleep(1.0)  # as above
+        probe = rng.integers(0, VOCAB, size=200).astype(np.int32)
+        drafter.start("reader", [*rng.integers(0, VOCAB, size=20).tolist(), *probe[:50].tolist()])
+        rebuilds = store.stats().rebuilds
+        start = time.perf_counter()
+        store.ingest(probe)
+        tree = drafter.speculate(["reader"], [[]], 8).tree(0)
+        elapsed = time.perf_counter() - start
+        held = drafter.held[1]
+        between = store.stats().rebuilds - rebuilds
+    return {
+        "kind": "tier",
+        "live_tokens": tokens,
+        "drafted_at_next_step": tree.tokens[:8].tolist() == probe[50:58].tolist(),
+        "rebuilds_between": between,
+        "ingest_to_draft_ms": round(elapsed * 1e3, 3),
+        "held_tokens": held,
     }
 
 
@@ -74,6 +112,8 @@ def main() -> None:
     for size in (int(t) for t in args.tokens.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(measure(Path(tmp), size, policy, args.timeout_s)), flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(measure_tier(Path(tmp), size, policy)), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ SPEC_FIELDS = frozenset({
     "datastore_weight", "datastore_child_discount", "max_budget",
     "input_smoothing", "datastore_smoothing", "node_score",
     "recent_samples", "recent_min_match", "recent_max_match", "recent_candidates",
+    "recent_held_tokens",
 })
 
 
@@ -420,7 +421,8 @@ class RefRecentTier:
     holds, as plainly as it can be said: every position p >= K of a stream is an entry
     keyed by the K tokens before it, numbered in the order entries are made (a stream's
     positions in order, as its tokens arrive); a lookup walks the entries of the
-    context's last K tokens from the newest, over live streams only."""
+    context's last K tokens from the newest, over live streams only. Held generations
+    (stored, not folded yet) are streams of their own, entered whole when held."""
 
     def __init__(self, config: DraftConfig) -> None:
         self.config = config
@@ -428,7 +430,31 @@ class RefRecentTier:
         self.stream_of: dict[str, int] = {}  # request id -> its stream
         self.entries: list[tuple[int, int]] = []  # (stream, position), oldest first
         self.unshared: set[str] = set()  # requests held whose tokens stay out of the tier
+        self.held: dict[int, int] = {}  # ingest-log position -> its stream
+        self.released_through = -1
         self._next = 0
+
+    def hold(self, position: int, tokens: Sequence[int]) -> bool:
+        """A stored generation, drafted from until released; the oldest go first past
+        ``recent_held_tokens``. Not held: a position released or held already, or one
+        longer than the bound."""
+        bound = self.config.recent_held_tokens
+        if position <= self.released_through or position in self.held or len(tokens) > bound:
+            return False
+        while sum(len(self.streams[s]) for s in self.held.values()) + len(tokens) > bound:
+            del self.streams[self.held.pop(min(self.held))]
+        stream = self._next
+        self._next += 1
+        self.held[position] = stream
+        self.streams[stream] = [int(t) for t in tokens]
+        k = self.config.recent_min_match
+        self.entries.extend((stream, p) for p in range(k, len(tokens) + 1))
+        return True
+
+    def release_through(self, position: int) -> None:
+        self.released_through = max(self.released_through, position)
+        for held in [p for p in self.held if p <= position]:
+            del self.streams[self.held.pop(held)]
 
     def start(self, request_id: str, tokens: Sequence[int], shared: bool = True) -> None:
         """``shared=False``: the request drafts from the tier but its tokens never join it."""

@@ -5,7 +5,9 @@ batched steps and stops, and what the tier promises by hand."""
 from __future__ import annotations
 
 import dataclasses
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,10 @@ import reference as ref
 from client_servers import DrafterProcess
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from reference import assert_same_draft
+from service_support import LoopThread, Running, serving
+from service_support import config as service_config
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
 from drafter_service import DraftConfig, Drafter
@@ -31,6 +36,7 @@ def recent_configs(draw: st.DrawFn) -> DraftConfig:
         recent_min_match=k,
         recent_max_match=draw(st.integers(k, 6)),
         recent_candidates=draw(st.integers(1, 6)),
+        recent_held_tokens=draw(st.integers(0, 24)),
     )
 
 
@@ -62,7 +68,21 @@ def test_drafts_with_the_recent_tier_equal_the_reference(
     # Siblings: every request starts from a prompt drawn from a few shared ones.
     prompts = data.draw(st.lists(tokens, min_size=1, max_size=3))
     names = iter(f"r{i}" for i in range(100))
+    position = 0
     for _ in range(data.draw(st.integers(1, 6))):
+        # Stored generations, held until a rebuild folds them (out of order: two threads
+        # may store at once; a release may come first).
+        for _ in range(data.draw(st.integers(0, 2))):
+            position += data.draw(st.integers(1, 2))
+            at = position - data.draw(st.integers(0, 1))
+            doc = [*data.draw(st.sampled_from(prompts)), *data.draw(tokens)]
+            assert drafter.hold(at, doc) == tier.hold(at, doc)
+        if data.draw(st.booleans()):
+            through = data.draw(st.integers(0, position))
+            drafter.release_through(through)
+            tier.release_through(through)
+        held_tokens = sum(len(tier.streams[s]) for s in tier.held.values())
+        assert drafter.held == (len(tier.held), held_tokens)
         for _ in range(data.draw(st.integers(0 if held else 1, 3))):
             rid = next(names)
             prompt = [*data.draw(st.sampled_from(prompts)), *data.draw(tokens)]
@@ -297,3 +317,111 @@ def test_a_bad_do_not_store_column_is_refused_by_name(column: bytes, error: str)
     assert parse_draft_request(pb.DraftRequest(packed=pb.PackedDeltas(**one)), limits).private == []
     delta = pb.RequestDelta(request_id="a", new_tokens=[1], do_not_store=True)
     assert parse_draft_request(pb.DraftRequest(requests=[delta]), limits).private == [True]
+
+
+# -- stored generations: drafted from before their rebuild ----------------------------------
+
+
+def _no_rebuild(tmp_path: Path, *draft_config: tuple[str, str]) -> Any:
+    """A service whose live datastore rebuilds only when a test says so."""
+    return service_config(
+        tmp_path / "data", draft_config=[("recent_samples", "8"), *draft_config],
+        rebuild_min_tokens=10**9, rebuild_interval_s=10**6, rebuild_max_share=0.0,
+    )  # fmt: skip
+
+
+def held_tokens_metric(s: Running) -> float:
+    """``sssd_drafter_recent_held_tokens{datastore="default"}`` from a real scrape."""
+    url = f"http://127.0.0.1:{s.server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=60) as page:  # a bound on failure only
+        text = page.read().decode()
+    return next(sample.value for f in text_string_to_metric_families(text) for sample in f.samples
+                if sample.name == "sssd_drafter_recent_held_tokens"
+                and sample.labels == {"datastore": "default"})  # fmt: skip
+
+
+def test_a_stored_generation_is_drafted_from_at_the_next_step_before_any_rebuild(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """A finished generation is drafted from by the first step after its Finish, with no
+    rebuild (the live datastore's sub-indices are still empty); once a rebuild folds it
+    in, the tier lets it go and the datastore drafts it instead."""
+    written = [40, 41, 42, 43, 44, 45, 46, 47]
+    with serving(loop_thread, _no_rebuild(tmp_path)) as s:
+        client = DrafterClient(s.server.address, deadline_ms=60_000.0,
+                               budget=BudgetRule.fixed(8))  # fmt: skip
+        client.add_request("done", [1, 2, 3])
+        assert client.step({"done": written}).outcome == Outcome.OK
+        client.finish("done", tail=[48], durable=True)
+        assert client.flush(60)  # a bound on failure only
+        slot = s.server.engine.catalog.slots["default"]  # type: ignore[union-attr]
+        assert slot.live is not None and slot.live.stats().rebuilds == 0
+        generations, tokens = slot.drafter.held
+        assert generations == 1 and tokens >= len(written) + 1
+        assert held_tokens_metric(s) == tokens
+        client.add_request("next", [7, 40, 41])
+        tree = client.step({"next": []})["next"]
+        assert tree is not None and list(tree.tokens[:6]) == [42, 43, 44, 45, 46, 47]
+        assert slot.live.rebuild()
+        assert slot.drafter.held == (0, 0)  # folded: the datastore holds it now
+        assert held_tokens_metric(s) == 0
+        client.add_request("later", [7, 40, 41])
+        tree = client.step({"later": []})["later"]
+        assert tree is not None and list(tree.tokens[:6]) == [42, 43, 44, 45, 46, 47]
+        client.close()
+
+
+def test_without_the_tier_a_stored_generation_waits_for_its_rebuild(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """The control: the same steps with the tier off draft nothing before the rebuild."""
+    cfg = service_config(tmp_path / "data", rebuild_min_tokens=10**9,
+                         rebuild_interval_s=10**6, rebuild_max_share=0.0)  # fmt: skip
+    with serving(loop_thread, cfg) as s:
+        client = DrafterClient(s.server.address, deadline_ms=60_000.0,
+                               budget=BudgetRule.fixed(8))  # fmt: skip
+        client.add_request("done", [1, 2, 3])
+        client.step({"done": [40, 41, 42, 43, 44, 45, 46, 47]})
+        client.finish("done", tail=[48], durable=True)
+        assert client.flush(60)  # a bound on failure only
+        client.add_request("next", [7, 40, 41])
+        tree = client.step({"next": []})["next"]
+        assert tree is None or len(tree.tokens) == 0
+        client.close()
+
+
+def test_an_opted_out_generation_is_never_held(loop_thread: LoopThread, tmp_path: Path) -> None:
+    """A request that opted out of storage is stored nowhere, so the tier holds nothing of
+    it after its Finish either."""
+    with serving(loop_thread, _no_rebuild(tmp_path)) as s:
+        client = DrafterClient(s.server.address, deadline_ms=60_000.0,
+                               budget=BudgetRule.fixed(8))  # fmt: skip
+        client.add_request("private", [1, 2, 3], store=False)
+        client.step({"private": [40, 41, 42, 43, 44, 45]})
+        client.finish("private", tail=[46], durable=True)
+        assert client.flush(60)  # a bound on failure only
+        assert s.server.engine.catalog.slots["default"].drafter.held == (0, 0)  # type: ignore[union-attr]
+        client.add_request("next", [7, 40, 41])
+        tree = client.step({"next": []})["next"]
+        assert tree is None or len(tree.tokens) == 0
+        client.close()
+
+
+def test_held_generations_stay_within_their_bound_oldest_released_first() -> None:
+    """Past ``recent_held_tokens`` the oldest held generations are released (they are
+    still stored, and drafted from once their rebuild folds them in)."""
+    drafter = Drafter(100, dataclasses.replace(RECENT, recent_held_tokens=10))
+    assert drafter.hold(1, [1, 2, 3, 4, 5, 6])
+    assert drafter.hold(2, [7, 8, 9, 10])
+    assert drafter.held == (2, 10)
+    assert drafter.hold(3, [11, 12, 13])  # 13 > 10: the oldest goes
+    assert drafter.held == (2, 7)
+    drafter.start("r", [0, 1, 2])
+    assert len(drafter.speculate(["r"], [[]], 4).tree(0)) == 0  # released
+    drafter.start("s", [0, 7, 8])
+    assert drafter.speculate(["s"], [[]], 2).tree(0).tokens.tolist() == [9, 10]
+    assert not drafter.hold(4, list(range(11)))  # longer than the bound: never held
+    drafter.release_through(3)
+    assert drafter.held == (0, 0)
+    assert not drafter.hold(3, [1, 2])  # folded already (a release that came first)
+    assert Drafter(100).hold(1, [1, 2, 3]) is False  # no tier: nothing held

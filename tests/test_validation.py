@@ -232,6 +232,7 @@ OUT_OF_RANGE: dict[str, list[Any]] = {
     "recent_min_match": [0, 65],
     "recent_max_match": [1, 1025],  # below recent_min_match (2)
     "recent_candidates": [0, 100001],
+    "recent_held_tokens": [-1, 2**30 + 1],
     "node_score": [
         (1.0, 2.0),  # neither empty nor a bias and a weight per feature
         (float("nan"),) * (len(SCORE_FEATURES) + 1),

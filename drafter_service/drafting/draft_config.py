@@ -61,6 +61,10 @@ class DraftConfig:
     recent_candidates: int = 64
     """Recent matches weighed per draft, newest first, before the longest
     ``recent_samples`` are kept."""
+    recent_held_tokens: int = 262_144
+    """With the recent tier: the tokens of stored generations not folded into the live
+    datastore's sub-indices yet that it drafts from meanwhile, at most (the oldest are
+    released first past that; 0: none). About 100 bytes each."""
     input_smoothing: float = 0.0
     """Shrinks input-trie probabilities to count(child) / (count(node) + k)."""
     datastore_smoothing: float = 2.0

@@ -172,6 +172,27 @@ class Drafter:
         if stopped:  # stop() ran before the native state existed: free it here
             self._native.stop(handle)
 
+    def hold(self, position: int, tokens: TokenIds) -> bool:
+        """With the recent tier on: drafts from a stored generation (``tokens``, as the
+        datastore stores it; ``position`` its ingest-log sequence number) from the next
+        step on, until :meth:`release_through` says the datastore holds it. False if it
+        is not held: no tier, a position released already, or over
+        ``recent_held_tokens`` (docs/algorithm.md, "The recent tier")."""
+        doc = as_token_array(tokens, self.vocab_size, what="tokens")
+        return bool(self._native.hold(_position(position), doc))
+
+    def release_through(self, position: int) -> None:
+        """The datastore now holds the stored generations through ``position``: they
+        leave the recent tier (call it after :meth:`set_datastore` installs them)."""
+        self._native.release_through(_position(position))
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Stored generations the recent tier holds until they are folded, and their
+        tokens."""
+        generations, tokens = self._native.held
+        return int(generations), int(tokens)
+
     def add(self, request_id: str, token_ids: TokenIds) -> None:
         """Appends committed tokens without drafting."""
         tokens = as_token_array(token_ids, self.vocab_size, what="token_ids")
@@ -310,6 +331,12 @@ class Drafter:
         if handle is None:
             raise KeyError(f"unknown request {request_id!r}")
         return handle
+
+
+def _position(position: object) -> int:
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be an int >= 0, got {position!r}")
+    return position
 
 
 def _check_request_id(request_id: object) -> None:

@@ -2,7 +2,8 @@
 
 :class:`IndexSet` owns the corpora, the learned sub-indices, the current immutable
 :class:`Datastore` made of them, the log position and stream entry they cover, what the
-newest snapshot covers, the rebuild statistics and listeners, and ``on_swap``. Two
+newest snapshot covers, the rebuild statistics and listeners, ``on_swap`` and
+``unfolded`` (the drafter's recent tier, told what each swap folded in). Two
 locks: the structural-change lock (:meth:`IndexSet.changing`, the package's
 ``rebuild_lock``) admits one rebuild, snapshot, restore or corpus change at a time and
 is held while sub-indices are built or a snapshot is written; every swap happens under
@@ -18,11 +19,29 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.live.live_policy import DatastoreFull, LivePolicy
 from drafter_service.live.pinned_corpora import Corpus, joined_datastore
 from drafter_service.live.stream_ids import StreamId
+
+
+class Unfolded(Protocol):
+    """What drafts from the stored documents before a rebuild folds them into the
+    sub-indices: the drafter's recent tier (``Drafter.hold`` and ``release_through``)."""
+
+    def hold(self, position: int, tokens: npt.NDArray[np.int32]) -> bool:
+        """Drafts from the document stored at log ``position`` until it is released."""
+        ...
+
+    def release_through(self, position: int) -> None:
+        """The swapped-in datastore holds every document through ``position``."""
+        ...
+
 
 ChangeCorpora = Callable[[tuple[Corpus, ...], Datastore], tuple[Corpus, ...]]
 """Makes the new corpora of the current ones and datastore (it may refuse by raising)."""
@@ -67,8 +86,10 @@ class IndexSet:
         covered_origin: StreamId | None,
         last_snapshot_unix: float | None,
         on_swap: Callable[[Datastore], None] | None,
+        unfolded: Unfolded | None = None,
     ) -> None:
         self.vocab_size = vocab_size
+        self.unfolded = unfolded
         self._changing = threading.Lock()  # one structural change at a time
         self._lock = threading.Lock()
         self._on_swap = on_swap
@@ -222,9 +243,14 @@ class IndexSet:
         return datastore
 
     def publish(self, datastore: Datastore) -> None:
-        """Hands a swapped-in datastore to ``on_swap`` (called without the lock)."""
+        """Hands a swapped-in datastore to ``on_swap``, then tells ``unfolded`` what it
+        covers (both called without the lock)."""
         if self._on_swap is not None:
             self._on_swap(datastore)
+        if self.unfolded is not None:
+            with self._lock:
+                covered = self._covered
+            self.unfolded.release_through(covered)
 
     def add_listener(self, listener: Callable[[float], None]) -> None:
         """Calls ``listener(seconds)`` after every later successful rebuild."""

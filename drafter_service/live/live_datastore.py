@@ -3,8 +3,10 @@
 ``ingest`` makes a token sequence durable in the write-ahead log and queues it.
 Background rebuilds fold the queue into the sub-indices, each producing a new immutable
 :class:`Datastore` that is swapped in atomically (``on_swap``, e.g.
-``Drafter.set_datastore``): drafting never waits for a rebuild. Snapshots are written
-periodically; on open, the newest snapshot is restored and the log after it is
+``Drafter.set_datastore``): drafting never waits for a rebuild. With ``unfolded`` (the
+drafter's recent tier) every stored document is also handed to it at once, and released
+from it once a swap has folded it in, so it is drafted from before its rebuild.
+Snapshots are written periodically; on open, the newest snapshot is restored and the log after it is
 replayed. Operators may also add *corpora*, static sub-indices kept before the learned
 ones, and :meth:`LiveDatastore.restore` rolls the datastore back to a snapshot.
 
@@ -47,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.live.index_set import Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.live_stats import LastError, LiveStats, live_stats
@@ -74,6 +77,7 @@ __all__ = [
     "LiveDatastore",
     "LivePolicy",
     "LiveStats",
+    "Unfolded",
 ]
 
 
@@ -90,11 +94,12 @@ class LiveDatastore:
         background: bool = True,
         salvage: bool = False,
         background_nice: int = 0,
+        unfolded: Unfolded | None = None,
     ) -> None:
         check_nice(background_nice)
         self.directory = Path(directory)
         self.tokenizer = tokenizer
-        parts = open_live_parts(self.directory, tokenizer, on_swap, salvage)
+        parts = open_live_parts(self.directory, tokenizer, on_swap, salvage, unfolded)
         self._buffer, self._index, self._cursor = parts.buffer, parts.index, parts.cursor
         self._errors = LastError()
         self._policy = policy or LivePolicy()  # replaced whole, so a read needs no lock
@@ -132,6 +137,7 @@ class LiveDatastore:
         doc = checked_document(tokens, self._policy, self.tokenizer.vocab_size)
         seq, due = self._buffer.accept(doc, self._policy, self._index, self._cursor)
         assert seq is not None  # only an entry of the stream can be a duplicate
+        self._hold(seq, doc)
         if due and self._thread is None:
             self.rebuild()
         return seq
@@ -158,7 +164,16 @@ class LiveDatastore:
         Returns its log sequence number. Raises as :meth:`ingest` does, RuntimeError
         once closed, ``ingestion.VolumeFull`` or another OSError when the log cannot be
         written (nothing is stored then)."""
-        return self._buffer.accept(doc, self._policy, self._index, self._cursor, origin)[0]
+        seq = self._buffer.accept(doc, self._policy, self._index, self._cursor, origin)[0]
+        if seq is not None:
+            self._hold(seq, doc)
+        return seq
+
+    def _hold(self, seq: int, doc: npt.NDArray[np.int32]) -> None:
+        # Drafted from at once, until a rebuild folds it in (a rebuild that already did
+        # has released its position: the tier then ignores it).
+        if self._index.unfolded is not None:
+            self._index.unfolded.hold(seq, doc)
 
     @property
     def consumed_offset(self) -> StreamId | None:

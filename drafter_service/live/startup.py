@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
-from drafter_service.live.index_set import IndexSet
+from drafter_service.live.index_set import IndexSet, Unfolded
 from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.pending_buffer import PendingBuffer
 from drafter_service.live.pinned_corpora import Corpus, split_corpora
@@ -52,6 +52,7 @@ def open_live_parts(
     tokenizer: TokenizerIdentity,
     on_swap: Callable[[Datastore], None] | None,
     salvage: bool,
+    unfolded: Unfolded | None = None,
 ) -> LiveParts:
     """The live datastore under ``directory`` as its files hold it: the newest
     snapshot's content, with the log records after it waiting. ``salvage``: keep
@@ -75,6 +76,7 @@ def open_live_parts(
             newest.offset,
             info.created_unix if info is not None else None,
             on_swap,
+            unfolded,
         )
     except BaseException:
         ingest_log.close()

@@ -199,6 +199,7 @@ class DrafterMetrics(Collector):
         )
         dropped: dict[str, int] = {}
         stores: dict[str, LiveStats | DatastoreStats] = {}
+        held: dict[str, int] = {}
         if sources is not None:
             active.add_metric([], len(sources.table))
             state_bytes.add_metric([], sources.table.bytes)
@@ -214,6 +215,7 @@ class DrafterMetrics(Collector):
             info.add_metric([self._version, sources.catalog.tokenizer.fingerprint], 1)
             for name, slot in sources.catalog.slots.items():
                 stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
+                held[name] = slot.drafter.held[1]  # 0 with the tier off
         yield active
         yield state_bytes
         yield budget
@@ -235,5 +237,13 @@ class DrafterMetrics(Collector):
         )
         yield info
         yield from datastore_families(stores, self._started_unix)
+        yield family(
+            GaugeMetricFamily,
+            "recent_held_tokens",
+            "Tokens of stored generations the recent tier drafts from until a rebuild folds "
+            "them in (at most the recent_held_tokens setting).",
+            "datastore",
+            held,
+        )
 
 

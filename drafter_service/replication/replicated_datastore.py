@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.live.ingestion import checked_document
-from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats
+from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats, Unfolded
 from drafter_service.replication.shared_log import RedisStream
 from drafter_service.replication.stream_follower import StreamFollower
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo, TokenizerIdentity
@@ -43,10 +43,11 @@ class ReplicatedDatastore(LiveDatastore):
         background: bool = True,
         salvage: bool = False,
         background_nice: int = 0,
+        unfolded: Unfolded | None = None,
     ) -> None:
         super().__init__(
             directory, tokenizer, policy, on_swap=on_swap, background=background,
-            salvage=salvage, background_nice=background_nice,
+            salvage=salvage, background_nice=background_nice, unfolded=unfolded,
         )  # fmt: skip
         self._stream = shared_log
         self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)

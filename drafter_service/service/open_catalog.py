@@ -208,13 +208,18 @@ def open_catalog(config: ServeConfig) -> Catalog:
         drafter, executor = new_slot(DEFAULT_DATASTORE, seed)
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
         policy, nice = config.live_policy(), config.background_nice
+        # With the recent tier, stored generations are drafted from before their rebuild.
+        unfolded = drafter if drafter.config.recent_samples > 0 else None
         if stream is None:
-            live = LiveDatastore(config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
-                                 salvage=config.salvage, background_nice=nice)  # fmt: skip
+            live = LiveDatastore(
+                config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
+                salvage=config.salvage, background_nice=nice, unfolded=unfolded,
+            )  # fmt: skip
         else:  # it takes every replica's ingests from the stream, and closes it
             live = ReplicatedDatastore(
                 config.data_dir, tokenizer, policy, shared_log=stream,
                 on_swap=drafter.set_datastore, salvage=config.salvage, background_nice=nice,
+                unfolded=unfolded,
             )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -1256,6 +1257,7 @@ TEST(Drafter, RecentTierUnderConcurrentCallersAndChurn) {
   config.recent_samples = 8;
   config.recent_min_match = 1;
   config.recent_candidates = 16;
+  config.recent_held_tokens = 400;  // small: holding releases the oldest as it goes
   Drafter shared(config, kVocab, 4);
   shared.set_datastore(shared_datastore());
   constexpr int kCallers = 4, kPerCaller = 6, kSteps = 24, kChurners = 2;
@@ -1330,10 +1332,26 @@ TEST(Drafter, RecentTierUnderConcurrentCallersAndChurn) {
       }
     });
   }
+  threads.emplace_back([&] {  // stored generations held, then released as if folded
+    try {
+      std::mt19937 rng(901);
+      for (int64_t position = 1; callers_done.load() < kCallers && position < 20000; ++position) {
+        const Tokens doc = src.stream(rng, uniform(rng, 0, 120));
+        shared.hold(position, doc.data(), static_cast<int64_t>(doc.size()));
+        if (position % 3 == 0) shared.release_through(position - uniform(rng, 0, 4));
+        if (shared.held().second > config.recent_held_tokens) errors.fetch_add(1);
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "holding thread: " << e.what();
+      errors.fetch_add(1);
+    }
+  });
   for (auto& t : threads) t.join();
   EXPECT_EQ(errors.load(), int64_t{0});
   EXPECT_GT(recent_nodes.load(), int64_t{0}) << "no draft node came from the recent tier";
   EXPECT_EQ(shared.num_requests(), int64_t{0});
+  shared.release_through(std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(shared.held(), (std::pair<int64_t, int64_t>{0, 0}));
 }
 
 // Drafter::explain: the tree draft_batch gives, with drafter::kScoreFeatures values per

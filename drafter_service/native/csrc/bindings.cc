@@ -2,6 +2,7 @@
 // Arrays cross as flat NumPy arrays; long-running calls release the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -206,6 +207,7 @@ void bind_config(nb::module_& m) {
       .def_rw("recent_min_match", &DraftConfig::recent_min_match)
       .def_rw("recent_max_match", &DraftConfig::recent_max_match)
       .def_rw("recent_candidates", &DraftConfig::recent_candidates)
+      .def_rw("recent_held_tokens", &DraftConfig::recent_held_tokens)
       .def_rw("input_smoothing", &DraftConfig::input_smoothing)
       .def_rw("datastore_smoothing", &DraftConfig::datastore_smoothing)
       .def_rw("node_score", &DraftConfig::node_score)
@@ -332,6 +334,21 @@ void bind_drafter(nb::module_& m) {
           "handle"_a, "tokens"_a, "shared"_a = true)
       .def("add", &with_tokens<&Drafter::add>, "handle"_a, "tokens"_a)
       .def("stop", &Drafter::stop, "handle"_a)
+      .def(
+          "hold",
+          [](Drafter& d, int64_t position, In<int32_t> tokens) {
+            nb::gil_scoped_release release;
+            return d.hold(position, tokens.data(), tokens.shape(0));
+          },
+          "position"_a, "tokens"_a)
+      .def(
+          "release_through",
+          [](Drafter& d, int64_t position) {
+            nb::gil_scoped_release release;
+            d.release_through(position);
+          },
+          "position"_a)
+      .def_prop_ro("held", &Drafter::held)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)
       .def("request_bytes", &Drafter::request_bytes, "handle"_a)
       .def(

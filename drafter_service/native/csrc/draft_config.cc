@@ -50,6 +50,7 @@ void validate(const DraftConfig& c) {
   require(c.recent_max_match >= c.recent_min_match && c.recent_max_match <= 1024,
           "recent_max_match", c.recent_max_match, "must be in [recent_min_match, 1024]");
   require_in("recent_candidates", c.recent_candidates, 1, 100000);
+  require_in("recent_held_tokens", c.recent_held_tokens, 0, 1 << 30);
   require_in("input_weight", c.input_weight, 0.0, 1e6);
   require_in("input_child_discount_base", c.input_child_discount_base, 0.0, 1e6);
   require_in("input_child_discount_per_match", c.input_child_discount_per_match, 0.0, 1e6);

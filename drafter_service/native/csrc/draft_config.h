@@ -28,6 +28,7 @@ struct DraftConfig {
   int32_t recent_min_match = 2;    // K: tokens a match needs (the index's key)
   int32_t recent_max_match = 32;   // longest match measured
   int32_t recent_candidates = 64;  // matches weighed per draft, newest first
+  int32_t recent_held_tokens = 262144;  // stored generations not yet folded, held at most
   // Shrinkage of conditional probabilities: count(child) / (count(node) + k).
   // Small counts (deep nodes, rare prefixes) are over-confident; 0 = the paper.
   double input_smoothing = 0.0;

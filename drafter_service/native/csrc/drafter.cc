@@ -264,6 +264,25 @@ bool Drafter::stop(int64_t handle) {
   return true;  // freed here, or by the last call still drafting for it
 }
 
+bool Drafter::hold(int64_t position, const int32_t* tokens, int64_t n) {
+  check_tokens(tokens, n);
+  if (!tier_) return false;
+  std::unique_lock<std::shared_mutex> tier_lock(tier_mu_);
+  return tier_->hold(position, tokens, n);
+}
+
+void Drafter::release_through(int64_t position) {
+  if (!tier_) return;
+  std::unique_lock<std::shared_mutex> tier_lock(tier_mu_);
+  tier_->release_through(position);
+}
+
+std::pair<int64_t, int64_t> Drafter::held() const {
+  if (!tier_) return {0, 0};
+  std::shared_lock<std::shared_mutex> tier_lock(tier_mu_);
+  return {tier_->held_generations(), tier_->held_tokens()};
+}
+
 int64_t Drafter::num_tokens(int64_t handle) const {
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);

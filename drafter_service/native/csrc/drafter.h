@@ -12,6 +12,7 @@
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "draft.h"
@@ -93,6 +94,15 @@ class Drafter {
   void add(int64_t handle, const int32_t* tokens, int64_t n);
   // Frees a request's state; returns false if the handle was unknown.
   bool stop(int64_t handle);
+  // With the recent tier: holds a copy of a stored generation the datastore in use does
+  // not hold yet, `position` its ingest-log sequence number (RecentTier::hold); false
+  // if not held (no tier among them). Checks the tokens like start.
+  bool hold(int64_t position, const int32_t* tokens, int64_t n);
+  // Releases the held generations at or below `position`: the datastore in use holds
+  // them now (call it after set_datastore). Nothing without the tier.
+  void release_through(int64_t position);
+  // Generations held and their tokens (0, 0 without the tier).
+  std::pair<int64_t, int64_t> held() const;
   int64_t num_tokens(int64_t handle) const;
   int64_t num_requests() const;
   int64_t request_bytes(int64_t handle) const;

@@ -26,6 +26,7 @@ RecentTier::RecentTier(const DraftConfig& config)
       candidates_(config.recent_candidates),
       samples_(config.recent_samples),
       max_continuation_(config.datastore_max_continuation),
+      max_held_tokens_(config.recent_held_tokens),
       heads_(kMinBuckets, 0) {}
 
 uint32_t RecentTier::key_of(const int32_t* last) const {
@@ -60,6 +61,7 @@ void RecentTier::rebuild(bool drop_removed) {
       kept.push_back(streams_[s]);
     }
     for (auto& [handle, s] : stream_of_) s = renumbered[s];
+    for (auto& [position, held] : held_) held.stream = renumbered[held.stream];
     size_t out = 0;
     for (const Entry& e : entries_) {
       if (streams_[e.stream].tokens == nullptr) continue;
@@ -86,16 +88,23 @@ void RecentTier::add(int64_t handle, const std::vector<int32_t>* tokens) {
     throw std::invalid_argument("recent tier: request handle " + std::to_string(handle) +
                                 " is already indexed");
   }
+  const uint32_t s = add_stream(tokens);
+  stream_of_.emplace(handle, s);
+  index_stream(s);
+}
+
+uint32_t RecentTier::add_stream(const std::vector<int32_t>* tokens) {
   if (streams_.size() >= kMaxPosition) rebuild(true);
-  stream_of_.emplace(handle, static_cast<uint32_t>(streams_.size()));
   streams_.push_back({tokens, k_});
-  index(handle);
+  return static_cast<uint32_t>(streams_.size() - 1);
 }
 
 void RecentTier::index(int64_t handle) {
   const auto found = stream_of_.find(handle);
-  if (found == stream_of_.end()) return;  // not shared
-  const uint32_t s = found->second;
+  if (found != stream_of_.end()) index_stream(found->second);  // else: not shared
+}
+
+void RecentTier::index_stream(uint32_t s) {
   Stream& stream = streams_[s];
   const std::vector<int32_t>& tokens = *stream.tokens;
   const int64_t last = std::min<int64_t>(static_cast<int64_t>(tokens.size()), kMaxPosition);
@@ -108,14 +117,46 @@ void RecentTier::index(int64_t handle) {
 void RecentTier::remove(int64_t handle) {
   auto it = stream_of_.find(handle);
   if (it == stream_of_.end()) return;
-  Stream& stream = streams_[it->second];
+  const uint32_t s = it->second;
+  stream_of_.erase(it);
+  remove_stream(s);
+}
+
+void RecentTier::remove_stream(uint32_t s) {
+  Stream& stream = streams_[s];
   removed_entries_ += std::max<int64_t>(0, stream.indexed - k_);
   stream.tokens = nullptr;
-  stream_of_.erase(it);
-  const bool many_streams = streams_.size() > 2 * stream_of_.size() + kMinBuckets;
+  const int64_t live_streams = static_cast<int64_t>(stream_of_.size() + held_.size());
+  const bool many_streams = static_cast<int64_t>(streams_.size()) > 2 * live_streams + kMinBuckets;
   if (2 * removed_entries_ > static_cast<int64_t>(entries_.size()) || many_streams) {
     rebuild(true);
   }
+}
+
+bool RecentTier::hold(int64_t position, const int32_t* tokens, int64_t n) {
+  if (position <= released_through_ || held_.count(position) != 0 || n > max_held_tokens_) {
+    return false;
+  }
+  while (held_tokens_ + n > max_held_tokens_) release_oldest();  // folded soonest
+  auto copy = std::make_unique<std::vector<int32_t>>(tokens, tokens + n);
+  const uint32_t s = add_stream(copy.get());
+  held_.emplace(position, Held{std::move(copy), s});
+  held_tokens_ += n;
+  index_stream(s);
+  return true;
+}
+
+void RecentTier::release_through(int64_t position) {
+  released_through_ = std::max(released_through_, position);
+  while (!held_.empty() && held_.begin()->first <= position) release_oldest();
+}
+
+void RecentTier::release_oldest() {
+  auto oldest = held_.begin();
+  held_tokens_ -= static_cast<int64_t>(oldest->second.tokens->size());
+  const uint32_t s = oldest->second.stream;
+  held_.erase(oldest);  // before remove_stream, which counts the streams left
+  remove_stream(s);
 }
 
 void RecentTier::retrieve(int64_t own, const int32_t* context, int64_t context_len,
@@ -166,7 +207,7 @@ int64_t RecentTier::resident_bytes() const {
   return static_cast<int64_t>(entries_.capacity() * sizeof(Entry) +
                               heads_.capacity() * sizeof(uint32_t) +
                               streams_.capacity() * sizeof(Stream)) +
-         static_cast<int64_t>(stream_of_.size()) * 48;
+         static_cast<int64_t>(stream_of_.size() + held_.size()) * 48 + held_tokens_ * 4;
 }
 
 }  // namespace drafter

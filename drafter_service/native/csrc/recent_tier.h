@@ -2,6 +2,12 @@
 // requests in flight, siblings included), drafted from as a source of its own
 // (docs/algorithm.md, "The recent tier").
 //
+// Its streams are of two kinds: a request's tokens (the request's state owns them; they
+// leave when it stops) and held generations: stored generations the live datastore has
+// not folded into a sub-index yet, copied in when stored and released once folded, so a
+// stored generation is drafted from at the next step (at most recent_held_tokens of
+// them, the oldest released first past that).
+//
 // Every position p >= K of a stream (K = recent_min_match) is an entry keyed by the
 // K tokens before it, entered when its K-th token arrives: its continuation is what
 // the stream holds from p on, which grows as the stream does. A lookup for a context
@@ -15,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -52,6 +60,13 @@ class RecentTier {
   void index(int64_t handle);
   // Forgets the stream (its entries are skipped, then compacted away).
   void remove(int64_t handle);
+  // Holds a copy of a stored generation, `position` its ingest-log sequence number.
+  // Returns false, holding nothing, for a position at or below one released already
+  // (folded before it arrived), one held already, or more tokens than recent_held_tokens;
+  // releases the oldest held ones as far as needed to stay within it.
+  bool hold(int64_t position, const int32_t* tokens, int64_t n);
+  // Releases every held generation at or below `position` (folded into a sub-index).
+  void release_through(int64_t position);
   // Fills `tree` with the continuations of other streams after the context's last K
   // tokens (see the file comment), each capped at min(datastore_max_continuation,
   // max_len) tokens, and sets its matched prefix to the longest match (0: none).
@@ -61,11 +76,17 @@ class RecentTier {
 
   int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
   int64_t resident_bytes() const;
+  int64_t held_generations() const { return static_cast<int64_t>(held_.size()); }
+  int64_t held_tokens() const { return held_tokens_; }
 
  private:
   struct Stream {
     const std::vector<int32_t>* tokens;  // null once removed
     int64_t indexed;  // tokens whose position after them has been considered
+  };
+  struct Held {
+    std::unique_ptr<std::vector<int32_t>> tokens;  // the copy its stream reads
+    uint32_t stream;
   };
   struct Entry {
     uint32_t stream;  // index into streams_
@@ -76,17 +97,25 @@ class RecentTier {
   uint32_t key_of(const int32_t* last) const;  // of the K tokens ending at last[-1]
   void insert(uint32_t stream, uint32_t pos, uint32_t key);
   void rebuild(bool drop_removed);  // rechains every entry; compacts when asked
+  uint32_t add_stream(const std::vector<int32_t>* tokens);  // indexed by index_stream
+  void index_stream(uint32_t s);
+  void remove_stream(uint32_t s);
+  void release_oldest();  // of held_, which is not empty
 
   const int32_t k_;          // recent_min_match
   const int32_t max_match_;  // recent_max_match
   const int32_t candidates_; // recent_candidates
   const int32_t samples_;    // recent_samples
   const int32_t max_continuation_;
+  const int64_t max_held_tokens_;  // recent_held_tokens
   std::vector<Stream> streams_;
   std::unordered_map<int64_t, uint32_t> stream_of_;  // handle -> index into streams_
   std::vector<Entry> entries_;  // oldest first
   std::vector<uint32_t> heads_; // per bucket: its newest entry + 1 (0: none)
   int64_t removed_entries_ = 0; // entries of removed streams still in entries_
+  std::map<int64_t, Held> held_;  // ingest-log position -> held generation, oldest first
+  int64_t held_tokens_ = 0;
+  int64_t released_through_ = -1;  // the newest position release_through was given
 };
 
 }  // namespace drafter
