@@ -86,9 +86,9 @@ def run_train_score(args: argparse.Namespace) -> int:
 
     def progress(done: int) -> None:
         if not args.quiet:
-            # Two passes over the held-out records: against the datastore, then with a
-            # live source beside it.
-            print(f"\rreplayed {done}/{2 * min(args.holdout, len(records))} records",
+            # Three passes over the held-out records: against the datastore, with a live
+            # source beside it, and with requests in flight beside it (the recent tier).
+            print(f"\rreplayed {done}/{3 * min(args.holdout, len(records))} records",
                   end="", file=sys.stderr, flush=True)  # fmt: skip
 
     overrides = dict(args.config)
@@ -115,6 +115,11 @@ def run_train_score(args: argparse.Namespace) -> int:
         f"{report.positions:,} positions of {report.records} records, twice; "
         f"{report.positive_rate:.3f} accepted): held-out log-loss "
         f"{report.validation_logloss:.4f} (always the base rate: {report.base_logloss:.4f})"
+    )
+    recent = report.recent
+    print(
+        f"recent tier: {recent.nodes:,} nodes it proposed with requests in flight; held-out "
+        f"log-loss {recent.validation_logloss:.4f} (its weights at 0: {recent.before_logloss:.4f})"
     )
     if args.score_out is not None:
         args.score_out.write_text(json.dumps(score.to_json(), indent=1) + "\n", encoding="utf-8")

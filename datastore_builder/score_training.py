@@ -20,6 +20,9 @@ with live evidence present, while the live columns are tied to the base's
 (:func:`tie_live_to_base`): both are suffix-array samples read the same way, and how much
 live data is worth depends on the traffic, which held-out corpus records are not.
 
+A third pass (:mod:`datastore_builder.recent_training`) fits the recent tier's weights
+alone, with requests in flight beside each held-out record.
+
 scikit-learn is needed here only (the ``train`` extra), never by the service.
 """
 
@@ -36,6 +39,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from datastore_builder.recent_training import RecentReport, train_recent
+from datastore_builder.training_data import TrainingRecord, labelled_nodes
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.readers import detect_format, iter_records
 from drafter_service.corpus.records import RecordSpec, id_parts
@@ -46,22 +51,9 @@ from drafter_service.drafting.node_score import NodeScore
 from drafter_service.live.ingestion import generation_document
 from drafter_service.live.live_policy import LivePolicy
 
-PROMPT_KEY_TOKENS = 48
-"""A prompt is known by its last tokens (the end of the last user turn and the assistant
-header): system prompts that differ by model do not hide a repeated question."""
-
 
 class NoDraftNodes(BuildError):
     """The records replayed gave no candidate tree to learn from."""
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingRecord:
-    prompt: npt.NDArray[np.int32]
-    output: npt.NDArray[np.int32]
-
-    def prompt_key(self) -> bytes:
-        return self.prompt[-PROMPT_KEY_TOKENS:].tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +69,8 @@ class TrainingReport:
     positive_rate: float
     validation_logloss: float
     base_logloss: float
+    recent: RecentReport
+    """The third pass's: the recent tier's weights (:mod:`datastore_builder.recent_training`)."""
 
 
 def read_training_records(
@@ -114,26 +108,6 @@ def split_holdout(
     rest = [r.output for i, r in enumerate(records)
             if i not in chosen and r.prompt_key() not in prompts]  # fmt: skip
     return held, rest
-
-
-def labelled_nodes(
-    parents: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32], truth: Sequence[int]
-) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int8]]:
-    """Which nodes of a breadth-first tree are labelled (parent on the path ``truth``
-    starts, or a child of the root), and their labels (on that path)."""
-    on_path = np.zeros(len(tokens), dtype=np.bool_)
-    labelled = np.zeros(len(tokens), dtype=np.bool_)
-    depth = np.zeros(len(tokens), dtype=np.int64)
-    for i, (parent, token) in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
-        if parent < 0:
-            depth[i] = 1
-            labelled[i] = True
-        else:
-            depth[i] = depth[parent] + 1
-            labelled[i] = bool(on_path[parent])
-        d = int(depth[i])
-        on_path[i] = labelled[i] and d <= len(truth) and token == truth[d - 1]
-    return labelled, on_path[labelled].astype(np.int8)
 
 
 def collect(
@@ -283,11 +257,13 @@ def train(
     config: DraftConfig | None = None,
     trained_on: str = "",
     progress: Callable[[int], None] | None = None,
+    recent_pass: bool = True,
 ) -> tuple[NodeScore, TrainingReport]:
     """Fits a node score on ``records`` replayed against themselves (module docstring).
 
     A fifth of the held-out records (by record) is kept out of a first fit to report its
-    log-loss; the score returned is fitted on all of them."""
+    log-loss; the score returned is fitted on all of them. ``recent_pass``: fit the recent
+    tier's weights in a third pass (else they are 0)."""
     held, rest = split_holdout(records, holdout, seed)
     if not rest:
         raise BuildError("every record shares a prompt with a held-out one: no datastore left")
@@ -309,6 +285,12 @@ def train(
     if val.any():
         val_loss = log_loss(fit(x[~val], y[~val], trained_on), x[val], y[val])
     score = share_datastore_weights(fit(x, y, trained_on), x)
+    recent = RecentReport(0, math.nan, math.nan)
+    if recent_pass:
+        score, recent = train_recent(
+            score, hand, Datastore([index], vocab_size), held, records, candidate_budget, seed,
+            None if progress is None else lambda n: progress(2 * len(held) + n),
+        )  # fmt: skip
     report = TrainingReport(len(held), positions, len(y), len(ly), float(y.mean()), val_loss,
-                            base_loss)  # fmt: skip
+                            base_loss, recent)  # fmt: skip
     return score, report

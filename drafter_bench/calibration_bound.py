@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from datastore_builder.score_training import NoDraftNodes, TrainingRecord, collect, fit
+from datastore_builder.score_training import NoDraftNodes, collect, fit
+from datastore_builder.training_data import TrainingRecord
 from drafter_bench.live_replay import ReplayLiveStore
 from drafter_bench.replay import ReplaySettings, replay
 from drafter_bench.token_records import Record, iter_documents, read_records

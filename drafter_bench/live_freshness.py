@@ -11,9 +11,10 @@ the rebuild's own seconds, and its share of the time since the rebuild before it
 With the recent tier (docs/algorithm.md, "The recent tier"), a second line per size: a
 drafter (``recent_samples=16``) holding a request whose context ends inside the
 generation is attached to the live datastore (``unfolded``), the generation is stored,
-and the request's very next draft is checked for the generation's continuation: whether
-it is drafted from at the next step, the rebuilds that ran in between (0: none was
-needed), and the time from the ingest call to that draft.
+and the request's very next draft (budget 16, the shipped node score) is checked against
+the generation's continuation: the tokens greedy verification would accept from it, with
+the tier and without it (the same datastore), the rebuilds that ran in between (0), and
+the time from the ingest call (fsynced) to that draft.
 
     python -m drafter_bench.live_freshness --tokens 0,1000000,4000000,16000000
 """
@@ -21,6 +22,7 @@ needed), and the time from the ingest call to that draft.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -28,13 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
+from drafter_bench.acceptance import accepted_length
+from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.drafting.draft_config import DraftConfig
-from drafter_service.drafting.drafter import Drafter
+from drafter_service.drafting.drafter import Drafter, DraftTree
+from drafter_service.drafting.node_score import default_node_score
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.snapshot.store import TokenizerIdentity
 
 VOCAB = 128256
 TOKENIZER = TokenizerIdentity(name="bench", vocab_size=VOCAB, fingerprint="")
+BUDGET = 16
 
 
 def holds(store: LiveDatastore, tokens: np.ndarray) -> bool:
@@ -75,26 +81,43 @@ def measure(
 
 def measure_tier(directory: Path, tokens: int, policy: LivePolicy) -> dict[str, object]:
     rng = np.random.default_rng(tokens)
-    drafter = Drafter(VOCAB, DraftConfig(recent_samples=16))
-    with LiveDatastore(directory, TOKENIZER, policy, on_swap=drafter.set_datastore,
-                       unfolded=drafter) as store:  # fmt: skip
+    plain = DraftConfig(node_score=default_node_score().as_config())
+    with_tier = Drafter(VOCAB, dataclasses.replace(plain, recent_samples=16))
+    without = Drafter(VOCAB, plain)
+
+    def swap(datastore: Datastore) -> None:
+        with_tier.set_datastore(datastore)
+        without.set_datastore(datastore)
+
+    # No background thread: a rebuild runs only when called, so none runs in between.
+    with LiveDatastore(directory, TOKENIZER, policy, on_swap=swap, unfolded=with_tier,
+                       background=False) as store:  # fmt: skip
         if tokens:
             store.ingest(rng.integers(0, VOCAB, size=tokens).astype(np.int32))
             store.rebuild()
-        time.sleep(1.0)  # as above
         probe = rng.integers(0, VOCAB, size=200).astype(np.int32)
-        drafter.start("reader", [*rng.integers(0, VOCAB, size=20).tolist(), *probe[:50].tolist()])
+        context = [*rng.integers(0, VOCAB, size=20).tolist(), *probe[:50].tolist()]
+        with_tier.start("reader", context)
+        without.start("reader", context)
         rebuilds = store.stats().rebuilds
         start = time.perf_counter()
         store.ingest(probe)
-        tree = drafter.speculate(["reader"], [[]], 8).tree(0)
+        tree = with_tier.speculate(["reader"], [[]], BUDGET).tree(0)
         elapsed = time.perf_counter() - start
-        held = drafter.held[1]
+        control = without.speculate(["reader"], [[]], BUDGET).tree(0)
+        held = with_tier.held[1]
         between = store.stats().rebuilds - rebuilds
+    continuation = probe.tolist()
+
+    def accepted(t: DraftTree) -> int:
+        return accepted_length(t.tokens.tolist(), t.parents.tolist(), continuation, 50)
+
     return {
         "kind": "tier",
         "live_tokens": tokens,
-        "drafted_at_next_step": tree.tokens[:8].tolist() == probe[50:58].tolist(),
+        "budget": BUDGET,
+        "accepted_next_step": accepted(tree),
+        "accepted_next_step_without_tier": accepted(control),
         "rebuilds_between": between,
         "ingest_to_draft_ms": round(elapsed * 1e3, 3),
         "held_tokens": held,

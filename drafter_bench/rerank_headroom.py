@@ -56,7 +56,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from datastore_builder.score_training import labelled_nodes
+from datastore_builder.training_data import labelled_nodes
 from drafter_bench.acceptance import accepted_length
 from drafter_bench.node_score_ablation import emit_row
 from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, Record, data_name, read_records

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from datastore_builder.builder_cli import main as builder_main
+from datastore_builder.recent_training import fit_recent
 from datastore_builder.score_training import (
     labelled_nodes,
     read_training_records,
@@ -187,6 +188,48 @@ def test_training_drafts_again_with_a_live_source_whose_weights_are_the_bases(
             assert (tied[:, i] == 0).all() and (tied[:, j] == x[:, j] + x[:, i]).all()
         elif not name.startswith("base_"):
             assert (tied[:, i] == x[:, i]).all()
+
+
+def test_training_fits_the_recent_tiers_weights_with_requests_in_flight_alone(
+    trained: tuple[Path, Path, Path],
+) -> None:
+    """The third pass: each held-out record drafted beside its siblings (the other answers
+    to its prompt) and unrelated records in flight, the tier on. It fits the tier's weights
+    only, on the nodes the tier proposed, better than weights of 0 on the held-out fifth;
+    every other weight is the first two passes' fit."""
+    records = read_training_records(trained[0], VOCAB)
+    score, report = train(records, VOCAB, holdout=12, candidate_budget=32)
+    recent = report.recent
+    assert recent.nodes > 0 and recent.validation_logloss < recent.before_logloss
+    weights = dict(zip(SCORE_FEATURES, score.weights, strict=True))
+    assert weights["recent_present"] != 0.0 and weights["recent_log_cond"] != 0.0
+    # The other weights: what the first two passes alone give (weighing the tier 0).
+    alone, _ = train(records, VOCAB, holdout=12, candidate_budget=32, recent_pass=False)
+    assert score.bias == alone.bias
+    for name, got, first in zip(SCORE_FEATURES, score.weights, alone.weights, strict=True):
+        assert got == first if not name.startswith("recent_") else first == 0.0, name
+
+
+def test_the_recent_fit_is_the_log_loss_minimum_with_the_rest_held() -> None:
+    """Newton's method on the recent columns with the other weights as an offset: at its
+    answer the (L2-regularized) gradient is 0, and weights of 0 lose more."""
+    rng = np.random.default_rng(3)
+    n = 4000
+    x = np.zeros((n, len(SCORE_FEATURES)))
+    x[:, SCORE_FEATURES.index("depth")] = rng.integers(1, 8, n)
+    columns = [SCORE_FEATURES.index(f) for f in SCORE_FEATURES if f.startswith("recent_")]
+    x[:, columns] = rng.normal(size=(n, len(columns)))
+    truth = np.zeros(len(SCORE_FEATURES))
+    truth[columns] = [1.0, -0.5, 0.25, 0.8, 0.0]
+    base = NodeScore(-1.0, tuple(-0.2 if f == "depth" else 0.0 for f in SCORE_FEATURES), "t")
+    z = x @ (np.asarray(base.weights) + truth) + base.bias
+    y = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(np.int8)
+    fitted = fit_recent(base, x, y, l2=0.0)
+    w = np.asarray(fitted.weights)
+    assert w[SCORE_FEATURES.index("depth")] == -0.2  # held
+    p = 1 / (1 + np.exp(-(x @ w + fitted.bias)))
+    assert np.abs(x[:, columns].T @ (p - y)).max() < 1e-6 * n
+    assert np.abs(w[columns] - truth[columns]).max() < 0.15  # near the truth it was drawn from
 
 
 def test_train_score_learns_from_the_drafting_its_config_sets(

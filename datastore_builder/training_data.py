@@ -1,0 +1,43 @@
+"""The records ``train-score`` learns from, and how a candidate tree's nodes are labelled
+against a record's continuation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+PROMPT_KEY_TOKENS = 48
+"""A prompt is known by its last tokens (the end of the last user turn and the assistant
+header): system prompts that differ by model do not hide a repeated question."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRecord:
+    prompt: npt.NDArray[np.int32]
+    output: npt.NDArray[np.int32]
+
+    def prompt_key(self) -> bytes:
+        return self.prompt[-PROMPT_KEY_TOKENS:].tobytes()
+
+
+def labelled_nodes(
+    parents: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32], truth: Sequence[int]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int8]]:
+    """Which nodes of a breadth-first tree are labelled (parent on the path ``truth``
+    starts, or a child of the root), and their labels (on that path)."""
+    on_path = np.zeros(len(tokens), dtype=np.bool_)
+    labelled = np.zeros(len(tokens), dtype=np.bool_)
+    depth = np.zeros(len(tokens), dtype=np.int64)
+    for i, (parent, token) in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
+        if parent < 0:
+            depth[i] = 1
+            labelled[i] = True
+        else:
+            depth[i] = depth[parent] + 1
+            labelled[i] = bool(on_path[parent])
+        d = int(depth[i])
+        on_path[i] = labelled[i] and d <= len(truth) and token == truth[d - 1]
+    return labelled, on_path[labelled].astype(np.int8)
