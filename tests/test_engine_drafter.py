@@ -66,6 +66,7 @@ def test_settings_defaults_and_json_values() -> None:
         ({"deadline_ms": "5"}, r"deadline_ms must be a number > 0, got '5'"),
         ({"budget": "lots"}, r"unknown GPU profile 'lots'"),
         ({"mode": "udp"}, r"mode must be 'stream' or 'unary', got 'udp'"),
+        ({"route": "id"}, r"route must be 'request' or 'prompt', got 'id'"),
         ({"prefetch_fan_out": 4}, r"--cfg: unknown setting\(s\) \['prefetch_fan_out'\]"),
         ({"store": "no"}, r"store must be true or false, got 'no'"),
         ({"metrics_port": 70000}, r"metrics_port must be an int in \[0, 65535\] or null, got 7"),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import reference as ref
-from client_servers import DrafterProcess
+from client_servers import DrafterProcess, owned_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,7 +24,7 @@ from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 from drafter_service import DraftConfig, Drafter
 from drafter_service.drafting.drafter import SCORE_FEATURES
 from drafter_service.engine.request_table import RECENT_BYTES_PER_TOKEN, StateCost
-from verifier_client import BudgetRule, DrafterClient, Outcome
+from verifier_client import BudgetRule, DrafterClient, Outcome, ReplicaSetClient
 
 
 @st.composite
@@ -425,3 +425,27 @@ def test_held_generations_stay_within_their_bound_oldest_released_first() -> Non
     assert drafter.held == (0, 0)
     assert not drafter.hold(3, [1, 2])  # folded already (a release that came first)
     assert Drafter(100).hold(1, [1, 2, 3]) is False  # no tier: nothing held
+
+
+@pytest.mark.parametrize("route", ["request", "prompt"])
+def test_siblings_share_a_replica_when_routed_by_prompt(
+    loop_thread: LoopThread, tmp_path: Path, route: str
+) -> None:
+    """Two replicas with the tier on; two siblings (one prompt) whose ids two different
+    replicas own. Routed by request id (the default) they land apart and the one behind
+    drafts nothing from the other; routed by prompt they share a replica and it does."""
+    cfg = [service_config(tmp_path / f"data{i}", draft_config=[("recent_samples", "8")])
+           for i in range(2)]  # fmt: skip
+    with serving(loop_thread, cfg[0]) as a, serving(loop_thread, cfg[1]) as b:
+        addresses = [a.server.address, b.server.address]
+        ahead, behind = owned_ids("sib", addresses, 1)  # ids owned by different replicas
+        with ReplicaSetClient(addresses, route=route, deadline_ms=60_000.0,
+                              budget=BudgetRule.fixed(8)) as client:  # fmt: skip
+            prompt = [1, 2, 3, 4]
+            written = [40, 41, 42, 43, 44, 45, 46, 47]
+            client.add_request(ahead, prompt)
+            client.add_request(behind, prompt)
+            assert client.step({ahead: written}).outcome == Outcome.OK
+            tree = client.step({behind: written[:2]})[behind]
+            drafted = [] if tree is None else list(tree.tokens[:6])
+            assert drafted == (written[2:] if route == "prompt" else [])

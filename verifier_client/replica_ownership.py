@@ -9,10 +9,12 @@ GetServiceInfo, a vanished one leaves, and a failed lookup keeps the last set. W
 (``grpc.ssl_target_name_override``), so certificates issued for the Service verify.
 
 Ownership is rendezvous (highest-random-weight) hashing: a request belongs to the
-usable replica (present, breaker closed) whose keyed blake2b of the request id weighs
-most (:func:`~verifier_client.replica_targets.rendezvous_owner`), the same in every
-process. A replica leaving moves only its own requests; when it comes back they move
-back. A request's context lives once, in its owner's DrafterClient (which keeps it for
+usable replica (present, breaker closed) whose keyed blake2b of the request's routing key
+weighs most (:func:`~verifier_client.replica_targets.rendezvous_owner`), the same in
+every process. The key is the request id, or with ``route="prompt"`` a digest of its
+prompt, so that requests with one prompt (siblings) share a replica and its recent
+tier. A replica leaving moves only its own requests; when it comes back they move back.
+A request's context lives once, in its owner's DrafterClient (which keeps it for
 RESYNC anyway); a move hands it to the new owner's client whole (sent with its next
 step, known length 0) and aborts it on the old one. With no replica usable, requests
 stay where they are (their breakers answer at once); with no replica at all, they wait
@@ -26,7 +28,9 @@ its steps run on, the work last given to that worker, and the commits held for i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -61,6 +65,15 @@ class ClientOptions(TypedDict, total=False):
     resync_retry: bool
     background_timeout_s: float
     probe_timeout_s: float
+
+
+Route = Literal["request", "prompt"]
+"""What places a request on a replica: its id, or its prompt (siblings together)."""
+
+
+def prompt_key(prompt: Sequence[int]) -> bytes:
+    """The routing key of a prompt: a digest of its token ids (the same in every process)."""
+    return hashlib.blake2b(array("q", prompt).tobytes(), digest_size=16).digest()
 
 
 class ReplicaClient(DrafterClient):
@@ -129,8 +142,13 @@ class ReplicaOwnership:
     """
 
     def __init__(
-        self, targets: str | Sequence[str], options: ClientOptions, resolve_interval_s: float
-    ) -> None:
+        self, targets: str | Sequence[str], options: ClientOptions, resolve_interval_s: float,
+        route: Route = "request",
+    ) -> None:  # fmt: skip
+        if route not in ("request", "prompt"):
+            raise ValueError(f"route must be 'request' or 'prompt', got {route!r}")
+        self._route = route
+        self._keys: dict[str, bytes] = {}  # live request -> its routing key
         self._options = options
         self.replicas: dict[str, ReplicaMember] = {}  # by address
         self._usable: tuple[str, ...] = ()  # addresses usable at the last sync
@@ -193,12 +211,16 @@ class ReplicaOwnership:
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already live")
         self.sync()
+        prompt = list(prompt_ids)
+        self._keys[request_id] = (
+            request_id.encode() if self._route == "request" else prompt_key(prompt)
+        )
         owner = self._rendezvous(request_id, self._usable or tuple(self.replicas))
         if owner is None:
-            self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
+            self._orphans.add(request_id, prompt, datastore, prompt_length, store)
         else:
             owner.idle()
-            owner.client.add_request(request_id, prompt_ids, datastore=datastore,
+            owner.client.add_request(request_id, prompt, datastore=datastore,
                                      prompt_length=prompt_length, store=store)  # fmt: skip
         self._owner[request_id] = owner
 
@@ -227,14 +249,14 @@ class ReplicaOwnership:
         if owner is None:
             finish_tail(self._orphans.get(request_id), tail, output)
             self._orphans.finish(request_id)
-            del self._owner[request_id]
+            self._forget(request_id)
             self._dropped_stores += store
             return not store
         owner.idle()
         sent = owner.client.finish(
             request_id, tail=tail, output=output, store=store, durable=durable
         )
-        del self._owner[request_id]
+        self._forget(request_id)
         return sent
 
     def abort(self, request_id: str) -> bool:
@@ -246,8 +268,12 @@ class ReplicaOwnership:
         else:
             owner.idle()
             sent = owner.client.abort(request_id)
-        del self._owner[request_id]
+        self._forget(request_id)
         return sent
+
+    def _forget(self, request_id: str) -> None:
+        del self._owner[request_id]
+        del self._keys[request_id]
 
     # --- replicas
 
@@ -297,8 +323,8 @@ class ReplicaOwnership:
 
     def _rendezvous(self, request_id: str, addresses: Iterable[str]) -> ReplicaMember | None:
         """The owner of ``request_id`` among ``addresses`` (see rendezvous_owner)."""
-        rid, replicas = request_id.encode(), self.replicas
-        best = max(((weight(rid, replicas[a].key), a) for a in addresses), default=None)
+        key, replicas = self._keys[request_id], self.replicas
+        best = max(((weight(key, replicas[a].key), a) for a in addresses), default=None)
         return None if best is None else replicas[best[1]]
 
     def _move(

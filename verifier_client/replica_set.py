@@ -36,7 +36,12 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.deltas import as_token_list
-from verifier_client.replica_ownership import ClientOptions, ReplicaMember, ReplicaOwnership
+from verifier_client.replica_ownership import (
+    ClientOptions,
+    ReplicaMember,
+    ReplicaOwnership,
+    Route,
+)
 from verifier_client.replica_targets import parse_target, rendezvous_owner, resolve_target
 from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
@@ -70,6 +75,10 @@ class ReplicaSetClient:
         targets: ``["host:port", ...]``, a fixed set; or one ``"host:port"`` whose name
             resolves to the replicas (a headless Service), looked up again in the
             background every ``resolve_interval_s``.
+        route: what places a request on a replica: ``"request"`` (its id, the default)
+            or ``"prompt"`` (its prompt: requests with one prompt, such as parallel
+            samples or RL rollouts, share a replica, so with the drafter's recent tier on
+            they draft from each other in flight; docs/scale-out.md).
         options: DrafterClient's keyword arguments, for every replica's client.
     """
 
@@ -78,6 +87,7 @@ class ReplicaSetClient:
         targets: str | Sequence[str],
         *,
         resolve_interval_s: float = 5.0,
+        route: Route = "request",
         **options: Unpack[ClientOptions],
     ) -> None:
         unknown = sorted(set(options) - set(ClientOptions.__annotations__))
@@ -93,7 +103,7 @@ class ReplicaSetClient:
         self._own = ClientStats()  # this client's steps, and ingests dropped with no replica
         self._ingest_turn = count()
         self._closed = False
-        self._ownership = ReplicaOwnership(targets, options, resolve_interval_s)
+        self._ownership = ReplicaOwnership(targets, options, resolve_interval_s, route)
 
     # --- what the decode loop sees
 

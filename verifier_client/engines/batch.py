@@ -31,6 +31,7 @@ import grpc
 
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
+from verifier_client.replica_ownership import Route
 from verifier_client.replica_set import ClientOptions, ReplicaSetClient, parse_target
 from verifier_client.results import ClientStats, StepResult, Tree
 
@@ -50,6 +51,7 @@ class DrafterSettings:
     address: str = "127.0.0.1:50051"  # host:port of `drafter serve`, or several comma-separated
     # (one replica set: each request drafts on one of them, see verifier_client.replica_set)
     resolve_all: bool = False  # the one address names a headless Service: a replica per IP
+    route: Route = "request"  # replicas: place requests by id, or by prompt (siblings together)
     deadline_ms: float = 5.0  # per decode step; past it the step has no drafts
     budget: str = "16"  # draft nodes per request: BudgetRule.parse ("16", "h100", "FLOPS/BW")
     # Engines that verify chains (vLLM): "" = chains of up to the engine's own length at
@@ -72,6 +74,8 @@ class DrafterSettings:
             raise ValueError(f"address must be a non-empty 'host:port', got {self.address!r}")
         if not isinstance(self.resolve_all, bool):
             raise ValueError(f"resolve_all must be true or false, got {self.resolve_all!r}")
+        if self.route not in ("request", "prompt"):
+            raise ValueError(f"route must be 'request' or 'prompt', got {self.route!r}")
         self.targets()  # ValueError naming a bad address
         _check_positive("deadline_ms", self.deadline_ms)
         _check_positive("connect_timeout_s", self.connect_timeout_s, zero_ok=True)
@@ -229,7 +233,7 @@ class EngineDrafter:
             if targets is None:
                 client = DrafterClient(settings.address, **options)
             else:
-                client = ReplicaSetClient(targets, **options)
+                client = ReplicaSetClient(targets, route=settings.route, **options)
         self.client: DrafterClient | ReplicaSetClient = client
         self.namespace = namespace if namespace is not None else _instance_namespace()
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
