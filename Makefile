@@ -98,6 +98,9 @@ stage = start=$$(date +%s); if $(3); then r=passed; else r="FAILED (exit $$?)"; 
 # $(call logged,NAME,COMMAND): a stage of make test, with its output in $(LOGS)/NAME.log.
 logged = $(call stage,$(STAGES),$(1),( $(2) ) > $(LOGS)/$(1).log 2>&1)
 SIDE_STAGES := lint types imports sanitizers
+# pytest on every core (pytest-xdist): a worker per core, each taking a whole test file at a
+# time, so a module's fixtures are set up once. PYTEST_WORKERS= runs it in one process.
+PYTEST_WORKERS ?= -n auto --dist loadfile
 SIDE        := nice -n 10
 
 test: setup
@@ -106,7 +109,7 @@ test: setup
 	  $(call logged,types,$(SIDE) $(BIN)/mypy); \
 	  $(call logged,imports,$(SIDE) $(BIN)/lint-imports); \
 	  $(call logged,sanitizers,$(SIDE) $(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
-	$(call stage,$(STAGES),pytest,$(BIN)/python -m pytest -m "not system" --durations=25 --ignore=tests/test_native_sanitized.py); \
+	$(call stage,$(STAGES),pytest,$(BIN)/python -m pytest -m "not system" $(PYTEST_WORKERS) --durations=25 --ignore=tests/test_native_sanitized.py); \
 	wait $$side; \
 	for name in $(SIDE_STAGES); do echo "== $$name ($(LOGS)/$$name.log)"; cat $(LOGS)/$$name.log; done
 	@echo "== make test, stage by stage:"; cat $(STAGES); ! grep -q FAILED $(STAGES)
@@ -115,7 +118,7 @@ test-system: setup
 	@mkdir -p build && rm -f $(SYSTEM_STAGES) && echo "setup         passed" > $(SYSTEM_STAGES)
 	@$(call stage,$(SYSTEM_STAGES),setup-vllm,$(MAKE) --no-print-directory setup-vllm)
 	@$(call stage,$(SYSTEM_STAGES),setup-sglang,$(MAKE) --no-print-directory setup-sglang)
-	@$(call stage,$(SYSTEM_STAGES),pytest-system,$(BIN)/python -m pytest -m system --ignore=tests/test_native_sanitized.py)
+	@$(call stage,$(SYSTEM_STAGES),pytest-system,$(BIN)/python -m pytest -m system $(PYTEST_WORKERS) --ignore=tests/test_native_sanitized.py)
 	@$(call stage,$(SYSTEM_STAGES),vllm,( $(VLLM_TESTS) ))
 	@$(call stage,$(SYSTEM_STAGES),sglang,( $(SGLANG_TESTS) ))
 	@echo "== make test-system, stage by stage:"; cat $(SYSTEM_STAGES); ! grep -q FAILED $(SYSTEM_STAGES)

@@ -33,7 +33,9 @@ For each replica count of ``--replicas`` (e.g. ``1,3``) this starts a real Redis
    and every replica must have taken the whole stream and folded it (equal content
    digests) before the next round. The datastore each round drafts from is then the same
    whatever the replica count, so τ (output tokens / steps, as ``drafter-bench replay``
-   counts it) must be too: ``tau_ratio`` is τ over the 1-replica run's τ.
+   counts it) must be too: ``tau_ratio`` is τ over the 1-replica run's τ. These replicas
+   run without the recent tier (``recent_samples=0``), whose sharing of requests in
+   flight is per replica by design, so the rounds compare what the shared log gives.
 
 One JSON object per replica count with ``--json`` (its ``command`` is the full command
 line with every setting), else ``key: value`` lines.
@@ -246,10 +248,11 @@ class _Replica:
 @contextlib.contextmanager
 def _replicas(
     args: argparse.Namespace, count: int, root: Path, log_url: str, prefix: str,
-    snapshot: Path | None,
+    snapshot: Path | None, extra: Sequence[str] = (),
 ) -> Iterator[list[_Replica]]:  # fmt: skip
     """``count`` ``drafter serve`` processes following stream ``prefix`` of ``log_url``,
-    each seeded with ``snapshot`` if given; started at once, stopped on exit."""
+    each seeded with ``snapshot`` if given, with ``extra`` flags; started at once, stopped
+    on exit."""
     root.mkdir(parents=True)
     token_file = root / "admin-token"
     token_file.write_text(_ADMIN_TOKEN)
@@ -270,6 +273,7 @@ def _replicas(
                    "--rebuild-min-tokens", "1",
                    "--rebuild-interval-s", str(args.rebuild_interval_s),
                    "--snapshot-interval-s", "0", "--grace-period-s", "0.5"]  # fmt: skip
+            cmd += list(extra)
             if snapshot is not None:
                 cmd += ["--snapshot", str(snapshot)]
             if threads is not None:
@@ -578,7 +582,11 @@ def _run_count(
                 if not args.skip_visible:
                     row.update(_measure_visible(args, replicas))
         if tau_records is not None:
-            with _replicas(args, count, root / "empty", log_url, "scale-tau", None) as replicas:
+            # No recent tier: what is compared is what the shared log gives (the tier's
+            # in-flight sharing is per replica, docs/scale-out.md).
+            no_tier = ("--draft-config", "recent_samples=0")
+            with _replicas(args, count, root / "empty", log_url, "scale-tau", None,
+                           no_tier) as replicas:  # fmt: skip
                 row.update(
                     _measure_tau(
                         args,

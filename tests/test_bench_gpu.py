@@ -86,6 +86,7 @@ def test_an_architecture_model_is_built_on_its_device_in_its_dtype() -> None:
     assert ARCHITECTURES["llama-3.1-8b"]["intermediate_size"] == 14336
 
 
+@pytest.mark.system  # torch and a drafter in processes of their own: 30 s
 def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> None:
     """The whole benchmark against a real ``drafter serve``: every kind of row, teacher-
     forced, for each batch size; tokens are decoded in every decode row, and the drafts
@@ -123,6 +124,7 @@ def test_drafter_bench_gpu_runs_on_cpu_with_the_tiny_model(tmp_path: Path) -> No
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
 
 
+@pytest.mark.system  # the whole device script, its stages in processes: 40 s
 def test_the_device_script_runs_every_stage_on_cpu(tmp_path: Path) -> None:
     """``benchmarks/device/run.sh`` with ``DEVICE_SMOKE=1``: each stage in its order (the
     verification tests, the corpus snapshot, drafter-bench gpu, drafter-bench load), tiny,

@@ -201,14 +201,19 @@ def random_records(seed: int, count: int) -> list[Record]:
 
 
 def test_tau_does_not_depend_on_batch_or_threads() -> None:
+    """Without the recent tier (with it, requests replayed together draft from each other:
+    tests/test_recent_tier.py), and with it at batch 1, where it is inert."""
     records = random_records(0, 30)
     base = [SubIndex.build([r.output_ids for r in random_records(1, 40)], VOCAB)]
+    alone = DraftConfig(recent_samples=0)
     for method in ("pld", "input", "datastore", "both"):
+        tier = replay(records, ReplaySettings(method, 8), base)
         runs = [
-            replay(records, ReplaySettings(method, 8, batch=batch, threads=threads), base)
-            for batch, threads in ((1, 1), (4, 1), (7, 3))
+            replay(records, ReplaySettings(method, 8, batch=b, threads=t, config=alone), base)
+            for b, t in ((1, 1), (4, 1), (7, 3))
         ]
-        assert len({(r.steps, r.accepted_tokens, r.output_tokens) for r in runs}) == 1, method
+        outcomes = {(r.steps, r.accepted_tokens, r.output_tokens) for r in [*runs, tier]}
+        assert len(outcomes) == 1, method
         assert runs[0].draft_ns and not runs[0].batch_ns and runs[1].batch_ns
     via = [replay(records, ReplaySettings("datastore", 8, datastore_via=v), base) for v in
            ("drafter", "context")]  # fmt: skip
@@ -397,7 +402,8 @@ def test_cli_prints_one_json_report_per_configuration(
     data, corpus = files
     argv = ["replay", "--data", str(data), "--corpus", str(corpus), "--budget", "4",
             "--budget", "16", "--sources", "input", "--sources", "datastore",
-            "--sources", "both", "--json", "--config", "datastore_samples=20"]  # fmt: skip
+            "--sources", "both", "--json", "--config", "datastore_samples=20",
+            "--config", "recent_samples=0"]  # fmt: skip  # batched, the same τ: no recent tier
     assert main(argv) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["budget"], r["method"]) for r in rows] == [

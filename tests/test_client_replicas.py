@@ -54,7 +54,11 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[DrafterP
     servers: list[DrafterProcess] = []
     try:
         for i in range(3):
-            servers.append(DrafterProcess(root / f"data{i}", "--snapshot", str(root / "snap")))
+            # No recent tier: a request's drafts do not depend on which others share its
+            # replica, so the set's drafts are one drafter's (tests/test_recent_tier.py
+            # covers the tier with replicas).
+            servers.append(DrafterProcess(root / f"data{i}", "--snapshot", str(root / "snap"),
+                                          "--draft-config", "recent_samples=0"))
         yield servers
     finally:
         for server in servers:

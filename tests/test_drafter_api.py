@@ -107,8 +107,9 @@ def test_incremental_drafting_equals_full_context(corpus: Corpus, config: DraftC
 @given(st.one_of(corpora(), natural_corpora()),
        st.lists(st.tuples(st.integers(0, 12), st.integers(0, MAX_BUDGET)), min_size=1, max_size=6))
 def test_batch_rows_match_single_requests(corpus: Corpus, specs: list[tuple[int, int]]) -> None:
-    """Each slice of a batch is the tree of its own request, with its own budget."""
-    config = DraftConfig(max_budget=MAX_BUDGET)
+    """Each slice of a batch is the tree of its own request, with its own budget (no
+    recent tier: with it the batch's requests draft from each other)."""
+    config = DraftConfig(max_budget=MAX_BUDGET, recent_samples=0)
     datastore = corpus.datastore()
     drafter = Drafter(corpus.vocab_size, config, datastore)
     ids = [f"req-{i}" for i in range(len(specs))]
@@ -227,7 +228,8 @@ def test_long_repetitive_prompt() -> None:
     drafter = Drafter(LLAMA3_VOCAB, config)
     drafter.start("rep", prompt)
     assert drafter.num_tokens("rep") == 131072
-    assert drafter.request_bytes("rep") < 4 << 20  # 50 * 16 trie nodes + the token history
+    # 50 * 16 trie nodes + the token history, and the recent tier's bound for each token
+    assert drafter.request_bytes("rep") < (4 << 20) + 131072 * _core.RECENT_BYTES_PER_TOKEN
     tree = drafter.speculate(["rep"], [[]], 64).tree(0)
     # One chain continuing the cycle, as deep as the trie goes (a 1-token match
     # has paths of input_max_depth - 1 more tokens below it).

@@ -178,16 +178,28 @@ def test_many_starts_and_stops_compact_the_tier_and_keep_drafting() -> None:
     assert drafter.speculate(["b"], [[3]], 3).tree(0).tokens.tolist() == [4, 5, 6]
 
 
-def test_the_tier_is_off_by_default_and_changes_nothing_then() -> None:
-    assert DraftConfig().recent_samples == 0
-    drafter = Drafter(100)
-    drafter.start("ahead", [1, 2, 3, 10, 11, 12])
-    drafter.start("behind", [1, 2, 3])
-    assert len(drafter.speculate(["behind"], [[10]], 8).tree(0)) == 0
+def test_the_tier_is_on_by_default_and_inert_for_a_request_alone() -> None:
+    """On by default (``recent_samples`` 16); ``recent_samples=0`` turns it off, and then
+    no request drafts from another. A request alone in its drafter drafts exactly what it
+    would without the tier."""
+    assert DraftConfig().recent_samples == 16
+    on, off = Drafter(100), Drafter(100, DraftConfig(recent_samples=0))
+    for drafter in (on, off):
+        drafter.start("ahead", [1, 2, 3, 10, 11, 12])
+        drafter.start("behind", [1, 2, 3])
+    assert on.speculate(["behind"], [[10]], 8).tree(0).tokens.tolist()[:2] == [11, 12]
+    assert len(off.speculate(["behind"], [[10]], 8).tree(0)) == 0
+    for drafter in (on, off):
+        drafter.stop("ahead")
+        drafter.stop("behind")
+        drafter.start("alone", [5, 6, 7, 5, 6, 8, 5, 6])
+    trees = [d.speculate(["alone"], [[7]], 8).tree(0) for d in (on, off)]
+    assert trees[0].tokens.tolist() == trees[1].tokens.tolist()
+    assert trees[0].scores.tolist() == trees[1].scores.tolist()
 
 
 def test_its_memory_is_counted_per_token_and_no_headroom_is_claimed() -> None:
-    plain, recent = Drafter(100), Drafter(100, RECENT)
+    plain, recent = Drafter(100, DraftConfig(recent_samples=0)), Drafter(100, RECENT)
     for d in (plain, recent):
         d.start("a", list(range(50)))
     assert plain.speculate(["a"], [[1]], 0).state_headroom.tolist()[0] > 0
@@ -376,7 +388,8 @@ def test_without_the_tier_a_stored_generation_waits_for_its_rebuild(
 ) -> None:
     """The control: the same steps with the tier off draft nothing before the rebuild."""
     cfg = service_config(tmp_path / "data", rebuild_min_tokens=10**9,
-                         rebuild_interval_s=10**6, rebuild_max_share=0.0)  # fmt: skip
+                         rebuild_interval_s=10**6, rebuild_max_share=0.0,
+                         draft_config=[("recent_samples", "0")])  # fmt: skip
     with serving(loop_thread, cfg) as s:
         client = DrafterClient(s.server.address, deadline_ms=60_000.0,
                                budget=BudgetRule.fixed(8))  # fmt: skip
@@ -424,7 +437,8 @@ def test_held_generations_stay_within_their_bound_oldest_released_first() -> Non
     drafter.release_through(3)
     assert drafter.held == (0, 0)
     assert not drafter.hold(3, [1, 2])  # folded already (a release that came first)
-    assert Drafter(100).hold(1, [1, 2, 3]) is False  # no tier: nothing held
+    off = Drafter(100, DraftConfig(recent_samples=0))
+    assert off.hold(1, [1, 2, 3]) is False  # no tier: nothing held
 
 
 @pytest.mark.parametrize("route", ["request", "prompt"])

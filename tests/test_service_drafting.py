@@ -71,7 +71,9 @@ def test_deltas_draft_like_the_full_context(
     }
     datastore, _ = load_snapshot(snapshot_dir)
     held = {rid: 10 + 3 * i for i, rid in enumerate(contexts)}
-    with serving(loop_thread, config(tmp_path / "data", snapshot=snapshot_dir)) as s:
+    # No recent tier: the other requests of the batch do not change a request's tree.
+    with serving(loop_thread, config(tmp_path / "data", snapshot=snapshot_dir,
+                                     draft_config=[("recent_samples", "0")])) as s:  # fmt: skip
         first = s.draft(
             *(delta(rid, ctx[: held[rid]], prompt_length=5) for rid, ctx in contexts.items()),
             step=1,

@@ -11,7 +11,8 @@ import pytest
 from drafter_service import Datastore, DraftBatch, DraftConfig, Drafter
 
 VOCAB = 6
-CONFIG = DraftConfig(max_budget=32, datastore_min_tree_nodes=20)
+# No recent tier: each request's tree is its own, the same alone as beside the others.
+CONFIG = DraftConfig(max_budget=32, datastore_min_tree_nodes=20, recent_samples=0)
 NUM_REQUESTS = 64
 NUM_STEPS = 8
 

@@ -49,7 +49,7 @@ class DraftConfig:
     """Per-level discount of datastore paths."""
     max_budget: int = 256
     """Largest draft budget a call may ask for."""
-    recent_samples: int = 0
+    recent_samples: int = 16
     """The recent tier: continuations taken per draft from the other requests the drafter
     holds (siblings in flight), drafted from as a source of its own weighted like the
     datastore (docs/algorithm.md, "The recent tier"). 0: no recent tier."""

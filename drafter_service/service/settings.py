@@ -168,9 +168,10 @@ class ServeConfig(BaseSettings):
     max_request_state_bytes: Annotated[int, bounds(1 << 20)] = Field(
         4 << 30,
         description="memory request states may hold, as the drafter measures them (input "
-        "trie and tokens: 12-640 bytes a context token, by how much it repeats; least "
-        "recently used dropped; a call that alone may need more, at up to 1,288 bytes a "
-        "new token before it is measured: RESOURCE_EXHAUSTED)",
+        "trie and tokens: 12-640 bytes a context token, by how much it repeats, and 96 for "
+        "the recent tier when it is on; least recently used dropped; a call that alone may "
+        "need more, at up to 1,384 bytes a new token before it is measured (1,288 without "
+        "the tier): RESOURCE_EXHAUSTED)",
     )
     grace_period_s: Seconds = Field(5.0, description="shutdown grace for in-flight calls")
     ingest_queue_size: AtLeastOne = Field(

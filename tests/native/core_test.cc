@@ -960,7 +960,9 @@ std::vector<Draft> run_shadow(Shadow& shadow, const Datastore& ds, const DraftCo
 
 // 32 requests drafted by 4 threads, by 1 thread and by the sequential model, step by step;
 // then add, an empty batch, stop, and set_datastore.
-void expect_threads_and_model_agree(const DraftConfig& config) {
+// `config` without the recent tier: the shadow model drafts each request alone.
+void expect_threads_and_model_agree(DraftConfig config) {
+  config.recent_samples = 0;
   const auto& ds = shared_datastore();
   const MarkovSource& src = shared_source();
   Drafter one(config, kVocab, 1), four(config, kVocab, 4);
@@ -1070,6 +1072,7 @@ TEST(Drafter, BadInputIsRejectedAndChangesNothing) {
   const MarkovSource& src = shared_source();
   DraftConfig config;
   config.max_budget = 100;
+  config.recent_samples = 0;  // the shadow model drafts each request alone
   Drafter d(config, kVocab, 3);
   d.set_datastore(ds);
   std::mt19937 rng(31337);
@@ -1159,6 +1162,7 @@ TEST(Drafter, ConcurrentCallersChurnAndDatastoreSwaps) {
   const MarkovSource& src = shared_source();
   DraftConfig config;
   config.max_budget = 128;
+  config.recent_samples = 0;  // each caller's drafts are compared with a drafter of its own
   constexpr int kCallers = 4, kPerCaller = 8, kSteps = 16, kChurners = 2, kChurnIters = 60;
   Drafter shared(config, kVocab, 4);
   shared.set_datastore(ds);

@@ -24,7 +24,7 @@ struct DraftConfig {
   double datastore_child_discount = 1.0;   // per-level discount of datastore paths
   int32_t max_budget = 256;                // largest accepted draft budget
   // The recent tier (recent_tier.h): continuations from the other requests in flight.
-  int32_t recent_samples = 0;      // continuations taken per draft; 0: no recent tier
+  int32_t recent_samples = 16;     // continuations taken per draft; 0: no recent tier
   int32_t recent_min_match = 2;    // K: tokens a match needs (the index's key)
   int32_t recent_max_match = 32;   // longest match measured
   int32_t recent_candidates = 64;  // matches weighed per draft, newest first
