@@ -8,7 +8,8 @@ since its last step, and advances by the accepted length of the tree it got
 back plus the bonus token (one token when a step has no tree), so trees and
 deltas are real. The step time is ``client.step()``: client → service → trees →
 client. Finished requests are finished (ingested in the background) and
-replaced by the next record.
+replaced by the next record. ``--siblings N`` replays the records in groups of N answers
+to one prompt, so that siblings are in flight together (the recent tier's case).
 
 Without ``--target`` a service is started as a subprocess (``drafter serve``) on
 loopback, with a datastore prebuilt from ``--corpus`` if given. ``--server-cpus`` and
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from drafter_bench.acceptance import accepted_length
+from drafter_bench.replay import sibling_groups
 from drafter_bench.token_records import Record, iter_documents, read_records
 from drafter_bench.unauth_flood import cpu_s
 from drafter_service.drafting.draft_config import config_pair_argument
@@ -54,6 +56,10 @@ def add_load_parser(subparsers: Any) -> None:
                    help="without --target: the started service starts from this snapshot "
                         "(built once, e.g. by datastore-builder build; instead of --corpus)")
     p.add_argument("--batch", type=int, default=64, help="concurrent requests (default 64)")
+    p.add_argument("--siblings", type=int, default=0, metavar="N",
+                   help="replay the records in groups of N answers to one prompt, one after "
+                        "another (the first N of each prompt with at least N), so siblings "
+                        "run together as parallel samples do (default 0: file order)")
     p.add_argument("--budget", type=int, default=16, help="draft budget per request (default 16)")
     p.add_argument("--steps", type=int, default=2000, help="measured steps (default 2000)")
     p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
@@ -130,8 +136,13 @@ def run_load(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} sets up the service load starts; with --target, set it "
                              "up there")  # fmt: skip
     records = [r for r in read_records(args.data, vocab_size=args.vocab_size) if len(r.output_ids)]
+    if args.siblings < 0:
+        raise ValueError(f"--siblings {args.siblings} must be >= 0")
+    if args.siblings:
+        records = sibling_groups(records, args.siblings)
     if not records:
-        raise ValueError(f"{args.data}: no record with output tokens")
+        raise ValueError(f"{args.data}: no record with output tokens"
+                         + (f" in groups of {args.siblings}" if args.siblings else ""))
     with tempfile.TemporaryDirectory(prefix="drafter-bench-load-") as tmp:
         proc: subprocess.Popen[str] | None = None
         target = args.target
@@ -309,7 +320,8 @@ def _drive(args: argparse.Namespace, target: str, records: Sequence[Record]) -> 
     client.close()
     lat_ms = np.asarray(run.waits_ns, dtype=np.float64) / 1e6
     return {
-        "mode": args.mode, "batch": args.batch, "budget": args.budget, "steps": len(lat_ms),
+        "mode": args.mode, "batch": args.batch, "siblings": args.siblings,
+        "budget": args.budget, "steps": len(lat_ms),
         "server_cpus": _cpus_text(args.server_cpus), "client_cpus": _cpus_text(args.client_cpus),
         "node_score": args.node_score, "draft_config": [f"{k}={v}" for k, v in args.draft_config],
         "step_ms_p50": round(float(np.percentile(lat_ms, 50)), 3),

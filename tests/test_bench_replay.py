@@ -637,6 +637,33 @@ def test_load_benchmark_passes_draft_config_to_the_service(
     assert "--draft-config sets up the service load starts" in err
 
 
+@pytest.mark.system
+def test_load_benchmark_replays_sibling_groups_together(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`drafter-bench load --siblings N` replays groups of N answers to one prompt, one
+    group after another, so they are in flight together; a file without such groups is
+    refused naming the group size, before anything starts."""
+    data, corpus = files
+    rng = np.random.default_rng(5)
+    rows = []
+    for g in range(6):  # 6 prompts, 2 answers each, alike
+        prompt = rng.integers(0, 1000, size=12).tolist()
+        answer = rng.integers(0, 1000, size=40).tolist()
+        for k in range(2):
+            rows.append(json.dumps({"id": f"{g}-{k}", "prompt_ids": prompt,
+                                    "output_ids": answer[: 30 + 5 * k]}))  # fmt: skip
+    siblings = write_jsonl(tmp_path / "siblings.jsonl", rows)
+    cmd = load_command(siblings, corpus, "--siblings", "2", "--batch", "4", "--steps", "40",
+                       "--warmup", "0")  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    assert row["siblings"] == 2 and row["failed_steps"] == 0 and row["tau"] >= 1.0
+    code, err = refused(capsys, load_command(data, corpus, "--siblings", "3")[3:])
+    assert code != 0 and "no record with output tokens in groups of 3" in err
+
+
 def test_sibling_groups_keep_the_first_answers_of_prompts_with_enough() -> None:
     records = [rec([1, 2] if i % 3 else [3], [i + 10], f"r{i}") for i in range(9)]
     groups = sibling_groups(records, 3)  # [3] has 3 answers (r0, r3, r6), [1, 2] six
