@@ -102,14 +102,13 @@ SIDE_STAGES := lint types imports sanitizers
 # pytest on every core (pytest-xdist): a worker per core, each taking a whole test file at a
 # time, so a module's fixtures are set up once. PYTEST_WORKERS= runs it in one process.
 PYTEST_WORKERS ?= -n auto --dist loadfile
-SIDE        :=
 
 test: setup
 	@mkdir -p $(LOGS) && rm -f $(STAGES) $(LOGS)/*.log && echo "setup         passed" > $(STAGES)
-	@( $(call logged,lint,$(SIDE) $(BIN)/ruff check drafter_service verifier_client datastore_builder drafter_bench tests); \
-	  $(call logged,types,$(SIDE) $(BIN)/mypy); \
-	  $(call logged,imports,$(SIDE) $(BIN)/lint-imports); \
-	  $(call logged,sanitizers,$(SIDE) $(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
+	@( $(call logged,lint,$(BIN)/ruff check drafter_service verifier_client datastore_builder drafter_bench tests); \
+	  $(call logged,types,$(BIN)/mypy); \
+	  $(call logged,imports,$(BIN)/lint-imports); \
+	  $(call logged,sanitizers,$(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
 	$(call stage,$(STAGES),pytest,$(BIN)/python -m pytest -m "not system" $(PYTEST_WORKERS) --durations=25 --ignore=tests/test_native_sanitized.py); \
 	wait $$side; \
 	for name in $(SIDE_STAGES); do echo "== $$name ($(LOGS)/$$name.log)"; cat $(LOGS)/$$name.log; done
