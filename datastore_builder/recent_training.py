@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from datastore_builder.training_data import TrainingRecord, labelled_nodes
+from datastore_builder.training_data import TrainingRecord, labelled_nodes, log_loss
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
@@ -130,11 +130,6 @@ def fit_recent(
     return dataclasses.replace(score, weights=tuple(float(v) for v in weights))
 
 
-def recent_log_loss(score: NodeScore, x: npt.NDArray[np.float64], y: npt.NDArray[np.int8]) -> float:
-    z = x @ np.asarray(score.weights) + score.bias
-    return float(np.mean(np.where(y > 0, np.logaddexp(0.0, -z), np.logaddexp(0.0, z))))
-
-
 def train_recent(
     score: NodeScore,
     config: DraftConfig,
@@ -159,6 +154,6 @@ def train_recent(
         0.0 if i in RECENT_COLUMNS else w for i, w in enumerate(score.weights)))  # fmt: skip
     validation = float("nan")
     if val.any() and len(np.unique(y[~val])) == 2:
-        validation = recent_log_loss(fit_recent(score, x[~val], y[~val]), x[val], y[val])
-    report = RecentReport(len(y), validation, recent_log_loss(unweighted, x[val], y[val]))
+        validation = log_loss(fit_recent(score, x[~val], y[~val]), x[val], y[val])
+    report = RecentReport(len(y), validation, log_loss(unweighted, x[val], y[val]))
     return fit_recent(score, x, y), report

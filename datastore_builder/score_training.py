@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from datastore_builder.recent_training import RecentReport, train_recent
-from datastore_builder.training_data import TrainingRecord, labelled_nodes
+from datastore_builder.training_data import TrainingRecord, labelled_nodes, log_loss
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.readers import detect_format, iter_records
 from drafter_service.corpus.records import RecordSpec, id_parts
@@ -238,13 +238,6 @@ def share_datastore_weights(score: NodeScore, x: npt.NDArray[np.float64]) -> Nod
     for i in live:
         weights[i] = weights[SCORE_FEATURES.index("base_" + SCORE_FEATURES[i][len("live_"):])]
     return dataclasses.replace(score, weights=tuple(weights))
-
-
-def log_loss(score: NodeScore, x: npt.NDArray[np.float64], y: npt.NDArray[np.int8]) -> float:
-    """Mean negative log-likelihood of ``y`` under ``score``."""
-    z = x @ np.asarray(score.weights) + score.bias
-    # log sigmoid(z) and log sigmoid(-z), stably.
-    return float(np.mean(np.where(y > 0, np.logaddexp(0.0, -z), np.logaddexp(0.0, z))))
 
 
 def train(

@@ -1,5 +1,5 @@
-"""The records ``train-score`` learns from, and how a candidate tree's nodes are labelled
-against a record's continuation."""
+"""The records ``train-score`` learns from, how a candidate tree's nodes are labelled
+against a record's continuation, and a score's log-loss on such labels."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from drafter_service.drafting.node_score import NodeScore
 
 PROMPT_KEY_TOKENS = 48
 """A prompt is known by its last tokens (the end of the last user turn and the assistant
@@ -41,3 +43,10 @@ def labelled_nodes(
         d = int(depth[i])
         on_path[i] = labelled[i] and d <= len(truth) and token == truth[d - 1]
     return labelled, on_path[labelled].astype(np.int8)
+
+
+def log_loss(score: NodeScore, x: npt.NDArray[np.float64], y: npt.NDArray[np.int8]) -> float:
+    """Mean negative log-likelihood of ``y`` under ``score``."""
+    z = x @ np.asarray(score.weights) + score.bias
+    # log sigmoid(z) and log sigmoid(-z), stably.
+    return float(np.mean(np.where(y > 0, np.logaddexp(0.0, -z), np.logaddexp(0.0, z))))
