@@ -71,6 +71,13 @@ Route = Literal["request", "prompt"]
 """What places a request on a replica: its id, or its prompt (siblings together)."""
 
 
+def check_route(route: object) -> Route:
+    """``route`` if it is a :data:`Route`, else ValueError naming it."""
+    if route not in ("request", "prompt"):
+        raise ValueError(f"route must be 'request' or 'prompt', got {route!r}")
+    return route
+
+
 def prompt_key(prompt: Sequence[int]) -> bytes:
     """The routing key of a prompt: a digest of its token ids (the same in every process)."""
     return hashlib.blake2b(array("q", prompt).tobytes(), digest_size=16).digest()
@@ -145,9 +152,7 @@ class ReplicaOwnership:
         self, targets: str | Sequence[str], options: ClientOptions, resolve_interval_s: float,
         route: Route = "request",
     ) -> None:  # fmt: skip
-        if route not in ("request", "prompt"):
-            raise ValueError(f"route must be 'request' or 'prompt', got {route!r}")
-        self._route = route
+        self._route = check_route(route)
         self._keys: dict[str, bytes] = {}  # live request -> its routing key
         self._options = options
         self.replicas: dict[str, ReplicaMember] = {}  # by address
@@ -211,16 +216,17 @@ class ReplicaOwnership:
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already live")
         self.sync()
-        prompt = list(prompt_ids)
-        self._keys[request_id] = (
-            request_id.encode() if self._route == "request" else prompt_key(prompt)
-        )
+        if self._route == "request":
+            self._keys[request_id] = request_id.encode()
+        else:  # read twice: for the key and by the owner
+            prompt_ids = list(prompt_ids)
+            self._keys[request_id] = prompt_key(prompt_ids)
         owner = self._rendezvous(request_id, self._usable or tuple(self.replicas))
         if owner is None:
-            self._orphans.add(request_id, prompt, datastore, prompt_length, store)
+            self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
         else:
             owner.idle()
-            owner.client.add_request(request_id, prompt, datastore=datastore,
+            owner.client.add_request(request_id, prompt_ids, datastore=datastore,
                                      prompt_length=prompt_length, store=store)  # fmt: skip
         self._owner[request_id] = owner
 

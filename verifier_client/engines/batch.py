@@ -31,7 +31,7 @@ import grpc
 
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
-from verifier_client.replica_ownership import Route
+from verifier_client.replica_ownership import Route, check_route
 from verifier_client.replica_set import ClientOptions, ReplicaSetClient, parse_target
 from verifier_client.results import ClientStats, StepResult, Tree
 
@@ -74,8 +74,7 @@ class DrafterSettings:
             raise ValueError(f"address must be a non-empty 'host:port', got {self.address!r}")
         if not isinstance(self.resolve_all, bool):
             raise ValueError(f"resolve_all must be true or false, got {self.resolve_all!r}")
-        if self.route not in ("request", "prompt"):
-            raise ValueError(f"route must be 'request' or 'prompt', got {self.route!r}")
+        check_route(self.route)
         self.targets()  # ValueError naming a bad address
         _check_positive("deadline_ms", self.deadline_ms)
         _check_positive("connect_timeout_s", self.connect_timeout_s, zero_ok=True)
