@@ -422,7 +422,10 @@ class RefRecentTier:
     keyed by the K tokens before it, numbered in the order entries are made (a stream's
     positions in order, as its tokens arrive); a lookup walks the entries of the
     context's last K tokens from the newest, over live streams only. Held generations
-    (stored, not folded yet) are streams of their own, entered whole when held."""
+    (stored, not folded yet) are streams of their own, entered whole when held.
+    Groups: a stream of group 0 (held generations; requests whose clients share) is seen
+    by every request, a request's stream of group g > 0 by requests of group g only; an
+    unseen entry still counts as walked."""
 
     def __init__(self, config: DraftConfig) -> None:
         self.config = config
@@ -430,6 +433,8 @@ class RefRecentTier:
         self.stream_of: dict[str, int] = {}  # request id -> its stream
         self.entries: list[tuple[int, int]] = []  # (stream, position), oldest first
         self.unshared: set[str] = set()  # requests held whose tokens stay out of the tier
+        self.group: dict[str, int] = {}  # request id -> its group
+        self.stream_group: dict[int, int] = {}  # stream id -> its group (held: 0)
         self.held: dict[int, int] = {}  # ingest-log position -> its stream
         self.released_through = -1
         self._next = 0
@@ -456,9 +461,12 @@ class RefRecentTier:
         for held in [p for p in self.held if p <= position]:
             del self.streams[self.held.pop(held)]
 
-    def start(self, request_id: str, tokens: Sequence[int], shared: bool = True) -> None:
+    def start(
+        self, request_id: str, tokens: Sequence[int], shared: bool = True, group: int = 0
+    ) -> None:
         """``shared=False``: the request drafts from the tier but its tokens never join it."""
         self.unshared.discard(request_id)
+        self.group[request_id] = group
         if not shared:
             self.unshared.add(request_id)
             self.stream_of.pop(request_id, None)
@@ -467,6 +475,7 @@ class RefRecentTier:
         self._next += 1
         self.stream_of[request_id] = stream
         self.streams[stream] = []
+        self.stream_group[stream] = group
         self.append(request_id, tokens)
 
     def append(self, request_id: str, tokens: Sequence[int]) -> None:
@@ -482,6 +491,7 @@ class RefRecentTier:
 
     def stop(self, request_id: str) -> None:
         self.unshared.discard(request_id)
+        self.group.pop(request_id, None)
         stream = self.stream_of.pop(request_id, None)
         if stream is not None:
             del self.streams[stream]
@@ -494,7 +504,7 @@ class RefRecentTier:
         tree: Tree = {(): 0}
         if len(ctx) < k or budget <= 0 or c.recent_samples <= 0:
             return tree, 0
-        own = self.stream_of.get(request_id)
+        own, group = self.stream_of.get(request_id), self.group.get(request_id, 0)
         cap = min(c.datastore_max_continuation, budget)
         found: list[tuple[int, int, tuple[int, ...]]] = []  # (match, entry number, continuation)
         walked = 0
@@ -504,6 +514,9 @@ class RefRecentTier:
             stream, pos = self.entries[number]
             text = self.streams.get(stream)
             if text is None or text[pos - k:pos] != ctx[-k:]:
+                continue
+            if self.stream_group.get(stream, 0) not in (0, group):  # another client's
+                walked += 1
                 continue
             limit = min(c.recent_max_match, pos, len(ctx))
             match = 0

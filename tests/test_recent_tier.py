@@ -87,8 +87,9 @@ def test_drafts_with_the_recent_tier_equal_the_reference(
             rid = next(names)
             prompt = [*data.draw(st.sampled_from(prompts)), *data.draw(tokens)]
             shared = data.draw(st.booleans()) or data.draw(st.booleans())  # mostly shared
-            drafter.start(rid, prompt, shared=shared)
-            tier.start(rid, prompt, shared)
+            group = data.draw(st.integers(0, 2))  # 0: seen by all; 1, 2: two clients apart
+            drafter.start(rid, prompt, shared=shared, group=group)
+            tier.start(rid, prompt, shared, group)
             held[rid] = prompt
         for rid in data.draw(st.lists(st.sampled_from(sorted(held)), unique=True, max_size=1)):
             if len(held) > 1:
@@ -251,6 +252,54 @@ def test_siblings_on_two_clients_draft_from_each_other(tmp_path: Path) -> None:
         behind.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("scope", ["datastore", "client"])
+def test_with_recent_scope_client_only_a_clients_own_requests_share_in_flight_tokens(
+    loop_thread: LoopThread, tmp_path: Path, scope: str
+) -> None:
+    """Per-client authentication (a tokens file): with ``recent_scope`` "datastore" (the
+    default) the clients of one datastore draft from each other's requests in flight;
+    with "client" only two workers of one client do, while what a client stores is
+    drafted from by every client (shared as the live datastore shares it)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alpha alpha-token-0123456789\nbeta beta-token-0123456789ab\n")
+    cfg = service_config(
+        tmp_path / "data", draft_config=[("recent_samples", "8")], grpc_tokens_file=tokens,
+        recent_scope=scope, rebuild_min_tokens=10**9, rebuild_interval_s=10**6,
+        rebuild_max_share=0.0,
+    )  # fmt: skip
+    written, prompt = [40, 41, 42, 43, 44, 45, 46, 47], [1, 2, 3, 4]
+    with serving(loop_thread, cfg) as s:
+        def client(token: str) -> DrafterClient:
+            return DrafterClient(s.server.address, deadline_ms=60_000.0, token=token,
+                                 budget=BudgetRule.fixed(8))  # fmt: skip
+
+        ahead, mate = client("alpha-token-0123456789"), client("alpha-token-0123456789")
+        other = client("beta-token-0123456789ab")
+        ahead.add_request("a", prompt)
+        assert ahead.step({"a": written}).outcome == Outcome.OK
+        for name, worker in (("m", mate), ("o", other)):
+            worker.add_request(name, prompt)
+        mates = mate.step({"m": written[:2]})["m"]
+        assert mates is not None and list(mates.tokens[:6]) == written[2:]
+        others = other.step({"o": written[:2]})["o"]
+        if scope == "datastore":
+            assert others is not None and list(others.tokens[:6]) == written[2:]
+        else:  # beta sees nothing of alpha's request in flight ...
+            assert others is None or len(others.tokens) == 0
+        ahead.finish("a", tail=[48], durable=True)
+        assert ahead.flush(60)  # a bound on failure only
+        other.add_request("after", [9, 40, 41])  # ... but what alpha stored, at once
+        stored = other.step({"after": []})["after"]
+        assert stored is not None and list(stored.tokens[:6]) == written[2:]
+        for worker in (ahead, mate, other):
+            worker.close()
+
+
+def test_recent_scope_client_without_clients_told_apart_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="recent_scope 'client' needs clients told apart"):
+        service_config(tmp_path / "data", recent_scope="client")
 
 
 def test_the_service_reserves_the_tiers_bound_for_every_token() -> None:

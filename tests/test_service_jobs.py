@@ -45,7 +45,7 @@ def catalog() -> Iterator[Catalog]:
 
 def start_job(request_id: str, tokens: list[int], budget: int = 8) -> DrafterJob:
     job = DrafterJob()
-    job.starts.append((request_id, np.array(tokens, np.int32), True))
+    job.starts.append((request_id, np.array(tokens, np.int32), True, 0))
     job.add(request_id, -1, budget)
     return job
 

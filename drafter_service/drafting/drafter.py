@@ -150,11 +150,18 @@ class Drafter:
         self._native.set_datastore(datastore.native)
         self._datastore = datastore
 
-    def start(self, request_id: str, prompt_ids: TokenIds, *, shared: bool = True) -> None:
+    def start(
+        self, request_id: str, prompt_ids: TokenIds, *, shared: bool = True, group: int = 0
+    ) -> None:
         """Creates the state of ``request_id`` from its prompt (O(len * depth)). With the
         recent tier on, ``shared=False`` keeps its tokens out of it (a request that opted
-        out of storage); it still drafts from the other requests'."""
+        out of storage); it still drafts from the other requests'. ``group``: its tokens
+        are seen by every request when 0, by requests of the same group only when > 0
+        (one per client, when clients keep in-flight tokens apart); it sees group 0's and
+        its own group's."""
         _check_request_id(request_id)
+        if group < 0 or group >= 2**31:
+            raise ValueError(f"group {group} is not in [0, 2**31)")
         prompt = as_token_array(prompt_ids, self.vocab_size, what="prompt_ids")
         with self._lock:
             if request_id in self._handles:
@@ -162,7 +169,7 @@ class Drafter:
             handle = next(self._next_handle)
             self._handles[request_id] = handle
         try:
-            self._native.start(handle, prompt, shared)
+            self._native.start(handle, prompt, shared, group)
         except BaseException:
             with self._lock:
                 self._handles.pop(request_id, None)

@@ -170,7 +170,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         call = parse_draft_request(request, engine.limits)
         if namespace:  # the engine sees the client's ids under its own prefix
             ids = call.request_ids
-            call = replace(call, request_ids=[namespace + r for r in ids])
+            call = replace(call, request_ids=[namespace + r for r in ids], client=namespace)
             answer = replace(await engine.draft(call, deadline_s), request_ids=ids)
         else:
             answer = await engine.draft(call, deadline_s)

@@ -38,6 +38,7 @@ class DraftCall:
     datastores: list[str]  # resolved (never empty); used only when a request starts
     prompt_lengths: list[int]  # resolved: the whole context when the call said 0
     private: list[bool] = field(default_factory=list)  # do_not_store per request; [] = none
+    client: str = ""  # the authenticated client's name ("": none)
 
     def new_tokens(self, i: int) -> npt.NDArray[np.int32]:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]

@@ -56,6 +56,8 @@ class DraftEngine:
     Per-batch numbers go to ``metrics`` (none when not given). Light calls
     run their native work on the loop thread when nothing else is queued
     (``inline_max_work``, see :class:`~drafter_service.engine.draft_jobs.JobRunner`).
+    ``clients_apart``: the recent tier keeps each client's requests in flight to that
+    client's requests (``DraftCall.client`` names it); stored generations stay shared.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class DraftEngine:
         inline_max_work: int = 0,
         finish_durable: bool = False,
         max_queue_s: float = 0.25,
+        clients_apart: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.catalog = catalog
@@ -81,6 +84,8 @@ class DraftEngine:
         self.clock = clock  # what call deadlines are read against (monotonic seconds)
         self.metrics: EngineMetrics = Unobserved() if metrics is None else metrics
         self._inflight = 0
+        # With clients_apart: a recent-tier group per client name (1, 2, ...); else all 0.
+        self._groups: dict[str, int] | None = {} if clients_apart else None
         self._runner = JobRunner(catalog, inline_max_work)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
 
@@ -104,8 +109,9 @@ class DraftEngine:
             places: list[Place | None] = []
             lengths: list[int] = []
             holds: Holds = {}
+            group = self._group(call.client)
             for i in range(len(call.request_ids)):
-                place, length = self._plan(call, i, now, jobs, holds)
+                place, length = self._plan(call, i, now, jobs, holds, group)
                 places.append(place)
                 lengths.append(length)
             self._stop_all(self.table.trim(keep=call.request_ids), jobs)
@@ -138,6 +144,13 @@ class DraftEngine:
             trees.append((batch, place[1]) if batch is not None and place is not None else None)
         return DraftAnswer(call.request_ids, lengths, trees)
 
+    def _group(self, client: str) -> int:
+        """The recent-tier group of ``client``'s requests: 0 (seen by all) unless clients
+        are kept apart and the call names one."""
+        if self._groups is None or not client:
+            return 0
+        return self._groups.setdefault(client, len(self._groups) + 1)
+
     def _plan(
         self,
         call: DraftCall,
@@ -145,6 +158,7 @@ class DraftEngine:
         now: float,
         jobs: dict[str, DrafterJob],
         holds: Holds,
+        group: int,
     ) -> tuple[Place | None, int]:
         request_id, budget = call.request_ids[i], call.budgets[i]
         state = self.table.get(request_id)
@@ -157,7 +171,8 @@ class DraftEngine:
                 request_id, name, len(tokens), call.prompt_lengths[i], now
             )
             job = jobs_for(jobs, name)
-            job.starts.append((request_id, tokens, not (call.private and call.private[i])))
+            shared = not (call.private and call.private[i])
+            job.starts.append((request_id, tokens, shared, group))
             holds.setdefault(name, []).append((request_id, state, reserved))
             return (name, job.add(request_id, -1, budget)), state.length
         if state is None or state.length != call.known_lengths[i]:  # the client's view is stale

@@ -68,8 +68,9 @@ class DrafterJob:
 
     collect: list[str] = field(default_factory=list)  # finished: their tokens read first
     stops: list[str] = field(default_factory=list)  # restarted, mismatched, evicted, finished
-    # (request id, its context, whether it shares its tokens with the recent tier)
-    starts: list[tuple[str, npt.NDArray[np.int32], bool]] = field(default_factory=list)
+    # (request id, its context, whether it shares its tokens with the recent tier, its
+    # recent-tier group)
+    starts: list[tuple[str, npt.NDArray[np.int32], bool, int]] = field(default_factory=list)
     request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
     rows: list[int] = field(default_factory=list)  # each one's index in the call; -1: none new
     budgets: list[int] = field(default_factory=list)
@@ -97,7 +98,7 @@ class DrafterJob:
             appended = offs[-1]
         else:
             appended = sum(offs[r + 1] - offs[r] for r in self.rows if r >= 0)
-        tokens = sum(len(t) for _, t, _ in self.starts) + appended
+        tokens = sum(len(t) for _, t, _, _ in self.starts) + appended
         return weight(len(self.request_ids), tokens, sum(self.budgets), len(self.stops))
 
     def _whole_call(self) -> bool:
@@ -134,8 +135,8 @@ class DrafterJob:
                     self.collected[request_id] = drafter.tokens(request_id)
             for request_id in self.stops:
                 drafter.stop(request_id)
-            for request_id, context, shared in self.starts:
-                drafter.start(request_id, context, shared=shared)
+            for request_id, context, shared, group in self.starts:
+                drafter.start(request_id, context, shared=shared, group=group)
             if not self.request_ids:
                 return None
             if dropped := [r for r in self.request_ids if r not in drafter]:

@@ -236,7 +236,7 @@ class DrafterServer:
         self._engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
-            max_queue_s=config.max_queue_ms / 1e3,
+            max_queue_s=config.max_queue_ms / 1e3, clients_apart=config.recent_scope == "client",
         )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
         self._servicer.attach(self._engine)

@@ -257,6 +257,13 @@ class ServeConfig(BaseSettings):
         description="CA (PEM) whose client certificates are required (mutual TLS); without "
         "--grpc-tokens-file the certificate's common name names the client",
     )
+    recent_scope: Literal["datastore", "client"] = Field(
+        "datastore",
+        description="whose requests in flight a request drafts from through the recent tier: "
+        "every request of its datastore (datastore), or its own client's only (client; needs "
+        "--grpc-tokens-file or --tls-client-ca-file). Stored generations are shared either way, "
+        "as the live datastore shares them",
+    )
     corpora_dir: Path | None = Field(
         None, description="directory whose corpus files the admin API may add (unset: none)"
     )
@@ -307,6 +314,12 @@ class ServeConfig(BaseSettings):
             raise ValueError("ServeConfig.tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("ServeConfig.tls_client_ca_file needs tls_cert_file/tls_key_file")
+        if (self.recent_scope == "client" and self.grpc_tokens_file is None
+                and self.tls_client_ca_file is None):  # fmt: skip
+            raise ValueError(
+                "ServeConfig.recent_scope 'client' needs clients told apart: grpc_tokens_file "
+                "or tls_client_ca_file"
+            )
         self.shared_log_config()  # raises ValueError naming a bad URL or prefix
         return self
 

@@ -327,11 +327,11 @@ void bind_drafter(nb::module_& m) {
            "datastore"_a)
       .def(
           "start",
-          [](Drafter& d, int64_t handle, In<int32_t> tokens, bool shared) {
+          [](Drafter& d, int64_t handle, In<int32_t> tokens, bool shared, int32_t group) {
             nb::gil_scoped_release release;
-            d.start(handle, tokens.data(), tokens.shape(0), shared);
+            d.start(handle, tokens.data(), tokens.shape(0), shared, group);
           },
-          "handle"_a, "tokens"_a, "shared"_a = true)
+          "handle"_a, "tokens"_a, "shared"_a = true, "group"_a = 0)
       .def("add", &with_tokens<&Drafter::add>, "handle"_a, "tokens"_a)
       .def("stop", &Drafter::stop, "handle"_a)
       .def(

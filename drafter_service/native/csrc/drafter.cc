@@ -137,9 +137,12 @@ std::shared_ptr<RequestState> Drafter::find(int64_t handle) const {
   return it->second;
 }
 
-void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool shared) {
+void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool shared,
+                    int32_t group) {
   check_tokens(tokens, n);
+  if (group < 0) throw std::invalid_argument("recent-tier group " + std::to_string(group) + " < 0");
   auto state = std::make_shared<RequestState>(config_.input_max_depth);
+  state->group = group;
   state->tokens.assign(tokens, tokens + n);
   for (int64_t i = 0; i < n; ++i) state->trie.append(tokens[i]);
   std::unique_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
@@ -152,7 +155,7 @@ void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool share
                                   " is already started");
     }
   }
-  if (tier_ && shared) tier_->add(handle, stream);
+  if (tier_ && shared) tier_->add(handle, stream, group);
 }
 
 void Drafter::add(int64_t handle, const int32_t* tokens, int64_t n) {
@@ -294,8 +297,9 @@ void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* 
   committed_matches(state.trie, config_, scratch.matches);
   const CandidateTree* recent = nullptr;
   if (tier_) {
-    tier_->retrieve(handle, state.tokens.data(), static_cast<int64_t>(state.tokens.size()),
-                    budget, scratch.recent, scratch.recent_tree);
+    tier_->retrieve(handle, state.group, state.tokens.data(),
+                    static_cast<int64_t>(state.tokens.size()), budget, scratch.recent,
+                    scratch.recent_tree);
     recent = &scratch.recent_tree;
   }
   fuse_with_datastore(&state.trie, state.tokens.data(), state.tokens.size(), datastore, config_,

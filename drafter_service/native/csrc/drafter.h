@@ -24,6 +24,7 @@ struct RequestState {
   std::mutex mu;                // serialises appends and drafts of this request
   InputTrie trie;               // prompt + committed tokens
   std::vector<int32_t> tokens;  // the same tokens in order (datastore lookups need the tail)
+  int32_t group = 0;            // its recent-tier group (recent_tier.h)
 
   // Bytes held: the trie's buffers, the tokens' capacity, this object. Caller holds mu.
   int64_t bytes() const {
@@ -63,8 +64,11 @@ class Drafter {
 
   // Creates a request's state from its prompt. Throws if the handle exists. `shared`:
   // whether its tokens join the recent tier (a request that opted out of storage does
-  // not share them; it still drafts from the others').
-  void start(int64_t handle, const int32_t* tokens, int64_t n, bool shared = true);
+  // not share them; it still drafts from the others'). `group`: its recent-tier group
+  // (recent_tier.h; 0: its tokens are seen by every request, and it sees those of
+  // group 0 only).
+  void start(int64_t handle, const int32_t* tokens, int64_t n, bool shared = true,
+             int32_t group = 0);
   // Appends committed tokens. Throws std::out_of_range for an unknown handle.
   void add(int64_t handle, const int32_t* tokens, int64_t n);
   // Frees a request's state; returns false if the handle was unknown.

@@ -83,19 +83,19 @@ void RecentTier::rebuild(bool drop_removed) {
   }
 }
 
-void RecentTier::add(int64_t handle, const std::vector<int32_t>* tokens) {
+void RecentTier::add(int64_t handle, const std::vector<int32_t>* tokens, int32_t group) {
   if (stream_of_.count(handle) != 0) {
     throw std::invalid_argument("recent tier: request handle " + std::to_string(handle) +
                                 " is already indexed");
   }
-  const uint32_t s = add_stream(tokens);
+  const uint32_t s = add_stream(tokens, group);
   stream_of_.emplace(handle, s);
   index_stream(s);
 }
 
-uint32_t RecentTier::add_stream(const std::vector<int32_t>* tokens) {
+uint32_t RecentTier::add_stream(const std::vector<int32_t>* tokens, int32_t group) {
   if (streams_.size() >= kMaxPosition) rebuild(true);
-  streams_.push_back({tokens, k_});
+  streams_.push_back({tokens, k_, group});
   return static_cast<uint32_t>(streams_.size() - 1);
 }
 
@@ -139,7 +139,7 @@ bool RecentTier::hold(int64_t position, const int32_t* tokens, int64_t n) {
   }
   while (held_tokens_ + n > max_held_tokens_) release_oldest();  // folded soonest
   auto copy = std::make_unique<std::vector<int32_t>>(tokens, tokens + n);
-  const uint32_t s = add_stream(copy.get());
+  const uint32_t s = add_stream(copy.get(), 0);
   held_.emplace(position, Held{std::move(copy), s});
   held_tokens_ += n;
   index_stream(s);
@@ -159,8 +159,9 @@ void RecentTier::release_oldest() {
   remove_stream(s);
 }
 
-void RecentTier::retrieve(int64_t own, const int32_t* context, int64_t context_len,
-                          int32_t max_len, RecentScratch& scratch, CandidateTree& tree) const {
+void RecentTier::retrieve(int64_t own, int32_t group, const int32_t* context,
+                          int64_t context_len, int32_t max_len, RecentScratch& scratch,
+                          CandidateTree& tree) const {
   tree.clear();
   if (context_len < k_ || max_len <= 0 || samples_ <= 0 || entries_.empty()) return;
   const auto own_it = stream_of_.find(own);
@@ -176,8 +177,13 @@ void RecentTier::retrieve(int64_t own, const int32_t* context, int64_t context_l
        e = entries_[e - 1].next) {
     const Entry& entry = entries_[e - 1];
     if (entry.key != key) continue;
-    const std::vector<int32_t>* tokens = streams_[entry.stream].tokens;
+    const Stream& stream = streams_[entry.stream];
+    const std::vector<int32_t>* tokens = stream.tokens;
     if (tokens == nullptr) continue;  // a stopped request's, not compacted yet
+    if (stream.group != 0 && stream.group != group) {  // another client's: walked, unseen
+      ++walked;
+      continue;
+    }
     const int32_t* text = tokens->data();
     const auto limit = static_cast<int32_t>(
         std::min<int64_t>({max_match_, static_cast<int64_t>(entry.pos), context_len}));

@@ -12,9 +12,14 @@
 // K tokens before it, entered when its K-th token arrives: its continuation is what
 // the stream holds from p on, which grows as the stream does. A lookup for a context
 // walks the entries of the context's last K tokens from the newest, takes the first
-// recent_candidates ones of other streams that have a continuation, measures how far
+// recent_candidates ones of other streams the context's group may see (below) that have a
+// continuation, measures how far
 // back each one's match with the context extends (up to recent_max_match), and keeps
 // the recent_samples longest (the newer first among equal lengths).
+//
+// Groups: a stream of group 0 (every held generation, and every request when its
+// datastore's clients share in-flight tokens) is seen by every request; a request's
+// stream of group g > 0 (its client's, when they do not) only by requests of group g.
 //
 // Not thread-safe: the Drafter mutates it and the streams it reads under an exclusive
 // lock, and drafts from it under a shared one (drafter.h).
@@ -52,9 +57,10 @@ class RecentTier {
 
   explicit RecentTier(const DraftConfig& config);
 
-  // Starts indexing the stream of request `handle`. `tokens` must stay valid until
-  // remove(handle) and change only by appends, each followed by index(handle).
-  void add(int64_t handle, const std::vector<int32_t>* tokens);
+  // Starts indexing the stream of request `handle`, of group `group` (see the file
+  // comment). `tokens` must stay valid until remove(handle) and change only by appends,
+  // each followed by index(handle).
+  void add(int64_t handle, const std::vector<int32_t>* tokens, int32_t group = 0);
   // Enters the positions the stream's tokens appended since the last call complete
   // (nothing for a request the tier does not index).
   void index(int64_t handle);
@@ -70,9 +76,10 @@ class RecentTier {
   // Fills `tree` with the continuations of other streams after the context's last K
   // tokens (see the file comment), each capped at min(datastore_max_continuation,
   // max_len) tokens, and sets its matched prefix to the longest match (0: none).
-  // `own`: the request drafting, whose own stream is never matched.
-  void retrieve(int64_t own, const int32_t* context, int64_t context_len, int32_t max_len,
-                RecentScratch& scratch, CandidateTree& tree) const;
+  // `own`: the request drafting, whose own stream is never matched; `group`: its group,
+  // which decides the streams it sees.
+  void retrieve(int64_t own, int32_t group, const int32_t* context, int64_t context_len,
+                int32_t max_len, RecentScratch& scratch, CandidateTree& tree) const;
 
   int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
   int64_t resident_bytes() const;
@@ -83,6 +90,7 @@ class RecentTier {
   struct Stream {
     const std::vector<int32_t>* tokens;  // null once removed
     int64_t indexed;  // tokens whose position after them has been considered
+    int32_t group;    // 0: seen by every request; g > 0: by requests of group g only
   };
   struct Held {
     std::unique_ptr<std::vector<int32_t>> tokens;  // the copy its stream reads
@@ -97,7 +105,7 @@ class RecentTier {
   uint32_t key_of(const int32_t* last) const;  // of the K tokens ending at last[-1]
   void insert(uint32_t stream, uint32_t pos, uint32_t key);
   void rebuild(bool drop_removed);  // rechains every entry; compacts when asked
-  uint32_t add_stream(const std::vector<int32_t>* tokens);  // indexed by index_stream
+  uint32_t add_stream(const std::vector<int32_t>* tokens, int32_t group);  // then index_stream
   void index_stream(uint32_t s);
   void remove_stream(uint32_t s);
   void release_oldest();  // of held_, which is not empty
