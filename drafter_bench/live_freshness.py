@@ -81,7 +81,7 @@ def measure(
 
 def measure_tier(directory: Path, tokens: int, policy: LivePolicy) -> dict[str, object]:
     rng = np.random.default_rng(tokens)
-    plain = DraftConfig(node_score=default_node_score().as_config())
+    plain = DraftConfig(node_score=default_node_score().as_config(), recent_samples=0)
     with_tier = Drafter(VOCAB, dataclasses.replace(plain, recent_samples=16))
     without = Drafter(VOCAB, plain)
 

@@ -11,7 +11,9 @@ Everyone else: the dev sets against the 6.4M-token corpus datastore in lockstep 
 unrelated requests (``--dev-batch``), with and without the tier: tau and the batch's step
 time. Follow-up turns are left out (:func:`first_turns`): a second turn's prompt holds the
 first turn's answer, and the two cannot be in flight together. Last, the step's cost: chat
-in batches of 64 at budget 32, with and without the tier.
+in batches of 64 at budget 32, with and without the tier; and the per-request latency
+(one request a call, one thread, budget 32, the corpus datastore; the request's own tokens
+in the tier), with and without it. ``--phase`` picks phases (default: all).
 
     python -m drafter_bench.recent_tier --data-dir ../shared/data \
         --out benchmarks/results/recent_tier.jsonl
@@ -37,6 +39,7 @@ from drafter_service.drafting.node_score import default_node_score
 CORPUS = "corpus/datastore_llama3_family.jsonl.gz"
 DEV_SETS = ("chat_alpacaeval_llama3_8b", "code_humaneval_llama31_8b", "multilingual_mtbench_suzume")
 VOCAB = 128256
+PHASES = ("siblings", "unrelated", "step", "latency")
 TIER_SAMPLES = 16
 """The tier's recent_samples measured (recent_candidates at its default, 64), at
 recent_min_match 2 (the default) and 1."""
@@ -66,6 +69,10 @@ def first_turns(records: list[Record], n: int = 8) -> list[Record]:
 def _row(kind: str, settings: ReplaySettings, result: object, **extra: object) -> dict[str, object]:
     r = result  # a ReplayResult
     batch_ms = np.asarray(r.batch_ns, dtype=np.float64) / 1e6  # type: ignore[attr-defined]
+    draft_us = np.asarray(r.draft_ns, dtype=np.float64) / 1e3  # type: ignore[attr-defined]
+    if len(draft_us):  # batch 1: per-request latency
+        extra = {**extra, "draft_us_p50": round(float(np.percentile(draft_us, 50)), 1),
+                 "draft_us_p99": round(float(np.percentile(draft_us, 99)), 1)}  # fmt: skip
     return {
         "kind": kind, **extra, "budget": settings.budget, "batch": settings.batch,
         "recent_samples": settings.config.recent_samples,
@@ -90,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stagger", type=int, action="append",
                         help="steps between siblings' starts (default 0 and 8)")
     parser.add_argument("--dev-batch", type=int, default=16)
-    parser.add_argument("--skip-dev", action="store_true")
+    parser.add_argument("--phase", action="append", choices=PHASES,
+                        help="phases to run (repeatable; default: all)")
     args = parser.parse_args(argv)
+    phases = set(args.phase or PHASES)
     score = default_node_score().as_config()
-    plain = DraftConfig(node_score=score)
+    plain = DraftConfig(node_score=score, recent_samples=0)  # the tier is on by default
     tiers = [dataclasses.replace(plain, recent_samples=TIER_SAMPLES, recent_min_match=k)
              for k in (2, 1)]  # fmt: skip
     corpus_path = args.data_dir / CORPUS
@@ -105,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), file=out, flush=True)
         print(json.dumps(row), file=sys.stderr)
 
-    corpus = read_records(corpus_path, vocab_size=VOCAB)
-    for n in args.siblings or [2, 4, 8]:
+    corpus = read_records(corpus_path, vocab_size=VOCAB) if "siblings" in phases else []
+    for n in (args.siblings or [2, 4, 8]) if "siblings" in phases else []:
         groups = sibling_groups(corpus, n)[: (args.sibling_records // n) * n]
         for stagger in args.stagger or [0, 8]:
             for config in (plain, *tiers):
@@ -115,23 +124,28 @@ def main(argv: list[str] | None = None) -> int:
                 emit(_row("siblings", settings, replay(groups, settings), siblings=n,
                           stagger=stagger))  # fmt: skip
     del corpus
-    if not args.skip_dev:
+    if phases - {"siblings"}:
         base = [SubIndex.build(list(iter_documents(corpus_path, vocab_size=VOCAB)), VOCAB)]
-        for name in DEV_SETS:
-            records = first_turns(
-                read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
-            )
-            for config in (plain, *tiers):
-                settings = ReplaySettings("both", args.budget, batch=args.dev_batch,
-                                          config=config)  # fmt: skip
-                emit(_row("unrelated", settings, replay(records, settings, base), data=name,
-                          kept=len(records)))  # fmt: skip
-        # The step's cost: 64 requests a call at budget 32 (the issue's latency rows).
+    for name in DEV_SETS if "unrelated" in phases else ():
+        records = first_turns(
+            read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
+        )
+        for config in (plain, *tiers):
+            settings = ReplaySettings("both", args.budget, batch=args.dev_batch,
+                                      config=config)  # fmt: skip
+            emit(_row("unrelated", settings, replay(records, settings, base), data=name,
+                      kept=len(records)))  # fmt: skip
+    if "step" in phases:  # the step's cost: 64 requests a call at budget 32
         chat = first_turns(read_records(args.data_dir / "dev" / f"{DEV_SETS[0]}.jsonl.gz",
                                         vocab_size=VOCAB))  # fmt: skip
         for config in (plain, tiers[0]):
             settings = ReplaySettings("both", 32, batch=64, config=config)
             emit(_row("step", settings, replay(chat, settings, base), data=DEV_SETS[0]))
+    for name in DEV_SETS if "latency" in phases else ():  # one request a call, budget 32
+        records = read_records(args.data_dir / "dev" / f"{name}.jsonl.gz", vocab_size=VOCAB)
+        for config in (plain, tiers[0]):
+            settings = ReplaySettings("both", 32, batch=1, config=config)
+            emit(_row("latency", settings, replay(records, settings, base), data=name))
     out.close()
     return 0
 
