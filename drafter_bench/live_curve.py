@@ -4,8 +4,12 @@ Replays each dev set from an empty live datastore (every finished record is
 ingested before the next starts) and records tau over each window of records,
 for the full method (``both``) with the hand-set fusion and with the learned node score
 shipped in the package, and for the input trie alone (which learns nothing across
-records); the SSSD reference's whole-set live tau is marked on each panel. Writes
-live_curve.jsonl and a plot, and prints a Markdown table.
+records); the SSSD reference's whole-set live tau is marked on each panel. Then the
+learned score once more with no rebuild in the whole run (a rebuild policy that never
+comes due, as a service between rebuilds): with the recent tier (the default), which
+holds every stored record until a rebuild, and without it (``recent_samples=0``), which
+leaves the datastore empty. Writes live_curve.jsonl and a plot, and prints a Markdown
+table.
 
     python drafter_bench/live_curve.py --data-dir ../shared/data --out benchmarks/results \
         --plot docs/live_curve.png
@@ -34,22 +38,35 @@ REFERENCE_LIVE_TAU_BUDGET16 = {
 (docs/benchmarks.md, "Acceptance"); its per-window curve is not published."""
 
 
+NEVER = ["--live-rebuild-tokens", str(10**12)]  # a rebuild policy that never comes due
+RUNS: tuple[tuple[str, list[str], list[str], str], ...] = (
+    # node score, sources, more flags, what the row is (``rebuild`` in the JSON)
+    ("hand", ["input", "both"], [], "every record"),
+    ("default", ["both"], [], "every record"),
+    ("default", ["both"], NEVER, "never, recent tier"),
+    ("default", ["both"], [*NEVER, "--config", "recent_samples=0"], "never, no tier"),
+)
+
+
 def run(data: Path, budget: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for node_score, sources in (("hand", ["input", "both"]), ("default", ["both"])):
+    for node_score, sources, flags, rebuild in RUNS:
         cmd = [sys.executable, "-m", "drafter_bench.bench_cli", "replay", "--json", "--live",
                "--no-pld", "--budget", str(budget), "--curve", str(WINDOW), "--data", str(data),
-               "--node-score", node_score]  # fmt: skip
+               "--node-score", node_score, *flags]  # fmt: skip
         for source in sources:
             cmd += ["--sources", source]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        rows += [{**json.loads(line), "rebuild": rebuild}
+                 for line in out.splitlines() if line.startswith("{")]  # fmt: skip
     return rows
 
 
 def _label(row: dict[str, Any]) -> str:
     if row["method"] == "input":
         return "input trie alone"
+    if row["rebuild"] != "every record":
+        return f"learned score, no rebuild ({row['rebuild'].removeprefix('never, ')})"
     return "live datastore + input, " + (
         "learned node score" if row.get("node_score") == "default" else "hand-set fusion"
     )
@@ -94,20 +111,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "live_curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     plot(rows, args.plot)
+    kinds = (("input", "hand", "every record"), ("both", "hand", "every record"),
+             ("both", "default", "every record"), ("both", "default", "never, recent tier"),
+             ("both", "default", "never, no tier"))  # fmt: skip
     for name in DEV_SETS:
-        both = next(r for r in rows if r["data"] == name and r["method"] == "both"
-                    and r.get("node_score") == "hand")  # fmt: skip
-        learned = next(r for r in rows if r["data"] == name and r["method"] == "both"
-                       and r.get("node_score") == "default")  # fmt: skip
-        alone = next(r for r in rows if r["data"] == name and r["method"] == "input")
+        curves = [next(r for r in rows if r["data"] == name and r["method"] == method
+                       and r.get("node_score") == score and r["rebuild"] == rebuild)
+                  for method, score, rebuild in kinds]  # fmt: skip
         print(f"\n{name} (budget {args.budget}; tau over each window of {WINDOW} records)\n")
-        print("| records | input only | live datastore + input | gain | with the learned score |")
-        print("|---|---|---|---|---|")
-        for (n, t_in), (_, t_both), (_, t_learned) in zip(
-            alone["tau_curve"], both["tau_curve"], learned["tau_curve"], strict=True
-        ):
-            gain = t_both / t_in - 1
-            print(f"| {n} | {t_in:.3f} | {t_both:.3f} | {gain:+.1%} | {t_learned:.3f} |")
+        print("| records | input only | live datastore + input | gain | with the learned score "
+              "| no rebuild, recent tier | no rebuild, no tier |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for points in zip(*(c["tau_curve"] for c in curves), strict=True):
+            n, (t_in, t_both, *rest) = points[0][0], [t for _, t in points]
+            cells = " | ".join(f"{t:.3f}" for t in rest)
+            print(f"| {n} | {t_in:.3f} | {t_both:.3f} | {t_both / t_in - 1:+.1%} | {cells} |")
 
 
 if __name__ == "__main__":

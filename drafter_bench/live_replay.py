@@ -20,6 +20,7 @@ from pathlib import Path
 
 from drafter_bench.token_records import Record
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
+from drafter_service.live.index_set import Unfolded
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.live.pinned_corpora import CORPORA_KEY, Corpus, corpora_listing
 from drafter_service.snapshot.store import TokenizerIdentity, write_snapshot
@@ -34,7 +35,8 @@ PINNED_BASE_NAME = "replay-base"
 
 class ReplayLiveStore:
     """A :class:`LiveDatastore` in a temporary directory, starting from ``base`` laid
-    out as ``base_layout`` (one of :data:`LIVE_BASE_LAYOUTS`)."""
+    out as ``base_layout`` (one of :data:`LIVE_BASE_LAYOUTS`); ``unfolded``: a drafter
+    whose recent tier holds each stored record until a rebuild folds it in."""
 
     def __init__(
         self,
@@ -42,6 +44,7 @@ class ReplayLiveStore:
         vocab_size: int,
         policy: LivePolicy,
         base_layout: str = "pinned",
+        unfolded: Unfolded | None = None,
     ) -> None:
         if base_layout not in LIVE_BASE_LAYOUTS:
             raise ValueError(
@@ -58,7 +61,8 @@ class ReplayLiveStore:
             pinned = Corpus(PINNED_BASE_NAME, tuple(base))
             metadata = {CORPORA_KEY: corpora_listing([pinned])} if base_layout == "pinned" else None
             write_snapshot(initial, Datastore(base, vocab_size), tokenizer, metadata=metadata)
-        self.store = LiveDatastore(self._dir.name, tokenizer, policy, background=False)
+        self.store = LiveDatastore(self._dir.name, tokenizer, policy, background=False,
+                                   unfolded=unfolded)  # fmt: skip
 
     @property
     def datastore(self) -> Datastore:

@@ -179,17 +179,21 @@ def replay(
     if settings.batch % group:
         raise ValueError(f"batch {settings.batch} is not a multiple of siblings {group}")
     uses_store = settings.method in USES_DATASTORE
-    live = (
-        ReplayLiveStore(base, settings.vocab_size, settings.live_policy, settings.live_base)
-        if settings.live and uses_store
-        else None
-    )
     store = Datastore(base if uses_store else (), settings.vocab_size)
     if settings.ceiling and settings.ceiling < settings.budget:
         raise ValueError(f"ceiling {settings.ceiling} is below budget {settings.budget}")
     # Under a ceiling every step drafts its large tree; a path of up to `budget` tokens
     # of it is a `budget`-node subtree, so capping the accepted length bounds re-ranking.
     proposer = make_proposer(replace(settings, budget=settings.ceiling or settings.budget), store)
+    # With the recent tier, every stored record is drafted from until a rebuild folds it in.
+    tier = (proposer.drafter if isinstance(proposer, DrafterProposer)
+            and settings.config.recent_samples > 0 else None)  # fmt: skip
+    live = (
+        ReplayLiveStore(base, settings.vocab_size, settings.live_policy, settings.live_base,
+                        unfolded=tier)
+        if settings.live and uses_store
+        else None
+    )
     accept_cap = settings.budget if settings.ceiling else None
     if settings.chain is not None and not isinstance(proposer, DrafterProposer):
         raise ValueError(f"chains are chosen by node scores: method {settings.method!r} has "
