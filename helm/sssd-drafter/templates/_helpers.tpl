@@ -192,6 +192,14 @@ where the schema is skipped (helm --skip-schema-validation).
 {{- end }}
 {{- end }}
 
+{{/* settings.recent_scope "client" keeps each client's requests in flight to itself: the
+drafter refuses to start unless clients are told apart (auth.enabled, or tls.mutual). */}}
+{{- define "sssd-drafter.checkRecentScope" -}}
+{{- if and (eq (toString .Values.settings.recent_scope) "client") (not .Values.auth.enabled) (not (and .Values.tls.enabled .Values.tls.mutual)) }}
+{{- fail "settings.recent_scope: client needs clients told apart: auth.enabled (bearer tokens) or tls.enabled with tls.mutual (client certificates)" }}
+{{- end }}
+{{- end }}
+
 {{/* The Redis URL of the shared log: redis[s]://HOST:PORT/DB (no password: that is a file). */}}
 {{- define "sssd-drafter.sharedLogUrl" -}}
 {{- $redis := .Values.sharedLog.redis }}
