@@ -690,3 +690,30 @@ def test_siblings_in_flight_draft_from_each_other_with_the_recent_tier() -> None
     assert fewer[0] <= 40 - 8 and fewer[1] <= 40
     with pytest.raises(ValueError, match="multiple of siblings"):
         replay(records, ReplaySettings("input", 8, batch=3, siblings=2))
+
+
+def test_the_recent_tier_benchmark_compares_the_tier_off_and_on(tmp_path: Path) -> None:
+    """`python -m drafter_bench.recent_tier`: each comparison's first row has the tier off
+    and the others on (the tier is on by default, so "without" must say so), on a small
+    data directory laid out as ../shared/data is."""
+    from drafter_bench import recent_tier
+
+    def lines(records: list[Record], prompt: bool = True) -> list[str]:
+        return [json.dumps({"id": r.id, "prompt_ids": r.prompt_ids.tolist() if prompt else [],
+                            "output_ids": r.output_ids.tolist()}) for r in records]  # fmt: skip
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "dev").mkdir()
+    write_jsonl(tmp_path / recent_tier.CORPUS, lines(random_records(1, 20)))
+    for i, name in enumerate(recent_tier.DEV_SETS):
+        write_jsonl(tmp_path / "dev" / f"{name}.jsonl.gz", lines(random_records(10 + i, 6)))
+    out = tmp_path / "rows.jsonl"
+    argv = ["--data-dir", str(tmp_path), "--out", str(out), "--phase", "latency", "--phase",
+            "unrelated", "--dev-batch", "2"]  # fmt: skip
+    assert recent_tier.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    latency = [r["recent_samples"] for r in rows if r["kind"] == "latency"]
+    unrelated = [r["recent_samples"] for r in rows if r["kind"] == "unrelated"]
+    assert latency == [0, 16] * len(recent_tier.DEV_SETS)
+    assert unrelated == [0, 16, 16] * len(recent_tier.DEV_SETS)
+    assert all(r["draft_us_p50"] > 0 for r in rows if r["kind"] == "latency")
