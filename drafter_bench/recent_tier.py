@@ -114,16 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), file=out, flush=True)
         print(json.dumps(row), file=sys.stderr)
 
-    corpus = read_records(corpus_path, vocab_size=VOCAB) if "siblings" in phases else []
-    for n in (args.siblings or [2, 4, 8]) if "siblings" in phases else []:
-        groups = sibling_groups(corpus, n)[: (args.sibling_records // n) * n]
-        for stagger in args.stagger or [0, 8]:
-            for config in (plain, *tiers):
-                settings = ReplaySettings("both", args.budget, batch=n, config=config,
-                                          siblings=n, stagger=stagger)  # fmt: skip
-                emit(_row("siblings", settings, replay(groups, settings), siblings=n,
-                          stagger=stagger))  # fmt: skip
-    del corpus
+    if "siblings" in phases:
+        corpus = read_records(corpus_path, vocab_size=VOCAB)
+        for n in args.siblings or [2, 4, 8]:
+            groups = sibling_groups(corpus, n)[: (args.sibling_records // n) * n]
+            for stagger in args.stagger or [0, 8]:
+                for config in (plain, *tiers):
+                    settings = ReplaySettings("both", args.budget, batch=n, config=config,
+                                              siblings=n, stagger=stagger)  # fmt: skip
+                    emit(_row("siblings", settings, replay(groups, settings), siblings=n,
+                              stagger=stagger))  # fmt: skip
+        del corpus
     if phases - {"siblings"}:
         base = [SubIndex.build(list(iter_documents(corpus_path, vocab_size=VOCAB)), VOCAB)]
     for name in DEV_SETS if "unrelated" in phases else ():

@@ -12,10 +12,10 @@
 // K tokens before it, entered when its K-th token arrives: its continuation is what
 // the stream holds from p on, which grows as the stream does. A lookup for a context
 // walks the entries of the context's last K tokens from the newest, takes the first
-// recent_candidates ones of other streams the context's group may see (below) that have a
-// continuation, measures how far
-// back each one's match with the context extends (up to recent_max_match), and keeps
-// the recent_samples longest (the newer first among equal lengths).
+// recent_candidates ones of other streams that its group may see (below) and that have
+// a continuation, measures how far back each one's match with the context extends (up
+// to recent_max_match), and keeps the recent_samples longest (the newer first among
+// equal lengths).
 //
 // Groups: a stream of group 0 (every held generation, and every request when its
 // datastore's clients share in-flight tokens) is seen by every request; a request's
