@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cmp_to_key
 
@@ -425,7 +425,10 @@ class RefRecentTier:
     (stored, not folded yet) are streams of their own, entered whole when held.
     Groups: a stream of group 0 (held generations; requests whose clients share) is seen
     by every request, a request's stream of group g > 0 by requests of group g only; an
-    unseen entry still counts as walked."""
+    unseen entry still counts as walked. Siblings: with K > 1, every output position of a
+    request (p >= its prompt's length, p >= 1) is also a sibling entry, and a lookup then
+    walks the sibling entries of the streams with its own prompt whose token before p is
+    the context's last, the same way, keeping the matches shorter than K."""
 
     def __init__(self, config: DraftConfig) -> None:
         self.config = config
@@ -436,6 +439,8 @@ class RefRecentTier:
         self.group: dict[str, int] = {}  # request id -> its group
         self.stream_group: dict[int, int] = {}  # stream id -> its group (held: 0)
         self.held: dict[int, int] = {}  # ingest-log position -> its stream
+        self.prompt: dict[int, tuple[int, ...]] = {}  # request stream -> its prompt
+        self.sibling_entries: list[tuple[int, int]] = []  # (stream, position), oldest first
         self.released_through = -1
         self._next = 0
 
@@ -476,6 +481,7 @@ class RefRecentTier:
         self.stream_of[request_id] = stream
         self.streams[stream] = []
         self.stream_group[stream] = group
+        self.prompt[stream] = tuple(int(t) for t in tokens)
         self.append(request_id, tokens)
 
     def append(self, request_id: str, tokens: Sequence[int]) -> None:
@@ -488,6 +494,9 @@ class RefRecentTier:
         k = self.config.recent_min_match
         for p in range(before + 1 if before >= k else k, len(text) + 1):
             self.entries.append((stream, p))
+        if k > 1:
+            first = max(before + 1 if before else 0, len(self.prompt[stream]), 1)
+            self.sibling_entries.extend((stream, p) for p in range(first, len(text) + 1))
 
     def stop(self, request_id: str) -> None:
         self.unshared.discard(request_id)
@@ -507,25 +516,35 @@ class RefRecentTier:
         own, group = self.stream_of.get(request_id), self.group.get(request_id, 0)
         cap = min(c.datastore_max_continuation, budget)
         found: list[tuple[int, int, tuple[int, ...]]] = []  # (match, entry number, continuation)
-        walked = 0
-        for number in range(len(self.entries) - 1, -1, -1):
-            if walked >= 4 * c.recent_candidates or len(found) >= c.recent_candidates:
-                break
-            stream, pos = self.entries[number]
-            text = self.streams.get(stream)
-            if text is None or text[pos - k:pos] != ctx[-k:]:
-                continue
-            if self.stream_group.get(stream, 0) not in (0, group):  # another client's
+        own_prompt = self.prompt.get(own) if own is not None else None
+
+        def walk(entries: list[tuple[int, int]], of_key: Callable[[int, list[int]], bool],
+                 below: int) -> None:
+            walked = taken = 0
+            for number in range(len(entries) - 1, -1, -1):
+                if walked >= 4 * c.recent_candidates or taken >= c.recent_candidates:
+                    break
+                stream, pos = entries[number]
+                text = self.streams.get(stream)
+                if text is None or not of_key(stream, text[:pos]):
+                    continue
+                if self.stream_group.get(stream, 0) not in (0, group):  # another client's
+                    walked += 1
+                    continue
+                limit = min(c.recent_max_match, pos, len(ctx))
+                match = 0
+                while match < limit and text[pos - 1 - match] == ctx[-1 - match]:
+                    match += 1
                 walked += 1
-                continue
-            limit = min(c.recent_max_match, pos, len(ctx))
-            match = 0
-            while match < limit and text[pos - 1 - match] == ctx[-1 - match]:
-                match += 1
-            walked += 1
-            if stream == own or len(text) <= pos:
-                continue
-            found.append((match, number, tuple(text[pos:pos + cap])))
+                if stream == own or len(text) <= pos or match >= below:
+                    continue
+                found.append((match, number, tuple(text[pos:pos + cap])))
+                taken += 1
+
+        walk(self.entries, lambda _, before: before[-k:] == ctx[-k:], len(ctx) + 1)
+        if k > 1 and own_prompt is not None:
+            walk(self.sibling_entries,
+                 lambda s, before: self.prompt.get(s) == own_prompt and before[-1] == ctx[-1], k)
         found.sort(key=lambda x: (-x[0], -x[1]))
         taken = found[:c.recent_samples]
         for _, _, continuation in taken:

@@ -142,6 +142,21 @@ def test_a_sibling_ahead_is_drafted_from() -> None:
     assert tree.parents.tolist()[:4] == [-1, 0, 1, 2]
 
 
+def test_siblings_of_one_prompt_match_on_one_token_unrelated_requests_do_not() -> None:
+    """With K = 2 a sibling (same prompt) is drafted from after a one-token match; a
+    request of another prompt with the same tokens is not."""
+    drafter = Drafter(100, RECENT)
+    drafter.start("sibling", [1, 2, 3])
+    drafter.start("stranger", [4, 2, 3])
+    drafter.start("b", [1, 2, 3])
+    drafter.speculate(["sibling", "stranger"], [[5, 9, 7, 8], [8, 9, 7, 8]], 0)
+    # b's last two tokens (6, 9) occur nowhere; its last one, 9, in both others.
+    tree = drafter.speculate(["b"], [[6, 9]], 4).tree(0)
+    assert tree.tokens.tolist() == [7, 8]
+    drafter.stop("sibling")
+    assert len(drafter.speculate(["b"], [[]], 4).tree(0)) == 0
+
+
 def test_a_request_never_matches_its_own_tokens_in_the_tier() -> None:
     """Its own repeats are the input trie's: alone, it drafts exactly as without the tier,
     and no node says the tier offered it."""
@@ -205,7 +220,7 @@ def test_its_memory_is_counted_per_token_and_no_headroom_is_claimed() -> None:
         d.start("a", list(range(50)))
     assert plain.speculate(["a"], [[1]], 0).state_headroom.tolist()[0] > 0
     assert recent.speculate(["a"], [[1]], 0).state_headroom.tolist() == [0]
-    assert recent.request_bytes("a") - plain.request_bytes("a") == 51 * 96
+    assert recent.request_bytes("a") - plain.request_bytes("a") == 51 * RECENT_BYTES_PER_TOKEN
 
 
 @pytest.mark.parametrize("field,value", [("recent_samples", -1), ("recent_min_match", 0),
@@ -306,7 +321,7 @@ def test_the_service_reserves_the_tiers_bound_for_every_token() -> None:
     """What the native core counts a token for the tier, the service reserves before it
     is measured (its request-state budget bounds the tier too)."""
     plain, recent = StateCost(4, 640), StateCost(4, 640, RECENT_BYTES_PER_TOKEN)
-    assert RECENT_BYTES_PER_TOKEN == 96
+    assert RECENT_BYTES_PER_TOKEN == 192
     assert recent.worst(100) - plain.worst(100) == 100 * RECENT_BYTES_PER_TOKEN
 
 

@@ -1259,7 +1259,7 @@ TEST(Drafter, RecentTierUnderConcurrentCallersAndChurn) {
   DraftConfig config;
   config.max_budget = 64;
   config.recent_samples = 8;
-  config.recent_min_match = 1;
+  config.recent_min_match = 2;  // entries and sibling entries
   config.recent_candidates = 16;
   config.recent_held_tokens = 400;  // small: holding releases the oldest as it goes
   Drafter shared(config, kVocab, 4);

@@ -80,13 +80,6 @@ std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubInd
   return ds;
 }
 
-// Drafter::add as a binding: (handle, tokens), run without the GIL.
-template <void (Drafter::*Method)(int64_t, const int32_t*, int64_t)>
-void with_tokens(Drafter& d, int64_t handle, In<int32_t> tokens) {
-  nb::gil_scoped_release release;
-  (d.*Method)(handle, tokens.data(), tokens.shape(0));
-}
-
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
 std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     In<int32_t> context, const PyDatastore* datastore, const DraftConfig& config, int32_t budget,
@@ -98,13 +91,7 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     nb::gil_scoped_release release;
     const int32_t* ctx = context.data();
     const int64_t n = context.shape(0);
-    for (int64_t i = 0; i < n; ++i) {
-      if (ctx[i] < 0 || ctx[i] >= vocab_size) {
-        throw std::invalid_argument("token id " + std::to_string(ctx[i]) + " at index " +
-                                    std::to_string(i) + " is outside [0, " +
-                                    std::to_string(vocab_size) + ")");
-      }
-    }
+    check_tokens(ctx, n, vocab_size);
     std::unique_ptr<InputTrie> trie;
     if (use_input) {
       trie = std::make_unique<InputTrie>(config.input_max_depth);
@@ -332,7 +319,13 @@ void bind_drafter(nb::module_& m) {
             d.start(handle, tokens.data(), tokens.shape(0), shared, group);
           },
           "handle"_a, "tokens"_a, "shared"_a = true, "group"_a = 0)
-      .def("add", &with_tokens<&Drafter::add>, "handle"_a, "tokens"_a)
+      .def(
+          "add",
+          [](Drafter& d, int64_t handle, In<int32_t> tokens) {
+            nb::gil_scoped_release release;
+            d.add(handle, tokens.data(), tokens.shape(0));
+          },
+          "handle"_a, "tokens"_a)
       .def("stop", &Drafter::stop, "handle"_a)
       .def(
           "hold",

@@ -32,7 +32,11 @@ struct DraftScratch {
 // Fills scratch.datastore_tree with continuations of the context's suffixes, longest first,
 // until it holds datastore_min_tree_nodes non-root nodes (SSSD Algorithm 2).
 // Continuations are capped at min(datastore_max_continuation, max_len) tokens.
-void retrieve_datastore(const Datastore& datastore, const int32_t* context, int64_t context_len,
-                        const DraftConfig& config, int32_t max_len, DraftScratch& scratch);
+inline void retrieve_datastore(const Datastore& datastore, const int32_t* context,
+                               int64_t context_len, const DraftConfig& config, int32_t max_len,
+                               DraftScratch& scratch) {
+  retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context, context_len, config,
+                       max_len, scratch.retrieval, scratch.datastore_tree);
+}
 
 }  // namespace drafter

@@ -81,4 +81,14 @@ void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config)
   }
 }
 
+void check_tokens(const int32_t* tokens, int64_t n, int32_t vocab_size) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size) {
+      throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " at index " +
+                                  std::to_string(i) + " is outside [0, " +
+                                  std::to_string(vocab_size) + ")");
+    }
+  }
+}
+
 }  // namespace drafter

@@ -51,4 +51,7 @@ void validate(const DraftConfig& config);
 // which refuses bad budgets at its own boundary, it never fires.
 void check_budgets(const int32_t* budgets, int64_t n, const DraftConfig& config);
 
+// Throws std::invalid_argument naming the first of tokens[0, n) outside [0, vocab_size).
+void check_tokens(const int32_t* tokens, int64_t n, int32_t vocab_size);
+
 }  // namespace drafter

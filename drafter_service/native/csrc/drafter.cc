@@ -118,16 +118,6 @@ std::shared_ptr<const Datastore> Drafter::datastore() const {
   return datastore_;
 }
 
-void Drafter::check_tokens(const int32_t* tokens, int64_t n) const {
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab_size_) {
-      throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " at index " +
-                                  std::to_string(i) + " is outside [0, " +
-                                  std::to_string(vocab_size_) + ")");
-    }
-  }
-}
-
 std::shared_ptr<RequestState> Drafter::find(int64_t handle) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = requests_.find(handle);
@@ -139,7 +129,7 @@ std::shared_ptr<RequestState> Drafter::find(int64_t handle) const {
 
 void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool shared,
                     int32_t group) {
-  check_tokens(tokens, n);
+  check_tokens(tokens, n, vocab_size_);
   if (group < 0) throw std::invalid_argument("recent-tier group " + std::to_string(group) + " < 0");
   auto state = std::make_shared<RequestState>(config_.input_max_depth);
   state->group = group;
@@ -159,7 +149,7 @@ void Drafter::start(int64_t handle, const int32_t* tokens, int64_t n, bool share
 }
 
 void Drafter::add(int64_t handle, const int32_t* tokens, int64_t n) {
-  check_tokens(tokens, n);
+  check_tokens(tokens, n, vocab_size_);
   std::unique_lock<std::shared_mutex> tier_lock(tier_mu_, std::defer_lock);
   if (tier_) tier_lock.lock();
   auto state = find(handle);
@@ -185,7 +175,7 @@ bool Drafter::stop(int64_t handle) {
 }
 
 bool Drafter::hold(int64_t position, const int32_t* tokens, int64_t n) {
-  check_tokens(tokens, n);
+  check_tokens(tokens, n, vocab_size_);
   if (!tier_) return false;
   std::unique_lock<std::shared_mutex> tier_lock(tier_mu_);
   return tier_->hold(position, tokens, n);
@@ -247,7 +237,7 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
                                       const int32_t* tokens, int64_t num_tokens,
                                       const int64_t* offsets, const int32_t* budgets) const {
   check_batch(batch, num_tokens, offsets, budgets, config_);
-  check_tokens(tokens, num_tokens);
+  check_tokens(tokens, num_tokens, vocab_size_);
   BatchInputs in;
   in.states.resize(batch);
   std::lock_guard<std::mutex> lock(mu_);

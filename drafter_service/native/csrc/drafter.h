@@ -110,7 +110,6 @@ class Drafter {
   // unknown handle. Changes nothing.
   BatchInputs prepare(const int64_t* handles, int64_t batch, const int32_t* tokens,
                       int64_t num_tokens, const int64_t* offsets, const int32_t* budgets) const;
-  void check_tokens(const int32_t* tokens, int64_t n) const;
   // What the service counts for a request: its state's bytes and, with the recent tier,
   // the tier's bound for its tokens (RecentTier::kBytesPerToken); with the tier no
   // headroom is reported, since its tokens grow the shared tier. Caller holds state.mu.

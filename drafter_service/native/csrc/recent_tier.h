@@ -17,6 +17,13 @@
 // to recent_max_match), and keeps the recent_samples longest (the newer first among
 // equal lengths).
 //
+// Siblings (a request's stream whose prompt, the tokens it started with, equals the
+// drafting request's): beside the entries above, every position p of a request's output
+// (p >= its prompt's length) is a sibling entry keyed by its prompt and the one token
+// before it. When K > 1 a lookup also walks the sibling entries of the context's last
+// token, the same way, and keeps the matches shorter than K: a one-token match is noise
+// in unrelated text but a fair guess between answers to one prompt.
+//
 // Groups: a stream of group 0 (every held generation, and every request when its
 // datastore's clients share in-flight tokens) is seen by every request; a request's
 // stream of group g > 0 (its client's, when they do not) only by requests of group g.
@@ -39,8 +46,8 @@ namespace drafter {
 // Reusable buffers of RecentTier::retrieve; contents are meaningless between calls.
 struct RecentScratch {
   struct Found {
-    int32_t match;   // tokens the match with the context extends back, >= K
-    uint32_t entry;  // the entry's index: larger is newer
+    int32_t match;   // tokens the match with the context extends back (< K: a sibling's)
+    uint32_t entry;  // the entry's index in its chain: larger is newer
     const int32_t* continuation;
     int32_t len;
   };
@@ -50,16 +57,17 @@ struct RecentScratch {
 
 class RecentTier {
  public:
-  // What one indexed token may cost the tier at most, in bytes: its entry (16) with a
-  // vector's slack (x2) and the entries of stopped streams not compacted yet (x2), and
-  // its share of the bucket table (4 bytes, at most 4 slots per entry, the same x2).
-  static constexpr int64_t kBytesPerToken = 16 * 2 * 2 + 4 * 4 * 2;
+  // What one indexed token may cost the tier at most, in bytes: two entries (16 each; a
+  // request's output token has a sibling entry too) with a vector's slack (x2) and the
+  // entries of stopped streams not compacted yet (x2), and their share of the bucket
+  // tables (4 bytes, at most 4 slots per entry, the same x2).
+  static constexpr int64_t kBytesPerToken = 2 * (16 * 2 * 2 + 4 * 4 * 2);
 
   explicit RecentTier(const DraftConfig& config);
 
   // Starts indexing the stream of request `handle`, of group `group` (see the file
-  // comment). `tokens` must stay valid until remove(handle) and change only by appends,
-  // each followed by index(handle).
+  // comment); the tokens it holds now are its prompt. `tokens` must stay valid until
+  // remove(handle) and change only by appends, each followed by index(handle).
   void add(int64_t handle, const std::vector<int32_t>* tokens, int32_t group = 0);
   // Enters the positions the stream's tokens appended since the last call complete
   // (nothing for a request the tier does not index).
@@ -81,7 +89,9 @@ class RecentTier {
   void retrieve(int64_t own, int32_t group, const int32_t* context, int64_t context_len,
                 int32_t max_len, RecentScratch& scratch, CandidateTree& tree) const;
 
-  int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
+  int64_t num_entries() const {
+    return static_cast<int64_t>(main_.entries.size() + siblings_.entries.size());
+  }
   int64_t resident_bytes() const;
   int64_t held_generations() const { return static_cast<int64_t>(held_.size()); }
   int64_t held_tokens() const { return held_tokens_; }
@@ -91,6 +101,9 @@ class RecentTier {
     const std::vector<int32_t>* tokens;  // null once removed
     int64_t indexed;  // tokens whose position after them has been considered
     int32_t group;    // 0: seen by every request; g > 0: by requests of group g only
+    uint64_t prompt;  // hash of a request's prompt (0: a held generation, none)
+    int64_t sibling_indexed;  // the same as indexed, for sibling entries
+    int64_t entries;  // entries made for it, in both chains
   };
   struct Held {
     std::unique_ptr<std::vector<int32_t>> tokens;  // the copy its stream reads
@@ -99,16 +112,33 @@ class RecentTier {
   struct Entry {
     uint32_t stream;  // index into streams_
     uint32_t pos;     // the continuation starts at tokens[pos]
-    uint32_t key;     // hash of tokens[pos - K, pos)
+    uint32_t key;     // hash of tokens[pos - K, pos) (a sibling entry: of prompt, tokens[pos - 1])
     uint32_t next;    // the next older entry of the same bucket, + 1 (0: none)
   };
+  // Entries, oldest first, chained per bucket of their key.
+  struct Chain {
+    std::vector<Entry> entries;
+    std::vector<uint32_t> heads;  // per bucket: its newest entry + 1 (0: none)
+    void insert(uint32_t stream, uint32_t pos, uint32_t key);
+    void rechain(size_t buckets);  // over that many buckets (a power of 2)
+    // Drops the entries of removed streams, renumbers the others' streams, rechains.
+    void compact(const std::vector<Stream>& streams, const std::vector<uint32_t>& renumbered);
+    uint32_t head(uint32_t key) const { return heads[key & (heads.size() - 1)]; }
+    int64_t bytes() const;
+  };
   uint32_t key_of(const int32_t* last) const;  // of the K tokens ending at last[-1]
-  void insert(uint32_t stream, uint32_t pos, uint32_t key);
-  void rebuild(bool drop_removed);  // rechains every entry; compacts when asked
-  uint32_t add_stream(const std::vector<int32_t>* tokens, int32_t group);  // then index_stream
-  void index_stream(uint32_t s);
+  void compact();  // drops removed streams and their entries
+  uint32_t add_stream(const std::vector<int32_t>* tokens, int32_t group, uint64_t prompt);
+  void index_stream(uint32_t s);  // enters the positions its new tokens complete
   void remove_stream(uint32_t s);
   void release_oldest();  // of held_, which is not empty
+  // Walks `chain`'s entries of `key` from the newest (see the file comment) and appends
+  // to `found` those of other streams `group` sees that have a continuation and a match
+  // of at least `min_match` and less than `below` tokens. `prompt` (not 0): the sibling
+  // entries of that prompt, keyed by the context's last token.
+  void collect(const Chain& chain, uint32_t key, uint64_t prompt, int32_t min_match,
+               int32_t below, uint32_t own_stream, int32_t group, const int32_t* context,
+               int64_t context_len, int32_t cap, std::vector<RecentScratch::Found>& found) const;
 
   const int32_t k_;          // recent_min_match
   const int32_t max_match_;  // recent_max_match
@@ -118,9 +148,10 @@ class RecentTier {
   const int64_t max_held_tokens_;  // recent_held_tokens
   std::vector<Stream> streams_;
   std::unordered_map<int64_t, uint32_t> stream_of_;  // handle -> index into streams_
-  std::vector<Entry> entries_;  // oldest first
-  std::vector<uint32_t> heads_; // per bucket: its newest entry + 1 (0: none)
-  int64_t removed_entries_ = 0; // entries of removed streams still in entries_
+  Chain main_;      // every position p >= K of every stream
+  Chain siblings_;  // every output position of every request (only with K > 1)
+  std::unordered_map<uint64_t, int32_t> prompts_;  // prompt hash -> requests of that prompt
+  int64_t removed_entries_ = 0; // entries of removed streams still in the chains
   std::map<int64_t, Held> held_;  // ingest-log position -> held generation, oldest first
   int64_t held_tokens_ = 0;
   int64_t released_through_ = -1;  // the newest position release_through was given
