@@ -1,6 +1,5 @@
-"""The console scripts. Each names the extra it needs when that is not installed (the
-library install is numpy and the compiled core alone; ``pyproject.toml`` lists the
-extras), instead of a traceback ending in ``ModuleNotFoundError``."""
+"""The console scripts: each names the extra it needs when that is not installed (the
+library install is numpy and the compiled core alone), not a ``ModuleNotFoundError``."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ OURS = frozenset({"drafter_service", "datastore_builder", "verifier_client", "dr
 
 
 def run(prog: str, module: str, extra: str) -> int:
-    """Imports ``module`` and runs its ``main()``; exit status 2, naming ``extra``, when
-    a module it imports is not installed."""
+    """Runs ``module.main()``; exit status 2, naming ``extra``, when a module is missing."""
     try:
         main = importlib.import_module(module).main
     except ModuleNotFoundError as exc:
@@ -29,15 +27,12 @@ def run(prog: str, module: str, extra: str) -> int:
 
 
 def drafter() -> int:
-    """``drafter`` (``drafter serve``)."""
     return run("drafter", "drafter_service.drafter_cli", "service")
 
 
 def datastore_builder() -> int:
-    """``datastore-builder``."""
     return run("datastore-builder", "datastore_builder.builder_cli", "builder")
 
 
 def drafter_bench() -> int:
-    """``drafter-bench``."""
     return run("drafter-bench", "drafter_bench.bench_cli", "bench")

@@ -44,12 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def freeze_startup_heap() -> int:
-    """Collects what startup left as garbage, then moves every object still alive (modules,
-    gRPC, the datastores' wrappers: ~90,000 objects) out of the cyclic garbage collector's
-    reach, and returns how many that is. Otherwise each full collection traverses them all
-    while holding the GIL: ~30 ms on a 2-core host, and a step arriving meanwhile waits
-    for it. Objects made later are collected as usual; frozen ones are still freed when
-    their last reference goes. ``serve`` unfreezes them once it has stopped."""
+    """Moves every object alive after startup (~90,000) out of the cyclic collector's reach
+    and returns how many: else each full collection traverses them all holding the GIL
+    (~30 ms on 2 cores, a step waiting for it). Frozen objects are still freed by refcount;
+    ``serve`` unfreezes them once it has stopped."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

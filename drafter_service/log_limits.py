@@ -1,11 +1,9 @@
 """Rate-limited logging: the one way a failure that can repeat per call is logged.
 
-A failure that every call can hit (a full disk, the shared log server down, garbage on
-the wire) must not turn a flood of calls into a flood of log: a disk-full volume used
-to write ~26 traceback lines per Ingest, the shared log down ~52 per Finish.
-:class:`RateLimitedLog` writes at most one line per interval and says on that line how
-many were left out since the previous one. A traceback, when one helps (an error
-nobody expected), is written at most once per exception type.
+A failure every call can hit (a full disk, the shared log down, garbage on the wire) must
+not turn a flood of calls into a flood of log (a full disk once wrote ~26 traceback lines
+per Ingest): at most one line per interval, saying how many were left out, and a
+traceback at most once per exception type.
 """
 
 from __future__ import annotations
@@ -15,17 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["DEFAULT_INTERVAL_S", "RateLimitedLog"]
-
 DEFAULT_INTERVAL_S = 10.0
 _MAX_TRACED_TYPES = 64  # exception types whose first occurrence got a traceback
 
 
 class RateLimitedLog:
-    """Logs through ``logger`` at most one line per ``interval_s`` seconds of ``clock``.
-
-    Each failure site has its own instance (its own window). Thread-safe: the ingest
-    worker, the stream followers and the event loop may log through one instance."""
+    """Logs through ``logger`` at most one line per ``interval_s`` seconds of ``clock``;
+    one instance per failure site. Thread-safe."""
 
     def __init__(
         self,
@@ -59,10 +53,9 @@ class RateLimitedLog:
         level: int | None = None,
         error: BaseException | None = None,
     ) -> bool:
-        """Logs ``msg % args`` unless a line was logged less than the interval ago (then
-        it is only counted). The line logged ends with how many were left out before it.
-        ``error``: the exception being handled; its traceback is added the first time
-        its type is seen (by this instance), never again. Returns whether it logged."""
+        """Logs ``msg % args`` unless a line was logged less than the interval ago (then it
+        is only counted); ``error``'s traceback is added the first time its type is seen.
+        Returns whether it logged."""
         with self._lock:
             now = self._clock()
             if self._next_s is not None and now < self._next_s:
@@ -80,10 +73,7 @@ class RateLimitedLog:
         if suppressed:
             msg = f"{msg} ({suppressed} more since the last line)"
         self._logger.log(
-            self._level if level is None else level,
-            msg,
-            *args,
-            exc_info=error if trace else None,
+            self._level if level is None else level, msg, *args, exc_info=error if trace else None
         )
         return True
 

@@ -1,20 +1,13 @@
 """glibc's malloc, told to give large freed buffers back to the operating system.
 
-glibc serves an allocation of at least ``M_MMAP_THRESHOLD`` bytes (128 KiB at first) with
-a mapping of its own, returned to the system when freed, but each time such a mapping is
-freed it raises the threshold to that size, up to 32 MiB. After one large call (a
-million-token prompt arrives as a ~3 MB message, becomes a 4 MB token array, grows a
-request's buffers by doubling) buffers up to that size come from the heap instead, and
-stay resident once freed: measured with ``drafter_bench/state_memory.py``, 1.8x the request
-state actually held for two 1M-token contexts of repetitive text, 1.1-1.3x with the
-threshold fixed. Setting the threshold explicitly turns the adjustment off.
-
-Where it is fixed is a trade against CPU: a buffer at or above it costs one ``mmap`` and
-fresh, zeroed pages, and a heavy call (64 requests of 2,000 tokens: a 368 KB message,
-~1 MB token arrays, the tries' growing buffers) makes many. At 256 KiB the service
-answered 5.9 such calls a second on one core, at 1 MiB 9.7, at 32 MiB 9.2
-(``drafter_bench/overload.py --pin``), with held state at 0.90-1.41x accounted at 1 MiB
-(``drafter_bench/state_memory.py``, five runs; within issue 29's 1.5x)."""
+glibc maps allocations of at least ``M_MMAP_THRESHOLD`` (128 KiB at first) on their own,
+but raises the threshold to each such mapping freed, up to 32 MiB; after one large call
+(a million-token prompt) buffers up to that size come from the heap and stay resident
+once freed: 1.8x the request state held for two 1M-token contexts, 1.1-1.3x with the
+threshold fixed (``drafter_bench/state_memory.py``). A fixed threshold trades against
+CPU (each buffer above it costs an ``mmap`` and fresh pages): heavy calls a second on
+one core 5.9 at 256 KiB, 9.7 at 1 MiB, 9.2 at 32 MiB (``drafter_bench/overload.py
+--pin``), with held state 0.90-1.41x accounted at 1 MiB (within issue 29's 1.5x)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""The drafter process as one unit: the gRPC service with the REST admin API beside it.
-
-In process::
-
-    from drafter_service.serving import start_server
-    from drafter_service.service import ServeConfig
-
-    server = await start_server(ServeConfig(port=0, vocab_size=128256))
-    ...  # clients connect to server.address
-    await server.stop()
-
-The service knows the admin API only as a sidecar it starts and stops
-(``service.grpc_server.Sidecar``); this module is where the two meet.
-"""
+"""The drafter process as one unit: the gRPC service with the REST admin API beside it
+(``await start_server(ServeConfig(port=0))``, then ``server.address``, ``await
+server.stop()``). The service knows the admin API only as a sidecar
+(``service.grpc_server.Sidecar``); this module is where the two meet."""
 
 from __future__ import annotations
 
@@ -22,8 +12,6 @@ from functools import partial
 from drafter_service.admin.http_server import AdminServer
 from drafter_service.service.grpc_server import DrafterServer
 from drafter_service.service.settings import ServeConfig
-
-__all__ = ["drafter_server", "start_server"]
 
 
 def drafter_server(

@@ -1,33 +1,17 @@
-"""Who is calling the drafting service: bearer tokens, mutual TLS, and per-client request ids.
+"""Who is calling the drafting service: bearer tokens, mutual TLS, per-client request ids.
 
-Two ways to authenticate a gRPC client, alone or together:
+* Bearer tokens (``--grpc-tokens-file``: ``NAME TOKEN`` lines, ``#`` comments): a call
+  carries ``authorization: Bearer TOKEN``; tokens are compared in constant time.
+* Mutual TLS (``--tls-client-ca-file``): without tokens, the client certificate's common
+  name names the client.
 
-* **bearer tokens** (the admin API's scheme): ``--grpc-tokens-file`` holds one client
-  per line, ``NAME TOKEN`` (``#`` comments); a call carries ``authorization: Bearer
-  TOKEN`` in its metadata. A missing or unknown token is UNAUTHENTICATED; tokens are
-  compared in constant time.
-* **mutual TLS**: with ``--tls-client-ca-file`` the server accepts only clients whose
-  certificate that CA signed; without tokens, the certificate's common name (CN) names
-  the client. A certificate without a CN, or whose CN is not a client name, is refused
-  (UNAUTHENTICATED, saying why).
-
-A client name, from the tokens file or a certificate, matches ``[A-Za-z0-9._-]{1,64}``:
-never a "/", so a client's request ids, which live in its own namespace ``NAME/`` (applied
-by the servicer), cannot be named by any other client, whatever ids it sends: ``NAME/ID``
-names one client and one id (the name is everything before the first "/"). With neither
-configured, every caller is trusted and ids are global (the embedded default on loopback;
-``drafter serve`` warns when it listens on another address so). Health checking and
-reflection stay open, for probes.
-
-:class:`AuthGate` checks the credentials from the call's metadata and TLS peer before its
-request message is read: a refused caller never has its message received or parsed
-(HTTP/2 flow control leaves the rest of it on the caller's side), so it costs about what
-a refused TLS handshake does.
-
-Both are read again when their files change (cert-manager renews certificates in place;
-a new client is a new line), with no restart: the tokens file at most once a second
-when a call arrives, the certificates on each new connection. A file that changes into
-something unreadable keeps the last good contents and logs an error.
+A client name matches ``[A-Za-z0-9._-]{1,64}``, never a "/", so its request ids, kept
+under ``NAME/`` by the servicer, cannot be named by another client. With neither, every
+caller is trusted and ids are global. Health checking and reflection stay open.
+:class:`AuthGate` checks credentials before the request message is read, so a refused
+caller costs about a refused TLS handshake. Changed files are read again without a
+restart (tokens at most once a second, certificates on each new connection); a file
+that becomes unreadable keeps the last good contents and logs an error.
 """
 
 from __future__ import annotations
@@ -45,11 +29,6 @@ from typing import Any
 import grpc
 
 from drafter_service.engine.call_errors import ServiceError
-
-__all__ = [
-    "AuthGate", "ClientAuth", "TokenFile", "Unauthenticated", "certificate_name", "load_tokens",
-    "reloading_tls",
-]  # fmt: skip
 
 log = logging.getLogger(__name__)
 _RECHECK_S = 1.0  # how often the tokens file's stat is looked at, at most
@@ -93,8 +72,7 @@ def load_tokens(path: Path) -> dict[str, str]:
 
 def _stamp(paths: Sequence[Path]) -> tuple[tuple[int, int], ...]:
     """What changes when a file is rewritten or replaced: (mtime_ns, size) of each."""
-    stats = [os.stat(p) for p in paths]
-    return tuple((st.st_mtime_ns, st.st_size) for st in stats)
+    return tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, paths))
 
 
 class _Reloading:
@@ -228,13 +206,10 @@ def certificate_name(auth_context: dict[str, list[bytes]]) -> str:
 class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Checks the credentials of each call of ``service`` before its request is read.
 
-    gRPC receives and parses the request of a unary-request method before the method
-    runs, so a servicer that checks credentials itself has already paid for a stranger's
-    message. The gate serves each of the service's methods with a request-streaming
-    handler that checks the caller first (metadata and TLS peer: :meth:`ClientAuth.namespace`)
-    and refuses with UNAUTHENTICATED, reported to ``refused(method, code)``, without
-    ever reading the request; an admitted call reads its message and runs the method.
-    ``messages_read`` counts the request messages parsed, for tests and benchmarks."""
+    gRPC parses a unary request before the method runs, so the gate serves each method
+    with a request-streaming handler that checks the caller first and refuses with
+    UNAUTHENTICATED (reported to ``refused(method, code)``) without reading; an admitted
+    call reads its message and runs the method. ``messages_read`` counts parsed messages."""
 
     def __init__(self, auth: ClientAuth, service: str, refused: Callable[[str, str], None]) -> None:
         self._auth = auth
@@ -266,7 +241,7 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         raise AssertionError("context.abort returned")
 
     async def _one(self, method: str, requests: AsyncIterator[Any], context: Any) -> Any:
-        """The single request of a unary-request call, read once admitted."""
+        """The single request of a unary call, read once admitted."""
         request = await anext(aiter(requests), _NONE)
         if request is _NONE:
             await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
@@ -274,32 +249,26 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return request
 
     def _gate(self, method: str, handler: Any) -> Any:
+        """The service's methods are unary-unary or, DraftStream, stream-stream."""
         parse = handler.request_deserializer
 
         def deserialize(data: bytes) -> Any:
             self.messages_read += 1
-            return data if parse is None else parse(data)
+            return parse(data)
 
         options = dict(request_deserializer=deserialize,
                        response_serializer=handler.response_serializer)  # fmt: skip
-        if handler.response_streaming:
+        if handler.request_streaming:
 
             async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
                 await self._admit(method, context)
-                if handler.request_streaming:
-                    responses = handler.stream_stream(requests, context)
-                else:
-                    responses = handler.unary_stream(await self._one(method, requests, context),
-                                                     context)  # fmt: skip
-                async for response in responses:
+                async for response in handler.stream_stream(requests, context):
                     yield response
 
             return grpc.stream_stream_rpc_method_handler(stream, **options)
 
         async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
             await self._admit(method, context)
-            if handler.request_streaming:
-                return await handler.stream_unary(requests, context)
             return await handler.unary_unary(await self._one(method, requests, context), context)
 
         return grpc.stream_unary_rpc_method_handler(unary, **options)

@@ -17,9 +17,8 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 
 
 def draft_response(answer: DraftAnswer, step: int, packed: bool) -> pb.DraftResponse:
-    """The answer in the form the call came in: the columns of ``DraftResponse.packed``
-    when ``packed``, else one RequestDraft per request. Both are built from the same
-    columns (:func:`_draft_columns`)."""
+    """The answer in the form the call came in (``packed`` columns, else one RequestDraft
+    per request), both from the same columns."""
     columns = _draft_columns(answer)
     if packed:
         return pb.DraftResponse(step=step, packed=columns.packed())
@@ -81,14 +80,11 @@ _RESYNC: int = pb.DRAFT_STATUS_RESYNC
 
 
 def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
-    """The batches' arrays as they are when the trees lie in request order, which is the
-    usual case (one datastore, rows planned in call order); otherwise gathered per
-    request."""
+    """The batches' arrays as they are when the trees lie in request order (the usual case:
+    one datastore, rows in call order); otherwise gathered per request."""
     n = len(answer.request_ids)
     trees = answer.trees
-    first = trees[0] if n else None
-    if first is not None and _in_order(trees, n):
-        batch = first[0]
+    if (batch := _in_order(trees, n)) is not None:
         return _DraftColumns(
             np.full(n, _OK, dtype=np.uint8),
             np.array(answer.lengths, dtype=np.uint32),
@@ -132,15 +128,14 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
     )
 
 
-def _in_order(trees: Sequence[tuple[DraftBatch, int] | None], n: int) -> bool:
-    """Every request has a tree, all in one batch of exactly n rows, row i for request i."""
-    batch = trees[0][0] if trees[0] is not None else None
+def _in_order(trees: Sequence[tuple[DraftBatch, int] | None], n: int) -> DraftBatch | None:
+    """The one batch of exactly n rows holding request i's tree at row i, if there is one."""
+    batch = trees[0][0] if n and trees[0] is not None else None
     if batch is None or len(batch) != n:
-        return False
-    for i, where in enumerate(trees):
-        if where is None or where[0] is not batch or where[1] != i:
-            return False
-    return True
+        return None
+    if all(w is not None and w[0] is batch and w[1] == i for i, w in enumerate(trees)):
+        return batch
+    return None
 
 
 def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -148,11 +143,7 @@ def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArr
 
 
 def service_info_response(
-    version: str,
-    tokenizer_name: str,
-    limits: CallLimits,
-    max_message_bytes: int,
-    catalog: Catalog,
+    version: str, limits: CallLimits, max_message_bytes: int, catalog: Catalog
 ) -> pb.GetServiceInfoResponse:
     datastores = []
     for name, slot in catalog.slots.items():
@@ -170,7 +161,9 @@ def service_info_response(
     return pb.GetServiceInfoResponse(
         version=version,
         tokenizer=pb.TokenizerInfo(
-            name=tokenizer_name, fingerprint=limits.fingerprint, vocab_size=limits.vocab_size
+            name=catalog.tokenizer.name,
+            fingerprint=limits.fingerprint,
+            vocab_size=limits.vocab_size,
         ),
         datastores=datastores,
         limits=pb.Limits(

@@ -61,28 +61,21 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     """sssd_drafter.v1.DrafterService. Answers UNAVAILABLE until :meth:`attach`."""
 
     def __init__(
-        self,
-        version: str,
-        max_message_bytes: int,
-        metrics: DrafterMetrics | None = None,
-        auth: ClientAuth | None = None,
+        self, version: str, max_message_bytes: int, metrics: DrafterMetrics, auth: ClientAuth
     ) -> None:
-        self._auth = auth or ClientAuth()
+        self._auth = auth
         self._undecodable = UndecodableRefusals()
-        # A bug that every call hits must not log a traceback per call: one line per
-        # interval, the traceback only the first time each exception type is seen.
-        self._internal_log = RateLimitedLog(log, level=logging.ERROR)
+        self._internal_log = RateLimitedLog(log)  # a bug every call hits: one line a while
         self._version = version
         self._max_message_bytes = max_message_bytes
-        self._metrics = DrafterMetrics(version) if metrics is None else metrics
+        self._metrics = metrics
         self._engine: DraftEngine | None = None
 
     def attach(self, engine: DraftEngine) -> None:
         self._engine = engine
 
     def overloaded(self) -> ServiceError | None:
-        """What a Draft call arriving now would be refused for the load alone (asked
-        before its message is parsed: see :class:`~drafter_service.edge.wire.Shed`)."""
+        """What a Draft call arriving now would be refused for the load alone."""
         if self._engine is None:
             return None  # the loading answer comes from _guard, after authentication
         try:
@@ -129,8 +122,8 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         request: M | Undecodable | Shed,
         call: Callable[[DraftEngine, M, str], Awaitable[T]],
     ) -> T:
-        """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL.
-        Counts failures by code and times the answered ones (metrics)."""
+        """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL
+        (counted by code; answered calls timed)."""
         start = time.perf_counter()
         try:
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
@@ -198,9 +191,5 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self, engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
     ) -> pb.GetServiceInfoResponse:
         return service_info_response(
-            self._version,
-            engine.catalog.tokenizer.name,
-            engine.limits,
-            self._max_message_bytes,
-            engine.catalog,
+            self._version, engine.limits, self._max_message_bytes, engine.catalog
         )

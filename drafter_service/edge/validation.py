@@ -1,10 +1,6 @@
-"""Protocol messages to validated values: the one place input is checked.
-
-Every check runs before any state is touched, so a refused call changes nothing; each
-error names the request id (or index) and the bad value. A Draft call's two wire forms
-(RequestDelta messages, PackedDeltas columns) become the same columns first and are
-checked by one validator.
-"""
+"""Protocol messages to validated values: the one place input is checked, before any
+state is touched (a refused call changes nothing); each error names the request id (or
+index) and the bad value. A Draft call's two wire forms become the same columns first."""
 
 from __future__ import annotations
 
@@ -26,35 +22,22 @@ _NO_TOKENS = np.zeros(0, dtype=np.int32)
 
 
 def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCall:
-    """A Draft call in either wire form, validated once.
-
-    The edge turns the per-request form (``requests``, one RequestDelta each) into the
-    columns of the packed form (``packed``), cheaply (one pass over the messages, then
-    a NumPy array per column), and :func:`_validated_call` checks the columns. Not the
-    reverse: the packed form is the fast path the client sends, checked column-wise
-    without a Python object per request.
-    """
-    if request.HasField("packed"):
-        if len(request.requests):
-            raise InvalidArgument(
-                f"set either requests ({len(request.requests)}) or packed, not both"
-            )
-        n = len(request.packed.request_ids)
-    else:
-        n = len(request.requests)
+    """A Draft call in either wire form, validated once. The per-request form becomes the
+    packed form's columns, not the reverse: packed is the fast path, checked column-wise
+    without a Python object per request."""
+    packed = request.HasField("packed")
+    if packed and len(request.requests):
+        raise InvalidArgument(f"set either requests ({len(request.requests)}) or packed, not both")
+    n = len(request.packed.request_ids) if packed else len(request.requests)
     _check_fingerprint(request.tokenizer_fingerprint, limits)
     _check_count(n, "requests", limits)  # before any per-request work
-    if request.HasField("packed"):
-        columns = _packed_columns(request.packed, n)
-    else:
-        columns = _message_columns(request.requests)
+    columns = _packed_columns(request.packed, n) if packed else _message_columns(request.requests)
     return _validated_call(columns, limits)
 
 
 @dataclass(slots=True)  # not frozen: built once per call, and a frozen __init__ costs more
 class _DeltaColumns:
-    """A Draft call's requests as columns, whichever wire form they came in. Integer
-    columns are uint64: ``known_length`` is uint64 in a RequestDelta."""
+    """A Draft call's requests as columns (uint64: ``known_length`` is in a RequestDelta)."""
 
     request_ids: list[str]
     known_lengths: npt.NDArray[np.uint64]
@@ -68,8 +51,7 @@ class _DeltaColumns:
 
 
 def _message_columns(deltas: Sequence[pb.RequestDelta]) -> _DeltaColumns:
-    """The per-request form as columns: one pass over the messages (one field read
-    each), then one array per column."""
+    """The per-request form as columns: one pass reading each field once, then arrays."""
     ids: list[str] = []
     knowns: list[int] = []
     budgets: list[int] = []
@@ -106,8 +88,7 @@ _I32 = np.dtype("<i4")
 
 
 def _packed_columns(packed: pb.PackedDeltas, n: int) -> _DeltaColumns:
-    """The packed form's little-endian bytes as columns, each length checked against
-    the number of requests (``new_tokens`` against the sum of the counts)."""
+    """The packed form's little-endian bytes as columns, each length checked."""
     knowns = _column(packed.known_lengths, n, "known_lengths")
     counts = _column(packed.new_token_counts, n, "new_token_counts")
     budgets = _column(packed.budgets, n, "budgets")
@@ -150,37 +131,26 @@ def _check_column_bytes(
         )
 
 
-def _validated_call(columns: _DeltaColumns, limits: CallLimits) -> DraftCall:
+def _validated_call(c: _DeltaColumns, limits: CallLimits) -> DraftCall:
     """The checks of a Draft call, on whole columns; the first bad request is named."""
-    ids = columns.request_ids
-    n = len(ids)
+    ids, counts, prompts = c.request_ids, c.new_token_counts, c.prompt_lengths
     _check_request_ids(ids)
-    _check_budgets(ids, columns.budgets, limits)
-    knowns, counts = columns.known_lengths, columns.new_token_counts
-    _check_lengths(ids, knowns, counts, columns.prompt_lengths, limits)
-    offsets = columns.offsets
-    _check_token_range(columns.new_tokens, offsets, limits.vocab_size, ids)
-    names = _resolve_datastores(columns.datastores, n, limits, ids)
-    prompts = columns.prompt_lengths
+    _check_budgets(ids, c.budgets, limits)
+    _check_lengths(ids, c.known_lengths, counts, prompts, limits)
+    _check_token_range(c.new_tokens, c.offsets, limits.vocab_size, ids)
+    names = _resolve_datastores(c.datastores, len(ids), limits, ids)
     prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
     return DraftCall(
-        ids, knowns.tolist(), columns.new_tokens, offsets, columns.budgets.tolist(), names,
-        prompt_list, columns.private,
+        ids, c.known_lengths.tolist(), c.new_tokens, c.offsets, c.budgets.tolist(), names,
+        prompt_list, c.private,
     )  # fmt: skip
 
 
 def _check_budgets(ids: list[str], budgets: npt.NDArray[np.uint64], limits: CallLimits) -> None:
-    """The service's one budget check, before any state is touched.
-
-    Where budgets are checked, from the proto to C++: here, once per call, for the
-    error a client sees (INVALID_ARGUMENT naming the request). A budget is uint32 on
-    the wire, so only the upper bound can fail. Past this point nothing in Python
-    checks it again: ``Drafter.draft_batch`` only converts budgets to int32, and the
-    native core's ``check_budgets`` (native/csrc/draft_config.cc) guards its two entry
-    points, which makes it the library API's error and, for the service, an invariant
-    that cannot fire (a refusal there would come after the request table was
-    updated, as INTERNAL).
-    """
+    """The service's one budget check (uint32 on the wire: only the upper bound can fail).
+    Nothing in Python checks it again; the native ``check_budgets`` (draft_config.cc) is
+    the library API's error and, for the service, an invariant that cannot fire (there it
+    would come after the request table was updated, as INTERNAL)."""
     over = budgets > limits.max_budget
     if over.any():
         i = int(np.argmax(over))
@@ -197,8 +167,7 @@ def _check_lengths(
     prompts: npt.NDArray[np.uint64],
     limits: CallLimits,
 ) -> None:
-    """Each request's known_length + new tokens, and its prompt_length, against the
-    limits."""
+    """Each request's known_length + new tokens, and its prompt_length, against the limits."""
     limit = limits.max_tokens_per_request
     # known_length is capped at limit + 1 first, so the sum cannot wrap around in uint64
     # (and a known_length alone over the limit still fails).
@@ -301,8 +270,7 @@ def _check_count(n: int, what: str, limits: CallLimits) -> None:
 
 
 def _check_request_ids(ids: list[str]) -> None:
-    """Every id of a Draft call non-empty, not too long and unique; the first bad one is
-    named. The usual all-good call passes without a Python loop over the ids."""
+    """Every id non-empty, not too long and unique (the all-good call without a Python loop)."""
     lengths = list(map(len, ids))
     if not ids or (
         len(set(ids)) == len(ids) and min(lengths) > 0 and max(lengths) <= MAX_REQUEST_ID_CHARS
@@ -335,9 +303,8 @@ def _resolve_datastore(name: str, limits: CallLimits, where: str) -> str:
 
 
 class _TokenLists:
-    """A call's token lists joined into one int32 array: list ``i`` is
-    ``array()[offsets[i] : offsets[i + 1]]``, range-checked once per call. Short lists go
-    through one Python list; long ones convert directly (much faster per token)."""
+    """A call's token lists as one int32 array (list ``i``: ``[offsets[i] : offsets[i + 1]]``).
+    Short lists go through one Python list; long ones convert directly (faster per token)."""
 
     _LONG = 256
 
@@ -347,7 +314,6 @@ class _TokenLists:
         self._short: list[int] = []
 
     def add(self, values: Sequence[int], n: int) -> None:
-        """Appends one list of ``n`` values."""
         self.offsets.append(self.offsets[-1] + n)
         if n > self._LONG:
             self._flush()
@@ -365,8 +331,7 @@ class _TokenLists:
     def checked_lists(
         self, vocab_size: int, request_ids: Sequence[str] | None
     ) -> list[npt.NDArray[np.int32]]:
-        """The lists (views of one array) once every token id is in the vocabulary; a bad
-        one is named by its request id, or by its sequence index without ids."""
+        """The lists (views of one array) once every token id is in the vocabulary."""
         flat, offsets = self.array(), self.offsets
         _check_token_range(flat, offsets, vocab_size, request_ids)
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

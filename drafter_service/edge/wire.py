@@ -1,26 +1,23 @@
-"""The service's method table, with request parsing that cannot fail inside gRPC.
+"""The service's method table, with request parsing that cannot fail inside gRPC and
+shedding under load before a message is parsed or even received.
 
-The generated ``add_DrafterServiceServicer_to_server`` parses each request with
-``FromString`` before the servicer sees it; bytes that are not a message then
-raise inside gRPC's own code, which answers UNKNOWN with the Python exception's
-name and logs a traceback per call (a flood of garbage became megabytes of log).
-Here a request that does not parse becomes an :class:`Undecodable` value, which
-the servicer refuses with INVALID_ARGUMENT, counted like any other refusal and
-logged in one rate-limited line.
-
-A DraftStream step that arrives while the service is already full (too much drafting
-work queued, or too many calls in flight) is not parsed at all: parsing a large message
-costs more than refusing it (1.6 ms for 64 requests of 2,000 tokens), and under a flood
-those costs are what decides how much of the service is left for the calls it can answer.
-It becomes a :class:`Shed` value carrying the refusal. (A unary Draft call is refused
-before it is even received: :mod:`drafter_service.edge.load_gate`.)
+The generated ``add_DrafterServiceServicer_to_server`` parses with ``FromString`` inside
+gRPC, which answers bad bytes with UNKNOWN and a traceback per call (a flood of garbage
+became megabytes of log). Here they become :class:`Undecodable`, refused INVALID_ARGUMENT
+in one rate-limited line. Under a flood, receiving and parsing decide how much of the
+core is left for the calls it can answer (a heavy Draft call, 368 KB: ~1 ms to receive,
+1.6 ms to parse), so while the service would refuse any call for its load, a DraftStream
+step is not parsed but becomes a :class:`Shed`, and a unary Draft call is refused by
+:class:`LoadGate` when gRPC looks up its handler (flow control leaves the message with
+the caller).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -28,8 +25,6 @@ from google.protobuf.message import DecodeError, Message
 from drafter_service.engine.call_errors import InvalidArgument, ServiceError
 from drafter_service.log_limits import RateLimitedLog
 from sssd_drafter.v1 import drafter_pb2 as pb
-
-__all__ = ["SERVICE_NAME", "Shed", "Undecodable", "UndecodableRefusals", "add_drafter_service"]
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +68,7 @@ def _tolerant(
 
 
 class UndecodableRefusals:
-    """Refuses undecodable requests, logging through a :class:`RateLimitedLog` (one line
-    per interval at most, with how many were not logged): a flood of garbage must not
-    become a flood of log."""
+    """Refuses undecodable requests, logged at most one line per interval."""
 
     def __init__(self) -> None:
         self._log = RateLimitedLog(log)
@@ -98,27 +91,55 @@ def add_drafter_service(
     servicer: object, server: grpc.aio.Server, overloaded: Overloaded | None = None
 ) -> None:
     """Registers ``servicer`` as ``sssd_drafter.v1.DrafterService`` (what the generated
-    function does, with :func:`_tolerant` parsing; DraftStream steps that arrive while
-    ``overloaded()`` names a refusal are not parsed)."""
-    request: dict[str, type[Message]] = {
-        "Draft": pb.DraftRequest, "DraftStream": pb.DraftRequest, "Finish": pb.FinishRequest,
-        "Ingest": pb.IngestRequest, "GetServiceInfo": pb.GetServiceInfoRequest,
-    }  # fmt: skip
+    function does, with :func:`_tolerant` parsing)."""
     handlers = {}
-    for method, message in request.items():
+    for method in pb.DESCRIPTOR.services_by_name["DrafterService"].methods:
+        streaming = method.client_streaming  # DraftStream
         make = (
             grpc.stream_stream_rpc_method_handler
-            if method == "DraftStream"
+            if streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        handlers[method] = make(
-            getattr(servicer, method),
-            # A unary Draft call's load is asked before it is read (LoadGate) and again,
-            # with its deadline, by the servicer: only a stream's steps are asked here.
-            request_deserializer=_tolerant(
-                message, overloaded if method == "DraftStream" else None
-            ),
+        # A unary Draft call's load is asked before it is read (LoadGate) and again, with
+        # its deadline, by the servicer: only a stream's steps are asked here.
+        parse = _tolerant(getattr(pb, method.input_type.name), overloaded if streaming else None)
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=parse,
             response_serializer=_serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+class LoadGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses a unary Draft call with what ``overloaded()`` names before reading it;
+    ``code_of`` maps the refusal to its status, ``refused(method, code)`` counts it, and
+    ``refused_unread`` counts those calls."""
+
+    def __init__(
+        self,
+        overloaded: Overloaded,
+        code_of: Callable[[ServiceError], grpc.StatusCode],
+        refused: Callable[[str, str], None],
+    ) -> None:
+        self._overloaded = overloaded
+        self._code_of = code_of
+        self._refused = refused
+        self._draft = f"/{SERVICE_NAME}/Draft"
+        self.refused_unread = 0
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        if details.method == self._draft and (refusal := self._overloaded()) is not None:
+            return grpc.stream_unary_rpc_method_handler(self._refusing(refusal))
+        return await continuation(details)
+
+    def _refusing(self, refusal: ServiceError) -> Callable[[AsyncIterator[Any], Any], Any]:
+        code = self._code_of(refusal)
+
+        async def refuse(_: AsyncIterator[Any], context: Any) -> Any:
+            self.refused_unread += 1
+            self._refused("Draft", code.name)
+            await context.abort(code, str(refusal))
+
+        return refuse

@@ -1,5 +1,5 @@
-"""The admin API's bearer token: configured once, read by the admin API (to check
-callers) and by a replica bootstrapping from its peers (to call theirs)."""
+"""The admin API's bearer token: checked by the admin API, sent by a replica bootstrapping
+from its peers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ MIN_TOKEN_CHARS = 16
 
 
 def load_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
-    """The configured token: the file's content (stripped) if a file is given, else
-    ``DRAFTER_ADMIN_TOKEN``, else None. Raises ValueError for an unreadable file or a
-    token shorter than ``MIN_TOKEN_CHARS`` characters (guessable)."""
+    """The file's content (stripped), else ``DRAFTER_ADMIN_TOKEN``, else None; ValueError
+    for an unreadable file or a guessable token (under ``MIN_TOKEN_CHARS``)."""
     if token_file is not None:
         try:
             token = token_file.read_text(encoding="utf-8").strip()

@@ -1,11 +1,8 @@
 """The grpc.aio server: DrafterService, health checking, reflection, graceful shutdown.
 
-Lifecycle: :meth:`DrafterServer.listen` binds and serves health (NOT_SERVING; drafting
-calls answer UNAVAILABLE) and Prometheus metrics, :meth:`DrafterServer.load` opens the
-datastores and turns SERVING, :meth:`DrafterServer.stop` turns NOT_SERVING, lets calls
-in flight finish within the grace period (streams are cancelled after it), stops the
-metrics endpoint, waits for queued work, stores queued generations and closes the live
-datastore.
+``listen`` binds and serves health (NOT_SERVING; drafting answers UNAVAILABLE) and
+metrics, ``load`` opens the datastores and turns SERVING, ``stop`` lets calls in flight
+finish within the grace period, then stores queued generations and closes the datastores.
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from drafter_service.edge.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
-from drafter_service.edge.load_gate import LoadGate
 from drafter_service.edge.servicer import DrafterServicer, status_code
-from drafter_service.edge.wire import SERVICE_NAME, add_drafter_service
+from drafter_service.edge.wire import SERVICE_NAME, LoadGate, add_drafter_service
 from drafter_service.engine.calls import CallLimits
 from drafter_service.engine.catalog import Catalog
 from drafter_service.engine.draft_engine import DraftEngine
@@ -65,8 +61,7 @@ def client_auth(config: ServeConfig) -> ClientAuth:
 
 
 def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
-    """TLS for the gRPC port (mutual when a client CA is set), following renewed files;
-    None: plaintext."""
+    """TLS for the gRPC port (mutual with a client CA), following renewed files; None: none."""
     if config.tls_cert_file is None or config.tls_key_file is None:
         return None
     try:
@@ -76,8 +71,7 @@ def server_credentials(config: ServeConfig) -> grpc.ServerCredentials | None:
 
 
 def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
-    """Channel arguments: message sizes, keepalive, the pending-call bound, and no silent
-    port sharing."""
+    """Channel arguments: message sizes, keepalive, the pending-call bound, no port sharing."""
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -101,16 +95,13 @@ def grpc_options(config: ServeConfig) -> list[tuple[str, int]]:
 
 
 Phase = Literal["loading", "ok", "stopping"]
-"""Where the service is in its life: datastores loading, serving, shutting down."""
 
 
 class Sidecar(Protocol):
-    """A server that runs beside the gRPC service on its event loop (the REST admin API):
-    started once the gRPC port is bound, stopped before the datastores close."""
+    """A server beside the gRPC service on its event loop (the REST admin API): started
+    once the gRPC port is bound, stopped before the datastores close."""
 
-    async def start(self) -> int:
-        """Binds and serves; returns the bound port."""
-        ...
+    async def start(self) -> int: ...  # binds and serves; returns the bound port
 
     async def stop(self) -> None: ...
 
@@ -136,13 +127,12 @@ class DrafterServer:
         self.admin_port: int | None = None  # REST admin API, bound by listen(); None: disabled
         self._admin: Sidecar | None = None
         self.health = health.aio.HealthServicer()
-        self.metrics = DrafterMetrics(package_version())
+        version = package_version()
+        self.metrics = DrafterMetrics(version)
         self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
         self.registry.register(self.metrics)
         self.auth = client_auth(config)
-        self._servicer = DrafterServicer(
-            package_version(), config.max_message_bytes, self.metrics, self.auth
-        )
+        self._servicer = DrafterServicer(version, config.max_message_bytes, self.metrics, self.auth)
         # Credentials are checked before a request is read (None: every caller is trusted),
         # then the load: a unary Draft call the service would refuse is not read either.
         self.gate = (
@@ -154,14 +144,9 @@ class DrafterServer:
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
-        self._engine: DraftEngine | None = None
+        self.engine: DraftEngine | None = None  # once loaded
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping: asyncio.Future[None] | None = None
-
-    @property
-    def engine(self) -> DraftEngine | None:
-        """The drafting engine once loaded (introspection: request table, datastores)."""
-        return self._engine
 
     @property
     def address(self) -> str:
@@ -233,13 +218,13 @@ class DrafterServer:
             cost, clock=self._clock,
         )  # fmt: skip
         ingester = GenerationIngester(config.ingest_queue_size, config.background_nice)
-        self._engine = DraftEngine(
+        self.engine = DraftEngine(
             catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
             max_queue_s=config.max_queue_ms / 1e3, clients_apart=config.recent_scope == "client",
         )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
-        self._servicer.attach(self._engine)
+        self._servicer.attach(self.engine)
         self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
         for service in ("", SERVICE_NAME):
             await self.health.set(service, _SERVING)
@@ -267,8 +252,8 @@ class DrafterServer:
                 await self._server.stop(self.config.grace_period_s if grace is None else grace)
             if self._metrics_endpoint is not None:
                 await asyncio.to_thread(stop_metrics, self._metrics_endpoint)
-            if self._engine is not None:
-                await self._engine.close()
+            if self.engine is not None:
+                await self.engine.close()
             if self._catalog is not None:
                 await asyncio.to_thread(self._catalog.close)
         finally:
@@ -278,7 +263,7 @@ class DrafterServer:
     def _phase(self) -> Phase:
         if self._stopping is not None:
             return "stopping"
-        return "loading" if self._engine is None else "ok"
+        return "loading" if self.engine is None else "ok"
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:
@@ -289,5 +274,5 @@ class DrafterServer:
         interval_s = min(max(self.config.request_ttl_s / 4, 0.05), 10.0)
         while True:
             await asyncio.sleep(interval_s)
-            if self._engine is not None:
-                self._engine.expire_idle()
+            if self.engine is not None:
+                self.engine.expire_idle()

@@ -32,13 +32,12 @@ from drafter_service.snapshot.store import (
 log = logging.getLogger(__name__)
 
 
+# The data directory's tokenizer identity (its snapshots record it too, but a directory
+# may hold only an ingest log so far).
 TOKENIZER_RECORD = "tokenizer-identity.json"
-"""File in the data directory recording the tokenizer identity it was opened with (the
-snapshots record it too, but a directory may hold only an ingest log so far)."""
 
 
 def read_tokenizer_record(data_dir: Path) -> TokenizerIdentity | None:
-    """The identity ``write_tokenizer_record`` left in ``data_dir``, or None."""
     path = data_dir / TOKENIZER_RECORD
     try:
         text = path.read_text(encoding="utf-8")
@@ -69,7 +68,7 @@ def write_tokenizer_record(data_dir: Path, tokenizer: TokenizerIdentity) -> None
 
 
 def _has_ingest_log(data_dir: Path) -> bool:
-    """Whether ``data_dir`` holds logged ingests (a directory from before the record)."""
+    """Whether ``data_dir`` holds logged ingests (from before the record existed)."""
     try:
         return any(p.stat().st_size > 0 for p in (data_dir / "wal").glob("*.log"))
     except OSError:
@@ -77,10 +76,9 @@ def _has_ingest_log(data_dir: Path) -> bool:
 
 
 def resolve_tokenizer(config: ServeConfig) -> TokenizerIdentity:
-    """From --tokenizer, else the seed snapshot's, else the data directory's (its newest
-    snapshot's, else its tokenizer record's), else (``tokenizer_name`` or "unknown",
-    --vocab-size, no fingerprint), else the embedded default: ``DEFAULT_VOCAB_SIZE``
-    (logged). A data directory without a snapshot whose record disagrees is refused."""
+    """From --tokenizer, the seed snapshot, the data directory (its newest snapshot, else
+    its record), --vocab-size, else ``DEFAULT_VOCAB_SIZE`` (logged); a data directory
+    without a snapshot whose record disagrees is refused."""
     data_snapshots = list_snapshots(config.data_dir / "snapshots")
     recorded = None if data_snapshots else read_tokenizer_record(config.data_dir)
     resolved = _resolve(config, data_snapshots, recorded)
@@ -136,19 +134,14 @@ def _resolve(
     return TokenizerIdentity(config.tokenizer_name or "unknown", DEFAULT_VOCAB_SIZE, "")
 
 
-SEED_CORPUS = "seed"
-"""The pinned corpus a seed snapshot from the builder becomes."""
+SEED_CORPUS = "seed"  # the pinned corpus a seed snapshot from the builder becomes
 
 
 def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> bool:
-    """Copies ``snapshot`` into ``data_dir``/snapshots when that holds none yet (sub-index
-    files are hardlinked where possible, the copy written atomically). Returns whether
-    it seeded; a live directory that already has a snapshot keeps its own.
-
-    A snapshot that names no corpora (one from the builder) becomes the pinned corpus
-    ``seed``: the base that is never rotated out, drafted from as a source of its own
-    beside what the datastore learns (so it cannot outvote it), and removable through the
-    admin API's corpora routes like any corpus."""
+    """Copies ``snapshot`` into ``data_dir``/snapshots (atomically) unless that holds one
+    already; returns whether it seeded. A snapshot naming no corpora (the builder's)
+    becomes the pinned corpus ``seed``: never rotated out, drafted from as a source of its
+    own (so what is learned cannot outvote it), removable like any corpus."""
     target_root = data_dir / "snapshots"
     if list_snapshots(target_root):
         log.info("%s already has a snapshot: --snapshot %s is not used", data_dir, snapshot)
@@ -173,8 +166,8 @@ def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) 
 
 
 def open_catalog(config: ServeConfig) -> Catalog:
-    """Opens every datastore (blocking: snapshot loads, log replay). Raises ValueError
-    (SnapshotError included) for a bad setting or snapshot."""
+    """Opens every datastore (blocking); ValueError (SnapshotError) for a bad setting or
+    snapshot."""
     tokenizer = resolve_tokenizer(config)
     settings = config.draft_settings()
     slots: dict[str, DatastoreSlot] = {}

@@ -1,6 +1,5 @@
-"""How the text of a ``drafter serve`` flag or ``DRAFTER_*`` variable becomes a setting's
-value (a settings file or Python give values), and the value types ``ServeConfig``'s
-fields are declared with; each check's message names the setting and the value."""
+"""The value types of ``ServeConfig``'s fields, and how a flag's or variable's text becomes
+a value; each check's message names the setting and the value."""
 
 from __future__ import annotations
 
@@ -17,16 +16,13 @@ from drafter_service.live.live_datastore import LivePolicy
 
 DATASTORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 DEFAULT_DATASTORE = "default"
-DEFAULT_VOCAB_SIZE = 128256
-"""The embedded default vocabulary: Llama 3's 128256 token ids. ``drafter serve`` uses it
-when no --vocab-size, --tokenizer, --snapshot or existing data directory gives one."""
+DEFAULT_VOCAB_SIZE = 128256  # Llama 3's, when nothing else gives a vocabulary
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-
 def bounds(low: float, high: float | None = None, *, low_open: bool = False) -> AfterValidator:
-    """A number within [low, high] (above low with ``low_open``), checked once parsed so that
-    the message shows the number: ``ServeConfig.port = 70000 is out of range [0, 65535]``."""
+    """A number within [low, high] (above low with ``low_open``), checked once parsed so the
+    message shows it: ``ServeConfig.port = 70000 is out of range [0, 65535]``."""
     if high is not None:
         shown = f"{'(' if low_open else '['}{low}, {high}]"
     else:
@@ -58,8 +54,8 @@ def none_text(value: Any) -> Any:
 
 
 def pairs(form: str) -> BeforeValidator:
-    """``A=B`` pairs from a variable's ``A=B[,A=B...]``, the repeated flag's list of ``A=B``,
-    a file's table ``{A = B}`` or Python's tuple of pairs; a pair needs both sides."""
+    """``A=B`` pairs from ``A=B[,A=B...]``, the repeated flag's list, a file's table or
+    Python's tuple of pairs; a pair needs both sides."""
 
     def parse(value: Any) -> Any:
         if isinstance(value, Mapping):
@@ -128,8 +124,7 @@ def unique_datastore_names(pairs: tuple[tuple[str, Path], ...]) -> tuple[tuple[s
 
 
 def cpu_count() -> int:
-    """CPUs this process may run on (its affinity set, e.g. under taskset or a cgroup
-    cpuset), not the machine's count."""
+    """CPUs this process may run on (its affinity set), not the machine's count."""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # no affinity API (not Linux)

@@ -1,27 +1,18 @@
 """Settings of ``drafter serve``: one frozen pydantic-settings model whose every field is a
-flag, an environment variable and a key of an optional TOML settings file.
+flag, a ``DRAFTER_*`` variable and a key of an optional TOML file (``--config-file``). A
+flag wins over the variable, the variable over the file, each as a whole value.
 
-A field ``max_budget`` is ``--max-budget``, ``DRAFTER_MAX_BUDGET`` and ``max_budget = 64``
-in the file named by ``--config-file`` or ``DRAFTER_CONFIG_FILE``. A flag wins over the
-variable, the variable over the file, the file over the default; each wins as a whole
-(two ``--datastore`` flags replace ``DRAFTER_DATASTORES``, they are not merged with it).
-
-Nothing is read at import, nor when a ``ServeConfig`` is built directly (tests, embedding:
-only its arguments count). :meth:`ServeConfig.from_namespace` reads the three layers
-(``settings_layers``: the environment through pydantic-settings' ``EnvSettingsSource``,
-from any mapping, the file through its ``TomlConfigSettingsSource``); the model validates.
-
-The flags stay with argparse, not pydantic-settings' CLI source: ``drafter serve`` is a
-subcommand of an argparse program, ``--datastore``/``--draft-config`` repeat under a name
-that is not the field's, and every bad value must be reported as coming from the flag,
-the variable or the file that gave it (``--port: bad value 'http': ...``), which needs
-the layers kept apart until validation; the CLI source merges them and reports a
-pydantic error without its origin, and formats ``--help`` its own way.
+Nothing is read at import, nor when a ``ServeConfig`` is built directly (only its
+arguments count). The flags stay with argparse, not pydantic-settings' CLI source:
+``serve`` is a subcommand, two flags repeat under another name, and a bad value must
+name the flag, variable or file that gave it, so the layers stay apart until validation
+(``settings_layers``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,8 +74,6 @@ class ServeConfig(BaseSettings):
         description="vocabulary size (default: from --tokenizer, the seed snapshot or the data "
         f"directory, else {DEFAULT_VOCAB_SIZE}, the Llama-3 vocabulary)",
     )
-    """None: resolved when the datastores open (``resolve_tokenizer``), falling back to
-    ``DEFAULT_VOCAB_SIZE``."""
     datastores: Annotated[
         tuple[tuple[str, Path], ...],
         NoDecode,
@@ -120,44 +109,37 @@ class ServeConfig(BaseSettings):
     )
     inline_max_work: Annotated[int, bounds(0)] = Field(
         256,
-        description="a call's native work runs on the event loop thread, skipping two thread "
-        "hand-offs, when nothing else is queued and it weighs at most this many drafted "
-        "requests (each request 1, plus 1 per 64 nodes of budget, per 8 tokens added and "
-        "per 8 requests stopped; ~12 µs each on 2 cores; 0 = always hand off)",
+        description="a call's native work runs on the event loop thread (no thread hand-offs) "
+        "when nothing else is queued and it weighs at most this many requests (1 each, +1 per "
+        "64 budget nodes, 8 tokens added or 8 requests stopped; ~12 µs each on 2 cores; 0 = "
+        "always hand off)",
     )
     max_inflight_calls: AtLeastOne = Field(
         64, description="calls and stream steps queued or running; beyond: RESOURCE_EXHAUSTED"
     )
     max_concurrent_rpcs: Annotated[int, bounds(0)] = Field(
         0,
-        description="RPCs open at once, open streams included (each counts while it is "
-        "open); beyond, calls wait in gRPC's core (bounded by max_pending_rpcs) and are "
-        "refused there, before the call reaches Python: the cheapest refusal there is. 0 = "
-        "no limit. Under floods of unary Draft calls set it to a few calls plus the streams "
-        "you expect (never below the streams: a stream past it waits). With 4, light "
-        "(~10 ms) calls at 10x overload kept 0.62 of capacity against 0.55 without; heavy "
-        "ones, which the service already refuses unread, 0.80 against 0.84, within run-to-"
-        "run noise (docs/benchmarks.md, Goodput under overload)",
+        description="RPCs open at once, open streams included; beyond, calls wait in gRPC's "
+        "core (max_pending_rpcs) and are refused there, the cheapest refusal. 0 = no limit. "
+        "Under floods of unary Draft calls: a few calls plus the streams expected (a stream "
+        "past it waits). With 4 at 10x overload, light calls kept 0.62 of capacity (0.55 "
+        "without), heavy ones 0.80 (0.84, noise; docs/benchmarks.md, Goodput under overload)",
     )
     max_pending_rpcs: Annotated[int, bounds(0)] = Field(
         128,
-        description="calls gRPC has received that the service has not yet taken up (its "
-        "event loop busy under a flood, or past max_concurrent_rpcs); beyond, gRPC's core "
-        "refuses a call before it reaches Python (the client sees CANCELLED or "
-        "RESOURCE_EXHAUSTED), and from half of it on at random, more often the fuller the "
-        "queue (random early detection). Open streams do not count. Without a bound gRPC "
-        "queues up to 3,000 calls, which then wait past their deadlines (at 10x overload "
-        "0.15 of capacity was left; docs/benchmarks.md, Goodput under overload). 0 = "
-        "gRPC's own (1,000 / 3,000)",
+        description="calls gRPC has received but the service not yet taken up (streams "
+        "excluded); beyond, gRPC's core refuses them before Python (CANCELLED or "
+        "RESOURCE_EXHAUSTED), from half of it on at random (random early detection). "
+        "gRPC's own bound, 3,000 calls, lets them wait past their deadlines (0.15 of "
+        "capacity left at 10x overload; docs/benchmarks.md). 0 = gRPC's (1,000 / 3,000)",
     )
     max_queue_ms: PositiveSeconds = Field(
         250.0,
-        description="drafting work queued ahead of a Draft call, at most (estimated from "
-        "what it weighs at the measured speed); beyond: RESOURCE_EXHAUSTED, decided before "
-        "the call's message is parsed. A call that could not be answered within its gRPC "
-        "deadline is refused DEADLINE_EXCEEDED, and one whose deadline passes before its "
-        "turn is skipped. It bounds how long the service takes to answer again once a "
-        "flood stops (0.24 s at 250, 0.78 s at 1000, at 10x overload)",
+        description="drafting work queued ahead of a Draft call, at most (its weight at the "
+        "measured speed); beyond: RESOURCE_EXHAUSTED, before the message is parsed. A call "
+        "that cannot be answered within its deadline is refused DEADLINE_EXCEEDED, one past "
+        "it before its turn skipped. It bounds the recovery after a flood (0.24 s at 250, "
+        "0.78 s at 1000, at 10x overload)",
     )
     request_ttl_s: PositiveSeconds = Field(
         600.0, description="request state idle this long is dropped"
@@ -167,11 +149,10 @@ class ServeConfig(BaseSettings):
     )
     max_request_state_bytes: Annotated[int, bounds(1 << 20)] = Field(
         4 << 30,
-        description="memory request states may hold, as the drafter measures them (input "
-        "trie and tokens: 12-640 bytes a context token, by how much it repeats, and 96 for "
-        "the recent tier when it is on; least recently used dropped; a call that alone may "
-        "need more, at up to 1,384 bytes a new token before it is measured (1,288 without "
-        "the tier): RESOURCE_EXHAUSTED)",
+        description="memory request states may hold, as measured (12-640 bytes a context "
+        "token by how much it repeats, +96 with the recent tier; least recent dropped); a "
+        "call that alone may need more (up to 1,384 bytes a new token, 1,288 without the "
+        "tier): RESOURCE_EXHAUSTED",
     )
     grace_period_s: Seconds = Field(5.0, description="shutdown grace for in-flight calls")
     ingest_queue_size: AtLeastOne = Field(
@@ -179,10 +160,9 @@ class ServeConfig(BaseSettings):
     )
     background_nice: Annotated[int, bounds(0, MAX_NICE)] = Field(
         0,
-        description="nice value of the threads that store generations, rebuild, snapshot "
-        "and follow the shared log (Linux): 19 lets drafting run first where the drafter "
-        "has its cores or its container to itself; on a machine shared with other busy "
-        "processes it starves them (0 = as drafting)",
+        description="nice value of the threads that store, rebuild, snapshot and follow the "
+        "shared log (Linux): 19 lets drafting run first on cores of its own; on a machine "
+        "shared with busy processes it starves them (0 = as drafting)",
     )
     keepalive_time_s: PositiveSeconds = Field(
         30.0, description="interval of server keepalive pings"
@@ -192,7 +172,7 @@ class ServeConfig(BaseSettings):
         5.0, description="shortest client ping interval"
     )
     keepalive_permit_without_calls: Bool = Field(True, description="pings allowed with no call")
-    # The live datastore's policy: LivePolicy checks these (see live_policy).
+    # The live datastore's policy: LivePolicy's fields, checked by it (live_policy).
     rebuild_min_tokens: int = Field(1_000_000, description="live: rebuild once this many wait")
     rebuild_interval_s: float = Field(60.0, description="live: or this often with any waiting")
     rebuild_max_share: float = Field(
@@ -213,16 +193,15 @@ class ServeConfig(BaseSettings):
     prompt_context_tokens: int = Field(3, description="live: prompt tokens kept before an output")
     finish_durable: Bool = Field(
         False,
-        description="every Finish answers only once the generations it stores are in the "
-        "ingest log (fsynced; FinishResponse.durable counts them), as a client can ask per "
-        "call with wait_durable; without either, a Finish acknowledges queued generations",
+        description="every Finish answers once its generations are in the ingest log "
+        "(fsynced; FinishResponse.durable counts them), as wait_durable asks per call; "
+        "without either, a Finish acknowledges queued generations",
     )
     salvage: Bool = Field(
         False,
         description="start despite damaged data (a corrupt ingest log record, an unreadable "
-        "newest snapshot): keep what is readable, move the damaged files into "
-        "DATA_DIR/damaged (never deleted); without it such damage refuses to start, naming "
-        "what would be lost",
+        "newest snapshot), moving the damaged files into DATA_DIR/damaged; without it such "
+        "damage refuses to start, naming what would be lost",
     )
     log_level: Annotated[str, AfterValidator(check_log_level)] = Field(
         "INFO", description="logging level"
@@ -259,10 +238,9 @@ class ServeConfig(BaseSettings):
     )
     recent_scope: Literal["datastore", "client"] = Field(
         "datastore",
-        description="whose requests in flight a request drafts from through the recent tier: "
-        "every request of its datastore (datastore), or its own client's only (client; needs "
-        "--grpc-tokens-file or --tls-client-ca-file). Stored generations are shared either way, "
-        "as the live datastore shares them",
+        description="whose requests in flight the recent tier drafts from: its datastore's "
+        "(datastore) or its own client's (client; needs --grpc-tokens-file or "
+        "--tls-client-ca-file). Stored generations are shared either way",
     )
     corpora_dir: Path | None = Field(
         None, description="directory whose corpus files the admin API may add (unset: none)"
@@ -270,9 +248,8 @@ class ServeConfig(BaseSettings):
     # Scale-out (docs/scale-out.md): replicas that learn as one.
     shared_log: Annotated[str | None, BeforeValidator(none_text)] = Field(
         None,
-        description="redis:// or rediss:// URL of the shared ingest stream: every replica "
-        "appends the generations it stores and takes every replica's (unset: this replica "
-        "learns alone)",
+        description="redis:// or rediss:// URL of the shared ingest stream every replica "
+        "appends to and takes from (unset: this replica learns alone)",
     )
     shared_log_password_file: Path | None = Field(
         None, description="file holding the shared log server's password"
@@ -285,9 +262,9 @@ class ServeConfig(BaseSettings):
     )
     bootstrap_peers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(urls)] = Field(
         (),
-        description="admin API URLs of peers (http[s]://host:port, comma-separated; a host "
-        "naming several addresses counts as each): with no snapshot of its own, the live "
-        "datastore starts from the newest peer snapshot, then takes the shared log after it",
+        description="admin API URLs of peers (http[s]://host:port, comma-separated; a host of "
+        "several addresses counts as each): with no snapshot of its own, the live datastore "
+        "starts from the newest peer snapshot, then the shared log after it",
     )
 
     @classmethod
@@ -299,13 +276,12 @@ class ServeConfig(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Built directly, a ServeConfig is its arguments and defaults: no variable is read
-        behind the caller's back (``from_namespace`` reads them, from a given mapping)."""
+        """Built directly, a ServeConfig is its arguments: no variable is read behind the
+        caller's back (``from_namespace`` reads them)."""
         return (init_settings,)
 
     @model_validator(mode="after")
     def _check_together(self) -> ServeConfig:
-        """The checks that span several settings."""
         self.live_policy()  # raises ValueError naming a bad live knob
         self.draft_settings()  # raises ValueError naming a bad drafting knob
         if self.node_score not in NODE_SCORE_CHOICES:
@@ -348,19 +324,9 @@ class ServeConfig(BaseSettings):
         return DraftConfig(**values)
 
     def live_policy(self) -> LivePolicy:
-        """The live datastore's policy (rebuilds, snapshots, memory bound, what is stored)."""
-        return LivePolicy(
-            max_sub_indices=self.max_sub_indices,
-            max_sub_index_tokens=self.max_sub_index_tokens,
-            rebuild_min_tokens=self.rebuild_min_tokens,
-            rebuild_interval_s=self.rebuild_interval_s,
-            rebuild_max_share=self.rebuild_max_share,
-            snapshot_interval_s=self.snapshot_interval_s,
-            keep_snapshots=self.keep_snapshots,
-            max_resident_bytes=self.max_resident_bytes,
-            store=self.store,
-            prompt_context_tokens=self.prompt_context_tokens,
-        )
+        """The live datastore's policy: the settings of its fields' names."""
+        names = [field.name for field in dataclasses.fields(LivePolicy)]
+        return LivePolicy(**{name: getattr(self, name) for name in names})
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -386,9 +352,8 @@ class ServeConfig(BaseSettings):
     def from_namespace(
         cls, namespace: argparse.Namespace, environ: Mapping[str, str] | None = None
     ) -> ServeConfig:
-        """Flags from ``add_arguments`` over ``DRAFTER_*`` variables (``environ``, default
-        ``os.environ``) over the settings file over defaults. Raises ValueError naming
-        the flag, variable or file entry and its bad value."""
+        """Flags over ``DRAFTER_*`` variables (default ``os.environ``) over the settings file
+        over defaults; ValueError names the flag, variable or file entry and its value."""
         layers = SettingLayers.read(cls, namespace, os.environ if environ is None else environ)
         try:
             return cls.model_validate(layers.values)
@@ -399,8 +364,7 @@ class ServeConfig(BaseSettings):
     def from_env_and_args(
         cls, args: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
     ) -> ServeConfig:
-        """Parses ``drafter serve`` flags (``args``; default ``sys.argv[1:]``) and the
-        environment (default ``os.environ``); a flag wins over its variable."""
+        """``from_namespace`` over parsed ``drafter serve`` flags (default ``sys.argv[1:]``)."""
         parser = argparse.ArgumentParser(prog="drafter serve")
         cls.add_arguments(parser)
         return cls.from_namespace(parser.parse_args(args), environ)

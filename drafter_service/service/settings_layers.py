@@ -1,11 +1,6 @@
-"""Where a ``drafter serve`` setting comes from: its flag, its ``DRAFTER_*`` variable or
-the TOML settings file, the first of them that sets it, and which one to name when its
-value is bad (``--port: bad value 'http': ...``).
-
-The layers stay apart until the model validates the merged values, so that an error can
-name its origin; each layer sets a whole value (two ``--datastore`` flags replace
-``DRAFTER_DATASTORES``, they are not merged with it).
-"""
+"""Where a ``drafter serve`` setting comes from (its flag, its ``DRAFTER_*`` variable or
+the TOML settings file, the first that sets it), kept to name it when its value is bad:
+``--port: bad value 'http': ...``."""
 
 from __future__ import annotations
 
@@ -20,11 +15,10 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, TomlConfigSetting
 
 ENV_PREFIX = "DRAFTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG_FILE"
-REPEATED_FLAGS = {
+REPEATED_FLAGS = {  # a pair per flag; their variable lists pairs, comma-separated
     "datastores": ("--datastore", "NAME=DIR"),
     "draft_config": ("--draft-config", "KEY=VALUE"),
 }
-"""The settings whose flag repeats (a pair each; their variable lists pairs, comma-separated)."""
 
 
 def flag_name(field_name: str) -> str:
@@ -52,9 +46,8 @@ class SettingLayers:
         namespace: argparse.Namespace,
         environ: Mapping[str, str],
     ) -> SettingLayers:
-        """Flags (unset: None in ``namespace``) over variables over the settings file
-        (``--config-file``, else ``DRAFTER_CONFIG_FILE``). Raises ValueError for a settings
-        file that is missing or not TOML."""
+        """Flags (unset: None) over variables over the settings file (``--config-file``, else
+        ``DRAFTER_CONFIG_FILE``); ValueError for a file that is missing or not TOML."""
         flags = {name: value for name in settings_cls.model_fields
                  if (value := getattr(namespace, name, None)) is not None}  # fmt: skip
         layers: list[tuple[Callable[[str], str], dict[str, Any]]] = [
@@ -96,16 +89,14 @@ class SettingLayers:
 
 
 class _EnvironSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping: a caller (a test, the
-    chart's ConfigMap check) passes its own variables instead of ``os.environ``."""
+    """pydantic-settings' environment source over a given mapping, not ``os.environ``."""
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
         self._environ = environ
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        # The base class reads os.environ here. Keys lower-cased as it matches them
-        # (case-insensitively); an empty variable is unset, as it always was.
+        # Keys lower-cased as the base class matches them; an empty variable is unset.
         return {key.lower(): value for key, value in self._environ.items() if value != ""}
 
 
