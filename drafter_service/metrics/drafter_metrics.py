@@ -1,17 +1,14 @@
-"""The drafter's Prometheus metrics (docs/metrics.md, section Drafter): one collector
-per server, registered in that server's own registry (served by ``metrics_http``).
-
-Two kinds of numbers. What only the serving path knows (batch and request latency,
-trees and their sizes, RESYNCs, errors) is recorded per call under one lock into plain
-counters and histogram state (``histograms``): a batch of 64 requests costs one numpy
-``bincount`` for its tree sizes, never 64 ``observe`` calls (about 5 us per batch in
-all; drafter_bench/metrics_overhead.py). What is already state elsewhere (request states,
-datastore sizes, ingest counters, queue depth, snapshot age, log size) is read when
-Prometheus scrapes, so serving pays nothing for it.
+"""The drafter's Prometheus metrics (docs/metrics.md, section Drafter): one collector per
+server, in that server's own registry. What only the serving path knows (latency, trees,
+RESYNCs, errors) is recorded per call under one lock into plain counters and histogram
+state: a batch of 64 costs one ``bincount`` for its tree sizes, not 64 ``observe`` calls
+(~5 us per batch; drafter_bench/metrics_overhead.py). What is state elsewhere (request
+states, datastores, the ingest queue) is read at scrape time: serving pays nothing for it.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import time
@@ -20,11 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from drafter_service.engine.catalog import Catalog, DatastoreStats
@@ -164,70 +157,66 @@ class DrafterMetrics(Collector):
     # -- scraping ---------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            recorded = Recorded(
-                {method: b.copy() for method, b in self._batch_seconds.items()},
-                {method: b.copy() for method, b in self._batch_requests.items()},
-                {name: c.copy() for name, c in self._datastores.items()},
-                dict(self._resyncs),
-                dict(self._errors),
-                {name: b.copy() for name, b in self._rebuilds.items()},
-            )
-        yield from recorded_families(recorded)
+        with self._lock:  # a copy: the families are built without holding the lock
+            recorded = copy.deepcopy(
+                (self._batch_seconds, self._batch_requests, self._datastores, self._resyncs,
+                 self._errors, self._rebuilds)
+            )  # fmt: skip
+        yield from recorded_families(Recorded(*recorded))
         yield from self._state()
 
     def _state(self) -> Iterator[Metric]:
-        """Read from the service's own state at scrape time."""
-        sources = self._sources
-        active = GaugeMetricFamily(PREFIX + "active_requests", "Request states held.")
-        state_bytes = GaugeMetricFamily(
-            PREFIX + "request_state_bytes",
-            "Memory the request states hold: measured by the drafter after each call, plus "
-            "a bound on what queued calls may add.",
-        )
-        budget = GaugeMetricFamily(
-            PREFIX + "request_state_budget_bytes", "Bound on request_state_bytes."
-        )
-        evicted: dict[str, int] = {}
-        depth = GaugeMetricFamily(
-            PREFIX + "ingest_queue_depth", "Finished generations waiting for ingestion."
-        )
+        """Read from the service's own state at scrape time (no samples before ``attach``)."""
+        s = self._sources
+        table, ingester = (None, None) if s is None else (s.table, s.ingester)
         info = GaugeMetricFamily(
             PREFIX + "info",
             "Build and tokenizer identity (=1).",
             labels=["version", "tokenizer_fingerprint"],
         )
-        dropped: dict[str, int] = {}
         stores: dict[str, LiveStats | DatastoreStats] = {}
         held: dict[str, int] = {}
-        if sources is not None:
-            active.add_metric([], len(sources.table))
-            state_bytes.add_metric([], sources.table.bytes)
-            budget.add_metric([], sources.table.max_bytes)
-            evicted = dict(sources.table.evicted)
-            ingester = sources.ingester
-            depth.add_metric([], ingester.depth)
-            dropped = {
-                "queue_full": ingester.dropped,
-                "datastore_full": ingester.refused_full,
-                "error": ingester.failed,
-            }
-            info.add_metric([self._version, sources.catalog.tokenizer.fingerprint], 1)
-            for name, slot in sources.catalog.slots.items():
+        if s is not None:
+            info.add_metric([self._version, s.catalog.tokenizer.fingerprint], 1)
+            for name, slot in s.catalog.slots.items():
                 stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
                 held[name] = slot.drafter.held[1]  # 0 with the tier off
-        yield active
-        yield state_bytes
-        yield budget
+        yield GaugeMetricFamily(
+            PREFIX + "active_requests",
+            "Request states held.",
+            value=None if table is None else len(table),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "request_state_bytes",
+            "Memory the request states hold: measured by the drafter after each call, plus "
+            "a bound on what queued calls may add.",
+            value=None if table is None else table.bytes,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "request_state_budget_bytes",
+            "Bound on request_state_bytes.",
+            value=None if table is None else table.max_bytes,
+        )
         yield family(
             CounterMetricFamily,
             "request_states_evicted",
             "Request states dropped before their request finished, by the bound that "
             "dropped them (their client resends the context: RESYNC).",
             "reason",
-            evicted,
+            {} if table is None else dict(table.evicted),
         )
-        yield depth
+        yield GaugeMetricFamily(
+            PREFIX + "ingest_queue_depth",
+            "Finished generations waiting for ingestion.",
+            value=None if ingester is None else ingester.depth,
+        )
+        dropped = {}
+        if ingester is not None:
+            dropped = {
+                "queue_full": ingester.dropped,
+                "datastore_full": ingester.refused_full,
+                "error": ingester.failed,
+            }
         yield family(
             CounterMetricFamily,
             "ingest_dropped",
@@ -245,5 +234,3 @@ class DrafterMetrics(Collector):
             "datastore",
             held,
         )
-
-

@@ -30,16 +30,10 @@ class DatastoreCounts:
     tree_nodes: SizeCounts
     request_seconds: Buckets
 
-    def copy(self) -> DatastoreCounts:
-        return DatastoreCounts(
-            self.requests, self.trees, self.tree_nodes.copy(), self.request_seconds.copy()
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """A copy of the numbers recorded while serving, taken under the lock at a scrape
-    (the metric families are then built without holding it)."""
+    """A copy of the numbers recorded while serving, taken under the lock at a scrape."""
 
     batch_seconds: dict[str, Buckets]
     batch_requests: dict[str, Buckets]

@@ -1,5 +1,5 @@
-"""Histogram state that is cheap to update on the serving path and is turned into
-Prometheus buckets only when scraped. Neither class locks: the owner does."""
+"""Histogram state that is cheap to update on the serving path, turned into Prometheus
+buckets only when scraped. Neither class locks: the owner holds its lock around every call."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import numpy.typing as npt
 
 
 class Buckets:
-    """One histogram series: counts per bucket (``le`` bounds, then +Inf) and the sum.
-    Not locked: the owner holds its lock around every call."""
+    """One histogram series: counts per bucket (``le`` bounds, then +Inf) and the sum."""
 
     __slots__ = ("bounds", "counts", "total")
 
@@ -23,8 +22,7 @@ class Buckets:
         self.total = 0.0
 
     def add(self, value: float, weight: int = 1) -> None:
-        """``weight`` observations of ``value``. bisect_left finds the first bound
-        >= value: Prometheus buckets are inclusive (value <= le)."""
+        """``weight`` observations of ``value`` (buckets are inclusive: value <= le)."""
         self.counts[bisect_left(self.bounds, value)] += weight
         self.total += value * weight
 
@@ -32,21 +30,15 @@ class Buckets:
     def count(self) -> int:
         return sum(self.counts)
 
-    def copy(self) -> Buckets:
-        other = Buckets(())
-        other.bounds, other.counts, other.total = self.bounds, list(self.counts), self.total
-        return other
-
     def sample(self) -> tuple[list[tuple[str, float]], float]:
         """Cumulative (le, count) pairs ending with +Inf, and the sum."""
         return _cumulative(self.bounds, list(itertools.accumulate(self.counts))), self.total
 
 
 class SizeCounts:
-    """A histogram of small non-negative integers (tree sizes), kept as a count per
-    exact value and bucketed at scrape time: a batch costs one ``bincount`` and one
-    array add. Grows to the largest value seen (at most the largest draft budget).
-    Not locked, like :class:`Buckets`."""
+    """A histogram of small non-negative integers (tree sizes), kept as a count per exact
+    value and bucketed at scrape time: a batch costs one ``bincount`` and one array add.
+    Grows to the largest value seen (at most the largest draft budget)."""
 
     __slots__ = ("bounds", "by_value", "total")
 
@@ -60,21 +52,10 @@ class SizeCounts:
         returns how many were 0."""
         found = np.bincount(values)
         if len(found) > len(self.by_value):
-            grown = np.zeros(len(found), dtype=np.int64)
-            grown[: len(self.by_value)] = self.by_value
-            self.by_value = grown
+            self.by_value = np.pad(self.by_value, (0, len(found) - len(self.by_value)))
         self.by_value[: len(found)] += found
         self.total += total
         return int(found[0])
-
-    @property
-    def count(self) -> int:
-        return int(self.by_value.sum())
-
-    def copy(self) -> SizeCounts:
-        other = SizeCounts(self.bounds)
-        other.by_value, other.total = self.by_value.copy(), self.total
-        return other
 
     def sample(self) -> tuple[list[tuple[str, float]], float]:
         at_most = np.cumsum(self.by_value)  # at_most[k]: observations <= k

@@ -9,14 +9,12 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-MetricsEndpoint = tuple[WSGIServer, threading.Thread]
-"""prometheus_client's ``/metrics`` server and the daemon thread serving it."""
+MetricsEndpoint = tuple[WSGIServer, threading.Thread]  # the server and its daemon thread
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
-    """Serves ``registry`` on ``host:port`` (0: a free port, then read ``server_port``)
-    with prometheus_client's ``start_http_server``: a thread per scrape, no access log.
-    Raises OSError naming ``host:port`` when it cannot bind."""
+    """Serves ``registry`` on ``host:port`` (0: a free port, see ``server_port``), a thread
+    per scrape; OSError naming ``host:port`` when it cannot bind."""
     try:  # prometheus_client picks the address family from the bare address
         return start_http_server(port, addr=host.strip("[]"), registry=registry)
     except OSError as exc:
