@@ -317,7 +317,7 @@ def test_without_a_configured_token_mutating_calls_are_refused(tokenless: Admin)
 
 
 def test_bad_token_settings_fail_the_start(tmp_path: Path) -> None:
-    from drafter_service.admin.bearer_auth import load_token
+    from drafter_service.service.admin_token import load_token
 
     short = tmp_path / "short"
     short.write_text("abc\n")

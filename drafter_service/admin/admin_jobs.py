@@ -1,6 +1,5 @@
-"""Asynchronous admin jobs (snapshot, rebuild, corpus add): queued, then run one at a
-time on a worker thread so that a long build never blocks the event loop that also
-serves gRPC; their status is kept in memory (the newest ``MAX_JOBS``)."""
+"""Admin jobs (snapshot, rebuild, corpus add), run one at a time on a worker thread so a
+long build never blocks the event loop that serves gRPC; the newest ``MAX_JOBS`` kept."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,7 +39,7 @@ class AdminJobs:
     """Runs jobs in submission order on one worker thread."""
 
     def __init__(self) -> None:
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._jobs: dict[str, Job] = {}  # in submission order
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admin-job")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -53,13 +51,9 @@ class AdminJobs:
             raise AdminError(503, "shutting_down", "the service is shutting down")
         job = Job(f"job-{next(self._ids):06d}", kind, datastore)
         self._jobs[job.id] = job
-        while len(self._jobs) > MAX_JOBS:  # forget the oldest finished job
-            oldest = next(
-                (j for j in self._jobs.values() if j.state in ("succeeded", "failed")), None
-            )
-            if oldest is None:
-                break
-            del self._jobs[oldest.id]
+        finished = [j.id for j in self._jobs.values() if j.state in ("succeeded", "failed")]
+        for old in finished[: max(0, len(self._jobs) - MAX_JOBS)]:  # the oldest finished
+            del self._jobs[old]
         task = asyncio.get_running_loop().create_task(self._run(job, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

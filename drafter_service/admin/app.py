@@ -1,5 +1,5 @@
-"""The admin API's FastAPI application: routes, the JSON error shape for every failure,
-authentication and the request size limit (see ``bearer_auth`` and ``body_limit``)."""
+"""The admin API's FastAPI application: routes, one JSON error shape for every failure,
+authentication and the request size limit."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from drafter_service.admin.schemas import ErrorBody
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 64 * 1024
 _ERROR_STATUSES = {
     400: "malformed request (e.g. invalid JSON, a path outside the corpora directory)",
     401: "missing or wrong bearer token",
@@ -39,13 +39,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def create_app(
-    context: AdminContext, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> ASGIApp:
+def create_app(context: AdminContext, token: str | None) -> ASGIApp:
     """The admin application over ``context`` (wrapped in auth and the size limit)."""
-    # /docs is Swagger UI with its script, stylesheet and icon served from this process
-    # (fastapi-offline's copies), so it renders on a host without internet access; no
-    # /redoc (FastAPI's default one loads its script from a CDN).
+    # /docs: Swagger UI with its files served from this process (fastapi-offline's), so it
+    # renders without internet access; no /redoc (it loads its script from a CDN).
     app = FastAPIOffline(
         title="drafter admin",
         summary="Operate a drafting service: datastores, snapshots, corpora, settings.",
@@ -64,7 +61,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     # Outermost first: authenticate before reading any body, then bound the body.
-    return BearerAuth(BodyLimit(app, max_body_bytes), token)
+    return BearerAuth(BodyLimit(app, MAX_BODY_BYTES), token)
 
 
 async def _admin_error(_: Request, exc: Exception) -> JSONResponse:

@@ -1,19 +1,11 @@
-"""Bearer-token authentication of the admin API, as an ASGI middleware.
+"""Bearer-token authentication of the admin API, as an ASGI middleware: before routing
+and body parsing, so an unauthenticated caller learns nothing and sends no body.
 
-It runs before routing and body parsing, so an unauthenticated caller learns nothing
-(not even whether a route exists) and never makes the server read a body. Rules:
-
-* calls that change something (any method but GET/HEAD/OPTIONS) always need the
-  token; with no token configured they are refused (403) with how to configure one;
-* reads need it too when a token is configured, except the probes (``/healthz``,
-  ``/readyz``) and the API description (``/openapi.json``, ``/docs`` and its assets
-  under ``/docs/assets/``: public code, no server state), so the interactive docs
-  work in a browser;
-* a snapshot's files (``/v1/datastores/*/snapshots/*/files...``: the datastore's whole
-  content, what a new replica downloads) are read only with the token, and refused
-  (403) when none is configured, like a change;
-* a missing or wrong token is 401 with ``WWW-Authenticate: Bearer``; the comparison
-  is constant-time (``hmac.compare_digest`` over the UTF-8 bytes).
+* Changes (any method but GET/HEAD/OPTIONS) and a snapshot's files (the datastore's whole
+  content) always need the token; with none configured they are refused 403.
+* With a token configured, reads need it too, except the probes and the API description
+  (``/openapi.json``, ``/docs`` and its assets: no server state).
+* A missing or wrong token is 401 with ``WWW-Authenticate``; compared in constant time.
 """
 
 from __future__ import annotations
@@ -23,9 +15,7 @@ import hmac
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from drafter_service.admin.http_errors import error_response
-from drafter_service.service.admin_token import TOKEN_ENV, load_token
-
-__all__ = ["BearerAuth", "load_token"]
+from drafter_service.service.admin_token import TOKEN_ENV
 
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect"})
@@ -39,7 +29,6 @@ NO_TOKEN_MESSAGE = (
 
 
 class BearerAuth:
-    """ASGI middleware enforcing the rules of this module on HTTP requests."""
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app

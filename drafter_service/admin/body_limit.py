@@ -37,28 +37,24 @@ class BodyLimit:
             else:  # the server never delivers more than the declared length
                 await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        received = 0
+        body = bytearray()
         while True:
             message = await receive()
             if message["type"] != "http.request":  # client gone
                 return
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > limit:
+            body += message.get("body", b"")
+            if len(body) > limit:
                 await too_large(scope, receive, send)
                 return
-            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
             return await receive()  # http.disconnect when the client goes
 
         await self.app(scope, replay, send)

@@ -1,5 +1,5 @@
 """What the admin routes see of the running service: its settings, its datastores once
-loaded, and the job runner. Built by the server; routes never reach further."""
+loaded, and the job runner."""
 
 from __future__ import annotations
 

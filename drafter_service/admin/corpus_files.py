@@ -1,11 +1,6 @@
-"""Corpus files on the server's storage: resolving a client-given path safely inside
-``corpora_dir``, and building the file into sub-indices with the datastore builder.
-
-No HTTP here. Kinds: ``token-ids`` (JSONL/Parquet records with token-id lists, the
-builder's ``--records token-ids``), ``text`` and ``prompt-output`` (text records or
-plain text files, tokenized with the service's ``tokenizer.json``), and ``npy`` (a 1-D
-integer array of token ids, ``-1`` between documents, the sub-index text layout).
-"""
+"""Corpus files on the server's storage: a client-given path resolved safely inside
+``corpora_dir``, and the file built into sub-indices with the datastore builder (the
+kinds: ``schemas.CorpusAdd``)."""
 
 from __future__ import annotations
 
@@ -13,22 +8,18 @@ import re
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Literal
 
 import numpy as np
 
 from drafter_service.admin.http_errors import bad_request, conflict, not_found
+from drafter_service.admin.schemas import CorpusAdd
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.pipeline import BuildConfig, build
-from drafter_service.corpus.readers import TextSplit
-from drafter_service.corpus.records import RecordKind, RecordSpec, Store
+from drafter_service.corpus.records import RecordKind, RecordSpec
 from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
 from drafter_service.live.live_datastore import Corpus
 from drafter_service.snapshot.store import SnapshotError, TokenizerIdentity, load_snapshot
 
-CorpusKind = Literal["token-ids", "text", "prompt-output", "npy"]
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
-"""Snapshot and corpus names: no dots, slashes or leading dash, so never a path."""
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 
 
@@ -67,37 +58,27 @@ def resolve_corpus_path(corpora_dir: Path | None, relative: str) -> Path:
 
 
 def build_corpus(
-    name: str,
+    body: CorpusAdd,
     path: Path,
-    kind: CorpusKind,
     tokenizer: TokenizerIdentity,
     tokenizer_file: Path | None,
     scratch_dir: Path,
-    *,
-    store: Store = "output",
-    text_field: str = "text",
-    prompt_field: str | None = None,
-    output_field: str | None = None,
-    text_split: TextSplit = "document",
-    max_sub_index_tokens: int = 512_000_000,
+    max_sub_index_tokens: int,
 ) -> Corpus:
-    """Builds ``path`` into a :class:`Corpus` (blocking). Raises AdminError (400 for a
-    bad file, 409 when text needs a tokenizer the service does not have)."""
+    """Builds ``path`` into a :class:`Corpus` (blocking); AdminError 400 for a bad file.
+    Text kinds need ``tokenizer_file`` (the route checks it)."""
+    name, kind = body.name, body.kind
     source = {"path": str(path), "kind": kind, "bytes": path.stat().st_size}
     if kind == "npy":
         return Corpus(name, (_npy_sub_index(path, tokenizer.vocab_size),), source)
-    if kind != "token-ids" and tokenizer_file is None:
-        raise conflict(
-            f"corpus kind {kind!r} needs the service's tokenizer.json: start it with --tokenizer"
-        )
     ids = kind == "token-ids"
     record_kind: RecordKind = "token-ids" if ids else kind
     spec = RecordSpec(
         kind=record_kind,
-        text_field=text_field,
-        prompt_field=prompt_field or ("prompt_ids" if ids else "prompt"),
-        output_field=output_field or ("output_ids" if ids else "output"),
-        store=store,
+        text_field=body.text_field,
+        prompt_field=body.prompt_field or ("prompt_ids" if ids else "prompt"),
+        output_field=body.output_field or ("output_ids" if ids else "output"),
+        store=body.store,
     )
     scratch_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=scratch_dir))
@@ -107,7 +88,7 @@ def build_corpus(
                 inputs=[path],
                 output=work / name,
                 spec=spec,
-                text_split=text_split,
+                text_split=body.text_split,
                 tokenizer=None if ids else tokenizer_file,
                 vocab_size=tokenizer.vocab_size,
                 max_sub_index_tokens=max_sub_index_tokens,
@@ -145,8 +126,3 @@ def _npy_sub_index(path: Path, vocab_size: int) -> SubIndex:
         return SubIndex.from_text(text, vocab_size)
     except ValueError as exc:
         raise bad_request(f"{path.name}: {exc}") from None
-
-
-def scratch_dir(data_dir: Path) -> Path:
-    """Where corpus builds write their temporary snapshot (same filesystem as data)."""
-    return data_dir / "corpus-builds"

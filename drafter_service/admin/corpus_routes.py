@@ -8,10 +8,9 @@ from typing import Annotated, Any
 from fastapi import Path, Request, Response
 
 from drafter_service.admin import routes
-from drafter_service.admin.corpus_files import NAME_PATTERN, build_corpus, resolve_corpus_path
-from drafter_service.admin.corpus_files import scratch_dir as corpus_scratch_dir
+from drafter_service.admin.corpus_files import build_corpus, resolve_corpus_path
 from drafter_service.admin.http_errors import AdminError, conflict
-from drafter_service.admin.schemas import CorpusAdd, CorpusInfo, CorpusList, JobInfo
+from drafter_service.admin.schemas import NAME_PATTERN, CorpusAdd, CorpusInfo, CorpusList, JobInfo
 from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
 CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
@@ -50,18 +49,12 @@ async def add_corpus(
 
     def work() -> dict[str, Any]:
         corpus = build_corpus(
-            body.name,
+            body,
             path,
-            body.kind,
             live.tokenizer,
             config.tokenizer,
-            corpus_scratch_dir(config.data_dir),
-            store=body.store,
-            text_field=body.text_field,
-            prompt_field=body.prompt_field,
-            output_field=body.output_field,
-            text_split=body.text_split,
-            max_sub_index_tokens=live.policy.max_sub_index_tokens,
+            config.data_dir / "corpus-builds",  # the data's filesystem
+            live.policy.max_sub_index_tokens,
         )
         try:
             info = live.add_corpus(corpus)

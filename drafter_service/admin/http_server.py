@@ -16,9 +16,9 @@ import uvicorn
 
 from drafter_service.admin.admin_jobs import AdminJobs
 from drafter_service.admin.app import create_app
-from drafter_service.admin.bearer_auth import load_token
 from drafter_service.admin.context import AdminContext
 from drafter_service.engine.catalog import Catalog
+from drafter_service.service.admin_token import load_token
 from drafter_service.service.grpc_server import Phase
 from drafter_service.service.settings import ServeConfig
 
@@ -49,8 +49,7 @@ class AdminServer:
         self._socket: socket.socket | None = None
 
     async def start(self) -> int:
-        """Binds and starts serving. Raises ValueError for a bad token, OSError when
-        the address cannot be bound."""
+        """Binds and serves; ValueError for a bad token, OSError for an address in use."""
         token = load_token(self.config.admin_token_file, os.environ)
         app = create_app(self._context, token)
         host, port = self.config.admin_host, self.config.admin_port
@@ -81,8 +80,8 @@ class AdminServer:
         return self.port
 
     async def stop(self) -> None:
-        """Stops accepting, lets requests in flight finish (within the grace period),
-        then drops queued jobs and waits for the running one. Idempotent."""
+        """Lets requests in flight finish (within the grace period), drops queued jobs and
+        waits for the running one. Idempotent."""
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):

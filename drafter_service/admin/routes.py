@@ -1,5 +1,4 @@
-"""Probes, datastore stats, live settings and jobs, and what every route module shares:
-the bearer scheme, the datastore name, the context, job routes."""
+"""Probes, datastore stats, live settings and jobs, and what every route module shares."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ def job_info(job: Job) -> JobInfo:
 def job_route(
     router: APIRouter, path: str, *, tag: str, summary: str, description: str | None = None
 ) -> Callable[[DecoratedCallable], DecoratedCallable]:
-    """Declares ``POST path`` on ``router`` as a route that queues a job: documented as
-    answering 202 with the job (``start_job``), the same for every such route."""
+    """Declares ``POST path`` on ``router`` as a route that queues a job (202 with the job)."""
     return router.post(
         path,
         response_model=JobInfo,
@@ -76,8 +74,7 @@ def job_route(
 
 
 async def remove_or_404(remove: Callable[[str], object], item: str, missing: str) -> None:
-    """Runs ``remove(item)`` off the event loop (it touches the disk); its ``KeyError``, no
-    such item, answers 404 saying ``missing``."""
+    """Runs ``remove(item)`` off the event loop; its ``KeyError`` answers 404 ``missing``."""
     try:
         await asyncio.to_thread(remove, item)
     except KeyError:
@@ -122,16 +119,9 @@ async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDeta
     live = None
     if slot.live is not None:
         s = slot.live.stats()
+        copied = LiveDetail.model_fields.keys() - {"corpora", "shared_log"}
         live = LiveDetail(
-            pending_tokens=s.pending_tokens,
-            rebuilds=s.rebuilds,
-            rebuild_seconds_total=s.rebuild_seconds_total,
-            last_rebuild_seconds=s.last_rebuild_seconds,
-            wal_position=s.wal_position,
-            covered_position=s.covered_position,
-            wal_bytes=s.wal_bytes,
-            last_snapshot_unix=s.last_snapshot_unix,
-            last_error=s.last_error,
+            **{field: getattr(s, field) for field in copied},
             corpora=len(slot.live.corpora),
             shared_log=_shared_log(slot.live, s),
         )
@@ -235,14 +225,8 @@ async def show_job(
 
 
 def _summary(slot: DatastoreSlot) -> DatastoreSummary:
-    stats = slot.stats()
-    return DatastoreSummary(
-        name=slot.name,
-        live=slot.live is not None,
-        num_tokens=stats.num_tokens,
-        sub_indices=stats.sub_indices,
-        resident_bytes=stats.resident_bytes,
-    )
+    stats = dataclasses.asdict(slot.stats())
+    return DatastoreSummary(name=slot.name, live=slot.live is not None, **stats)
 
 
 def _settings(live: LiveDatastore) -> Settings:

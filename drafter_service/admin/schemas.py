@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from drafter_service.admin.corpus_files import NAME_PATTERN
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+"""Snapshot and corpus names: no dots, slashes or leading dash, so never a path."""
 
 
 class Strict(BaseModel):

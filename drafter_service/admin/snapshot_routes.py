@@ -9,9 +9,9 @@ from fastapi import Path, Request, Response
 from fastapi.responses import FileResponse
 
 from drafter_service.admin import routes
-from drafter_service.admin.corpus_files import NAME_PATTERN
 from drafter_service.admin.http_errors import conflict, not_found
 from drafter_service.admin.schemas import (
+    NAME_PATTERN,
     JobInfo,
     SnapshotCreate,
     SnapshotDetail,
@@ -181,16 +181,12 @@ async def delete_snapshot(
         raise conflict(str(exc)) from None
 
 
-def _offset(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def _find(live: LiveDatastore, name: str) -> SnapshotInfo | None:
     return next((i for i in live.snapshots() if i.path.name == name), None)
 
 
 def _summary(info: SnapshotInfo, newest: bool) -> SnapshotSummary:
-    listed = info.metadata.get(CORPORA_KEY)
+    listed, offset = info.metadata.get(CORPORA_KEY), info.metadata.get(LOG_OFFSET_KEY)
     corpora = [
         str(c["name"])
         for c in (listed if isinstance(listed, list) else [])
@@ -202,7 +198,7 @@ def _summary(info: SnapshotInfo, newest: bool) -> SnapshotSummary:
         wal_position=info.wal_position,
         num_tokens=info.num_tokens,
         sub_indices=len(info.sub_indices),
-        log_offset=_offset(info.metadata.get(LOG_OFFSET_KEY)),
+        log_offset=offset if isinstance(offset, str) else None,
         pinned=bool(info.metadata.get(PINNED_KEY)),
         corpora=corpora,
         newest=newest,
