@@ -39,7 +39,7 @@ class AdminJobs:
     """Runs jobs in submission order on one worker thread."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, Job] = {}  # in submission order
+        self.by_id: dict[str, Job] = {}  # in submission order; changed on the event loop
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admin-job")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -50,20 +50,14 @@ class AdminJobs:
         if self._closed:
             raise AdminError(503, "shutting_down", "the service is shutting down")
         job = Job(f"job-{next(self._ids):06d}", kind, datastore)
-        self._jobs[job.id] = job
-        finished = [j.id for j in self._jobs.values() if j.state in ("succeeded", "failed")]
-        for old in finished[: max(0, len(self._jobs) - MAX_JOBS)]:  # the oldest finished
-            del self._jobs[old]
+        self.by_id[job.id] = job
+        finished = [j.id for j in self.by_id.values() if j.state in ("succeeded", "failed")]
+        for old in finished[: max(0, len(self.by_id) - MAX_JOBS)]:  # the oldest finished
+            del self.by_id[old]
         task = asyncio.get_running_loop().create_task(self._run(job, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
-
-    def get(self, job_id: str) -> Job | None:
-        return self._jobs.get(job_id)
-
-    def jobs(self) -> list[Job]:
-        return list(self._jobs.values())
 
     async def _run(self, job: Job, work: Callable[[], dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()

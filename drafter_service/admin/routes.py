@@ -211,14 +211,14 @@ async def patch_settings(request: Request, name: DatastoreName, body: SettingsPa
 
 @v1.get("/jobs", response_model=JobList, tags=["jobs"])
 async def list_jobs(request: Request) -> JobList:
-    return JobList(jobs=[job_info(j) for j in context(request).jobs.jobs()])
+    return JobList(jobs=[job_info(j) for j in context(request).jobs.by_id.values()])
 
 
 @v1.get("/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
 async def show_job(
     request: Request, job_id: Annotated[str, Path(pattern=r"^job-[0-9]{1,12}$")]
 ) -> JobInfo:
-    job = context(request).jobs.get(job_id)
+    job = context(request).jobs.by_id.get(job_id)
     if job is None:
         raise not_found(f"no job {job_id!r}")
     return job_info(job)

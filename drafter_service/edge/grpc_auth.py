@@ -5,9 +5,10 @@
 * Mutual TLS (``--tls-client-ca-file``): without tokens, the client certificate's common
   name names the client.
 
-A client name matches ``[A-Za-z0-9._-]{1,64}``, never a "/", so its request ids, kept
-under ``NAME/`` by the servicer, cannot be named by another client. With neither, every
-caller is trusted and ids are global. Health checking and reflection stay open.
+A client name matches ``[A-Za-z0-9._-]{1,64}``, never a "/", so ``NAME/ID`` (the ids the
+servicer keeps a client's under) names one client and one id: no client can name
+another's. With neither, every caller is trusted and ids are global. Health checking
+and reflection stay open.
 :class:`AuthGate` checks credentials before the request message is read, so a refused
 caller costs about a refused TLS handshake. Changed files are read again without a
 restart (tokens at most once a second, certificates on each new connection); a file
