@@ -29,7 +29,6 @@ NO_TOKEN_MESSAGE = (
 
 
 class BearerAuth:
-
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
         self._token = token.encode("utf-8") if token is not None else None

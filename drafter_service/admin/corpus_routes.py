@@ -14,10 +14,10 @@ from drafter_service.admin.schemas import NAME_PATTERN, CorpusAdd, CorpusInfo, C
 from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
 CorpusName = Annotated[str, Path(pattern=NAME_PATTERN, description="corpus name")]
-router = routes.v1_router()
+router = routes.v1_router("corpora")
 
 
-@router.get("/datastores/{name}/corpora", response_model=CorpusList, tags=["corpora"])
+@router.get("/datastores/{name}/corpora")
 async def list_corpora(request: Request, name: routes.DatastoreName) -> CorpusList:
     live = routes.context(request).live(name)
     return CorpusList(corpora=[_info(c) for c in live.corpora])
@@ -26,7 +26,6 @@ async def list_corpora(request: Request, name: routes.DatastoreName) -> CorpusLi
 @routes.job_route(
     router,
     "/datastores/{name}/corpora",
-    tag="corpora",
     summary="build a corpus file into static sub-indices of the datastore (a job)",
     description="The file lies under the server's --corpora-dir. The corpus is kept across "
     "rebuilds (never rotated out), is written into every later snapshot, and is durable "
@@ -72,7 +71,7 @@ async def add_corpus(
     return routes.start_job(request, response, "corpus-add", name, work)
 
 
-@router.delete("/datastores/{name}/corpora/{corpus}", status_code=204, tags=["corpora"])
+@router.delete("/datastores/{name}/corpora/{corpus}", status_code=204)
 async def remove_corpus(request: Request, name: routes.DatastoreName, corpus: CorpusName) -> None:
     live = routes.context(request).live(name)
     await routes.remove_or_404(

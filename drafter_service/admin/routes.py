@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
@@ -39,9 +40,9 @@ DatastoreName = Annotated[
 ]
 
 
-def v1_router() -> APIRouter:
-    """A router for ``/v1`` routes: every one of them needs the bearer token."""
-    return APIRouter(prefix="/v1", dependencies=[Security(BEARER)])
+def v1_router(*tags: str) -> APIRouter:
+    """A router for ``/v1`` routes (tagged ``tags``): every one of them needs the token."""
+    return APIRouter(prefix="/v1", tags=list(tags), dependencies=[Security(BEARER)])
 
 
 probes = APIRouter(tags=["probes"])
@@ -60,17 +61,11 @@ def job_info(job: Job) -> JobInfo:
 
 
 def job_route(
-    router: APIRouter, path: str, *, tag: str, summary: str, description: str | None = None
+    router: APIRouter, path: str, *, summary: str, description: str | None = None, tag: str = ""
 ) -> Callable[[DecoratedCallable], DecoratedCallable]:
     """Declares ``POST path`` on ``router`` as a route that queues a job (202 with the job)."""
-    return router.post(
-        path,
-        response_model=JobInfo,
-        status_code=202,
-        tags=[tag],
-        summary=summary,
-        description=description,
-    )
+    tags: list[str | Enum] = [tag] if tag else []  # []: the router's
+    return router.post(path, status_code=202, tags=tags, summary=summary, description=description)
 
 
 async def remove_or_404(remove: Callable[[str], object], item: str, missing: str) -> None:
@@ -94,26 +89,24 @@ def start_job(
     return job_info(job)
 
 
-@probes.get("/healthz", response_model=Health, summary="the process is alive")
+@probes.get("/healthz", summary="the process is alive")
 async def healthz(request: Request) -> Health:
     return Health(status=context(request).phase())
 
 
-@probes.get(
-    "/readyz", response_model=Health, summary="datastores loaded and serving (503 otherwise)"
-)
+@probes.get("/readyz", summary="datastores loaded and serving (503 otherwise)")
 async def readyz(request: Request) -> Health:
     context(request).loaded()
     return Health(status="ok")
 
 
-@v1.get("/datastores", response_model=DatastoreList, tags=["datastores"])
+@v1.get("/datastores", tags=["datastores"])
 async def list_datastores(request: Request) -> DatastoreList:
     catalog = context(request).loaded()
     return DatastoreList(datastores=[_summary(s) for _, s in sorted(catalog.slots.items())])
 
 
-@v1.get("/datastores/{name}", response_model=DatastoreDetail, tags=["datastores"])
+@v1.get("/datastores/{name}", tags=["datastores"])
 async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDetail:
     slot = context(request).slot(name)
     live = None
@@ -150,7 +143,7 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-@v1.get("/datastores/{name}/digest", response_model=ContentDigest, tags=["datastores"])
+@v1.get("/datastores/{name}/digest", tags=["datastores"])
 async def content_digest(request: Request, name: DatastoreName) -> ContentDigest:
     """The learned content's hash and stream offsets: compare replicas for convergence."""
     live = context(request).live(name)
@@ -184,14 +177,13 @@ async def rebuild(request: Request, response: Response, name: DatastoreName) -> 
     return start_job(request, response, "rebuild", name, work)
 
 
-@v1.get("/datastores/{name}/settings", response_model=Settings, tags=["settings"])
+@v1.get("/datastores/{name}/settings", tags=["settings"])
 async def get_settings(request: Request, name: DatastoreName) -> Settings:
     return _settings(context(request).live(name))
 
 
 @v1.patch(
     "/datastores/{name}/settings",
-    response_model=Settings,
     tags=["settings"],
     summary="change the maintenance schedule while serving",
     description="Only settings that are safe live: when rebuilds and snapshots run and how "
@@ -209,12 +201,12 @@ async def patch_settings(request: Request, name: DatastoreName, body: SettingsPa
     return _settings(live)
 
 
-@v1.get("/jobs", response_model=JobList, tags=["jobs"])
+@v1.get("/jobs", tags=["jobs"])
 async def list_jobs(request: Request) -> JobList:
     return JobList(jobs=[job_info(j) for j in context(request).jobs.by_id.values()])
 
 
-@v1.get("/jobs/{job_id}", response_model=JobInfo, tags=["jobs"])
+@v1.get("/jobs/{job_id}", tags=["jobs"])
 async def show_job(
     request: Request, job_id: Annotated[str, Path(pattern=r"^job-[0-9]{1,12}$")]
 ) -> JobInfo:

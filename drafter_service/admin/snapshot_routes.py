@@ -33,10 +33,10 @@ SnapshotName = Annotated[str, Path(pattern=NAME_PATTERN, description="snapshot n
 FileName = Annotated[
     str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", description="file of the snapshot")
 ]
-router = routes.v1_router()
+router = routes.v1_router("snapshots")
 
 
-@router.get("/datastores/{name}/snapshots", response_model=SnapshotList, tags=["snapshots"])
+@router.get("/datastores/{name}/snapshots")
 async def list_snapshots(request: Request, name: routes.DatastoreName) -> SnapshotList:
     live = routes.context(request).live(name)
     infos = await asyncio.to_thread(live.snapshots)
@@ -46,7 +46,6 @@ async def list_snapshots(request: Request, name: routes.DatastoreName) -> Snapsh
 @routes.job_route(
     router,
     "/datastores/{name}/snapshots",
-    tag="snapshots",
     summary="write a snapshot (a job; see /v1/jobs/{job_id})",
 )
 async def create_snapshot(
@@ -74,9 +73,7 @@ async def create_snapshot(
     return routes.start_job(request, response, "snapshot", name, work)
 
 
-@router.get(
-    "/datastores/{name}/snapshots/{snapshot}", response_model=SnapshotDetail, tags=["snapshots"]
-)
+@router.get("/datastores/{name}/snapshots/{snapshot}")
 async def show_snapshot(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> SnapshotDetail:
@@ -95,7 +92,6 @@ async def show_snapshot(
 @routes.job_route(
     router,
     "/datastores/{name}/snapshots/{snapshot}/restore",
-    tag="snapshots",
     summary="roll the datastore back to a snapshot (a job)",
     description="The snapshot's content (corpora included) replaces the datastore; "
     "drafting goes on during the swap. Ingests acknowledged before the restore that the "
@@ -127,8 +123,6 @@ async def restore_snapshot(
 
 @router.get(
     "/datastores/{name}/snapshots/{snapshot}/files",
-    response_model=SnapshotFiles,
-    tags=["snapshots"],
     summary="the files of a snapshot (what a new replica downloads; needs the token)",
 )
 async def list_snapshot_files(
@@ -142,7 +136,6 @@ async def list_snapshot_files(
 @router.get(
     "/datastores/{name}/snapshots/{snapshot}/files/{file}",
     response_class=FileResponse,
-    tags=["snapshots"],
     summary="one file of a snapshot, as stored (checksums in manifest.json; needs the token)",
 )
 async def download_snapshot_file(
@@ -169,7 +162,7 @@ def _files(info: SnapshotInfo) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(info.path.iterdir()) if p.is_file()}
 
 
-@router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204, tags=["snapshots"])
+@router.delete("/datastores/{name}/snapshots/{snapshot}", status_code=204)
 async def delete_snapshot(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> None:

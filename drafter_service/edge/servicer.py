@@ -84,9 +84,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             return exc
         return None
 
-    async def Draft(
-        self, request: pb.DraftRequest | Undecodable, context: Any
-    ) -> pb.DraftResponse:
+    async def Draft(self, request: pb.DraftRequest | Undecodable, context: Any) -> pb.DraftResponse:
         remaining = context.time_remaining()  # None without a deadline
         deadline = time.monotonic() + remaining if remaining is not None else None
         draft = partial(self._draft, "Draft", deadline_s=deadline)

@@ -155,8 +155,7 @@ def _check_budgets(ids: list[str], budgets: npt.NDArray[np.uint64], limits: Call
     if over.any():
         i = int(np.argmax(over))
         raise InvalidArgument(
-            f"request {ids[i]!r}: budget {int(budgets[i])} is over max_budget "
-            f"({limits.max_budget})"
+            f"request {ids[i]!r}: budget {int(budgets[i])} is over max_budget ({limits.max_budget})"
         )
 
 

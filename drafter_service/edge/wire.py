@@ -76,8 +76,7 @@ class UndecodableRefusals:
     def refuse(self, request: Undecodable) -> InvalidArgument:
         """The refusal of ``request`` (INVALID_ARGUMENT naming its type and size)."""
         what = (
-            f"{request.size_bytes} bytes are not a valid {request.message_type} "
-            f"({request.error})"
+            f"{request.size_bytes} bytes are not a valid {request.message_type} ({request.error})"
         )
         self._log.warning("refused an undecodable request: %s", what)
         return InvalidArgument(what)

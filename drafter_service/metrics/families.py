@@ -82,9 +82,7 @@ def recorded_families(r: Recorded) -> Iterator[Metric]:
     yield by_datastore(
         CounterMetricFamily, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count"
     )
-    yield histogram(
-        "rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds
-    )
+    yield histogram("rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds)
 
 
 _FamilyKind = type[CounterMetricFamily] | type[GaugeMetricFamily]

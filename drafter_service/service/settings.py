@@ -168,9 +168,7 @@ class ServeConfig(BaseSettings):
         30.0, description="interval of server keepalive pings"
     )
     keepalive_timeout_s: PositiveSeconds = Field(10.0, description="wait for a keepalive ack")
-    keepalive_min_ping_interval_s: Seconds = Field(
-        5.0, description="shortest client ping interval"
-    )
+    keepalive_min_ping_interval_s: Seconds = Field(5.0, description="shortest client ping interval")
     keepalive_permit_without_calls: Bool = Field(True, description="pings allowed with no call")
     # The live datastore's policy: LivePolicy's fields, checked by it (live_policy).
     rebuild_min_tokens: int = Field(1_000_000, description="live: rebuild once this many wait")
