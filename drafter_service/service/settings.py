@@ -151,7 +151,7 @@ class ServeConfig(BaseSettings):
         4 << 30,
         description="memory request states may hold, as measured (12-640 bytes a context "
         "token by how much it repeats, +96 with the recent tier; least recent dropped); a "
-        "call that alone may need more (up to 1,384 bytes a new token, 1,288 without the "
+        "call that alone may need more (up to 1,480 bytes a new token, 1,288 without the "
         "tier): RESOURCE_EXHAUSTED",
     )
     grace_period_s: Seconds = Field(5.0, description="shutdown grace for in-flight calls")
