@@ -117,18 +117,14 @@ def config_field_value(key: str, text: str) -> int | float:
         raise ValueError(f"{key} = {text!r} is not a {kind.__name__}") from None
 
 
-def parse_config_pair(text: str) -> tuple[str, int | float]:
-    """``KEY=VALUE`` as the field name and its value (:func:`config_field_value`)."""
+def config_pair_argument(text: str) -> tuple[str, int | float]:
+    """``KEY=VALUE`` as the field name and its value (:func:`config_field_value`), as an
+    argparse ``type=``: the error names the bad key or value (a plain ValueError would be
+    reported without its message)."""
     key, sep, value = text.partition("=")
     if not sep:
-        raise ValueError(f"expected KEY=VALUE, got {text!r}")
-    return key, config_field_value(key, value)
-
-
-def config_pair_argument(text: str) -> tuple[str, int | float]:
-    """:func:`parse_config_pair` as an argparse ``type=``: the error names the bad key or
-    value (a plain ValueError would be reported without its message)."""
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
-        return parse_config_pair(text)
+        return key, config_field_value(key, value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None

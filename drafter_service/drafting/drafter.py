@@ -10,7 +10,7 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +23,7 @@ from drafter_service.native import _core
 _NO_INT64: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
+T = TypeVar("T")
 
 
 Budgets = int | Sequence[int] | npt.NDArray[np.integer]
@@ -114,14 +115,8 @@ class Drafter:
         datastore: Datastore | None = None,
         num_threads: int = 1,
     ) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
-        if not 1 <= vocab_size <= 2**30:
-            raise ValueError(f"vocab_size {vocab_size} is outside [1, 2^30]")
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-            raise TypeError(f"num_threads must be an int, got {num_threads!r}")
-        if not 1 <= num_threads <= 1024:
-            raise ValueError(f"num_threads {num_threads} is outside [1, 1024]")
+        _check_int("vocab_size", vocab_size, 2**30, "2^30")
+        _check_int("num_threads", num_threads, 1024, "1024")
         self.config = config if config is not None else DraftConfig()
         self.vocab_size = vocab_size
         self._native = _core.Drafter(self.config.to_native(), vocab_size, num_threads)
@@ -203,11 +198,7 @@ class Drafter:
     def add(self, request_id: str, token_ids: TokenIds) -> None:
         """Appends committed tokens without drafting."""
         tokens = as_token_array(token_ids, self.vocab_size, what="token_ids")
-        handle = self._handle(request_id)
-        try:
-            self._native.add(handle, tokens)
-        except IndexError:
-            raise KeyError(f"unknown request {request_id!r}") from None
+        self._per_request(self._native.add, request_id, tokens)
 
     def stop(self, request_id: str) -> bool:
         """Frees the state of ``request_id``; False if it was not started."""
@@ -226,24 +217,15 @@ class Drafter:
 
     def num_tokens(self, request_id: str) -> int:
         """Tokens the drafter holds for ``request_id`` (prompt + committed)."""
-        try:
-            return self._native.num_tokens(self._handle(request_id))
-        except IndexError:
-            raise KeyError(f"unknown request {request_id!r}") from None
+        return self._per_request(self._native.num_tokens, request_id)
 
     def request_bytes(self, request_id: str) -> int:
         """Bytes held for ``request_id``: its input trie's buffers and its tokens."""
-        try:
-            return self._native.request_bytes(self._handle(request_id))
-        except IndexError:
-            raise KeyError(f"unknown request {request_id!r}") from None
+        return self._per_request(self._native.request_bytes, request_id)
 
     def tokens(self, request_id: str) -> npt.NDArray[np.int32]:
         """A copy of the tokens held for ``request_id`` (prompt + committed), in order."""
-        try:
-            return self._native.tokens(self._handle(request_id))
-        except IndexError:
-            raise KeyError(f"unknown request {request_id!r}") from None
+        return self._per_request(self._native.tokens, request_id)
 
     def speculate(
         self,
@@ -275,34 +257,6 @@ class Drafter:
     ) -> DraftBatch:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
-        try:
-            return self._batch_call(
-                self._native.draft_batch, request_ids, tokens, offsets, budgets
-            )
-        except ValueError:  # the native check (a handle twice) says it by handle
-            seen: set[str] = set()
-            for r in request_ids:
-                if r in seen:
-                    raise ValueError(f"request {r!r} appears twice in one batch") from None
-                seen.add(r)
-            raise
-
-    def explain(self, request_id: str, budget: int) -> ExplainedTree:
-        """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
-        knew of each node (:data:`SCORE_FEATURES`): for offline training and tools.
-        Changes no state; the tree is the one :meth:`draft_batch` would return."""
-        tokens, parents, scores, flat = self._native.explain(self._handle(request_id), budget)
-        features = flat.reshape(len(tokens), len(SCORE_FEATURES))
-        return ExplainedTree(DraftTree(tokens, parents, scores), features)
-
-    def _batch_call(
-        self,
-        method: Callable[..., tuple[npt.NDArray[Any], ...]],
-        request_ids: Sequence[str],
-        tokens: npt.NDArray[np.int32],
-        offsets: npt.NDArray[np.int64],
-        budgets: Budgets,
-    ) -> DraftBatch:
         # Token ids, offsets and budgets are range-checked by the native call,
         # before any state changes, with the bad value and its index named (for the
         # budget, its one check: check_budgets in native/csrc/draft_config.cc). Here they
@@ -327,10 +281,31 @@ class Drafter:
             except KeyError as exc:
                 raise KeyError(f"unknown request {exc.args[0]!r}") from None
         try:
-            out = method(handles, flat, offs, budget_arr)
+            return DraftBatch(*self._native.draft_batch(handles, flat, offs, budget_arr))
         except IndexError as exc:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
-        return DraftBatch(*out)
+        except ValueError:  # the native check (a handle twice) says it by handle
+            seen: set[str] = set()
+            for r in request_ids:
+                if r in seen:
+                    raise ValueError(f"request {r!r} appears twice in one batch") from None
+                seen.add(r)
+            raise
+
+    def explain(self, request_id: str, budget: int) -> ExplainedTree:
+        """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
+        knew of each node (:data:`SCORE_FEATURES`): for offline training and tools.
+        Changes no state; the tree is the one :meth:`draft_batch` would return."""
+        tokens, parents, scores, flat = self._native.explain(self._handle(request_id), budget)
+        features = flat.reshape(len(tokens), len(SCORE_FEATURES))
+        return ExplainedTree(DraftTree(tokens, parents, scores), features)
+
+    def _per_request(self, method: Callable[..., T], request_id: str, *args: Any) -> T:
+        """``method(handle, *args)``; a request stopped meanwhile is a KeyError too."""
+        try:
+            return method(self._handle(request_id), *args)
+        except IndexError:
+            raise KeyError(f"unknown request {request_id!r}") from None
 
     def _handle(self, request_id: str) -> int:
         with self._lock:
@@ -338,6 +313,13 @@ class Drafter:
         if handle is None:
             raise KeyError(f"unknown request {request_id!r}")
         return handle
+
+
+def _check_int(name: str, value: object, most: int, shown: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not 1 <= value <= most:
+        raise ValueError(f"{name} {value} is outside [1, {shown}]")
 
 
 def _position(position: object) -> int:

@@ -1,11 +1,8 @@
-"""The learned node score: P(draft node accepted | its parent accepted), as the few
-coefficients of a logistic regression over what fusion knows of each candidate.
+"""The learned node score: P(draft node accepted | its parent accepted), a logistic
+regression over what fusion knows of each candidate (``DraftConfig.node_score``).
 
-``datastore-builder train-score`` fits it (corpus documents replayed against the rest of
-the corpus) and stores it in a snapshot's manifest metadata under :data:`METADATA_KEY`;
-the service drafts with the score of the snapshot it was seeded from, else with the one
-shipped in this package (:func:`default_node_score`), else, when asked, with the
-hand-set SSSD score. The native core evaluates it (``DraftConfig.node_score``).
+``datastore-builder train-score`` fits it and stores it in a snapshot's manifest metadata
+(:data:`METADATA_KEY`); see :func:`resolve_node_score` for which one the service drafts with.
 """
 
 from __future__ import annotations
@@ -114,13 +111,6 @@ def default_node_score() -> NodeScore:
     return NodeScore.from_json(json.loads(text), where=f"{__package__}/{_DEFAULT_RESOURCE}")
 
 
-def from_metadata(metadata: dict[str, object], where: str) -> NodeScore | None:
-    """The node score a snapshot's manifest metadata carries, or None."""
-    if METADATA_KEY not in metadata:
-        return None
-    return NodeScore.from_json(metadata[METADATA_KEY], where=f"{where}: metadata.{METADATA_KEY}")
-
-
 NODE_SCORE_CHOICES = ("default", "hand")
 """``--node-score`` words; anything else is a node score JSON file."""
 
@@ -145,5 +135,7 @@ def resolve_node_score(
         return ()
     if choice != "default":
         return read_node_score(choice).as_config()
-    carried = from_metadata(metadata, where) if metadata is not None else None
-    return (carried if carried is not None else default_node_score()).as_config()
+    if metadata is None or METADATA_KEY not in metadata:
+        return default_node_score().as_config()
+    where = f"{where}: metadata.{METADATA_KEY}"
+    return NodeScore.from_json(metadata[METADATA_KEY], where=where).as_config()

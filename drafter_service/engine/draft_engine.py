@@ -1,9 +1,7 @@
 """The service's work: deltas in, trees out; finish; ingest. No gRPC here.
 
-A call is planned on the event loop: the request table says what each request needs
-(a start, an append, or a RESYNC) and is updated at once; the drafters catch up when
-the call's jobs run (see ``jobs``), in call order per datastore, so the table always
-describes the drafters once every queued job has run.
+A call is planned on the event loop, where the request table is updated at once; the
+drafters catch up when its jobs run (``draft_jobs``), in call order per datastore.
 """
 
 from __future__ import annotations
@@ -138,10 +136,10 @@ class DraftEngine:
         for name, batch in batches.items():
             if batch is not None:
                 self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
-        trees: list[tuple[DraftBatch, int] | None] = []
-        for place in places:
-            batch = batches[place[0]] if place is not None else None
-            trees.append((batch, place[1]) if batch is not None and place is not None else None)
+        trees: list[tuple[DraftBatch, int] | None] = [None] * len(places)
+        for i, place in enumerate(places):
+            if place is not None and (batch := batches[place[0]]) is not None:
+                trees[i] = (batch, place[1])
         return DraftAnswer(call.request_ids, lengths, trees)
 
     def _group(self, client: str) -> int:
@@ -386,14 +384,12 @@ def _ingest_all(
                 f"datastore {name!r} is full after {i} of {len(sequences)} sequences "
                 f"(those are stored): {exc}"
             ) from None
-        except LogError as exc:
+        except (LogError, OSError) as exc:  # OSError: EIO, EROFS...: the volume cannot take it
+            failed = "the shared ingest log did not take"
+            if not isinstance(exc, LogError):
+                failed = "its ingest log could not store"
             raise Unavailable(
-                f"datastore {name!r}: the shared ingest log did not take sequence {i} of "
-                f"{len(sequences)} (the ones before are stored; retry the rest): {exc}"
-            ) from None
-        except OSError as exc:  # EIO, EROFS...: the volume cannot take it now
-            raise Unavailable(
-                f"datastore {name!r}: its ingest log could not store sequence {i} of "
-                f"{len(sequences)} (the ones before are stored; retry the rest): {exc}"
+                f"datastore {name!r}: {failed} sequence {i} of {len(sequences)} "
+                f"(the ones before are stored; retry the rest): {exc}"
             ) from None
     return len(sequences), position

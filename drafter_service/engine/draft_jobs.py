@@ -1,16 +1,12 @@
-"""Native work of a call: one job per call and datastore, run in the order calls were
-planned. Normally on that datastore's single worker thread; a light call that finds
-nothing else queued runs on the event loop thread itself (see :class:`JobRunner`).
+"""Native work of a call: one job per call and datastore, run in call order on that
+datastore's worker thread (or inline, see :class:`JobRunner`).
 
-A job is never cancelled once submitted: the request table already describes its
-effect, so a caller that stops waiting only loses the answer; the client resyncs later.
-A job whose call's deadline has passed when its turn comes does none of its work but
-its stops (:class:`CallExpired`): its requests are dropped, as after any failed job,
-and answer RESYNC; the client, which lost the answer, resends their whole contexts
-anyway. Under overload the worker thread then spends itself only on calls that can
-still be answered. The runner resolves one loop future per call, set from the
-worker threads with ``call_soon_threadsafe`` (no executor future chained to the loop
-future, so cancelling the latter cannot cancel the work).
+A job is never cancelled once submitted: the request table already describes its effect,
+so a caller that stops waiting only loses the answer. A job whose call's deadline passed
+before its turn only stops (:class:`CallExpired`): its requests answer RESYNC, which the
+client, having lost the answer, needs anyway; under overload the worker thread thus works
+only for calls that can still be answered. Each call's loop future is set from the worker
+with ``call_soon_threadsafe``, so cancelling it cannot cancel the work.
 """
 
 from __future__ import annotations
@@ -48,14 +44,6 @@ class RequestsDropped(Exception):
     """A request the job appends to was dropped by an earlier call's failed job (a client
     that sent one request in two calls at once): nothing was drafted; the job stopped its
     requests, which answer RESYNC."""
-
-
-def weight(requests: int, tokens: int, budgets: int, stops: int = 0) -> int:
-    """Rough native cost in drafted requests (see :meth:`DrafterJob.weight`)."""
-    return (
-        requests + budgets // BUDGET_PER_WEIGHT + tokens // TOKENS_PER_WEIGHT
-        + stops // STOPS_PER_WEIGHT
-    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -99,7 +87,10 @@ class DrafterJob:
         else:
             appended = sum(offs[r + 1] - offs[r] for r in self.rows if r >= 0)
         tokens = sum(len(t) for _, t, _, _ in self.starts) + appended
-        return weight(len(self.request_ids), tokens, sum(self.budgets), len(self.stops))
+        return (
+            len(self.request_ids) + sum(self.budgets) // BUDGET_PER_WEIGHT
+            + tokens // TOKENS_PER_WEIGHT + len(self.stops) // STOPS_PER_WEIGHT
+        )  # fmt: skip
 
     def _whole_call(self) -> bool:
         """Whether the batch is every request of the call, in order, each with its new

@@ -1,11 +1,8 @@
 """What the service remembers per request between calls, bounded by idle time, count and bytes.
 
-The table is the service's view of each request: which datastore's drafter holds it,
-how many tokens it holds and what that costs in bytes (measured by the drafter after
-each call's native work; until then, a bound on what the planned work can add). It is
-changed only on the event loop, when a call is planned; the drafters catch up in call
-order (one worker thread per datastore), so the table always describes the state after
-every queued call has run.
+Per request: which datastore's drafter holds it, its length, and its bytes (measured after
+each call's native work; until then, a bound on what the planned work can add). Changed on
+the event loop when a call is planned: it describes the state after every queued call.
 """
 
 from __future__ import annotations
