@@ -177,17 +177,11 @@ def _record_spec(args: argparse.Namespace) -> RecordSpec:
     )
     # --prompt-field with --store output is accepted (and unused): the same command line
     # then works for both --store values.
-    unused = {
-        "--text-field": args.text_field is not None and kind != "text",
-        "--messages-field": args.messages_field is not None and kind != "chat",
-        "--prompt-field": args.prompt_field is not None
-        and kind not in ("prompt-output", "token-ids"),
-        "--output-field": args.output_field is not None
-        and kind not in ("prompt-output", "token-ids"),
-    }
-    for option, bad in unused.items():
-        if bad:
-            raise BuildError(f"{option} does not apply to {kind} records")
+    pairs = ("prompt-output", "token-ids")
+    kinds = {"text": ("text",), "messages": ("chat",), "prompt": pairs, "output": pairs}
+    for name, applies in kinds.items():
+        if getattr(args, f"{name}_field") is not None and kind not in applies:
+            raise BuildError(f"--{name}-field does not apply to {kind} records")
     return spec
 
 

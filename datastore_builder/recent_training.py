@@ -1,14 +1,11 @@
 """The recent tier's weights of the node score: ``train-score``'s third pass.
 
-The first two passes (:mod:`datastore_builder.score_training`) draft each held-out record
-alone, so the tier's five ``recent_*`` columns are 0 in all they see. This pass drafts
-each held-out record again in one drafter with the recent tier on, with requests in
-flight beside it, in lockstep: some of the corpus's other answers to its prompt
-(siblings: the training datastore holds none of them), each ahead of it by a random number
-of tokens as queued rollouts start apart, and held-out records of other prompts
-(unrelated traffic). Only the tier's weights are fitted, by Newton's method on the
-log-loss with every other weight held at the first fit's (an offset), so a request with no
-other in flight drafts exactly as before the pass.
+The first two passes draft each held-out record alone (the ``recent_*`` columns all 0).
+Here each is drafted again with the tier on and requests in flight beside it, in
+lockstep: some other answers to its prompt (which the training datastore lacks), each
+ahead by a random number of tokens as queued rollouts start apart, and held-out records
+of other prompts. Only the tier's weights are fitted (Newton's method, every other
+weight held as an offset), so a request with no other in flight drafts as before.
 """
 
 from __future__ import annotations

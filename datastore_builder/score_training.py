@@ -1,29 +1,19 @@
 """Fits the learned node score (``datastore-builder train-score``).
 
-A corpus is replayed against itself: ``holdout`` records (seeded) are drafted at every
-output position against a datastore of the other records' outputs, with the hand-set
-score and a large candidate tree (:meth:`Drafter.explain` gives each node's
-:data:`SCORE_FEATURES`). A node is labelled when its parent lies on the recorded
-continuation (a child of the root always is): 1 if the node itself does. A logistic
-regression of those labels on the features is P(node accepted | parent accepted), the
-factor the native fusion multiplies along a path.
+``holdout`` records (seeded) are drafted at every output position, with the hand-set
+score and a large candidate tree (:meth:`Drafter.explain`), against a datastore of the
+other records' outputs, less every other answer to a held-out prompt (a corpus answering
+each prompt many times would otherwise look far more predictive than on new prompts).
+A node whose parent lies on the recorded continuation (as a root child always does) is
+labelled 1 if it does too; a logistic regression on the features is then
+P(node accepted | parent accepted), the factor fusion multiplies along a path.
 
-The datastore leaves out every other answer to a held-out record's prompt: a corpus that
-answers each prompt many times would otherwise look far more predictive in training than
-it is on new prompts.
-
-A second, live pass drafts each held-out record again with a live source beside that
-datastore: the held-out records before it, stored as a live datastore stores finished
-generations (other answers to its own prompt left out). The fit thus sees the candidate
-trees of a split datastore (more candidates, more siblings) and learns the other weights
-with live evidence present, while the live columns are tied to the base's
-(:func:`tie_live_to_base`): both are suffix-array samples read the same way, and how much
-live data is worth depends on the traffic, which held-out corpus records are not.
-
-A third pass (:mod:`datastore_builder.recent_training`) fits the recent tier's weights
-alone, with requests in flight beside each held-out record.
-
-scikit-learn is needed here only (the ``train`` extra), never by the service.
+A second pass adds a live source of the held-out records before each one (other answers
+to its prompt left out), so the fit sees a split datastore's trees; the live columns are
+tied to the base's (:func:`tie_live_to_base`): both are suffix-array samples read alike,
+and what live data is worth depends on traffic, which corpus records are not. A third
+(:mod:`datastore_builder.recent_training`) fits the recent tier's weights alone.
+scikit-learn (the ``train`` extra) is needed here only, never by the service.
 """
 
 from __future__ import annotations
@@ -50,6 +40,13 @@ from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
 from drafter_service.drafting.node_score import NodeScore
 from drafter_service.live.ingestion import generation_document
 from drafter_service.live.live_policy import LivePolicy
+
+LIVE_BASE = [
+    (i, SCORE_FEATURES.index("base_" + name.removeprefix("live_")))
+    for i, name in enumerate(SCORE_FEATURES)
+    if name.startswith("live_")
+]
+"""Each live source's column and its base counterpart's."""
 
 
 class NoDraftNodes(BuildError):
@@ -199,10 +196,9 @@ def tie_live_to_base(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     fit on it has one weight for both sources (w·base + w·live = w·(base + live)), which
     :func:`share_datastore_weights` then copies to the live columns."""
     tied = x.copy()
-    live = [i for i, name in enumerate(SCORE_FEATURES) if name.startswith("live_")]
-    for i in live:
-        tied[:, SCORE_FEATURES.index("base_" + SCORE_FEATURES[i][len("live_"):])] += x[:, i]
-        tied[:, i] = 0.0
+    for live, base in LIVE_BASE:
+        tied[:, base] += x[:, live]
+        tied[:, live] = 0.0
     return tied
 
 
@@ -231,12 +227,11 @@ def share_datastore_weights(score: NodeScore, x: npt.NDArray[np.float64]) -> Nod
     """A fit on one datastore never sees a split datastore's live source (its columns are
     all 0, so their weights are too): give the live columns the base's weights, since
     both are suffix-array samples read the same way."""
-    live = [i for i, name in enumerate(SCORE_FEATURES) if name.startswith("live_")]
-    if x[:, live].any():
+    if x[:, [live for live, _ in LIVE_BASE]].any():
         return score
     weights = list(score.weights)
-    for i in live:
-        weights[i] = weights[SCORE_FEATURES.index("base_" + SCORE_FEATURES[i][len("live_"):])]
+    for live, base in LIVE_BASE:
+        weights[live] = weights[base]
     return dataclasses.replace(score, weights=tuple(weights))
 
 

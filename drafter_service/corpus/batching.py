@@ -1,8 +1,6 @@
-"""Records from all inputs grouped into batches of documents, and a thread that
-produces them ahead of the consumer.
-
-Reading, JSON parsing and chat rendering hold the GIL; tokenization and suffix-array
-builds do not. :func:`prefetch` runs the batching on its own thread so the two overlap.
+"""Records from all inputs grouped into batches of documents, produced ahead of the
+consumer on a thread (:func:`prefetch`): reading, JSON parsing and chat rendering hold the
+GIL, tokenization and suffix-array builds do not, so the two overlap.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -59,8 +57,7 @@ def iter_batches(
 ) -> Iterator[Batch]:
     """Batches of at most ``batch_docs`` documents (and about ``batch_chars`` characters
     of text), in input order. A batch never mixes parts-per-document shapes."""
-    texts: list[str] = []
-    arrays: list[npt.NDArray[np.int32]] = []
+    parts: list[Any] = []  # texts, or token-id arrays (a batch holds one kind)
     wheres: list[str] = []
     size = 0
     consumed = 0
@@ -71,16 +68,10 @@ def iter_batches(
         consumed += n
 
     def flush() -> Batch:
-        nonlocal texts, arrays, wheres, size, consumed
+        nonlocal parts, wheres, size, consumed
         ids = shape[0]
-        batch = Batch(
-            texts=None if ids else texts,
-            ids=arrays if ids else None,
-            parts_per_doc=shape[1],
-            wheres=wheres,
-            consumed=consumed,
-        )
-        texts, arrays, wheres, size, consumed = [], [], [], 0, 0
+        batch = Batch(None if ids else parts, parts if ids else None, shape[1], wheres, consumed)
+        parts, wheres, size, consumed = [], [], 0, 0
         return batch
 
     for item in inputs:
@@ -93,13 +84,11 @@ def iter_batches(
         for where, record in records:
             item.records += 1
             if shape[0]:
-                new_arrays = id_parts(file_spec, record, where, vocab_size)
-                arrays.extend(new_arrays)
-                size += sum(len(a) for a in new_arrays)
+                new: list[Any] = id_parts(file_spec, record, where, vocab_size)
             else:
-                new_texts = text_parts(file_spec, record, where, render)
-                texts.extend(new_texts)
-                size += sum(len(t) for t in new_texts)
+                new = text_parts(file_spec, record, where, render)
+            parts.extend(new)
+            size += sum(len(p) for p in new)
             wheres.append(where)
             if len(wheres) >= batch_docs or size >= batch_chars:
                 yield flush()

@@ -1,11 +1,6 @@
-"""Chat templates: conversations rendered to text the way ``transformers`` does.
-
-The template is the Jinja2 ``chat_template`` of a ``tokenizer_config.json`` (or a
-``chat_template.jinja`` beside it, or a file given explicitly), rendered in a
-sandbox with ``trim_blocks`` / ``lstrip_blocks``, the ``raise_exception`` and
-``strftime_now`` globals, a ``tojson`` filter that keeps non-ASCII text, and the
-config's special tokens (``bos_token``, ``eos_token``, ...) as variables. A whole
-conversation is rendered without the generation prompt.
+"""Chat templates: conversations rendered to text the way ``transformers`` does: in a
+Jinja2 sandbox with its options, globals, ``tojson`` filter (non-ASCII kept) and the
+config's special tokens as variables; a whole conversation, no generation prompt.
 """
 
 from __future__ import annotations

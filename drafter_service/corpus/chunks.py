@@ -1,8 +1,5 @@
-"""Tokenization of document batches into flat int32 chunks.
-
-A :class:`Chunk` is a batch of documents laid out as a sub-index text piece: each
-document's ids followed by ``SEPARATOR``. Documents with no tokens are dropped
-(counted in ``empty``), so a chunk never holds two separators in a row.
+"""Tokenization of document batches into flat int32 chunks: each document's ids followed
+by ``SEPARATOR``; documents with no tokens are dropped (never two separators in a row).
 """
 
 from __future__ import annotations

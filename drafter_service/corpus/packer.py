@@ -1,10 +1,8 @@
 """Packing documents into sub-indices of bounded size, built in the background.
 
-Documents are never split: a sub-index closes when the next document would not fit,
-and a document longer than the limit on its own is an error naming it. Each closed
-sub-index is built (SA-IS, without the GIL) on a worker thread while tokenization
-goes on; at most one build is in flight, so memory stays bounded by the finished
-sub-indices, the one being built and the one being filled.
+Documents are never split (one over the limit alone is an error naming it). Each closed
+sub-index is built (SA-IS, without the GIL) on a worker thread, one at a time, so memory
+stays bounded by the finished sub-indices, the one being built and the one being filled.
 """
 
 from __future__ import annotations
@@ -76,11 +74,6 @@ class SubIndexPacker:
         """Drops pending work (after an error elsewhere)."""
         self._parts.clear()
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-    @property
-    def pending_tokens(self) -> int:
-        """Text positions collected for the sub-index not yet closed."""
-        return max(0, self._size - 1)
 
     def _close(self) -> None:
         parts, self._parts = self._parts, []

@@ -1,10 +1,8 @@
 """The build: inputs -> batches -> token chunks -> sub-indices -> one snapshot.
 
-Memory stays bounded by the token arrays of the datastore (int32) plus a few batches:
-input is streamed; a reader thread parses batches ahead while two batches at a time are
-tokenized (the Rust tokenizer releases the GIL and spreads each batch over every core)
-and the main thread packs their ids; suffix arrays are built on a worker thread as
-sub-indices fill up.
+Memory stays bounded by the datastore's int32 token arrays plus a few batches: a reader
+thread parses ahead, two batches at a time are tokenized (without the GIL, on every core),
+the main thread packs their ids and a worker builds suffix arrays as sub-indices fill up.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Streaming readers of the input files: JSONL(.gz), Parquet and plain text.
 
-Every reader yields ``(where, record)`` pairs, one at a time: ``where`` names the file
-and line (or Parquet row) for error messages, ``record`` maps field names to values.
-Memory stays bounded by one record (JSONL, text lines), one record batch (Parquet)
-or one document (a whole text file). Each reader reports the input bytes it has
-consumed through ``advance`` so the caller can show progress against the file size.
+Every reader yields ``(where, record)`` pairs: ``where`` names the file and line (or
+Parquet row) for error messages, ``record`` maps field names to values. Memory stays
+bounded by one record, one Parquet record batch or one whole text file; input bytes
+consumed are reported through ``advance`` (progress against the file size).
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -186,23 +186,16 @@ def iter_text(
             advance(os.fstat(raw.fileno()).st_size)
         yield str(path), {TEXT_KEY: _decode(data, str(path))}
         return
-    paragraph: list[bytes] = []
-    first = 0
-    for lineno, line in _iter_lines(path, advance):
-        if split == "line":
-            if line.strip():
-                where = f"{path}:{lineno}"
-                yield where, {TEXT_KEY: _decode(line.rstrip(b"\r\n"), where)}
-        elif line.strip():
-            first = first or lineno
-            paragraph.append(line)
-        elif paragraph:
-            where = f"{path}:{first}"
-            yield where, {TEXT_KEY: _decode(b"".join(paragraph).rstrip(b"\r\n"), where)}
-            paragraph, first = [], 0
-    if paragraph:
-        where = f"{path}:{first}"
-        yield where, {TEXT_KEY: _decode(b"".join(paragraph).rstrip(b"\r\n"), where)}
+    lines = _iter_lines(path, advance)
+    if split == "line":
+        documents: Iterator[list[tuple[int, bytes]]] = ([n] for n in lines if n[1].strip())
+    else:  # runs of non-blank lines
+        runs = itertools.groupby(lines, key=lambda n: bool(n[1].strip()))
+        documents = (list(run) for text, run in runs if text)
+    for document in documents:
+        where = f"{path}:{document[0][0]}"
+        data = b"".join(line for _, line in document).rstrip(b"\r\n")
+        yield where, {TEXT_KEY: _decode(data, where)}
 
 
 def iter_records(

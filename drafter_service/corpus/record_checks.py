@@ -1,8 +1,6 @@
 """Checks of one JSON-lines record shared by the corpus readers and drafter-bench's record
-reader, so that both report a bad line or a bad token-id field in the same words.
-
-Each check raises the caller's own error type (``error``: the builder's ``BuildError``, the
-benchmark's ``DataError``), its message starting with ``where`` (file and line).
+reader, so both name a bad line or token-id field alike: each raises the caller's ``error``
+type, its message starting with ``where`` (file and line).
 """
 
 from __future__ import annotations

@@ -59,10 +59,6 @@ class RecordSpec:
     def needs_tokenizer(self) -> bool:
         return self.kind != "token-ids"
 
-    def describe(self) -> str:
-        """Short description for the snapshot metadata and messages."""
-        return f"{self.kind} records, fields {', '.join(map(repr, self.fields))}"
-
 
 def _field(record: Mapping[str, Any], name: str, where: str) -> Any:
     try:
