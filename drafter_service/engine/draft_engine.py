@@ -47,15 +47,12 @@ HOPELESS = 2.0  # a call is refused at once when the queued work is this many ti
 class DraftEngine:
     """Request state and drafting over a catalog of datastores. Use from one event loop.
 
-    ``max_inflight_calls`` bounds the calls whose work has not finished (queued or
-    running, including those whose caller gave up); beyond it calls are refused, as
-    are Draft calls that would wait behind more than ``max_queue_s`` of queued work
-    (measured) or could not be answered within their deadline.
-    Per-batch numbers go to ``metrics`` (none when not given). Light calls
-    run their native work on the loop thread when nothing else is queued
-    (``inline_max_work``, see :class:`~drafter_service.engine.draft_jobs.JobRunner`).
-    ``clients_apart``: the recent tier keeps each client's requests in flight to that
-    client's requests (``DraftCall.client`` names it); stored generations stay shared.
+    Refused: calls beyond ``max_inflight_calls`` whose work has not finished (queued or
+    running, their caller gone or not), and Draft calls that would wait behind more than
+    ``max_queue_s`` of measured queued work or past their deadline. ``inline_max_work``:
+    see :class:`~drafter_service.engine.draft_jobs.JobRunner`. ``clients_apart``: the
+    recent tier keeps each client's requests in flight to that client's (stored
+    generations stay shared).
     """
 
     def __init__(
@@ -94,9 +91,9 @@ class DraftEngine:
 
     async def draft(self, call: DraftCall, deadline_s: float | None = None) -> DraftAnswer:
         """Applies each request's delta and drafts; RESYNC where the state is not the
-        one the client assumed. ``deadline_s`` (by ``clock``): a call that could not be
-        answered by then is refused before it changes anything (DEADLINE_EXCEEDED), and
-        one whose turn comes after it does nothing (its requests answer RESYNC next)."""
+        one the client assumed. A call that could not be answered by ``deadline_s`` (by
+        ``clock``) is refused unchanged (DEADLINE_EXCEEDED); one whose turn comes after
+        it does nothing (its requests answer RESYNC next)."""
         self._admit_work(deadline_s)
         self._admit()
         try:
@@ -143,8 +140,7 @@ class DraftEngine:
         return DraftAnswer(call.request_ids, lengths, trees)
 
     def _group(self, client: str) -> int:
-        """The recent-tier group of ``client``'s requests: 0 (seen by all) unless clients
-        are kept apart and the call names one."""
+        """``client``'s recent-tier group: 0 (seen by all) unless clients are kept apart."""
         if self._groups is None or not client:
             return 0
         return self._groups.setdefault(client, len(self._groups) + 1)
@@ -189,9 +185,8 @@ class DraftEngine:
         self, items: Sequence[Finished], wait_durable: bool = False
     ) -> tuple[int, list[str], int]:
         """Frees the requests and queues finished generations for storing. Returns how
-        many were queued, the ids the service did not hold, and how many of the queued
-        are durable (in the ingest log): all that were stored when ``wait_durable``
-        (the call then waits for them), else 0."""
+        many were queued, the ids not held, and how many of the queued are durable (in
+        the ingest log): with ``wait_durable``, all that were stored (awaited), else 0."""
         self._admit()
         tickets: list[concurrent.futures.Future[bool]] = []
         try:
@@ -271,11 +266,10 @@ class DraftEngine:
     # -- internals ---------------------------------------------------------------------
 
     def _admit_work(self, deadline_s: float | None) -> None:
-        """Refuses a call that would wait behind more queued work than ``max_queue_s``
-        (RESOURCE_EXHAUSTED), or whose deadline would pass before its turn
-        (DEADLINE_EXCEEDED): under overload the drafting threads do only work that can
-        still be answered, and the queue drains within ``max_queue_s``. A call that finds
-        nothing queued is always taken."""
+        """Refuses a call that would wait behind more than ``max_queue_s`` of queued work
+        (RESOURCE_EXHAUSTED) or past its deadline (DEADLINE_EXCEEDED), so that under
+        overload the queue drains within ``max_queue_s`` and holds only answerable work.
+        A call that finds nothing queued is always taken."""
         if deadline_s is not None and deadline_s <= self.clock():
             raise DeadlineExceeded("the call's deadline passed before it arrived: not started")
         wait = self._runner.expected_wait_s()
@@ -295,9 +289,8 @@ class DraftEngine:
             )
 
     def check_admission(self, deadline_s: float | None = None) -> None:
-        """Raises what :meth:`draft` would refuse a call with for the load alone (calls in
-        flight, queued work, the deadline), whatever the call carries: the gRPC edge
-        asks before it parses a message, so a refusal under overload costs no parsing."""
+        """Raises what :meth:`draft` would refuse a call with for the load alone: the gRPC
+        edge asks before it parses a message, so a refusal under overload costs no parsing."""
         self._admit_work(deadline_s)
         if self._inflight >= self.max_inflight_calls:
             self._admit()  # raises
@@ -311,11 +304,10 @@ class DraftEngine:
         self._inflight += 1
 
     def _check_state_bytes(self, call: DraftCall) -> None:
-        """Refuses a call whose own requests may hold more state than the whole byte
-        budget once its native work has run (at the bound of what they can cost: this
-        is what one call may allocate before it is measured): evicting every other
-        request would not make room. (A call that fits evicts the least recently used
-        other states instead, in ``trim``.)"""
+        """Refuses a call whose own requests may hold more than the whole byte budget once
+        its native work has run (at the bound of what they can cost before they are
+        measured): evicting every other request would not make room. A call that fits
+        evicts the least recently used other states instead (``trim``)."""
         table, cost = self.table, self.table.cost
         n = len(call.request_ids)
         if table.bytes + cost.worst(len(call.tokens)) + n * cost.fixed <= table.max_bytes:
@@ -342,9 +334,8 @@ class DraftEngine:
     def _settled(
         self, jobs: dict[str, DrafterJob], results: dict[str, JobOutcome], holds: Holds
     ) -> None:
-        """A call's jobs have all run: end its admission; count what each request's state
-        now holds; forget requests whose job failed (the job stopped them, so they answer
-        RESYNC next time)."""
+        """A call's jobs have all run: end its admission, count what each request's state
+        holds, forget requests whose job failed (it stopped them: they answer RESYNC)."""
         self._release()
         table = self.table
         for name, result in results.items():

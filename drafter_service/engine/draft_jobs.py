@@ -111,8 +111,7 @@ class DrafterJob:
 
     def run(self, drafter: Drafter) -> DraftBatch | None:
         """Reads the tokens of the requests to collect, stops, starts, then one native batch
-        call (on the datastore's worker thread, or on the loop thread when the runner runs
-        the call inline)."""
+        call (on the datastore's worker thread, or inline on the loop thread)."""
         start = time.perf_counter()
         if self.deadline_s is not None and self.clock() > self.deadline_s:
             for request_id in [*self.stops, *self.request_ids]:
@@ -154,11 +153,10 @@ class JobRunner:
     """Submits a call's jobs and resolves when all of them have run. Event loop only.
 
     A call whose jobs weigh at most ``inline_max_work`` (:meth:`DrafterJob.weight`) and
-    that finds no other call's jobs pending runs them right here, on the event loop
-    thread (the native call releases the GIL and its pool helps as usual). That skips
-    two thread hand-offs per step (submit to the worker, wake the loop), which on a
-    small host cost more than drafting a small batch, and keeps call order: nothing is
-    queued ahead. The loop is busy meanwhile; the weight bound caps for how long.
+    that finds no other call pending runs them on the event loop thread (the native call
+    still releases the GIL). That skips two thread hand-offs per step, which on a small
+    host cost more than drafting a small batch, and keeps call order; the weight bound
+    caps how long the loop is busy.
     """
 
     def __init__(self, catalog: Catalog, inline_max_work: int = 0) -> None:
@@ -178,9 +176,8 @@ class JobRunner:
         jobs: dict[str, DrafterJob],
         on_settled: Callable[[dict[str, JobOutcome]], None],
     ) -> asyncio.Future[JobResults]:
-        """Starts ``jobs``; ``on_settled`` runs on the loop once all have run (even if
-        nobody awaits the returned future any more). The future fails with
-        RuntimeError if a job raised."""
+        """Starts ``jobs``; ``on_settled`` runs on the loop once all have run (awaited or
+        not). The future fails with RuntimeError if a job raised."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[JobResults] = loop.create_future()
         results: dict[str, JobOutcome] = {}

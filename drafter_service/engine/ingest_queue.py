@@ -1,13 +1,9 @@
 """Stores finished generations in the background, through a bounded queue.
 
-A Finish call only enqueues (O(1), never waits on the disk); a full queue drops the
-generation and counts it. One thread drains the queue into the live datastore. Each
-queued generation has a future that says, once its turn came, whether it is durable
-(in the ingest log, fsynced): a Finish that asked to wait for durability awaits them.
-
-A generation that is not stored is counted and logged through a rate-limited log, one
-per kind of failure (at most one line per interval each, no traceback but the first of
-an unexpected error's type): a full disk or the shared log down fails every Finish.
+A Finish call only enqueues (O(1), never waits on the disk; a full queue drops and counts
+the generation); one thread drains it into the live datastore, resolving each one's
+future with whether it is durable (a Finish may wait for that). Failures are counted and
+logged rate-limited per kind, since a full disk or a down shared log fails every Finish.
 """
 
 from __future__ import annotations
