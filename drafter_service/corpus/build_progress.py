@@ -18,10 +18,9 @@ def _si(value: float) -> str:
 
 class Progress:
     """A tqdm bar over input bytes with a tokens and tokens/s postfix, named by the
-    first stage (``description``); silent when ``quiet``."""
+    first stage (``description``); silent when ``quiet`` (a disabled bar ignores updates)."""
 
     def __init__(self, total_bytes: int | None, quiet: bool, description: str) -> None:
-        self.quiet = quiet
         self.tokens = 0
         self._start = time.perf_counter()
         self._bar = tqdm(
@@ -39,8 +38,6 @@ class Progress:
     def update(self, consumed_bytes: int, tokens: int) -> None:
         """Records input consumed and tokens produced since the last call."""
         self.tokens += tokens
-        if self.quiet:
-            return
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         self._bar.set_postfix_str(
             f"{_si(self.tokens)} tok, {_si(self.tokens / elapsed)} tok/s", refresh=False
@@ -49,9 +46,8 @@ class Progress:
 
     def stage(self, description: str) -> None:
         """Names the current stage (after reading: suffix arrays, writing)."""
-        if not self.quiet:
-            self._bar.set_description_str(description)
-            self._bar.refresh()
+        self._bar.set_description_str(description)
+        self._bar.refresh()
 
     def close(self) -> None:
         self._bar.close()

@@ -136,12 +136,9 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:
     """``bos_token``, ``eos_token``, ... as strings (AddedToken dicts give their content)."""
-    tokens = {}
-    for key, value in config.items():
-        if not key.endswith("_token"):
-            continue
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            tokens[key] = value
-    return tokens
+    values = {
+        key: value.get("content") if isinstance(value, dict) else value
+        for key, value in config.items()
+        if key.endswith("_token")
+    }
+    return {key: value for key, value in values.items() if isinstance(value, str)}

@@ -154,7 +154,8 @@ class Drafter:
         are seen by every request when 0, by requests of the same group only when > 0
         (one per client, when clients keep in-flight tokens apart); it sees group 0's and
         its own group's."""
-        _check_request_id(request_id)
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if group < 0 or group >= 2**31:
             raise ValueError(f"group {group} is not in [0, 2**31)")
         prompt = as_token_array(prompt_ids, self.vocab_size, what="prompt_ids")
@@ -236,9 +237,7 @@ class Drafter:
         """One decode step: appends each request's newly committed tokens and
         drafts a tree of at most ``budgets[i]`` nodes for it."""
         if len(new_tokens) != len(request_ids):
-            raise ValueError(
-                f"got {len(new_tokens)} token lists for {len(request_ids)} requests"
-            )
+            raise ValueError(f"got {len(new_tokens)} token lists for {len(request_ids)} requests")
         arrays = [
             as_token_array(t, self.vocab_size, what=f"new_tokens[{i}]", check_range=False)
             for i, t in enumerate(new_tokens)
@@ -326,11 +325,6 @@ def _position(position: object) -> int:
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
         raise ValueError(f"position must be an int >= 0, got {position!r}")
     return position
-
-
-def _check_request_id(request_id: object) -> None:
-    if not isinstance(request_id, str) or not request_id:
-        raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
 
 
 def _int_array(values: object, dtype: type[np.integer[Any]], what: str) -> npt.NDArray[Any]:

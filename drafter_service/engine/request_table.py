@@ -81,8 +81,7 @@ class RequestTable:
     ) -> None:
         if ttl_s <= 0 or max_states < 1 or max_bytes < 1:
             raise ValueError(
-                f"ttl_s {ttl_s}, max_states {max_states} and max_bytes {max_bytes} must be "
-                "positive"
+                f"ttl_s {ttl_s}, max_states {max_states} and max_bytes {max_bytes} must be positive"
             )
         self.ttl_s = ttl_s
         self.max_states = max_states
@@ -160,10 +159,7 @@ class RequestTable:
         self._states.move_to_end(request_id)
 
     def pop(self, request_id: str) -> HeldRequest | None:
-        state = self._states.pop(request_id, None)
-        if state is not None:
-            self._bytes -= state.bytes
-        return state
+        return self._remove(request_id) if request_id in self._states else None
 
     def expire(self, now_s: float) -> list[tuple[str, HeldRequest]]:
         """Removes and returns the states idle for longer than the TTL. States are in
@@ -173,7 +169,7 @@ class RequestTable:
             request_id, state = next(iter(self._states.items()))
             if now_s - state.last_used_s <= self.ttl_s:
                 break
-            expired.append((request_id, self._pop_oldest(request_id)))
+            expired.append((request_id, self._remove(request_id)))
         self.evicted["ttl"] += len(expired)
         return expired
 
@@ -195,12 +191,12 @@ class RequestTable:
             self.evicted["count" if count > self.max_states else "bytes"] += 1
             doomed.append(request_id)
             count, held = count - 1, held - state.bytes
-        return [(request_id, self._pop_oldest(request_id)) for request_id in doomed]
+        return [(request_id, self._remove(request_id)) for request_id in doomed]
 
     def items(self) -> list[tuple[str, HeldRequest]]:
         return list(self._states.items())
 
-    def _pop_oldest(self, request_id: str) -> HeldRequest:
+    def _remove(self, request_id: str) -> HeldRequest:
         state = self._states.pop(request_id)
         self._bytes -= state.bytes
         return state
