@@ -113,13 +113,12 @@ class DrafterJob:
         """Reads the tokens of the requests to collect, stops, starts, then one native batch
         call (on the datastore's worker thread, or inline on the loop thread)."""
         start = time.perf_counter()
-        if self.deadline_s is not None and self.clock() > self.deadline_s:
-            for request_id in [*self.stops, *self.request_ids]:
-                drafter.stop(request_id)  # (a request this job would start is not there)
-            self.seconds = time.perf_counter() - start
-            raise CallExpired(f"the call's deadline passed {len(self.request_ids)} requests "
-                              "before its turn")  # fmt: skip
         try:
+            if self.deadline_s is not None and self.clock() > self.deadline_s:
+                for request_id in self.stops:  # the drafted ones are stopped below; no start
+                    drafter.stop(request_id)
+                raise CallExpired(f"the call's deadline passed {len(self.request_ids)} "
+                                  "requests before its turn")  # fmt: skip
             for request_id in self.collect:
                 if request_id in drafter:  # else an earlier job failed and dropped it
                     self.collected[request_id] = drafter.tokens(request_id)

@@ -82,15 +82,13 @@ class GenerationIngester:
         self.queued += 1
         return item.stored
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Stores what is queued, then stops the worker (waits at most ``timeout_s``)."""
+    def close(self) -> None:
+        """Stores what is queued, then stops the worker."""
         if self._closed:
             return
         self._closed = True
         self._queue.put(None)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.warning("ingest queue still draining after %s s", timeout_s)
+        self._thread.join()
 
     def _run(self) -> None:
         lower_thread_priority(self._nice)
