@@ -4,7 +4,5 @@ from __future__ import annotations
 
 
 class BuildError(ValueError):
-    """The build cannot go on; the message names the file, line or field and why.
-
-    The command line prints it without a traceback and exits with status 2.
-    """
+    """The build cannot go on; the message names the file, line or field and why (the
+    command line prints it without a traceback and exits with status 2)."""

@@ -32,11 +32,8 @@ Budgets = int | Sequence[int] | npt.NDArray[np.integer]
 
 @dataclass(frozen=True, slots=True)
 class DraftTree:
-    """One request's candidate tree in breadth-first order.
-
-    ``parents[i] < i`` indexes this tree; -1 means a child of the root (the
-    last committed token, which is not part of the tree).
-    """
+    """One request's candidate tree in breadth-first order: ``parents[i] < i`` indexes
+    this tree; -1 is a child of the root (the last committed token, not in the tree)."""
 
     tokens: npt.NDArray[np.int32]
     parents: npt.NDArray[np.int32]
@@ -102,11 +99,9 @@ class ExplainedTree:
 
 
 class Drafter:
-    """Drafts candidate trees for many concurrent requests.
-
-    Thread-safe: several Python threads may call any method at once; a native
-    batch call releases the GIL and spreads requests over ``num_threads``.
-    """
+    """Drafts candidate trees for many concurrent requests. Thread-safe: any method may be
+    called from several threads at once; a native batch call releases the GIL and spreads
+    requests over ``num_threads``."""
 
     def __init__(
         self,

@@ -67,9 +67,7 @@ class HeldRequest:
 
 class RequestTable:
     """Request states in least-recently-used order, with a TTL, a count and a byte bound.
-
-    Not thread-safe: used from the event loop only.
-    """
+    Not thread-safe: used from the event loop only."""
 
     def __init__(
         self,
