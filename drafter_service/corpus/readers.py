@@ -47,9 +47,7 @@ _READ_ERRORS = (OSError, EOFError, zlib.error)
 
 def detect_format(path: Path) -> Format:
     """The format named by the file's extension (``.gz`` is looked through)."""
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
+    name = path.name.lower().removesuffix(".gz")
     fmt = _SUFFIXES.get(Path(name).suffix)
     if fmt is None:
         known = ", ".join(sorted(_SUFFIXES))

@@ -154,32 +154,31 @@ class DraftEngine:
         holds: Holds,
         group: int,
     ) -> tuple[Place | None, int]:
-        request_id, budget = call.request_ids[i], call.budgets[i]
+        request_id = call.request_ids[i]
         state = self.table.get(request_id)
         if call.known_lengths[i] == 0:  # (re)start: the tokens are the whole context
             if state is not None:
                 jobs_for(jobs, state.datastore).stops.append(request_id)
-            name = call.datastores[i]
-            tokens = call.new_tokens(i)
+            name, tokens = call.datastores[i], call.new_tokens(i)
             state, reserved = self.table.start(
                 request_id, name, len(tokens), call.prompt_lengths[i], now
             )
-            job = jobs_for(jobs, name)
             shared = not (call.private and call.private[i])
-            job.starts.append((request_id, tokens, shared, group))
-            holds.setdefault(name, []).append((request_id, state, reserved))
-            return (name, job.add(request_id, -1, budget)), state.length
-        if state is None or state.length != call.known_lengths[i]:  # the client's view is stale
+            jobs_for(jobs, name).starts.append((request_id, tokens, shared, group))
+            row = -1  # its tokens are in the start
+        elif state is None or state.length != call.known_lengths[i]:  # the client's view is stale
             self.metrics.count_resync("unknown" if state is None else "length_mismatch")
             if state is not None:
                 self.table.pop(request_id)
                 jobs_for(jobs, state.datastore).stops.append(request_id)
             return None, 0
-        reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
-        self.table.touch(request_id, now)
-        job = jobs_for(jobs, state.datastore)
+        else:
+            reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
+            row = i
+            self.table.touch(request_id, now)
         holds.setdefault(state.datastore, []).append((request_id, state, reserved))
-        return (state.datastore, job.add(request_id, i, budget)), state.length
+        job = jobs_for(jobs, state.datastore)
+        return (state.datastore, job.add(request_id, row, call.budgets[i])), state.length
 
     async def finish(
         self, items: Sequence[Finished], wait_durable: bool = False
