@@ -1,11 +1,9 @@
-"""The recent tier's weights of the node score: ``train-score``'s third pass.
-
-The first two passes draft each held-out record alone (the ``recent_*`` columns all 0).
-Here each is drafted again with the tier on and requests in flight beside it, in
-lockstep: some other answers to its prompt (which the training datastore lacks), each
-ahead by a random number of tokens as queued rollouts start apart, and held-out records
-of other prompts. Only the tier's weights are fitted (Newton's method, every other
-weight held as an offset), so a request with no other in flight drafts as before.
+"""The recent tier's weights of the node score, ``train-score``'s third pass
+(docs/algorithm.md, "The learned node score"): each held-out record drafted again with
+the tier on and requests in flight beside it, in lockstep (other answers to its prompt,
+each ahead by a random number of tokens, and records of other prompts); only the tier's
+weights are fitted (Newton's method, every other weight held as an offset), so a request
+with no other in flight drafts as before.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Fits the learned node score (``datastore-builder train-score``).
-
-``holdout`` records (seeded) are drafted at every output position, with the hand-set
-score and a large candidate tree (:meth:`Drafter.explain`), against a datastore of the
-other records' outputs, less every other answer to a held-out prompt (a corpus answering
-each prompt many times would otherwise look far more predictive than on new prompts).
-A node whose parent lies on the recorded continuation (as a root child always does) is
-labelled 1 if it does too; a logistic regression on the features is then
-P(node accepted | parent accepted), the factor fusion multiplies along a path.
-
-A second pass adds a live source of the held-out records before each one (other answers
-to its prompt left out), so the fit sees a split datastore's trees; the live columns are
-tied to the base's (:func:`tie_live_to_base`): both are suffix-array samples read alike,
-and what live data is worth depends on traffic, which corpus records are not. A third
-(:mod:`datastore_builder.recent_training`) fits the recent tier's weights alone.
-scikit-learn (the ``train`` extra) is needed here only, never by the service.
+"""Fits the learned node score (``datastore-builder train-score``): held-out records are
+replayed against a datastore of the others, and a logistic regression of whether each
+candidate node whose parent lies on the recorded continuation does too is
+P(node accepted | parent accepted). The three passes, and why the datastore leaves out
+other answers to a held-out prompt and the live columns are tied to the base's, are in
+docs/algorithm.md, "The learned node score". scikit-learn (the ``train`` extra) is needed
+here only, never by the service.
 """
 
 from __future__ import annotations
@@ -154,7 +145,7 @@ def collect_live(
     candidate_budget: int,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8], npt.NDArray[np.int64], int]:
-    """The live pass (module docstring): :func:`collect` over ``records[1:]``, each drafted
+    """The live pass (docs/algorithm.md): :func:`collect` over ``records[1:]``, each drafted
     against ``base`` plus a live source of the records before it. Group indices are the
     records' own; ``progress`` counts on from ``len(records)``."""
     vocab_size = base.vocab_size

@@ -73,20 +73,10 @@ SCORE_FEATURES = (
     "recent_present", "recent_log_cond", "recent_log_count", "recent_log_parent",
     "recent_prefix",
 )  # fmt: skip
-"""Columns of :meth:`Drafter.explain`'s features, the native ``ScoreFeature`` order: what
+"""Columns of :meth:`Drafter.explain`'s features in the native ``ScoreFeature`` order: what
 fusion knows of a candidate when it offers it, the inputs of the learned node score
-(:attr:`DraftConfig.node_score`). ``siblings`` are the candidates offered under the same
-parent (itself included); ``log_over_best`` compares its hand-set SSSD score (``hand``)
-with the best of theirs, ``log_hand_cond`` with its parent's. Per source (the request's
-input trie, where the match of the longest context suffix speaks; the datastore, or a
-split datastore's base; its live part): whether it offers the node, log(count / parent
-count), log(1 + count) and log(1 + parent count), all 0 where it does not. ``input_match``
-is the longest context suffix an input match behind it continues, ``input_members`` how
-many input matches offer it, ``*_prefix`` the longest context suffix a datastore tree was
-sampled for; ``*gram_seen`` whether the request's input trie holds the token, the token
-after the one before it, the token after the two before it; ``recent_*`` the same four
-per-source columns for the recent tier (the other requests in flight), and the longest
-context suffix its matches share."""
+(:attr:`DraftConfig.node_score`); each is defined in docs/algorithm.md, "The learned node
+score"."""
 assert len(SCORE_FEATURES) == _core.SCORE_FEATURE_COUNT
 
 
