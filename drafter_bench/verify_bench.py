@@ -10,7 +10,7 @@ the batch. Otherwise (or with ``--random``) a random tree generator does.
 
 Prints one JSON line per case with p50/p99 in ms over ``--iters`` calls:
 ``pack_trees``, ``accept`` (target tokens given), ``pack+accept`` (the issue's
-target: <= 1 ms on this CPU) and ``best_chain``. Then
+target: <= 1 ms on this CPU). Then
 ``sample_targets`` (greedy, sampling, sampling with top-k/top-p) at vocab 32000
 and 128256 on ``--sampler-trees`` trees (T rows each): that is the engine's own
 sampler, run for plain decoding too (there on one row per request instead of T),
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from verifier_client.results import Tree
-from verifier_client.verification.tree_packing import best_chain, pack_trees
+from verifier_client.verification.tree_packing import pack_trees
 from verifier_client.verification.tree_verification import accept, sample_targets
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "dev"
@@ -133,7 +133,7 @@ def main() -> None:
         "max_nodes": max(sizes), "threads": args.threads,
     }  # fmt: skip
 
-    packed = pack_trees(trees, roots, lens, scores=True)
+    packed = pack_trees(trees, roots, lens)
     # Targets that follow each tree's first branch for a while, then miss: a mix
     # of accepted lengths like a real step's (random targets would accept nothing).
     gen = torch.Generator().manual_seed(0)
@@ -149,7 +149,6 @@ def main() -> None:
     report("accept", measure(lambda: accept(packed, targets), args.iters), **common)
     report("pack+accept", measure(lambda: accept(pack_trees(trees, roots, lens), targets),
                                   args.iters), **common)  # fmt: skip
-    report("best_chain", measure(lambda: best_chain(packed, args.nodes), args.iters), **common)
 
     rows = args.sampler_trees * packed.width
     modes = [  # name, temperature, top_k, top_p

@@ -1,4 +1,4 @@
-"""Tree packing, SGLang's layout and the best chain against the plain-Python reference."""
+"""Tree packing and the best chain against the plain-Python reference."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tree_reference import RefRow, batches, random_tree, ref_best_chain, ref_rows
 
 from verifier_client.results import Tree
-from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees
+from verifier_client.verification.tree_packing import PackedTrees, pack_trees
 
 
 @dataclass
@@ -55,13 +55,8 @@ def test_pack_matches_reference(
     batch: tuple[list[Tree | None], list[int], list[int]], max_nodes: int | None
 ) -> None:
     trees, roots, lens = batch
-    packed = pack_trees(trees, roots, lens, max_nodes=max_nodes, scores=True)
-    rows = ref_rows(trees, roots, lens, max_nodes)
-    assert_packed(packed, rows)
-    assert packed.scores is not None
-    for b, row in enumerate(rows):
-        got = packed.scores[b, : row.n].tolist()
-        assert got == pytest.approx(row.scores)
+    packed = pack_trees(trees, roots, lens, max_nodes=max_nodes)
+    assert_packed(packed, ref_rows(trees, roots, lens, max_nodes))
 
 
 def test_pack_wide_trees_past_64_columns() -> None:
@@ -102,35 +97,7 @@ def test_empty_batch_and_rows_without_drafts() -> None:
 def test_best_chain_matches_reference(
     batch: tuple[list[Tree | None], list[int], list[int]], max_len: int
 ) -> None:
-    trees, roots, lens = batch
-    chain = best_chain(trees, max_len, roots=roots, cache_lens=lens)
-    rows = ref_rows(trees, roots, lens)
-    width = chain.tokens.shape[1]
-    for b, row in enumerate(rows):
-        path = ref_best_chain(row, max_len)
-        n = len(path)
-        assert chain.lengths[b] == n
-        assert chain.nodes[b].tolist() == path + [-1] * (width - n)
-        assert chain.tokens[b].tolist() == [row.tokens[c] for c in path] + [0] * (width - n)
-    # The chains' own packing is a tree packing of chains.
-    chain_trees = [
-        Tree.of([row.tokens[c] for c in ref_best_chain(row, max_len)],
-                list(range(-1, len(ref_best_chain(row, max_len)) - 1)),
-                [row.scores[c] for c in ref_best_chain(row, max_len)])
-        for row in rows
-    ]  # fmt: skip
-    chain_rows = ref_rows(chain_trees, roots, lens)
-    assert_packed(chain.packed, chain_rows)
-    # From a packing with scores: the same chain.
-    again = best_chain(pack_trees(trees, roots, lens, scores=True), max_len)
-    assert torch.equal(again.tokens, chain.tokens) and torch.equal(again.nodes, chain.nodes)
-
-
-@given(batches(), st.integers(0, 10))
-def test_tree_best_chain_is_best_chain_without_torch(
-    batch: tuple[list[Tree | None], list[int], list[int]], max_len: int
-) -> None:
-    """Tree.best_chain (the engine plug-ins' per-tree form) picks what best_chain picks."""
+    """Tree.best_chain (what the vLLM plug-in and the worker's chain mode verify)."""
     trees, roots, lens = batch
     for tree, row in zip(trees, ref_rows(trees, roots, lens), strict=True):
         if tree is not None:
@@ -141,10 +108,7 @@ def test_tree_best_chain_is_best_chain_without_torch(
 
 def test_best_chain_follows_scores_not_order() -> None:
     tree = Tree.of([1, 2, 3, 4, 5], [-1, -1, 0, 1, 1], [0.2, 0.7, 0.1, 0.3, 0.6])
-    chain = best_chain([tree], 5, roots=[0], cache_lens=[9])
-    assert chain.tokens.tolist() == [[2, 5]] and chain.nodes.tolist() == [[2, 5]]
     assert tree.best_chain(5) == [2, 5] and tree.best_chain(1) == [2] and tree.best_chain(0) == []
-    assert chain.packed.positions.tolist() == [[9, 10, 11]]
 
 
 def test_a_chain_ends_before_its_first_node_below_the_min_score() -> None:
@@ -196,12 +160,5 @@ def test_other_bad_arguments_are_named() -> None:
     tree = Tree.of([1, 2], [-1, 0], [0.5, 0.5])
     with pytest.raises(ValueError, match="max_nodes must be a non-negative int or None, got -1"):
         pack_trees([tree], [0], [0], max_nodes=-1)
-    with pytest.raises(ValueError, match=r"trees\[0\] has 2 tokens but 1 scores"):
-        pack_trees([Raw([1, 2], [-1, 0], [0.5])], [0], [0], scores=True)  # type: ignore[list-item]
-    packed = pack_trees([tree], [0], [0])
-    with pytest.raises(ValueError, match=r"needs scores: pack with pack_trees\(\.\.\., scores="):
-        best_chain(packed, 4)
-    with pytest.raises(ValueError, match="needs roots and cache_lens"):
-        best_chain([tree], 4)
     with pytest.raises(ValueError, match="max_len must be a non-negative int, got -2"):
-        best_chain([tree], -2, roots=[0], cache_lens=[0])
+        tree.best_chain(-2)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tree_reference import batches, random_tree, ref_rows, ref_walk
 
 from verifier_client.results import Tree
-from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees
+from verifier_client.verification.tree_packing import PackedTrees, pack_trees
 from verifier_client.verification.tree_verification import (
     VerifyResult,
     accept,
@@ -112,11 +112,12 @@ def test_greedy_speculation_equals_plain_greedy_decoding(device: str) -> None:
         accepted = steps = 0
         while min(len(o) for o in out) < length + 1:
             trees = [_guess_tree(rng, greedy_next, o[-1], vocab) for o in out]
+            if chains:
+                paths = [tree.best_chain(8) for tree in trees]
+                trees = [Tree.of(p, range(-1, len(p) - 1), [0.0] * len(p)) for p in paths]
             lens = [len(o) - 1 for o in out]
             roots = [o[-1] for o in out]
-            packed = pack_trees(trees, roots, lens, device=device, scores=chains)
-            if chains:
-                packed = best_chain(packed, 8).packed
+            packed = pack_trees(trees, roots, lens, device=device)
             logits = table.to(device)[packed.tokens]  # next-token logits of every node
             result = verify_greedy(packed, logits)
             for b, o in enumerate(out):
@@ -424,8 +425,8 @@ def test_cuda_gives_the_cpu_answers() -> None:
     rng = np.random.default_rng(5)
     trees: list[Tree | None] = [random_tree(rng, 12, 4) for _ in range(20)]
     roots, lens = list(range(20)), [3 * i for i in range(20)]
-    cpu = pack_trees(trees, roots, lens, scores=True)
-    gpu = pack_trees(trees, roots, lens, scores=True, device="cuda")
+    cpu = pack_trees(trees, roots, lens)
+    gpu = pack_trees(trees, roots, lens, device="cuda")
     assert gpu.tokens.device.type == "cuda"
     for name in ("tokens", "parents", "depth", "positions", "attention_mask", "valid"):
         assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
@@ -433,7 +434,6 @@ def test_cuda_gives_the_cpu_answers() -> None:
     want, got = accept(cpu, targets), accept(gpu, targets.cuda())
     assert torch.equal(got.accepted_tokens.cpu(), want.accepted_tokens)
     assert torch.equal(got.accepted_nodes.cpu(), want.accepted_nodes)
-    assert torch.equal(best_chain(gpu, 5).tokens.cpu(), best_chain(cpu, 5).tokens)
     logits = torch.randn((20, cpu.width, 7), generator=torch.Generator().manual_seed(2))
     assert torch.equal(verify_greedy(gpu, logits.cuda()).accepted_tokens.cpu(),
                        verify_greedy(cpu, logits).accepted_tokens)  # fmt: skip

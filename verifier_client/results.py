@@ -75,10 +75,8 @@ class Tree:
         score is below ``min_score`` (with the learned node score a node's score is the
         estimated probability that the whole path to it is accepted).
 
-        Same choice as :func:`verifier_client.verification.tree_packing.best_chain` (ties go to the
-        lower index; a sibling repeating an earlier sibling's token is skipped), in
-        plain Python for one tree: no torch, nothing to pack. Scores only choose
-        what to draft; verifying the chain stays lossless.
+        Ties go to the lower index; a sibling repeating an earlier sibling's token is
+        skipped. Scores only choose what to draft; verifying the chain stays lossless.
         """
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
             raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")

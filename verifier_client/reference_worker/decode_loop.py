@@ -41,7 +41,7 @@ from verifier_client.reference_worker.generation import (
 )
 from verifier_client.reference_worker.kv_cache import BatchKVCache, tree_attention_mask
 from verifier_client.results import Outcome, StepResult, Tree
-from verifier_client.verification.tree_packing import PackedTrees, best_chain, pack_trees
+from verifier_client.verification.tree_packing import PackedTrees, pack_trees
 from verifier_client.verification.tree_verification import (
     VerifyResult,
     accept,
@@ -263,12 +263,11 @@ class DecodeWorker:
 
     def _pack(self, trees: list[Tree | None]) -> PackedTrees:
         roots = [a.context[-1] for a in self._active]
-        scores = self.chain is not None
         try:
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
         except ValueError:  # a malformed tree (parents not before their node, ids < 0)
             trees = [self._well_formed(tree, root) for tree, root in zip(trees, roots, strict=True)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
         # A drafter must not be able to crash decoding: trees with ids the model does not
         # have are dropped (the request decodes this step without a draft).
         bad = ((packed.tokens < 0) | (packed.tokens >= self.vocab_size)) & packed.valid
@@ -276,9 +275,12 @@ class DecodeWorker:
             rows = set(bad.any(dim=1).nonzero().flatten().tolist())
             self.stats.rejected_trees += len(rows)
             trees = [None if b in rows else t for b, t in enumerate(trees)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device, scores=scores)
-        if self.chain is not None:
-            packed = best_chain(packed, self.chain).packed
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+        if self.chain is not None:  # each tree's best chain, as the vLLM plug-in takes it
+            chains = [None if t is None else t.best_chain(self.chain) for t in trees]
+            trees = [None if c is None else Tree.of(c, range(-1, len(c) - 1), [0.0] * len(c))
+                     for c in chains]  # fmt: skip
+            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
         return packed
 
     def _well_formed(self, tree: Tree | None, root: int) -> Tree | None:

@@ -1,4 +1,4 @@
-"""Draft trees as verification inputs: packed batch, best chain (torch).
+"""Draft trees as verification inputs: one packed batch (torch).
 
 Imported explicitly (``from verifier_client.verification.tree_packing import pack_trees``): the
 package itself does not import torch, so the gRPC client runs without it.
@@ -19,12 +19,7 @@ import torch
 
 from verifier_client.results import Tree
 
-__all__ = [
-    "ChainInputs",
-    "PackedTrees",
-    "best_chain",
-    "pack_trees",
-]
+__all__ = ["PackedTrees", "pack_trees"]
 
 _I64 = npt.NDArray[np.int64]
 _BITS = 64  # ancestor sets fit one uint64 per node up to this many columns
@@ -51,7 +46,6 @@ class PackedTrees:
     # first of equal siblings is the one verification visits (the drafter sends
     # unique siblings; this keeps any other source safe).
     duplicate: torch.Tensor
-    scores: torch.Tensor | None  # [B, T] float32 drafter scores (root, padding 0); if asked
     max_depth: int  # deepest node of the batch (0 when no row has a draft)
 
     @property
@@ -71,7 +65,6 @@ def pack_trees(
     *,
     max_nodes: int | None = None,
     device: torch.device | str | None = None,
-    scores: bool = False,
 ) -> PackedTrees:
     """Packs one tree per request (None or empty: the root alone) for one verify pass.
 
@@ -79,9 +72,9 @@ def pack_trees(
     tokens already in its KV cache (its length without the root), so the root
     sits at position ``cache_lens[b]`` and a node at ``cache_lens[b] + depth``.
     ``max_nodes`` keeps each tree's first draft nodes (parents precede children,
-    so any prefix is a tree). ``scores=True`` also packs the drafter's scores
-    (for :func:`best_chain`; verification never reads them). ``device`` defaults
-    to that of ``roots`` when it is a tensor, else the CPU.
+    so any prefix is a tree). ``device`` defaults to that of ``roots`` when it is
+    a tensor, else the CPU. The drafter's scores are not packed: verification never reads
+    them.
     """
     batch = len(trees)
     roots_np = _int_vector(roots, "roots", batch)
@@ -92,7 +85,7 @@ def pack_trees(
         raise ValueError(f"max_nodes must be a non-negative int or None, got {max_nodes!r}")
     if device is None:
         device = roots.device if isinstance(roots, torch.Tensor) else "cpu"
-    tokens, parents, node_scores, counts = _concatenate(trees, max_nodes, scores)
+    tokens, parents, counts = _concatenate(trees, max_nodes)
     offsets = np.cumsum(counts) - counts
     rows = np.repeat(np.arange(batch), counts)
     local = np.arange(len(tokens)) - np.repeat(offsets, counts)  # node index within its tree
@@ -114,11 +107,6 @@ def pack_trees(
     dev = torch.device(device)
     ints = torch.from_numpy(planes).to(dev)
     bools = torch.from_numpy(flags).to(dev)
-    packed_scores = None
-    if scores:
-        score_plane = np.zeros((batch, width), np.float32)
-        score_plane[rows, cols] = node_scores
-        packed_scores = torch.from_numpy(score_plane).to(dev)
     return PackedTrees(
         tokens=ints[0],
         parents=ints[1],
@@ -128,7 +116,6 @@ def pack_trees(
         valid=bools[0],
         num_nodes=torch.from_numpy(counts + 1).to(dev),
         duplicate=bools[1],
-        scores=packed_scores,
         max_depth=int(planes[2].max()) if batch else 0,
     )
 
@@ -156,9 +143,7 @@ def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> 
     return array
 
 
-def _concatenate(
-    trees: Sequence[Tree | None], max_nodes: int | None, with_scores: bool
-) -> tuple[_I64, _I64, npt.NDArray[np.float32], _I64]:
+def _concatenate(trees: Sequence[Tree | None], max_nodes: int | None) -> tuple[_I64, _I64, _I64]:
     """Every tree's (first max_nodes) nodes end to end, and the node count of each.
 
     The loop over requests only collects references; numpy converts everything
@@ -167,7 +152,6 @@ def _concatenate(
     counts = [0] * len(trees)
     tokens: list[npt.ArrayLike] = []
     parents: list[npt.ArrayLike] = []
-    scores: list[npt.ArrayLike] = []
     for b, tree in enumerate(trees):
         if tree is None:
             continue
@@ -180,8 +164,6 @@ def _concatenate(
         n = len(tok)
         if len(par) != n:
             raise ValueError(f"trees[{b}] has {n} tokens but {len(par)} parents")
-        if with_scores and len(tree.scores) != n:
-            raise ValueError(f"trees[{b}] has {n} tokens but {len(tree.scores)} scores")
         if max_nodes is not None and n > max_nodes:
             n = max_nodes
             tok, par = tok[:n], par[:n]
@@ -189,19 +171,16 @@ def _concatenate(
             counts[b] = n
             tokens.append(tok)
             parents.append(par)
-            if with_scores:
-                scores.append(tree.scores[:n])
     count_array = np.array(counts, dtype=np.int64)
     if not tokens:
         empty = np.zeros(0, np.int64)
-        return empty, empty, np.zeros(0, np.float32), count_array
+        return empty, empty, count_array
     total = int(count_array.sum())
-    flat_tokens = _flat_ints(tokens, total, "tokens", trees)
-    flat_parents = _flat_ints(parents, total, "parents", trees)
-    node_scores = (
-        np.concatenate(scores).astype(np.float32) if with_scores else np.zeros(0, np.float32)
+    return (
+        _flat_ints(tokens, total, "tokens", trees),
+        _flat_ints(parents, total, "parents", trees),
+        count_array,
     )
-    return flat_tokens, flat_parents, node_scores, count_array
 
 
 def _flat_ints(
@@ -279,93 +258,3 @@ def _duplicates(siblings: _I64, tokens: _I64) -> npt.NDArray[np.bool_]:
     dup = np.zeros(len(key), bool)
     dup[order[1:]] = ordered[1:] == ordered[:-1]
     return dup
-
-
-@dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
-class ChainInputs:
-    """One chain per request for engines that verify chains only."""
-
-    tokens: torch.Tensor  # [B, L] int64: the chain's draft tokens, padding 0
-    lengths: torch.Tensor  # [B] int64: draft tokens in each chain
-    nodes: torch.Tensor  # [B, L] int64: their columns in the tree packing, padding -1
-    packed: PackedTrees  # the chains as trees (column k + 1 = chain token k)
-
-
-def best_chain(
-    packed_or_trees: PackedTrees | Sequence[Tree | None],
-    max_len: int,
-    *,
-    roots: Sequence[int] | torch.Tensor | None = None,
-    cache_lens: Sequence[int] | torch.Tensor | None = None,
-    device: torch.device | str | None = None,
-) -> ChainInputs:
-    """Per request, the path from the root through the highest-score child at each level.
-
-    Scores only choose what to draft; verifying the chain stays lossless. Ties
-    go to the lower column; equal-token later siblings are skipped. Trees need
-    ``roots`` and ``cache_lens``; a packing must have been made with
-    ``scores=True``. ``L`` = the longest chain (at most ``max_len``).
-    """
-    if isinstance(packed_or_trees, PackedTrees):
-        packed = packed_or_trees
-    else:
-        if roots is None or cache_lens is None:
-            raise ValueError("best_chain of trees needs roots and cache_lens")
-        packed = pack_trees(packed_or_trees, roots, cache_lens, device=device, scores=True)
-    if packed.scores is None:
-        raise ValueError("best_chain needs scores: pack with pack_trees(..., scores=True)")
-    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
-        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
-    batch, dev = packed.batch_size, packed.tokens.device
-    steps = min(max_len, packed.max_depth)
-    eligible = packed.valid & ~packed.duplicate
-    eligible[:, 0] = False
-    low = torch.tensor(float("-inf"), device=dev)
-    current = torch.zeros(batch, dtype=torch.int64, device=dev)
-    alive = torch.ones(batch, dtype=torch.bool, device=dev)
-    nodes = torch.full((batch, steps), -1, dtype=torch.int64, device=dev)
-    for level in range(steps):  # one level down per iteration, all rows at once
-        children = eligible & (packed.parents == current[:, None])
-        best = torch.where(children, packed.scores, low).argmax(1)
-        alive &= children.any(1)
-        current = torch.where(alive, best, current)
-        nodes[:, level] = torch.where(alive, best, -1)
-    lengths = (nodes >= 0).sum(1)
-    nodes = nodes[:, : int(lengths.max()) if batch else 0]  # rows may end above max_depth
-    chain_tokens = torch.where(nodes >= 0, packed.tokens.gather(1, nodes.clamp(min=0)), 0)
-    return ChainInputs(
-        tokens=chain_tokens,
-        lengths=lengths,
-        nodes=nodes,
-        packed=_chain_packing(packed, chain_tokens, nodes, lengths),
-    )
-
-
-def _chain_packing(
-    packed: PackedTrees, chain_tokens: torch.Tensor, nodes: torch.Tensor, lengths: torch.Tensor
-) -> PackedTrees:
-    batch, steps = chain_tokens.shape
-    dev = chain_tokens.device
-    cols = torch.arange(steps + 1, device=dev)
-    valid = cols[None, :] <= lengths[:, None]
-    depth = torch.where(valid, cols, 0)
-    parents = torch.where(valid & (cols > 0), cols - 1, -1)
-    lower = cols[None, :, None] >= cols[None, None, :]  # a chain's ancestors are all before
-    mask = (lower & valid[:, :, None] & valid[:, None, :]) | torch.eye(
-        steps + 1, dtype=torch.bool, device=dev
-    )
-    assert packed.scores is not None  # checked by best_chain
-    scores = torch.zeros((batch, steps + 1), dtype=torch.float32, device=dev)
-    scores[:, 1:] = torch.where(nodes >= 0, packed.scores.gather(1, nodes.clamp(min=0)), 0.0)
-    return PackedTrees(
-        tokens=torch.cat([packed.tokens[:, :1], chain_tokens], dim=1),
-        parents=parents,
-        depth=depth,
-        positions=packed.positions[:, :1] + depth,
-        attention_mask=mask,
-        valid=valid,
-        num_nodes=lengths + 1,
-        duplicate=torch.zeros_like(valid),
-        scores=scores,
-        max_depth=steps,
-    )
