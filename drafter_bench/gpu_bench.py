@@ -130,11 +130,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
     """Runs every row the arguments ask for; prints them as JSON lines."""
     import torch
 
-    from verifier_client.reference_worker.target_models import (
-        DTYPES,
-        architecture_model,
-        tiny_model,
-    )
+    from drafter_bench.architecture_models import architecture_model
+    from verifier_client.reference_worker.target_models import DTYPES, tiny_model
 
     for name in ("steps", "max_new_tokens"):
         if getattr(args, name) < 1:

@@ -15,9 +15,9 @@ import pytest
 import torch
 from worker_support import VOCAB, OracleDrafter, model64, prompts
 
+from drafter_bench.architecture_models import ARCHITECTURES, architecture_model
 from drafter_bench.gpu_plots import plot, read_rows
 from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
-from verifier_client.reference_worker.target_models import ARCHITECTURES, architecture_model
 
 
 def repeating_records(path: Path, count: int, seed: int) -> Path:
