@@ -50,13 +50,10 @@ def assert_packed(packed: PackedTrees, rows: list[RefRow]) -> None:
     )
 
 
-@given(batches(), st.one_of(st.none(), st.integers(0, 8)))
-def test_pack_matches_reference(
-    batch: tuple[list[Tree | None], list[int], list[int]], max_nodes: int | None
-) -> None:
+@given(batches())
+def test_pack_matches_reference(batch: tuple[list[Tree | None], list[int], list[int]]) -> None:
     trees, roots, lens = batch
-    packed = pack_trees(trees, roots, lens, max_nodes=max_nodes)
-    assert_packed(packed, ref_rows(trees, roots, lens, max_nodes))
+    assert_packed(pack_trees(trees, roots, lens), ref_rows(trees, roots, lens))
 
 
 def test_pack_wide_trees_past_64_columns() -> None:
@@ -156,9 +153,7 @@ def test_pack_rejects_bad_input(
         pack_trees(trees, roots, lens)  # type: ignore[arg-type]
 
 
-def test_other_bad_arguments_are_named() -> None:
+def test_a_bad_chain_length_is_named() -> None:
     tree = Tree.of([1, 2], [-1, 0], [0.5, 0.5])
-    with pytest.raises(ValueError, match="max_nodes must be a non-negative int or None, got -1"):
-        pack_trees([tree], [0], [0], max_nodes=-1)
     with pytest.raises(ValueError, match="max_len must be a non-negative int, got -2"):
         tree.best_chain(-2)

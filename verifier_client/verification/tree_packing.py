@@ -63,7 +63,6 @@ def pack_trees(
     roots: Sequence[int] | torch.Tensor,
     cache_lens: Sequence[int] | torch.Tensor,
     *,
-    max_nodes: int | None = None,
     device: torch.device | str | None = None,
 ) -> PackedTrees:
     """Packs one tree per request (None or empty: the root alone) for one verify pass.
@@ -71,21 +70,15 @@ def pack_trees(
     ``roots[b]`` is request b's last committed token and ``cache_lens[b]`` the
     tokens already in its KV cache (its length without the root), so the root
     sits at position ``cache_lens[b]`` and a node at ``cache_lens[b] + depth``.
-    ``max_nodes`` keeps each tree's first draft nodes (parents precede children,
-    so any prefix is a tree). ``device`` defaults to that of ``roots`` when it is
-    a tensor, else the CPU. The drafter's scores are not packed: verification never reads
-    them.
+    ``device`` defaults to that of ``roots`` when it is a tensor, else the CPU.
+    The drafter's scores are not packed: verification never reads them.
     """
     batch = len(trees)
     roots_np = _int_vector(roots, "roots", batch)
     cache_np = _int_vector(cache_lens, "cache_lens", batch)
-    if max_nodes is not None and (
-        not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 0
-    ):
-        raise ValueError(f"max_nodes must be a non-negative int or None, got {max_nodes!r}")
     if device is None:
         device = roots.device if isinstance(roots, torch.Tensor) else "cpu"
-    tokens, parents, counts = _concatenate(trees, max_nodes)
+    tokens, parents, counts = _concatenate(trees)
     offsets = np.cumsum(counts) - counts
     rows = np.repeat(np.arange(batch), counts)
     local = np.arange(len(tokens)) - np.repeat(offsets, counts)  # node index within its tree
@@ -143,8 +136,8 @@ def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> 
     return array
 
 
-def _concatenate(trees: Sequence[Tree | None], max_nodes: int | None) -> tuple[_I64, _I64, _I64]:
-    """Every tree's (first max_nodes) nodes end to end, and the node count of each.
+def _concatenate(trees: Sequence[Tree | None]) -> tuple[_I64, _I64, _I64]:
+    """Every tree's nodes end to end, and the node count of each.
 
     The loop over requests only collects references; numpy converts everything
     in one concatenation per field (the hot path: a few dozen trees per step).
@@ -164,9 +157,6 @@ def _concatenate(trees: Sequence[Tree | None], max_nodes: int | None) -> tuple[_
         n = len(tok)
         if len(par) != n:
             raise ValueError(f"trees[{b}] has {n} tokens but {len(par)} parents")
-        if max_nodes is not None and n > max_nodes:
-            n = max_nodes
-            tok, par = tok[:n], par[:n]
         if n:
             counts[b] = n
             tokens.append(tok)
