@@ -23,7 +23,6 @@ from verifier_client.verification.tree_verification import (
     accept,
     sample_targets,
     verify_greedy,
-    verify_sampling,
 )
 
 ALPHA = 0.001
@@ -274,8 +273,8 @@ Verifier = Callable[[PackedTrees, torch.Tensor, torch.Tensor, torch.Tensor, torc
 def lossless_verify(packed: PackedTrees, logits: torch.Tensor, temperature: torch.Tensor,
                     top_k: torch.Tensor, top_p: torch.Tensor,
                     gen: torch.Generator) -> VerifyResult:  # fmt: skip
-    return verify_sampling(packed, logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                           generator=gen)  # fmt: skip
+    return accept(packed, sample_targets(logits, temperature=temperature, top_k=top_k,
+                                         top_p=top_p, generator=gen))  # fmt: skip
 
 
 def top2_biased_verify(packed: PackedTrees, logits: torch.Tensor, temperature: torch.Tensor,
@@ -403,9 +402,9 @@ def test_bad_verification_input_is_named() -> None:
         verify_greedy(packed, torch.zeros((1, 4, 5)))
     logits = torch.zeros((1, 3, 5))
     with pytest.raises(ValueError, match=r"temperature must be finite and >= 0, got -0\.5"):
-        verify_sampling(packed, logits, temperature=-0.5)
+        sample_targets(logits, temperature=-0.5)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 0\.0"):
-        verify_sampling(packed, logits, temperature=1.0, top_p=0.0)
+        sample_targets(logits, temperature=1.0, top_p=0.0)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1\.5"):
         sample_targets(logits, temperature=1.0, top_p=1.5)
     with pytest.raises(ValueError, match="top_k must be >= 0"):

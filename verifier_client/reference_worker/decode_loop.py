@@ -296,7 +296,7 @@ class DecodeWorker:
 
     def _verify(self, packed: PackedTrees, logits: Tensor) -> VerifyResult:
         """Greedy rows take the argmax at every node; sampling rows draw one token per
-        node from their own generator (lossless: see verification.py)."""
+        node from their own generator (lossless: see tree_verification.py)."""
         if all(a.generator is None and a.teacher is None for a in self._active):
             return verify_greedy(packed, logits)
         targets = logits.argmax(dim=-1)

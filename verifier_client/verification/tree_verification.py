@@ -26,7 +26,6 @@ __all__ = [
     "accept",
     "sample_targets",
     "verify_greedy",
-    "verify_sampling",
 ]
 
 _MAX_BLOCK = 1024  # the sampler's cumulative sums run over blocks of at most this many tokens
@@ -242,28 +241,6 @@ def _sample_filtered(
 
 def verify_greedy(packed: PackedTrees, logits: torch.Tensor) -> VerifyResult:
     """Greedy verification: the target's argmax at every node decides."""
-    _check_logits(packed, logits)
-    return accept(packed, sample_targets(logits))
-
-
-def verify_sampling(
-    packed: PackedTrees,
-    logits: torch.Tensor,
-    *,
-    temperature: float | torch.Tensor,
-    top_k: int | torch.Tensor = 0,
-    top_p: float | torch.Tensor = 1.0,
-    generator: torch.Generator | None = None,
-) -> VerifyResult:
-    """Sampling verification, lossless: one target sample per node decides (see module)."""
-    _check_logits(packed, logits)
-    targets = sample_targets(
-        logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-    )
-    return accept(packed, targets)
-
-
-def _check_logits(packed: PackedTrees, logits: torch.Tensor) -> None:
     if not isinstance(packed, PackedTrees):
         raise TypeError(f"packed must be PackedTrees, got {type(packed).__name__}")
     if not isinstance(logits, torch.Tensor):
@@ -273,3 +250,4 @@ def _check_logits(packed: PackedTrees, logits: torch.Tensor) -> None:
             f"logits must be [B, T, V] with [B, T] = {tuple(packed.tokens.shape)}, "
             f"got {tuple(logits.shape)}"
         )
+    return accept(packed, sample_targets(logits))
