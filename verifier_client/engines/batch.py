@@ -35,13 +35,19 @@ from verifier_client.replica_ownership import Route, check_route
 from verifier_client.replica_set import ClientOptions, ReplicaSetClient, parse_target
 from verifier_client.results import ClientStats, StepResult, Tree
 
-__all__ = ["CONFIG_ENV", "DrafterSettings", "EngineDrafter", "tokenizer_fingerprint"]
+__all__ = [
+    "CONFIG_ENV", "STORE_KEY", "DrafterSettings", "EngineDrafter", "may_store",
+    "tokenizer_fingerprint",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 CONFIG_ENV = "SSSD_DRAFTER_CONFIG"
 """Environment variable holding the settings as a JSON object (the engine's own
 configuration, where it has a place for them, overrides it key by key)."""
+STORE_KEY = "sssd_store"
+"""A request's opt-out of storage: False under this key of its vLLM ``extra_args`` or
+SGLang ``custom_params`` keeps its generation out of the datastore."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +398,11 @@ def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return ""
+
+
+def may_store(params: object) -> bool:
+    """Whether a request may be stored, given its ``extra_args`` / ``custom_params``."""
+    return not (isinstance(params, Mapping) and params.get(STORE_KEY) is False)
 
 
 def _instance_namespace() -> str:

@@ -40,8 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from verifier_client.budget import BudgetRule
-from verifier_client.engines.batch import DrafterSettings, EngineDrafter
-from verifier_client.engines.sglang_corpus import STORE_KEY, CorpusLayout, DraftCorpus
+from verifier_client.engines.batch import STORE_KEY, DrafterSettings, EngineDrafter
+from verifier_client.engines.sglang_corpus import CorpusLayout, DraftCorpus
 
 CorpusArray = npt.NDArray[np.int64]
 

@@ -23,22 +23,18 @@ call for the batch and ends requests on the drafter when SGLang drops them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from verifier_client.engines.batch import EngineDrafter
+from verifier_client.engines.batch import EngineDrafter, may_store
 from verifier_client.results import Tree
 
-__all__ = ["STORE_KEY", "CorpusLayout", "DraftCorpus", "corpus_layout", "store_verdict"]
+__all__ = ["CorpusLayout", "DraftCorpus", "corpus_layout", "store_verdict"]
 
 log = logging.getLogger(__name__)
-
-STORE_KEY = "sssd_store"
-"""``SamplingParams.custom_params`` key; False keeps the request's generation out of
-the datastore (``"custom_params": {"sssd_store": false}`` in an API request)."""
 
 CorpusLayout = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
 """``(tokens [B * D], mask [B * D * D])``, both int64, as ``NgramCorpus.batch_get`` returns."""
@@ -92,16 +88,12 @@ def store_verdict(req: Any) -> bool | None:
     """None while ``req`` (an SGLang ``Req``) is unfinished; else whether to ingest its
     generation: yes, finished or aborted (what it generated is the model's own output,
     as with the vLLM plug-in), unless it opted out through ``STORE_KEY``."""
-    if not req.finished():
-        return None
-    return _opted_in(req)
+    return _opted_in(req) if req.finished() else None
 
 
 def _opted_in(req: Any) -> bool:
-    """Whether ``req`` may be stored (and so shared while in flight): unless its
-    ``custom_params`` say ``STORE_KEY: False``."""
-    custom = getattr(req.sampling_params, "custom_params", None)
-    return not (isinstance(custom, Mapping) and custom.get(STORE_KEY) is False)
+    """Whether ``req`` may be stored (and so shared while in flight)."""
+    return may_store(getattr(req.sampling_params, "custom_params", None))
 
 
 class DraftCorpus:
@@ -119,12 +111,10 @@ class DraftCorpus:
         drafter: EngineDrafter | None,
         num_draft_tokens: int,
         *,
-        verdict: Callable[[Any], bool | None] = store_verdict,
         on_draft: Callable[[EngineDrafter], None] | None = None,
     ) -> None:
         self.drafter = drafter
         self.draft_token_num = num_draft_tokens  # SGLang's name for D
-        self._verdict = verdict
         self._on_draft = on_draft  # metrics, after each drafter call
         self._bound: list[Any] = []  # this step's Req objects, in batch order
         self._live: dict[str, Any] = {}  # request id -> Req, for requests sent to the drafter
@@ -185,7 +175,7 @@ class DraftCorpus:
         out)."""
         req = self._live.get(request_id)
         if req is not None:
-            self._end(request_id, self._verdict(req) is True)
+            self._end(request_id, store_verdict(req) is True)
 
     def erase_match_state(self, req_ids: Sequence[str]) -> None:
         """Requests that left the decode batch. Finished ones are ended here (in case no
@@ -193,7 +183,7 @@ class DraftCorpus:
         self._parked.update(r for r in req_ids if r in self._live)
         self._parked.difference_update(req.rid for req in self._bound)
         for request_id in list(self._parked):
-            verdict = self._verdict(self._live[request_id])
+            verdict = store_verdict(self._live[request_id])
             if verdict is not None:
                 self._end(request_id, verdict)
 
@@ -206,7 +196,7 @@ class DraftCorpus:
     def reset(self) -> None:
         """SGLang flushed its caches: end every request still held."""
         for request_id, req in list(self._live.items()):
-            self._end(request_id, self._verdict(req) is True)
+            self._end(request_id, store_verdict(req) is True)
 
     def close(self) -> None:
         """Sends queued finishes and closes the drafter client."""

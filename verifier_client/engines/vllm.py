@@ -49,7 +49,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verifier_client.acceptance_metrics import WorkerMetrics
-from verifier_client.engines.batch import DrafterSettings, EngineDrafter, tokenizer_fingerprint
+from verifier_client.engines.batch import (
+    STORE_KEY,
+    DrafterSettings,
+    EngineDrafter,
+    may_store,
+    tokenizer_fingerprint,
+)
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "STORE_KEY", "SssdProposer", "register", "worker_stats"]
 
@@ -57,8 +63,6 @@ log = logging.getLogger(__name__)
 
 ADDITIONAL_CONFIG_KEY = "sssd_drafter"
 """The key of our settings in vLLM's ``--additional-config``."""
-STORE_KEY = "sssd_store"
-"""``SamplingParams.extra_args`` key; False keeps the request's generation out of the datastore."""
 _RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 _HOOKED = "_sssd_drafter_hooks"
 
@@ -270,8 +274,5 @@ def _tensor_parallel_rank() -> int:
 
 
 def _stores(req_state: Any) -> bool:
-    """Whether a request (vLLM's cached request state) may be stored: unless its sampling
-    parameters' ``extra_args`` say ``STORE_KEY: False``."""
-    params = getattr(req_state, "sampling_params", None)
-    extra = getattr(params, "extra_args", None)
-    return not (isinstance(extra, Mapping) and extra.get(STORE_KEY) is False)
+    """Whether a request (vLLM's cached request state) may be stored (``STORE_KEY``)."""
+    return may_store(getattr(getattr(req_state, "sampling_params", None), "extra_args", None))
