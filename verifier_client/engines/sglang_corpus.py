@@ -1,36 +1,30 @@
 """The drafting service behind SGLang's n-gram corpus interface (pure: imports no SGLang).
 
-SGLang's ``NGRAMWorker`` (``sglang/srt/speculative/ngram_worker.py``) asks its
-corpus once per decode step for the whole batch::
-
-    tokens, mask = corpus.batch_get(req_ids, batch_tokens, total_lens)
-
-``batch_tokens[i]`` is the tail (the last ``speculative_ngram_max_trie_depth``
-tokens) of request i's committed context, ``total_lens[i]`` that context's
-length. The answer is SGLang's fixed-width layout, which :func:`corpus_layout`
-builds from our trees exactly as the C++ corpus (``ngram_corpus/result.cpp``,
-``fillResult``) does: per request D = ``speculative_num_draft_tokens`` tokens,
-the first the last committed token (the root), then the draft nodes
-breadth-first, padded with token 0 hanging off the root; and a ``D x D`` mask,
-``mask[i, j] = 1`` when j is i or an ancestor of i. Both come back flat,
-int64: ``[B * D]`` and ``[B * D * D]``. The worker turns them into positions
-and ``retrive_*`` links and verifies the tree natively.
-
-:class:`DraftCorpus` answers ``batch_get`` with one :meth:`EngineDrafter.draft`
-call for the batch and ends requests on the drafter when SGLang drops them.
+``NGRAMWorker`` calls ``tokens, mask = corpus.batch_get(req_ids, batch_tokens, total_lens)``
+once per decode step: ``batch_tokens[i]`` is the tail (the last
+``speculative_ngram_max_trie_depth`` tokens) of request i's committed context, of length
+``total_lens[i]``. :class:`DraftCorpus` answers with one :meth:`EngineDrafter.draft` call,
+in the layout :func:`corpus_layout` builds as the C++ corpus does (``ngram_corpus/
+result.cpp``, ``fillResult``): per request D = ``speculative_num_draft_tokens`` tokens,
+the root (last committed token) then the nodes breadth-first, padded with token 0 off the
+root, and a ``D x D`` mask (``mask[i, j] = 1``: j is i or an ancestor of i); both flat
+int64, ``[B * D]`` and ``[B * D * D]``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from verifier_client.engines.batch import EngineDrafter, may_store
 from verifier_client.results import Tree
+
+if TYPE_CHECKING:  # prometheus_client only where metrics are served
+    from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = ["CorpusLayout", "DraftCorpus", "corpus_layout", "store_verdict"]
 
@@ -43,11 +37,8 @@ CorpusLayout = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
 def corpus_layout(
     trees: Sequence[Tree | None], roots: Sequence[int], num_draft_tokens: int
 ) -> CorpusLayout:
-    """SGLang's corpus layout of one tree per request (None: the root alone).
-
-    Each tree keeps its first ``num_draft_tokens - 1`` nodes (parents precede
-    children, so any prefix is a tree). ValueError names a malformed tree.
-    """
+    """SGLang's corpus layout of one tree per request (None: the root alone), each cut to
+    its first ``num_draft_tokens - 1`` nodes; ValueError names a malformed tree."""
     d = num_draft_tokens
     if not isinstance(d, int) or isinstance(d, bool) or d < 1:
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {d!r}")
@@ -99,23 +90,21 @@ def _opted_in(req: Any) -> bool:
 class DraftCorpus:
     """Stands in for SGLang's ``NgramCorpus`` in ``NGRAMWorker.ngram_corpus``.
 
-    ``drafter`` is None on tensor-parallel ranks other than the first: they answer
-    the root alone and take the first rank's answer (the worker broadcasts it).
-    The worker calls :meth:`bind` with the batch's ``Req`` objects before each
-    ``batch_get`` (new requests are sent whole, from their token arrays) and
-    :meth:`release` when SGLang reports a request finished.
-    """
+    ``drafter`` is None on tensor-parallel ranks but the first (they answer the root
+    alone; the worker broadcasts the first's). The worker calls :meth:`bind` with the
+    batch's ``Req`` objects before each ``batch_get`` and :meth:`release` when SGLang
+    reports a request finished."""
 
     def __init__(
         self,
         drafter: EngineDrafter | None,
         num_draft_tokens: int,
         *,
-        on_draft: Callable[[EngineDrafter], None] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.drafter = drafter
         self.draft_token_num = num_draft_tokens  # SGLang's name for D
-        self._on_draft = on_draft  # metrics, after each drafter call
+        self.metrics = metrics  # records each drafter call
         self._bound: list[Any] = []  # this step's Req objects, in batch order
         self._live: dict[str, Any] = {}  # request id -> Req, for requests sent to the drafter
         self._parked: set[str] = set()  # left the batch unfinished (retracted, or overlap lag)
@@ -160,8 +149,9 @@ class DraftCorpus:
                                    stores=stores)  # fmt: skip
             for i, tree in zip(rows, drafts, strict=True):
                 trees[i] = tree
-            if self._on_draft is not None:
-                self._on_draft(drafter)
+            metrics, result = self.metrics, drafter.last_result
+            if metrics is not None and result is not None:  # None: the call failed
+                metrics.record_drafter_call(result, drafter.last_round_trip_s, None)
         try:
             return corpus_layout(trees, roots, self.draft_token_num)
         except ValueError:
@@ -171,8 +161,7 @@ class DraftCorpus:
             return corpus_layout([None] * len(roots), roots, self.draft_token_num)
 
     def release(self, request_id: str) -> None:
-        """SGLang finished ``request_id``: end it on the drafter (ingested unless it opted
-        out)."""
+        """SGLang finished ``request_id``: end it on the drafter (stored unless opted out)."""
         req = self._live.get(request_id)
         if req is not None:
             self._end(request_id, store_verdict(req) is True)
@@ -220,11 +209,8 @@ class DraftCorpus:
         return {}
 
     def _aligned(self, req_ids: Sequence[str]) -> list[Any]:
-        bound = self._bound
-        if len(bound) == len(req_ids) and all(
-            r.rid == i for r, i in zip(bound, req_ids, strict=True)
-        ):
-            return bound
+        if [r.rid for r in self._bound] == list(req_ids):
+            return self._bound
         return [None] * len(req_ids)  # not bound: the tails are all we know
 
     def _end(self, request_id: str, store: bool) -> None:
@@ -237,13 +223,10 @@ class DraftCorpus:
 
 
 def _context(req: Any, tail: Sequence[int], total_len: int, start: int, stop: int) -> list[int]:
-    """``context[start:stop]`` of a request whose committed context ends with ``tail``.
-
-    The context is the prompt (``origin_input_ids_unpadded``), ``output_ids``, and,
-    under overlap scheduling, the last step's accepted tokens, which only the
-    tail holds yet. The plug-in keeps the tail at least D tokens long (D bounds a
-    step's accepted tokens), so every position is in one of the three.
-    """
+    """``context[start:stop]`` of a request whose committed context ends with ``tail``: the
+    prompt (``origin_input_ids_unpadded``), ``output_ids``, and under overlap scheduling the
+    last step's accepted tokens, which only the tail holds yet (the plug-in keeps the tail
+    at least D long, and D bounds a step's accepted tokens)."""
     tail_start = total_len - len(tail)
     if start >= tail_start:
         return [int(t) for t in tail[start - tail_start : stop - tail_start]]

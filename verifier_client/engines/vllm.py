@@ -9,34 +9,18 @@ environment; README, "Use with vLLM")::
       --additional-config '{"sssd_drafter": {"address": "drafter:50051",
                                              "deadline_ms": 5, "budget": "16"}}'
 
-``SssdProposer`` is vLLM's ``custom_class`` proposer (``vllm/v1/spec_decode/
-custom_class_proposer.py``): the model runner calls ``propose`` once per step
-with the batch's sampled tokens and token rows. ``--speculative-config`` takes
-no keys of ours (vLLM forbids extra keys there), so the drafter's settings come
-from ``--additional-config``'s ``sssd_drafter`` object, or the environment
-variable ``SSSD_DRAFTER_CONFIG`` (same JSON; useful with ``LLM(...)``).
+vLLM forbids extra keys in ``--speculative-config``, so our settings come from
+``--additional-config``'s ``sssd_drafter`` or ``$SSSD_DRAFTER_CONFIG`` (same JSON).
+``propose`` gets token rows but no request ids: two thin wrappers on the model runner
+(installed by the ``vllm.general_plugins`` entry point, and by the proposer in case it is
+built first) hand the proposer the runner and the step's scheduled drafts (to count
+acceptance as ``vllm:spec_decode_*`` does), and finish a dropped request on the drafter,
+which ingests it unless ``SamplingParams(extra_args={"sssd_store": False})``.
 
-``propose`` is given token rows but no request ids. Two thin wrappers on the
-model runner supply what it lacks, and change nothing else: before proposing,
-the runner hands the proposer itself (for ``input_batch.req_ids`` and the
-prompt lengths) and the step's scheduled drafts (to count acceptance exactly as
-vLLM's ``vllm:spec_decode_*`` counters do); when the runner drops a finished or
-aborted request's state, the proposer finishes it on the drafter, which ingests
-the generation unless the request opted out with
-``SamplingParams(extra_args={"sssd_store": False})`` (``"vllm_xargs":
-{"sssd_store": false}`` in an OpenAI API request). The ``vllm.general_plugins``
-entry point (:func:`register`) installs the wrappers in every vLLM process;
-the proposer installs them too, in case it is built before the runner module
-was imported there.
-
-vLLM 0.32 verifies chains, not trees: each request's tree from the service
-becomes its best chain (:meth:`Tree.best_chain`), at most
-``num_speculative_tokens`` long, and with the ``chain_rule`` setting (a GPU profile) at
-most what that rule lets the batch verify for free; it ends before a node scored below
-``chain_min_score`` (with the learned score, the path's estimated acceptance). The call
-is one ``DrafterClient.step`` for the whole batch under the deadline; a missed deadline,
-a dead service or any error means empty drafts for that step, never an exception or a
-longer wait.
+vLLM 0.32 verifies chains, not trees: each tree becomes its :meth:`Tree.best_chain`, at
+most ``num_speculative_tokens`` long (with ``chain_rule``, at most what the batch verifies
+for free), ending before a node scored below ``chain_min_score``. A missed deadline, a
+dead service or any error means empty drafts for that step, never an exception.
 """
 
 from __future__ import annotations
@@ -68,13 +52,9 @@ _HOOKED = "_sssd_drafter_hooks"
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: runs once in every vLLM process.
-
-    Installs the runner wrappers where the model runner's module is already
-    loaded; elsewhere the proposer installs them when vLLM builds it (the
-    front-end process never imports the runner, and must not be made to).
-    Bad ``$SSSD_DRAFTER_CONFIG`` settings fail here, at startup, by name.
-    """
+    """``vllm.general_plugins`` entry point, in every vLLM process: fails on bad
+    ``$SSSD_DRAFTER_CONFIG`` settings by name; installs the runner wrappers where the
+    runner's module is loaded (the front-end process never imports it, and must not)."""
     DrafterSettings.resolve(None, where="vLLM plug-in")
     if _RUNNER_MODULE in sys.modules:
         install_hooks(sys.modules[_RUNNER_MODULE].GPUModelRunner)

@@ -1,20 +1,13 @@
 """Reference decode worker: a batched speculative decode loop over a ``transformers`` causal LM.
 
-Each request is prefilled alone (its prompt minus the last token goes into the KV
-cache; the last token is the root of the first tree). Then every :meth:`step`:
-
-1. admit pending requests up to ``max_batch`` (prefill, ``add_request`` to the drafter);
-2. one drafter call for the whole batch with the tokens each request committed in
-   the previous step (``DrafterClient.step``; None trees on deadline or outage);
-3. pack the trees (root = last committed token, positions = cache length + depth);
-4. ONE forward pass over every request's tree, attending to the cache and to
-   each node's ancestors (4D mask, explicit position ids);
-5. verify (greedy, or sampling with the request's own generator), keep the
-   accepted path's KV and discard the rest, commit accepted + bonus tokens;
-6. finish requests at EOS or ``max_new_tokens`` (``finish`` sends them to ingest).
-
-The drafter only proposes: verification decides every token from the target
-model's own logits, so output never depends on the drafter's answers or timing.
+A request is prefilled without its last token, the root of its first tree. Each
+:meth:`DecodeWorker.step` admits waiting requests, makes one drafter call for the batch
+(with each request's tokens committed last step), packs the trees (positions = cache
+length + depth), runs ONE forward pass over all of them (4D mask: the cache and each
+node's ancestors), verifies (greedy, or sampling with the request's own generator), keeps
+the accepted path's KV, commits accepted + bonus tokens and finishes requests at EOS or
+``max_new_tokens``. Verification decides every token from the target's own logits, so
+output never depends on the drafter's answers or timing.
 """
 
 from __future__ import annotations
@@ -78,8 +71,7 @@ class _Active:
 
 def cache_keyword(module: torch.nn.Module) -> str:
     """The name ``module.forward`` takes its KV cache under: ``cache`` since transformers
-    5.24, which warns on the older ``past_key_values`` (to be removed in 5.40) that every
-    earlier release takes."""
+    5.24 (which warns on ``past_key_values``, to go in 5.40), before it ``past_key_values``."""
     parameters = inspect.signature(module.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
@@ -93,9 +85,8 @@ class DecodeWorker:
         eos_token_ids: a committed token in this set ends its request.
         metrics: where each step's acceptance is recorded (``WorkerMetrics``).
         budget: the rule the drafter client sizes trees with (for the budget gauge).
-        chain: verify a chain of at most this many draft tokens per request, the path
-            through each tree's highest-score child at every level (as engines that verify
-            chains do), instead of the whole tree. None: the tree.
+        chain: verify each tree's best chain (:meth:`Tree.best_chain`) of at most this many
+            draft tokens, as engines that verify chains do, instead of the tree (None).
 
     Not thread-safe: one loop calls :meth:`submit` and :meth:`step` (or :meth:`run`).
     """
@@ -208,12 +199,9 @@ class DecodeWorker:
     # --- the phases of a step
 
     def _admit(self) -> None:
-        """Prefills waiting requests into free batch rows, all in one forward pass.
-
-        Each prompt but its last token (the first tree's root) goes in, right-padded
-        to the longest: causal attention keeps every real token from seeing the padding
-        after it, and the padding's K/V lands in columns past the row's length, which
-        later steps mask out."""
+        """Prefills waiting requests into free rows in one forward pass: each prompt but its
+        last token, right-padded (causal attention keeps real tokens from the padding after
+        them, whose K/V lands past the row's length, masked out later)."""
         joining: list[GenerationRequest] = []
         while self._pending and len(self._active) + len(joining) < self.max_batch:
             joining.append(self._pending.popleft())

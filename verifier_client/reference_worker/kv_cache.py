@@ -1,18 +1,11 @@
 """The decode batch's KV cache on a ``transformers`` DynamicCache, for tree verification.
 
-Row ``b`` of every layer's keys/values (``[B, heads, L, head_dim]``) holds request
-``b``'s committed context except its last token at columns ``[0, lens[b])``; the
-last committed token is the root of the next tree and has no KV yet. Columns
-``[lens[b], L)`` are stale (other rows are longer, or rejected tree nodes left
-them) and masked out of attention.
-
-A step appends the packed trees' K/V at columns ``[L, L + T)`` (``DynamicLayer.update``
-concatenates), then :meth:`BatchKVCache.keep_accepted` moves each request's
-accepted path (root first) to ``[lens[b], lens[b] + kept)`` and trims ``L`` to the
-longest row: the K/V of rejected nodes is discarded without any copy.
-
-Written against transformers 5.x, where ``DynamicCache.layers[i]`` is a
-``DynamicLayer`` with ``keys``/``values`` tensors; models whose caches have other
+Row ``b`` of every layer's keys/values (``[B, heads, L, head_dim]``) holds request ``b``'s
+committed context but its last token (the next tree's root) at columns ``[0, lens[b])``;
+columns ``[lens[b], L)`` are stale and masked out. A step appends the trees' K/V at
+``[L, L + T)``; :meth:`BatchKVCache.keep_accepted` moves each accepted path to the row's
+end and trims ``L`` to the longest row, discarding rejected nodes without a copy.
+Written against transformers 5.x (``DynamicCache.layers[i]`` a ``DynamicLayer``); other
 layer types (sliding window, linear attention) are refused.
 """
 
@@ -31,13 +24,9 @@ __all__ = ["BatchKVCache", "tree_attention_mask"]
 def tree_attention_mask(
     cache_lens: Tensor, physical_len: int, tree_mask: Tensor, dtype: torch.dtype
 ) -> Tensor:
-    """Additive 4D mask ``[B, 1, T, L + T]`` over the cache and the packed trees.
-
-    Node ``i`` of row ``b`` sees the row's committed cache columns ``j < cache_lens[b]``
-    and, among the tree columns, itself and its ancestors (``tree_mask[b, i, j]``);
-    everything else gets the dtype's minimum (exp() of it is exactly 0). Additive
-    float masks are what both eager and SDPA attention take in transformers.
-    """
+    """Additive 4D mask ``[B, 1, T, L + T]``: node ``i`` of row ``b`` sees the cache
+    columns ``j < cache_lens[b]`` and its tree ancestors (``tree_mask[b, i]``); the rest gets
+    the dtype's minimum (exp() of it is 0). Eager and SDPA attention both take it."""
     batch, width, _ = tree_mask.shape
     device = tree_mask.device
     cache_visible = torch.arange(physical_len, device=device) < cache_lens.to(device)[:, None]
@@ -75,11 +64,11 @@ class BatchKVCache:
 
     def append_rows(self, prefilled: DynamicCache | None, lengths: Sequence[int]) -> None:
         """Adds one row per joining request: row ``i`` of ``prefilled`` holds
-        ``lengths[i]`` valid columns (None: nothing was prefilled, all lengths 0).
-        Both sides are zero-padded to a common length (stale columns, masked)."""
+        ``lengths[i]`` valid columns (None: nothing was prefilled, all lengths 0)."""
         if not lengths:
             return
         new_layers = None if prefilled is None else _dynamic_layers(prefilled)
+        rows = (self.batch_size, len(lengths))
         for i, layer in enumerate(self._layers):
             new = None if new_layers is None else new_layers[i]
             new_keys = new.keys if new is not None and new.is_initialized else None
@@ -87,10 +76,9 @@ class BatchKVCache:
             if new_keys is not None and new_keys.shape[0] != len(lengths):
                 raise ValueError(f"prefilled cache has {new_keys.shape[0]} rows for "
                                  f"{len(lengths)} lengths")  # fmt: skip
-            keys, values = _stack_rows([(layer.keys, layer.values, self.batch_size),
-                                        (new_keys, new_values, len(lengths))])  # fmt: skip
+            keys = _stack_rows((layer.keys, new_keys), rows)
             if keys is not None:
-                _set_layer(layer, keys, values)
+                _set_layer(layer, keys, _stack_rows((layer.values, new_values), rows))
         self.lens.extend(lengths)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -162,22 +150,17 @@ def _set_layer(layer: DynamicLayer, keys: Tensor, values: Tensor | None) -> None
     layer.keys, layer.values = keys, values
 
 
-def _stack_rows(
-    parts: Sequence[tuple[Tensor | None, Tensor | None, int]],
-) -> tuple[Tensor | None, Tensor | None]:
-    """Concatenates row groups ``(keys, values, rows)`` along the batch, padding the
-    sequence axis with zeros (stale columns: masked). A group without tensors holds
-    no columns yet; None when no group has any."""
-    ref = next(((k, v) for k, v, _ in parts if k is not None and v is not None), None)
-    if ref is None:
-        return None, None
-    length = max(int(k.shape[-2]) for k, _, _ in parts if k is not None)
+def _stack_rows(parts: tuple[Tensor | None, Tensor | None], rows: tuple[int, int]) -> Tensor | None:
+    """The two row groups (``rows[g]`` rows each; None: no columns yet) concatenated along
+    the batch, zero-padded on the sequence axis (stale columns: masked); None if both are."""
+    like = next((t for t in parts if t is not None), None)
+    if like is None:
+        return None
+    length = max(int(t.shape[-2]) for t in parts if t is not None)
 
-    def padded(tensor: Tensor | None, like: Tensor, rows: int) -> Tensor:
+    def padded(tensor: Tensor | None, n: int) -> Tensor:
         if tensor is None:
-            return like.new_zeros((rows, like.shape[1], length, like.shape[3]))
+            return like.new_zeros((n, like.shape[1], length, like.shape[3]))
         return torch.nn.functional.pad(tensor, (0, 0, 0, length - int(tensor.shape[-2])))
 
-    keys = torch.cat([padded(k, ref[0], n) for k, _, n in parts if n], dim=0)
-    values = torch.cat([padded(v, ref[1], n) for _, v, n in parts if n], dim=0)
-    return keys, values
+    return torch.cat([padded(t, n) for t, n in zip(parts, rows, strict=True) if n], dim=0)

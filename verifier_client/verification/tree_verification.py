@@ -1,16 +1,12 @@
 """Lossless tree verification: the target's own token at every node decides the path (torch).
 
-Imported explicitly (``from verifier_client.verification.tree_verification import verify_greedy``).
-
-Drafts carry no probabilities, so verification needs none: at each visited node
-the target emits the token plain decoding would (its argmax, or one sample of its
-temperature / top-k / top-p distribution at that node's context); if a child of
-the node carries that token the walk descends into it, otherwise that token is
-the bonus token and the walk stops. Each emitted token is thus exactly what
-plain decoding would emit given the tokens before it, so greedy output is
-identical and sampled output has the target distribution. Sampling every node up
-front is the same: samples are independent and those of unvisited nodes are
-never read.
+Drafts carry no probabilities, and verification needs none: at each visited node the
+target emits the token plain decoding would (its argmax, or one sample of its temperature
+/ top-k / top-p distribution there); the walk enters the child carrying it, or stops with
+it as the bonus token. Each emitted token is what plain decoding would emit after the
+tokens before it, so greedy output is identical and sampled output has the target
+distribution. Sampling every node up front is the same: samples are independent and
+those of unvisited nodes are never read.
 """
 
 from __future__ import annotations
@@ -51,11 +47,10 @@ class VerifyResult:
 def accept(packed: PackedTrees, target_tokens: torch.Tensor) -> VerifyResult:
     """Walks each tree from the root while the target's token at a node is a child's token.
 
-    ``target_tokens[b, i]`` is the target's token after node i's path (from
-    :func:`sample_targets`). Vectorized, without a loop over depth: a node is on
-    the accepted path iff it and each of its ancestors (the root excepted)
-    carries the target token of its parent; without equal siblings (marked
-    ``duplicate`` and never entered) those nodes form one chain from the root.
+    ``target_tokens[b, i]``: the target's token after node i's path (:func:`sample_targets`).
+    No loop over depth: a node is on the path iff it and each ancestor but the root carries
+    its parent's target token; with equal siblings never entered (``duplicate``) those
+    nodes form one chain from the root.
     """
     if not isinstance(packed, PackedTrees):
         raise TypeError(f"packed must be PackedTrees, got {type(packed).__name__}")
@@ -108,16 +103,13 @@ def sample_targets(
 ) -> torch.Tensor:
     """The target's token at every packed node: ``[B, T, V]`` logits -> ``[B, T]`` int64.
 
-    Per request (scalars or ``[B]`` tensors): ``temperature == 0`` takes the
-    argmax (lowest id on ties); otherwise one independent sample per node of
-    ``softmax(logits / temperature)`` restricted, as in vLLM and SGLang, first
-    to the ``top_k`` most likely tokens (0 or >= V: all), then to the smallest
-    set of the most likely remaining tokens whose renormalized mass reaches
-    ``top_p`` (1: all), renormalized. The most likely token always stays. Ties
-    at the top-k boundary keep an arbitrary one of the tied tokens. Sampling is
-    by inverse CDF (one uniform per node, from ``generator`` when given, which
-    must live on the logits' device). Validating tensor parameters reads them
-    on the host (one synchronization on a GPU).
+    Per request (scalars or ``[B]`` tensors): ``temperature == 0`` takes the argmax (lowest
+    id on ties); otherwise one independent sample per node of ``softmax(logits /
+    temperature)`` restricted, as in vLLM and SGLang, to the ``top_k`` most likely tokens
+    (0 or >= V: all; ties at the boundary keep an arbitrary one), then to the smallest set
+    of those whose renormalized mass reaches ``top_p`` (1: all; the most likely always
+    stays). Inverse-CDF sampling, one uniform per node from ``generator`` (on the logits'
+    device). Validating tensor parameters reads them on the host (a GPU sync).
     """
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a tensor, got {type(logits).__name__}")
@@ -171,14 +163,11 @@ def _per_request(
 def _sample_rows_(log_weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One sample per row of softmax(log_weights) along the last axis; overwrites its input.
 
-    Inverse CDF: one uniform u per row, scaled to the row's total weight; the
-    sample is the first index whose cumulative weight exceeds u, so index i is
-    drawn with probability p_i and a zero-weight (-inf) entry never. One random
-    number per row instead of one per token (the Gumbel-max trick) keeps the
-    cost at an exp and a sum. Cumulative sums are float64 (in float32, past
-    ~1 - 6e-8 of the mass the tail's small probabilities would round away) and
-    two-level, to stay small: over blocks of the row, then within the block u
-    falls in.
+    Inverse CDF: the first index whose cumulative weight exceeds u * total (u uniform) is
+    drawn with probability p_i, a zero-weight (-inf) entry never; one random number per
+    row, not one per token (Gumbel-max), so the cost is an exp and a sum. Cumulative sums
+    are float64 (in float32 the tail past ~1 - 6e-8 of the mass would round away) and
+    two-level to stay small: over blocks of the row, then within u's block.
     """
     weights = log_weights.sub_(log_weights.amax(dim=-1, keepdim=True)).exp_()  # softmax * sum
     width = weights.shape[-1]
