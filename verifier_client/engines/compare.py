@@ -101,7 +101,6 @@ def run_vllm(
     max_new_tokens: int,
     num_speculative_tokens: int = 0,
     drafter: dict[str, Any] | None = None,
-    max_num_seqs: int = 32,
     opt_out: Sequence[int] = (),
     on_step: Callable[[int], None] | None = None,
     on_done: Callable[[], None] | None = None,
@@ -131,7 +130,7 @@ def run_vllm(
         kwargs["additional_config"] = {"sssd_drafter": drafter}
     llm = LLM(
         model=str(model), dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
-        max_num_seqs=max_num_seqs, kv_cache_memory_bytes=512 << 20, disable_log_stats=False,
+        max_num_seqs=32, kv_cache_memory_bytes=512 << 20, disable_log_stats=False,
         **kwargs,
     )  # fmt: skip
     try:

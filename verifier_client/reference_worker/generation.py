@@ -33,10 +33,9 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """``teacher_ids``: teacher forcing, for benchmarks of models with random weights. The
-    target's token at each output position is this recorded output's, not the logits'
-    choice; the forward pass, the tree and the acceptance walk are the same work, and the
-    output is the recording (cut at ``max_new_tokens``), as a replay of it would decode."""
+    """``teacher_ids``: teacher forcing, for benchmarks of random-weight models. The target's
+    token at each position is the recording's, not the logits' choice: the same work, and
+    the output is the recording (cut at ``max_new_tokens``), as its replay would decode."""
 
     request_id: str
     prompt_ids: Sequence[int]

@@ -101,10 +101,8 @@ class BatchKVCache:
 
     def keep_accepted(self, tree_start: int, accepted_nodes: Tensor, kept: Tensor) -> None:
         """After a tree forward: moves each row's first ``kept[b]`` accepted tree columns
-        (``accepted_nodes[b, :kept[b]]``, root first) to its committed end, then trims.
-
-        ``tree_start`` is the physical length before the forward (the trees' first column).
-        """
+        (``accepted_nodes[b, :kept[b]]``, root first; the trees start at column
+        ``tree_start``) to its committed end, then trims."""
         device = accepted_nodes.device
         width = accepted_nodes.shape[1]
         kept = kept.to(device)

@@ -1,9 +1,6 @@
-"""Prompts for the reference worker: JSONL(.gz) lines of token ids.
-
-A line is either a JSON list of ids or an object with ``prompt_ids`` (the
-development data format of ``../shared/data``: ``{"id", "prompt_ids", "output_ids", ...}``);
-``id`` names the request when present. Errors name the file and line.
-"""
+"""Prompts for the reference worker: JSONL(.gz) lines, each a JSON list of token ids or an
+object with ``prompt_ids`` (the dev data format of ``../shared/data``) and optionally ``id``,
+the request's name. Errors name the file and line."""
 
 from __future__ import annotations
 

@@ -39,11 +39,9 @@ def tiny_model(
     attn_implementation: str = "sdpa",
     max_positions: int = 8192,
 ) -> PreTrainedModel:
-    """A small causal LM of ``architecture`` (``llama``, ``qwen2``, ``gpt-neox``) with
-    random weights drawn from ``seed`` (the global RNG is left as it was).
-
-    Llama uses grouped-query attention (2 KV heads), Qwen2 adds q/k/v biases, GPT-NeoX
-    fuses qkv, rotates a quarter of each head and runs attention and MLP in parallel.
+    """A small causal LM of ``architecture`` with random weights from ``seed`` (the global
+    RNG left as it was): Llama with grouped-query attention, Qwen2 with q/k/v biases,
+    GPT-NeoX with fused qkv, a quarter of each head rotated, attention and MLP in parallel.
     """
     if hidden_size % num_heads or hidden_size < 2 * num_heads:
         raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads "

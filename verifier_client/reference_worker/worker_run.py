@@ -4,6 +4,7 @@ client, the decode loop and the JSON summary (worker_cli.py parses without torch
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import time
@@ -100,18 +101,16 @@ def run(args: argparse.Namespace) -> int:
     eos = eos_ids(model, args.eos)
     worker = DecodeWorker(model, client, max_batch=args.batch, eos_token_ids=eos,
                           metrics=metrics, budget=budget)  # fmt: skip
+    sampling = functools.partial(SamplingParams, args.temperature, args.top_k, args.top_p)
     start = time.perf_counter()
     generations: list[Generation] = []
     try:
         for round_ in itertools.count() if args.rounds == 0 else range(args.rounds):
             suffix = f"#{round_}" if round_ else ""  # ids stay unique across rounds
-            sampling = [
-                SamplingParams(args.temperature, args.top_k, args.top_p, args.seed + i)
-                for i in range(len(prompts))
-            ]
             generations += worker.run(
-                GenerationRequest(p.request_id + suffix, p.prompt_ids, args.max_new_tokens, s)
-                for p, s in zip(prompts, sampling, strict=True)
+                GenerationRequest(p.request_id + suffix, p.prompt_ids, args.max_new_tokens,
+                                  sampling(seed=args.seed + i))
+                for i, p in enumerate(prompts)
             )
     finally:
         if client is not None:

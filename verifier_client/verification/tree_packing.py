@@ -1,11 +1,9 @@
-"""Draft trees as verification inputs: one packed batch (torch).
+"""Draft trees as verification inputs: one packed batch (torch; the package itself does
+not import torch, so the gRPC client runs without it).
 
-Imported explicitly (``from verifier_client.verification.tree_packing import pack_trees``): the
-package itself does not import torch, so the gRPC client runs without it.
-
-Packing happens in numpy on the host (small arrays: a few dozen numpy calls cost
-less than as many device kernel launches) and crosses to ``device`` in a few
-copies (the int64 planes together, the boolean planes together, the mask).
+Packing runs in numpy on the host (a few dozen numpy calls on small arrays cost less than
+as many kernel launches) and crosses to ``device`` in three copies (the int64 planes, the
+boolean planes, the mask).
 """
 
 from __future__ import annotations
@@ -28,12 +26,9 @@ _MAX_TOKEN = 2**31 - 1  # token ids are int32 on the wire
 
 @dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
 class PackedTrees:
-    """A batch of trees as ``[B, T]`` planes: column 0 is the root, then the nodes in order.
-
-    ``T = 1 +`` the most draft nodes of any row. The root is the request's last
-    committed token, the node whose target output is the first new token; a
-    request without a tree is a row with the root only (a plain decoding step).
-    """
+    """A batch of trees as ``[B, T]`` planes: column 0 is the root (the request's last
+    committed token, whose target output is the first new token), then the nodes in order;
+    ``T = 1 +`` the most draft nodes of any row. A row without a tree is a plain step."""
 
     tokens: torch.Tensor  # [B, T] int64; column 0 = root, then draft nodes; padding 0
     parents: torch.Tensor  # [B, T] int64; column of the parent in the row; root, padding -1
@@ -42,11 +37,9 @@ class PackedTrees:
     attention_mask: torch.Tensor  # [B, T, T] bool; [b, i, j] = j is i or an ancestor of i
     valid: torch.Tensor  # [B, T] bool; root and draft nodes (not padding)
     num_nodes: torch.Tensor  # [B] int64; root included
-    # [B, T] bool: an earlier sibling has the same token. Never descended into: the
-    # first of equal siblings is the one verification visits (the drafter sends
+    # [B, T] bool: an earlier sibling has the same token; never entered (the drafter sends
     # unique siblings; this keeps any other source safe).
     duplicate: torch.Tensor
-    max_depth: int  # deepest node of the batch (0 when no row has a draft)
 
     @property
     def batch_size(self) -> int:
@@ -67,11 +60,10 @@ def pack_trees(
 ) -> PackedTrees:
     """Packs one tree per request (None or empty: the root alone) for one verify pass.
 
-    ``roots[b]`` is request b's last committed token and ``cache_lens[b]`` the
-    tokens already in its KV cache (its length without the root), so the root
-    sits at position ``cache_lens[b]`` and a node at ``cache_lens[b] + depth``.
-    ``device`` defaults to that of ``roots`` when it is a tensor, else the CPU.
-    The drafter's scores are not packed: verification never reads them.
+    ``roots[b]``: request b's last committed token; ``cache_lens[b]``: the tokens in its KV
+    cache (its length without the root), so the root sits at position ``cache_lens[b]`` and
+    a node at ``cache_lens[b] + depth``. ``device``: that of ``roots`` if a tensor, else the
+    CPU. Scores are not packed: verification never reads them.
     """
     batch = len(trees)
     roots_np = _int_vector(roots, "roots", batch)
@@ -109,7 +101,6 @@ def pack_trees(
         valid=bools[0],
         num_nodes=torch.from_numpy(counts + 1).to(dev),
         duplicate=bools[1],
-        max_depth=int(planes[2].max()) if batch else 0,
     )
 
 
@@ -137,11 +128,8 @@ def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> 
 
 
 def _concatenate(trees: Sequence[Tree | None]) -> tuple[_I64, _I64, _I64]:
-    """Every tree's nodes end to end, and the node count of each.
-
-    The loop over requests only collects references; numpy converts everything
-    in one concatenation per field (the hot path: a few dozen trees per step).
-    """
+    """Every tree's nodes end to end, and the node count of each (the loop only collects
+    references; numpy converts each field in one concatenation: the hot path)."""
     counts = [0] * len(trees)
     tokens: list[npt.ArrayLike] = []
     parents: list[npt.ArrayLike] = []

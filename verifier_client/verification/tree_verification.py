@@ -165,10 +165,8 @@ def _sample_rows_(log_weights: torch.Tensor, generator: torch.Generator | None) 
 
     Inverse CDF: the first index whose cumulative weight exceeds u * total (u uniform) is
     drawn with probability p_i, a zero-weight (-inf) entry never; one random number per
-    row, not one per token (Gumbel-max), so the cost is an exp and a sum. Cumulative sums
-    are float64 (in float32 the tail past ~1 - 6e-8 of the mass would round away) and
-    two-level to stay small: over blocks of the row, then within u's block.
-    """
+    row, not per token (Gumbel-max): an exp and a sum. Cumulative sums are float64 (float32
+    rounds away the tail past ~1 - 6e-8 of the mass), over blocks, then within u's block."""
     weights = log_weights.sub_(log_weights.amax(dim=-1, keepdim=True)).exp_()  # softmax * sum
     width = weights.shape[-1]
     block = min(width & -width, _MAX_BLOCK)  # the largest power of two dividing the width
