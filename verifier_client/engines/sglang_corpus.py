@@ -149,9 +149,9 @@ class DraftCorpus:
                                    stores=stores)  # fmt: skip
             for i, tree in zip(rows, drafts, strict=True):
                 trees[i] = tree
-            metrics, result = self.metrics, drafter.last_result
-            if metrics is not None and result is not None:  # None: the call failed
-                metrics.record_drafter_call(result, drafter.last_round_trip_s, None)
+            metrics = self.metrics
+            if metrics is not None and drafter.last_result is not None:  # None: the call failed
+                metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
         try:
             return corpus_layout(trees, roots, self.draft_token_num)
         except ValueError:
