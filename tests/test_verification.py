@@ -284,7 +284,7 @@ def top2_biased_verify(packed: PackedTrees, logits: torch.Tensor, temperature: t
     targets = sample_targets(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                              generator=gen)  # fmt: skip
     top2 = logits.topk(2, dim=2).indices
-    rows = torch.arange(packed.batch_size)
+    rows = torch.arange(packed.tokens.shape[0])
     for c in range(packed.width - 1, 0, -1):  # lowest column last: it wins
         parent = packed.parents[:, c].clamp(min=0)
         token = packed.tokens[:, c]

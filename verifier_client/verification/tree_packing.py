@@ -42,10 +42,6 @@ class PackedTrees:
     duplicate: torch.Tensor
 
     @property
-    def batch_size(self) -> int:
-        return int(self.tokens.shape[0])
-
-    @property
     def width(self) -> int:
         """T: columns per row, root included."""
         return int(self.tokens.shape[1])
