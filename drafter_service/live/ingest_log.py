@@ -1,31 +1,23 @@
 """Append-only ingest log (write-ahead log) of the live datastore.
 
-Every ingested token sequence is appended and fsynced before ``append``
-returns, so an acknowledged ingest survives ``kill -9`` and power loss. The
-log is a directory of segments named by the sequence number of their first
-record; a new segment starts whenever the datastore has folded everything so
-far into its sub-indices (``roll``), and a segment is deleted once a snapshot
-covers all of its records (``discard_through``).
-
-Record layouts (little-endian)::
+Every record is fsynced before ``append`` returns, so an acknowledged ingest survives
+``kill -9`` and power loss. Segments are named by their first record's sequence number;
+``roll`` starts a new one once everything is folded into sub-indices, and
+``discard_through`` deletes those a snapshot covers. Record layouts (little-endian)::
 
     magic u32 = 0x314C4157 ("WAL1") | seq u64 | n_tokens u32 | crc32 u32 | n_tokens x int32
     magic u32 = 0x324C4157 ("WAL2") | seq u64 | n_tokens u32 | crc32 u32
                                     | origin ms u64 | origin seq u64 | n_tokens x int32
 
-A ``WAL2`` record is a document taken from the shared ingest stream and carries its
-stream entry id (its ``origin``), so the newest record says where consuming resumes;
-documents ingested with no shared log are written as ``WAL1``, byte for byte as before.
-The CRC covers seq, n_tokens, the origin (``WAL2``) and the payload. A crash can only
-tear the tail of the newest segment: the last record, cut short (fewer bytes than its
-header says) or left unwritten (zeros), with no readable record after it. Recovery moves
-those bytes aside (``<segment>.torn-<offset>``, never deleted: they are evidence) and
-truncates the segment there; they were never acknowledged. A last record whose every
-byte is there but that fails its CRC completed its append, so it was acknowledged: like
-a bad record anywhere else, or one that readable records follow, it is corruption:
-opening refuses (:class:`WalCorruptError`), naming the file, the offset and the records
-that would be lost, unless ``salvage`` is set, in which case the damaged segment is moved
-aside into ``damaged/`` and a copy holding every readable record replaces it.
+``WAL2`` carries the shared-stream entry id (``origin``) so the newest record says where
+consuming resumes; other documents are ``WAL1``. The CRC covers seq, n_tokens, origin and
+payload. A crash can only tear the newest segment's last record (cut short or zeros,
+nothing readable after it): recovery moves those never-acknowledged bytes aside
+(``<segment>.torn-<offset>``, kept as evidence) and truncates there. Any other bad record,
+including a whole last record failing its CRC (its append completed, so it was
+acknowledged), is corruption: opening refuses (:class:`WalCorruptError`, naming file,
+offset and what would be lost) unless ``salvage`` moves the segment into ``damaged/`` and
+keeps a copy of every readable record.
 """
 
 from __future__ import annotations
@@ -56,8 +48,7 @@ _SUFFIX = ".log"
 
 
 class LogRecord(NamedTuple):
-    """One record: its sequence number, its tokens and, for a document taken from the
-    shared ingest stream, that stream's entry id."""
+    """One record; ``origin``: its shared-stream entry id, if it came from the stream."""
 
     seq: int
     tokens: npt.NDArray[np.int32]
@@ -76,12 +67,10 @@ def _crc(seq: int, payload: bytes, origin: StreamId | None = None) -> int:
 
 
 def _torn(data: bytes, offset: int) -> bool:
-    """Whether the unreadable bytes from ``offset`` to the end can be an append a crash
-    cut short: zeros (never written), fewer bytes than a header, or a header announcing
-    more bytes than follow it, unless those bytes are a whole record under a damaged
-    length field (they match its CRC). A whole record failing its checksum, or a whole
-    header with no record's magic, is damage: that append completed, so it was
-    acknowledged."""
+    """Whether the unreadable bytes from ``offset`` on can be an append a crash cut short:
+    zeros, less than a header, or a header announcing more bytes than follow (unless they
+    match its CRC: a whole record under a damaged length). A whole record failing its CRC,
+    or a header with no magic, is damage: that append completed and was acknowledged."""
     if not data[offset:].strip(b"\0"):
         return True
     header = _header_at(data, offset)
@@ -99,8 +88,7 @@ def _torn(data: bytes, offset: int) -> bool:
 def _header_at(
     data: bytes, offset: int
 ) -> tuple[int, int, int, int, StreamId | None, int] | None:
-    """The record header at ``offset``: (magic, seq, n, crc, origin, payload start), the
-    origin read only under _MAGIC_ORIGIN; None when the bytes end before it does."""
+    """(magic, seq, n, crc, origin, payload start) at ``offset``; None past the end."""
     if offset + _HEADER.size > len(data):
         return None
     magic, seq, n, crc = _HEADER.unpack_from(data, offset)
@@ -116,17 +104,19 @@ def _segment_name(first_seq: int) -> str:
     return f"{first_seq:020d}{_SUFFIX}"
 
 
+def _first_seq(segment: Path) -> int:
+    return int(segment.name[: -len(_SUFFIX)])
+
+
 class IngestLog:
     """The log in ``directory``. Not thread-safe: the live datastore serialises calls."""
 
     def __init__(
         self, directory: str | Path, *, covered_seq: int = 0, salvage: bool = False
     ) -> None:
-        """Opens (or creates) the log. ``covered_seq`` is the position the newest
-        snapshot covers: numbering continues after it even if every segment was
-        discarded, and only later records are returned by :meth:`recovered`.
-        ``salvage``: keep every readable record of a corrupt segment instead of
-        refusing to open (the segment itself is moved aside, never deleted)."""
+        """Opens (or creates) the log. Numbering continues after ``covered_seq`` (what the
+        newest snapshot covers) even if every segment was discarded; only later records
+        are :meth:`recovered`. ``salvage``: keep a corrupt segment's readable records."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._salvage = salvage
@@ -145,7 +135,7 @@ class IngestLog:
     def first_seq(self) -> int | None:
         """Sequence number the oldest segment starts at (None: no segment)."""
         segments = self._segments()
-        return int(segments[0].name[: -len(_SUFFIX)]) if segments else None
+        return _first_seq(segments[0]) if segments else None
 
     def _recover(self) -> Iterator[LogRecord]:
         segments = self._segments()
@@ -172,7 +162,6 @@ class IngestLog:
             self._file = os.open(segments[-1], os.O_WRONLY | os.O_APPEND)
 
     def _corruption(self, path: Path, data: bytes, offset: int, after: int, later: int) -> str:
-        """Why opening refuses: the damaged record at ``offset`` of ``path``."""
         fix = (
             "Restore the file, or start with --salvage true to keep every readable record "
             f"and move {path.name} aside into {self.directory / 'damaged'}"
@@ -192,15 +181,14 @@ class IngestLog:
         )
 
     def _took(self, record: LogRecord) -> LogRecord:
-        """Notes ``record`` as the newest one read."""
         self._last_seq = record.seq
         if record.origin is not None:
             self._last_origin = record.origin
         return record
 
     def _readable_after(self, data: bytes, offset: int) -> list[tuple[int, tuple[LogRecord, int]]]:
-        """The readable records after an unreadable one at ``offset``, each with its
-        offset: a header with a magic and a matching CRC (its seq past the last good one)."""
+        """Each readable record (magic, CRC, seq past the last good one) after ``offset``,
+        with its offset."""
         found = []
         pos = data.find(_MAGIC_PREFIX, offset + 1)
         while pos >= 0:
@@ -214,8 +202,7 @@ class IngestLog:
         return found
 
     def _cut_torn_tail(self, path: Path, data: bytes, offset: int) -> None:
-        """An append a crash interrupted (never acknowledged): its bytes are kept beside
-        the segment, then the segment is truncated at the last whole record."""
+        """Keeps an interrupted append's bytes beside the segment, then truncates it."""
         torn = path.with_name(f"{path.name}.torn-{offset}")
         with open(torn, "wb") as f:
             f.write(data[offset:])
@@ -230,8 +217,7 @@ class IngestLog:
         )  # fmt: skip
 
     def _salvaged(self, path: Path, data: bytes, offset: int) -> Iterator[LogRecord]:
-        """--salvage: every readable record from ``offset`` on; the segment is moved aside
-        and rewritten with its readable records only."""
+        """--salvage: moves the segment aside, rewrites it with its readable records."""
         kept = self._readable_after(data, offset)
         moved = move_aside(path, self.directory / "damaged")
         with open(path, "wb") as f:
@@ -261,7 +247,7 @@ class IngestLog:
         return LogRecord(seq, tokens, origin), end
 
     def recovered(self) -> list[LogRecord]:
-        """Records found on open, in order (consumed once by the live datastore)."""
+        """Records found on open, in order (handed out once)."""
         records, self._records = self._records, []
         return records
 
@@ -269,18 +255,16 @@ class IngestLog:
 
     @property
     def last_seq(self) -> int:
-        """Sequence number of the newest record (0 when the log has never held one)."""
+        """The newest record's sequence number (0: none ever)."""
         return self._last_seq
 
     @property
     def last_origin(self) -> StreamId | None:
-        """Stream entry id of the newest record taken from the shared stream, among the
-        records this log still holds or has appended since it was opened."""
+        """The newest held or appended record's stream entry id (None: none)."""
         return self._last_origin
 
     def append(self, tokens: npt.NDArray[np.int32], origin: StreamId | None = None) -> int:
-        """Appends one record (``origin``: its shared-stream entry id) and fsyncs it;
-        returns its sequence number."""
+        """Appends one record and fsyncs it; returns its sequence number."""
         seq = self._last_seq + 1
         payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
         crc = _crc(seq, payload, origin)
@@ -297,16 +281,11 @@ class IngestLog:
             os.ftruncate(self._file, os.fstat(self._file).st_size - written)
             raise OSError(f"ingest log: short write ({written} of {len(record)} bytes)")
         os.fsync(self._file)
-        self._last_seq = seq
-        if origin is not None:
-            self._last_origin = origin
-        return seq
+        return self._took(LogRecord(seq, tokens, origin)).seq
 
     def _open_segment(self, first_seq: int) -> None:
-        """Creates the segment starting at ``first_seq``. It may exist, empty, if a crash
-        came after its creation and before its first record was written (or recovery cut
-        a torn first record): that file is the same segment and is reused. One holding
-        bytes would mix two numberings, so it is refused."""
+        """Creates the segment for ``first_seq``. An empty one (a crash before its first
+        record, or a torn first record cut) is reused; one holding bytes is refused."""
         path = self.directory / _segment_name(first_seq)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(fd).st_size
@@ -327,12 +306,11 @@ class IngestLog:
             self._file = None
 
     def discard_through(self, seq: int) -> int:
-        """Deletes segments whose records all have sequence numbers <= ``seq``
-        (they are covered by a snapshot); returns how many were deleted."""
+        """Deletes the segments a snapshot covers (all records <= ``seq``); returns how many."""
         segments = self._segments()
         deleted = 0
         for path, nxt in itertools.pairwise(segments):
-            if int(nxt.name[: -len(_SUFFIX)]) - 1 <= seq:
+            if _first_seq(nxt) - 1 <= seq:
                 path.unlink()
                 deleted += 1
         if segments and self._file is None and self._last_seq <= seq:

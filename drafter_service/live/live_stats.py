@@ -4,7 +4,7 @@ and :class:`LastError`, the newest failure of its background work."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from drafter_service.live.index_set import IndexStats
 from drafter_service.live.pending_buffer import BufferStats
@@ -14,8 +14,7 @@ from drafter_service.live.stream_ids import StreamId
 
 @dataclass(frozen=True, slots=True)
 class LiveStats:
-    """A view of the live datastore for metrics and admin (see :func:`live_stats` for
-    how consistent it is)."""
+    """A view of the live datastore for metrics and admin (consistency: :func:`live_stats`)."""
 
     num_tokens: int  # text positions in the sub-indices (separators included)
     pending_tokens: int  # ingested, durable, not yet in a sub-index
@@ -43,46 +42,17 @@ class LiveStats:
 def live_stats(
     index: IndexStats, cursor: CursorStats, buffer: BufferStats, last_error: str | None
 ) -> LiveStats:
-    """The parts' views as one, read in this order (the index set, the stream cursor,
-    the pending buffer, the last error), each under its own lock.
-
-    Each part's fields are one consistent view. Across parts the view is as of slightly
-    different moments, in that order, and since coverage only follows what was logged
-    and taken before, it never shows ``covered_position`` past ``wal_position`` nor
-    ``covered_offset`` past ``consumed_offset``, and never counts a document both in
-    ``num_tokens`` and in ``pending_tokens``. A rebuild, restore or ingest that
-    completes while it reads may show on a later part and not an earlier one (e.g. a
-    document in ``wal_position`` and ``pending_tokens`` that came after the
-    ``consumed_offset`` read). As before, a document a rebuild is folding is in neither
-    ``pending_tokens`` nor ``num_tokens``."""
-    return LiveStats(
-        num_tokens=index.num_tokens,
-        pending_tokens=buffer.pending_tokens,
-        sub_indices=index.sub_indices,
-        resident_bytes=index.resident_bytes,
-        rebuilds=index.rebuilds,
-        rebuild_seconds_total=index.rebuild_seconds_total,
-        last_rebuild_seconds=index.last_rebuild_seconds,
-        wal_position=buffer.wal_position,
-        covered_position=index.covered_position,
-        wal_bytes=buffer.wal_bytes,
-        last_snapshot_unix=index.last_snapshot_unix,
-        last_error=last_error,
-        ingested_sequences=buffer.ingested_sequences,
-        ingested_tokens=buffer.ingested_tokens,
-        shared_log=False,
-        consumed_offset=cursor.consumed_offset,
-        covered_offset=index.covered_offset,
-        stream_skipped=cursor.stream_skipped,
-        stream_errors=cursor.stream_errors,
-        stream_lost=cursor.stream_lost,
-        stream_delay_s=cursor.stream_delay_s,
-    )
+    """The parts' views as one, read in this order (index set, cursor, buffer), each under
+    its own lock, so each part is consistent and later parts are slightly newer. Coverage
+    only follows what was logged before, so ``covered_position`` never passes
+    ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
+    both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
+    parts = {**asdict(index), **asdict(cursor), **asdict(buffer)}
+    return LiveStats(**parts, last_error=last_error, shared_log=False)
 
 
 class LastError:
-    """The newest failure of a rebuild, snapshot or stream read (None: none); its lock
-    is a leaf (nothing else is taken while it is held)."""
+    """The newest failure of a rebuild, snapshot or stream read (None: none); a leaf lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
