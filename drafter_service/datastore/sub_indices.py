@@ -19,17 +19,18 @@ SEPARATOR = -1
 def concat_documents(
     documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
 ) -> npt.NDArray[np.int32]:
-    """Joins documents into one int32 text with ``SEPARATOR`` between them."""
-    parts: list[npt.NDArray[np.int32]] = []
-    sep = np.array([SEPARATOR], dtype=np.int32)
-    for i, doc in enumerate(documents):
-        arr = as_token_array(doc, vocab_size, what=f"document {i}")
-        if parts:
-            parts.append(sep)
-        parts.append(arr)
-    if not parts:
+    """Checks ``documents`` and joins them (:func:`join_documents`)."""
+    return join_documents(
+        [as_token_array(doc, vocab_size, what=f"document {i}") for i, doc in enumerate(documents)]
+    )
+
+
+def join_documents(docs: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
+    """int32 ``docs`` as one text, ``SEPARATOR`` between each two."""
+    if not docs:
         return np.zeros(0, dtype=np.int32)
-    return np.concatenate(parts)
+    sep = np.array([SEPARATOR], dtype=np.int32)
+    return np.concatenate([part for doc in docs for part in (sep, doc)][1:])
 
 
 class _NativeSizes(Protocol):

@@ -1,15 +1,11 @@
 """What the live datastore drafts from: its sub-indices and what they cover.
 
 :class:`IndexSet` owns the corpora, the learned sub-indices, the current immutable
-:class:`Datastore` made of them, the log position and stream entry they cover, what the
-newest snapshot covers, the rebuild statistics and listeners, ``on_swap`` and
-``unfolded`` (the drafter's recent tier, told what each swap folded in). Two
-locks: the structural-change lock (:meth:`IndexSet.changing`, the package's
-``rebuild_lock``) admits one rebuild, snapshot, restore or corpus change at a time and
-is held while sub-indices are built or a snapshot is written; every swap happens under
-it, so swaps reach ``on_swap`` (:meth:`IndexSet.publish`, called with the other lock
-released) in the order they were made. The other lock guards the fields and is held for
-bookkeeping only, so drafting never waits for a rebuild.
+:class:`Datastore` of them, the log position and stream entry they cover, the newest
+snapshot's coverage, rebuild statistics and listeners, ``on_swap`` and ``unfolded``. Its
+structural-change lock (:meth:`IndexSet.changing`) admits one rebuild, snapshot, restore
+or corpus change at a time and is held around every swap, so swaps reach ``on_swap`` in
+order; its other lock guards the fields for bookkeeping only, so drafting never waits.
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ from drafter_service.live.stream_ids import StreamId
 
 
 class Unfolded(Protocol):
-    """What drafts from the stored documents before a rebuild folds them into the
-    sub-indices: the drafter's recent tier (``Drafter.hold`` and ``release_through``)."""
+    """What drafts from stored documents until a rebuild folds them in: the drafter's
+    recent tier (``Drafter.hold`` and ``release_through``)."""
 
     def hold(self, position: int, tokens: npt.NDArray[np.int32]) -> bool:
         """Drafts from the document stored at log ``position`` until it is released."""
@@ -109,8 +105,7 @@ class IndexSet:
         self._listeners: tuple[Callable[[float], None], ...] = ()
 
     def changing(self) -> AbstractContextManager[bool]:
-        """The structural-change lock (first in the package's lock order): held around
-        every swap, snapshot and snapshot deletion."""
+        """The structural-change lock (first in the package's lock order)."""
         return self._changing
 
     # -- reads -----------------------------------------------------------------------------
@@ -131,9 +126,8 @@ class IndexSet:
             return self._learned
 
     def snapshot_content(self) -> tuple[Datastore, int, tuple[Corpus, ...], StreamId | None]:
-        """The datastore, the log position it covers, its corpora and the newest stream
-        entry it holds, read together: a manifest written from them describes exactly
-        that content."""
+        """(datastore, covered position, corpora, newest stream entry), read together so
+        a manifest written from them describes exactly that content."""
         with self._lock:
             return self._datastore, self._covered, self._corpora, self._covered_origin
 
@@ -164,15 +158,15 @@ class IndexSet:
             )
 
     def check_room(self, waiting_tokens: int, n_tokens: int, policy: LivePolicy) -> None:
-        """Raises DatastoreFull when ``n_tokens`` more, with ``waiting_tokens`` already
-        waiting for a rebuild, could not stay resident."""
+        """Raises DatastoreFull when ``n_tokens`` more (``waiting_tokens`` waiting
+        already) could not stay resident."""
         bound = policy.max_resident_bytes
         if bound is None:
             return
         with self._lock:
             subs, corpora = self._learned, self._corpora
-        # What must stay resident after the next rebuild, when every older
-        # sub-index has been dropped: the sub-index the waiting documents land in.
+        # What stays resident after the next rebuild drops every older sub-index: the one
+        # the waiting documents land in.
         waiting = waiting_tokens + n_tokens
         if subs and subs[-1].num_tokens + 1 + waiting <= policy.max_sub_index_tokens:
             waiting += subs[-1].num_tokens + 1  # they extend the newest
@@ -194,9 +188,8 @@ class IndexSet:
         elapsed_s: float,
         work_tokens: int,
     ) -> tuple[Datastore, tuple[Callable[[float], None], ...]]:
-        """Makes ``learned`` (a rebuild folding the log through ``through``, the newest
-        stream entry among them ``origin``) current; returns the datastore to
-        :meth:`publish` and the listeners to call."""
+        """Makes a rebuild's ``learned`` (the log through ``through``, newest stream entry
+        ``origin``) current; returns the datastore to :meth:`publish` and the listeners."""
         with self._lock:
             datastore = self._install(self._corpora, learned)
             self._covered = through
@@ -211,8 +204,8 @@ class IndexSet:
             return datastore, self._listeners
 
     def install_corpora(self, change: ChangeCorpora) -> Datastore:
-        """Makes the corpora ``change`` makes of the current ones current (``change`` is
-        called under the lock); returns the datastore to :meth:`publish`."""
+        """Makes what ``change`` (called under the lock) makes of the corpora current;
+        returns the datastore to :meth:`publish`."""
         with self._lock:
             return self._install(change(self._corpora, self._datastore), self._learned)
 
@@ -224,8 +217,7 @@ class IndexSet:
         position: int,
         snapshot_unix: float,
     ) -> None:
-        """Makes a restored snapshot's content current, covering log ``position``, which
-        the snapshot written for it covers too."""
+        """Makes a restored snapshot current, covering (with its new snapshot) ``position``."""
         with self._lock:
             self._datastore, self._corpora, self._learned = datastore, corpora, learned
             self._covered = self._snapshot_covered = position
@@ -243,8 +235,8 @@ class IndexSet:
         return datastore
 
     def publish(self, datastore: Datastore) -> None:
-        """Hands a swapped-in datastore to ``on_swap``, then tells ``unfolded`` what it
-        covers (both called without the lock)."""
+        """Hands ``datastore`` to ``on_swap``, then tells ``unfolded`` what it covers
+        (without the lock)."""
         if self._on_swap is not None:
             self._on_swap(datastore)
         if self.unfolded is not None:

@@ -1,12 +1,8 @@
 """What may enter the live datastore, and why the log refuses it when its volume is full.
 
-A document enters through ``PendingBuffer.accept`` (pending_buffer), which makes it
-durable in the ingest log and then buffers it. A log append that fails because its
-volume is full (ENOSPC, EDQUOT, EFBIG, a short write) raises :class:`VolumeFull` naming
-the directory (:func:`volume_full`), and logs one rate-limited line for all datastores
-(no traceback): every call would hit it until space is freed. :func:`checked_document`
-validates what a caller hands in; :func:`generation_document` is the policy's ``store``
-rule for a finished generation.
+A log append failing for a full volume (ENOSPC, EDQUOT, EFBIG, a short write) raises
+:class:`VolumeFull` naming the directory, logged in one rate-limited line for all
+datastores (no traceback): every call hits it until space is freed.
 """
 
 from __future__ import annotations
@@ -32,10 +28,9 @@ _volume_full_log = RateLimitedLog(log)
 class VolumeFull(OSError, DatastoreFull):
     """The ingest log's volume has no room for a document (nothing of it was stored).
 
-    A :class:`DatastoreFull`, so a caller that stores several documents reports the ones
-    before it as stored (``Ingest`` answers RESOURCE_EXHAUSTED saying how many), and an
-    ``OSError`` carrying the errno (``ENOSPC``, ``EDQUOT``, ``EFBIG``; ``ENOSPC`` for a
-    short write). ``directory``: where the log is written."""
+    A :class:`DatastoreFull`, so a caller storing several reports those before it as
+    stored (``Ingest`` answers RESOURCE_EXHAUSTED saying how many), and an ``OSError``
+    with the errno (``ENOSPC`` for a short write)."""
 
     def __init__(self, directory: Path, cause: OSError) -> None:
         code = cause.errno if cause.errno in _FULL_ERRNOS else errno.ENOSPC
@@ -51,19 +46,12 @@ class VolumeFull(OSError, DatastoreFull):
         return str(self.strerror)
 
 
-def is_volume_full(error: OSError) -> bool:
-    """Whether ``error`` (from writing a file) says its volume has no room: ENOSPC,
-    EDQUOT, EFBIG (a file-size limit), or a short write (the ingest log raises an
-    OSError without errno when fewer bytes were written than asked)."""
-    if error.errno in _FULL_ERRNOS:
-        return True
-    return error.errno is None and "short write" in str(error)
-
-
 def volume_full(directory: Path, error: OSError) -> VolumeFull | None:
-    """``error``, from appending to the log in ``directory``, as :class:`VolumeFull` when
-    :func:`is_volume_full` says so (and logged, rate-limited); None for another error."""
-    if not is_volume_full(error):
+    """``error``, from appending to the log in ``directory``, as :class:`VolumeFull` (and
+    logged) when it says the volume has no room: ENOSPC, EDQUOT, EFBIG (a file-size
+    limit) or the log's short write (no errno); None for another error."""
+    short_write = error.errno is None and "short write" in str(error)
+    if error.errno not in _FULL_ERRNOS and not short_write:
         return None
     full = VolumeFull(directory, error)
     _volume_full_log.warning("ingest refused: %s", full)
@@ -73,8 +61,7 @@ def volume_full(directory: Path, error: OSError) -> VolumeFull | None:
 def checked_document(
     tokens: TokenIds, policy: LivePolicy, vocab_size: int
 ) -> npt.NDArray[np.int32]:
-    """``tokens`` as a document to ingest; ValueError for bad ids, an empty document or
-    one longer than a sub-index holds."""
+    """``tokens`` as a document; ValueError for bad ids, empty, or past a sub-index."""
     doc = as_token_array(tokens, vocab_size, what="tokens")
     if len(doc) == 0:
         raise ValueError("tokens: an ingested document must not be empty")

@@ -13,17 +13,15 @@ LIVE_SETTINGS = (
     "snapshot_interval_s",
     "keep_snapshots",
 )
-"""The policy fields :meth:`LiveDatastore.update_policy` may change while serving: they
-only say *when* maintenance runs, never what a datastore holds."""
+"""Fields ``update_policy`` may change while serving: only *when* maintenance runs."""
 
 
 MIN_REBUILD_GAP_S = 1.0
 """The shortest time between two rebuilds that ``rebuild_max_share`` brings forward."""
 
 REBUILD_TOKENS_PER_S = 5_000_000.0
-"""Expected rebuild speed before the first rebuild has measured it (tokens re-sorted per
-second; the suffix-array build runs at about 7M a second on one core of the benchmark
-host)."""
+"""Rebuild speed (tokens re-sorted a second) assumed until one is measured; the SA build
+runs at about 7M/s on one core of the benchmark host."""
 
 
 class DatastoreFull(RuntimeError):
@@ -43,24 +41,21 @@ class LivePolicy:
     rebuild_interval_s: float = 60.0
     """...or once this long has passed since the last rebuild with anything waiting..."""
     rebuild_max_share: float = 0.01
-    """...or sooner while rebuilding is cheap: once the time since the last rebuild is at
-    least the next one's expected duration divided by this share (and at least
-    :data:`MIN_REBUILD_GAP_S`), so early rebuilds take at most about this share of one
-    core. A small live datastore then learns a generation within seconds; a large one,
-    whose rebuild re-sorts more, waits longer, up to ``rebuild_interval_s``. 0: only
-    the two rules above."""
+    """...or sooner while cheap: once the time since the last is at least the next one's
+    expected duration over this share (and :data:`MIN_REBUILD_GAP_S`), so early rebuilds
+    take about this share of a core: a small datastore learns within seconds, a large one
+    waits up to ``rebuild_interval_s``. 0: only the two rules above."""
     snapshot_interval_s: float = 900.0
     """Write a snapshot this often when the datastore changed (0 = only on request)."""
     keep_snapshots: int = 2
     """Complete snapshots kept on disk (newest first)."""
     max_resident_bytes: int | None = None
-    """Bound on accounted datastore bytes (8 per token); oldest sub-indices are
-    dropped to stay under it, and an ingest that cannot fit is refused."""
+    """Bound on accounted bytes (8 per token): the oldest sub-indices are dropped to stay
+    under it, and an ingest that cannot fit is refused."""
     store: Literal["output", "prompt+output"] = "output"
     """What :meth:`LiveDatastore.ingest_generation` stores."""
     prompt_context_tokens: int = 3
-    """With ``store="output"``, this many trailing prompt tokens precede the output
-    so that the start of an answer can be matched."""
+    """With ``store="output"``, trailing prompt tokens kept so an answer's start matches."""
 
     def __post_init__(self) -> None:
         checks = {

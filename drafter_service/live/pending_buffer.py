@@ -1,13 +1,11 @@
 """The acknowledged documents not yet folded into the sub-indices, and the log that
 holds them.
 
-:class:`PendingBuffer` owns the ingest log (:class:`IngestLog`, not thread-safe itself)
-and the in-memory buffer of its records that the next rebuild folds in, under one lock:
-:meth:`PendingBuffer.accept` checks the memory bound, appends the document to the log
-(fsynced: from here on the ingest is acknowledged and survives a crash) and only then
-adds it to the buffer, so the buffer is always in log order and the log holds
-everything the buffer does. It also owns the ingest counters and the condition the
-background thread waits on (:meth:`PendingBuffer.wait_for_work`).
+:class:`PendingBuffer` owns the ingest log (not thread-safe itself) and its records
+waiting for a rebuild, under one lock: :meth:`PendingBuffer.accept` checks the memory
+bound, appends to the log (fsynced: acknowledged from here on) and only then buffers the
+document, so the buffer is in log order and the log holds all of it. It also owns the
+ingest counters and the background thread's condition.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ class BufferStats:
 
 
 class PendingBuffer:
-    """The ingest log and its records waiting for a rebuild; thread-safe (its lock is
-    the second in the package's lock order, after the structural-change lock)."""
+    """The ingest log and its records waiting for a rebuild; thread-safe (second in the
+    package's lock order)."""
 
     def __init__(self, log: IngestLog) -> None:
         self._lock = threading.Lock()
@@ -60,15 +58,11 @@ class PendingBuffer:
         cursor: StreamCursor,
         origin: StreamId | None = None,
     ) -> tuple[int | None, bool]:
-        """Appends ``doc`` (checked) to the log, then to the buffer. ``origin``: its entry
-        id in the shared ingest stream; an entry ``cursor`` already holds is a duplicate
-        and is skipped (returns None for the sequence number), so consuming the stream
-        stores each entry exactly once. Returns its log sequence number and whether the
-        buffer now holds enough for a rebuild (the background thread has been woken).
-        Raises DatastoreFull past the memory bound (``index`` says what stays resident),
-        RuntimeError once closed, :class:`VolumeFull` when the log's volume is full and
-        another OSError when the log cannot be written (nothing is stored or buffered
-        then). The cursor and the index set are consulted under this buffer's lock."""
+        """Appends checked ``doc`` to the log, then the buffer; returns its sequence number
+        (None: stream entry ``origin`` is one ``cursor`` holds, so each is stored once)
+        and whether a rebuild is now due (the background thread was woken). Raises
+        DatastoreFull past the bound, RuntimeError once closed, OSError (``VolumeFull``)
+        from the log, storing nothing. Cursor and index set are asked under this lock."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("live datastore is closed")
@@ -101,7 +95,7 @@ class PendingBuffer:
     # -- rebuilds (the caller holds the structural-change lock) ----------------------------
 
     def take(self) -> list[LogRecord]:
-        """Empties the buffer for a rebuild (later records go to a new log segment)."""
+        """Empties the buffer for a rebuild (later records start a new segment)."""
         with self._lock:
             batch, self._records, self._tokens = self._records, [], 0
             if batch:
@@ -109,23 +103,22 @@ class PendingBuffer:
             return batch
 
     def put_back(self, batch: list[LogRecord]) -> None:
-        """Returns a batch :meth:`take` gave to the front (its rebuild failed)."""
+        """Puts a failed rebuild's batch back in front."""
         with self._lock:
             self._records[:0] = batch
             self._tokens += sum(len(r.tokens) for r in batch)
 
     def restore_point(self) -> int:
-        """The newest acknowledged record; the log's later records go to a new segment,
-        so the segments through it can all be deleted."""
+        """The newest acknowledged record; later ones start a new segment, so every
+        segment through it can be deleted."""
         with self._lock:
             self._log.roll()
             return self._log.last_seq
 
     def discard_through(self, position: int, alongside: Callable[[], None]) -> None:
-        """A snapshot now holds the log through ``position``: those records leave the
-        buffer (a restore discards them; after a rebuild there are none) and the log
-        segments holding only them are deleted, atomically with ``alongside`` (the index
-        set's matching change), which runs under this lock."""
+        """A snapshot holds the log through ``position``: those records leave the buffer
+        (a restore discards them) and their segments are deleted, atomically with
+        ``alongside`` (the index set's matching change, run under this lock)."""
         with self._lock:
             alongside()
             if self._records and self._records[0].seq <= position:
@@ -142,12 +135,12 @@ class PendingBuffer:
             return not self._closed
 
     def wake(self) -> None:
-        """Wakes the background thread (a policy change; a follower waiting for room)."""
+        """Wakes the background thread (a policy change, a follower waiting for room)."""
         with self._lock:
             self._work.notify()
 
     def close(self) -> None:
-        """Refuses later documents and wakes the background thread (it returns)."""
+        """Refuses later documents; the background thread returns."""
         with self._lock:
             self._closed = True
             self._work.notify()
@@ -160,7 +153,6 @@ class PendingBuffer:
 
     @property
     def last_seq(self) -> int:
-        """The newest acknowledged record's sequence number."""
         with self._lock:
             return self._log.last_seq
 

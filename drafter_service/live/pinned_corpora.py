@@ -1,11 +1,9 @@
 """Corpora: static sub-indices an operator pins before the learned ones.
 
-A corpus is built offline (e.g. by the admin API from a file), is never rebuilt,
-rotated or dropped, and is written into every later snapshot. The datastore holds the
-corpora's sub-indices first, in corpus order, then the learned ones
-(:func:`joined_datastore`); the snapshot manifest's ``metadata.corpora`` lists each
-corpus with its sub-index count (:func:`corpora_listing`), which is how
-:func:`split_corpora` tells them apart again on load.
+A corpus is built offline (e.g. by the admin API), never rebuilt, rotated or dropped, and
+written into every later snapshot. The datastore holds the corpora's sub-indices first,
+then the learned ones; the manifest's ``metadata.corpora`` lists each corpus with its
+sub-index count, which is how :func:`split_corpora` tells them apart on load.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from drafter_service.live.live_policy import DatastoreFull
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo
 
 CORPORA_KEY = "corpora"
-"""Snapshot metadata key listing the corpora (name, sub-index count, metadata), in
-datastore order; their sub-indices come first, the learned ones after them."""
+"""Snapshot metadata key listing the corpora (name, sub-index count, metadata) in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +39,7 @@ class Corpus:
 def joined_datastore(
     corpora: Sequence[Corpus], learned: Sequence[SubIndex], vocab_size: int
 ) -> Datastore:
-    """The datastore of every corpus's sub-indices, in order, then the learned ones; the
-    corpora are its base, drafted from as a source of their own beside the learned ones."""
+    """The corpora's sub-indices (its base, a source of their own), then the learned ones."""
     base = [s for c in corpora for s in c.sub_indices]
     return Datastore(base + list(learned), vocab_size, base_count=len(base))
 
@@ -59,31 +55,29 @@ def corpora_listing(corpora: Sequence[Corpus]) -> list[dict[str, object]]:
 def split_corpora(
     datastore: Datastore, info: SnapshotInfo
 ) -> tuple[tuple[Corpus, ...], tuple[SubIndex, ...]]:
-    """The corpora named in a snapshot's metadata and the learned sub-indices after them.
-    A snapshot without that metadata (e.g. from the builder) holds learned data only."""
+    """The corpora a snapshot's metadata names and the learned sub-indices after them
+    (without that metadata, e.g. from the builder: learned only)."""
     subs = datastore.sub_indices
     listed = info.metadata.get(CORPORA_KEY, [])
+    malformed = SnapshotError(f"{info.path}: manifest metadata.{CORPORA_KEY} is malformed")
+    if not isinstance(listed, list):
+        raise malformed
     corpora: list[Corpus] = []
     start = 0
-    ok = isinstance(listed, list)
-    for item in listed if isinstance(listed, list) else []:
-        count = item.get("sub_indices") if isinstance(item, dict) else None
-        name = item.get("name") if isinstance(item, dict) else None
-        meta = item.get("metadata", {}) if isinstance(item, dict) else None
+    for item in listed:
+        if not isinstance(item, dict):
+            raise malformed
+        name, count, meta = item.get("name"), item.get("sub_indices"), item.get("metadata", {})
         if (
             not isinstance(name, str)
             or not isinstance(count, int)
             or isinstance(count, bool)
             or not isinstance(meta, dict)
-            or count < 0
-            or start + count > len(subs)
+            or not 0 <= count <= len(subs) - start
         ):
-            ok = False
-            break
+            raise malformed
         corpora.append(Corpus(name, subs[start : start + count], meta))
         start += count
-    if not ok:
-        raise SnapshotError(f"{info.path}: manifest metadata.{CORPORA_KEY} is malformed")
     return tuple(corpora), subs[start:]
 
 
@@ -103,8 +97,8 @@ def with_corpus(
     datastore_bytes: int,
     max_resident_bytes: int | None,
 ) -> tuple[Corpus, ...]:
-    """``corpora`` with ``corpus`` added last, for a datastore of ``datastore_bytes``.
-    Raises ValueError for a name in use, DatastoreFull past ``max_resident_bytes``."""
+    """``corpora`` with ``corpus`` last; ValueError for a name in use, DatastoreFull when
+    the datastore (``datastore_bytes``) would pass ``max_resident_bytes``."""
     if any(c.name == corpus.name for c in corpora):
         raise ValueError(f"corpus {corpus.name!r} already exists")
     total = datastore_bytes + corpus.resident_bytes

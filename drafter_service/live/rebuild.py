@@ -1,14 +1,10 @@
-"""Folding the waiting documents into the learned sub-indices, and the background
-schedule that decides when.
+"""Folding the waiting documents into the learned sub-indices, and when.
 
-:func:`fold_pending` takes the whole buffer, builds the new sub-indices with no lock
-held but the structural-change lock (ingests and drafting carry on), and swaps the
-result in: each rebuild produces a new immutable :class:`Datastore`.
-:func:`fold_documents` is the rotation: the newest sub-index is rebuilt with its old
-text plus the new documents until it is full, then a new one is started; past
-``max_sub_indices`` or the memory bound the oldest is dropped.
-:class:`MaintenanceSchedule` is the background thread's loop (``run``) and one turn of
-it (``run_once``, for tests).
+:func:`fold_pending` builds the new sub-indices holding only the structural-change lock
+(ingests and drafting carry on) and swaps the resulting immutable :class:`Datastore` in.
+:func:`fold_documents` rotates: the newest sub-index grows until full, then a new one
+starts; past ``max_sub_indices`` or the memory bound the oldest is dropped.
+:class:`MaintenanceSchedule` is the background thread's loop.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
+from drafter_service.datastore.sub_indices import SubIndex, join_documents
 from drafter_service.live.index_set import IndexProgress, IndexSet
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
 from drafter_service.live.live_stats import LastError
@@ -35,14 +31,12 @@ _maintenance_log = RateLimitedLog(log, level=logging.ERROR)  # a failure repeats
 def fold_pending(
     index: IndexSet, buffer: PendingBuffer, errors: LastError, policy: LivePolicy
 ) -> bool:
-    """Folds every waiting document into the sub-indices now and swaps the new
-    datastore in. Returns False when nothing was waiting."""
+    """Folds the waiting documents in now and swaps in the result; False when none."""
     with index.changing():
         batch = buffer.take()
         if not batch:
             return False
-        # Corpora and learned sub-indices change only under the structural-change lock,
-        # which this holds.
+        # Corpora and sub-indices change only under the structural-change lock, held here.
         base = index.learned
         static = sum(c.resident_bytes for c in index.corpora)
         work = rebuild_work(base, sum(len(r.tokens) for r in batch))
@@ -67,8 +61,7 @@ def fold_pending(
 
 
 def rebuild_work(learned: tuple[SubIndex, ...], pending_tokens: int) -> int:
-    """Tokens the next rebuild re-sorts, at most: the newest sub-index's text, which
-    the waiting documents extend, and theirs."""
+    """Tokens the next rebuild re-sorts at most: the newest sub-index's and the waiting."""
     return pending_tokens + (learned[-1].num_tokens if learned else 0)
 
 
@@ -76,8 +69,7 @@ def early_rebuild_due(
     progress: IndexProgress, pending_tokens: int, policy: LivePolicy, since_s: float
 ) -> bool:
     """Whether ``rebuild_max_share`` brings the next rebuild forward, ``since_s`` after the
-    last: its expected duration (``pending_tokens`` waiting) is at most that share of
-    the time since."""
+    last: its expected duration is at most that share of the time since."""
     share = policy.rebuild_max_share
     if share <= 0 or since_s < MIN_REBUILD_GAP_S:
         return False
@@ -92,19 +84,15 @@ def fold_documents(
     policy: LivePolicy,
     vocab_size: int,
 ) -> tuple[SubIndex, ...]:
-    """The learned sub-indices ``base`` with ``docs`` added; the corpora (``static_bytes``
-    of them) are never rotated out but count towards the memory bound.
-
-    The result depends only on ``base`` and the documents, never on how they were
-    batched: each document goes into the newest sub-index when it fits there and starts
-    a new one otherwise, exactly as if the documents were folded one at a time. Replicas
-    that take the same stream of documents in rebuilds of different sizes therefore hold
-    identical sub-indices."""
+    """``base`` with ``docs`` added; the corpora (``static_bytes``) count towards the
+    memory bound but are never rotated out. Each document goes into the newest sub-index
+    if it fits, else starts one, as if folded one at a time: the result never depends on
+    batching, so replicas taking the same stream in different rebuilds stay identical."""
     subs = list(base)
     for extends, group in place_documents(
         subs[-1].num_tokens if subs else None, docs, policy.max_sub_index_tokens
     ):
-        chunk = join_group(group)
+        chunk = join_documents(group)
         if extends:
             subs[-1] = subs[-1].extended(chunk)  # the newest grows
         else:
@@ -124,11 +112,9 @@ def fold_documents(
 def place_documents(
     newest: int | None, docs: list[npt.NDArray[np.int32]], limit: int
 ) -> list[tuple[bool, list[npt.NDArray[np.int32]]]]:
-    """Groups ``docs`` by the sub-index each lands in, one document at a time: into the
-    newest (``newest``: its positions; None when there is none) while it stays within
-    ``limit`` positions with a separator before each document, else into a new one.
-    Returns (extends the existing newest sub-index, its documents) per group, in order;
-    no document is ever split."""
+    """Groups ``docs`` by the sub-index each lands in: the newest (``newest`` positions;
+    None: none) while it stays within ``limit`` with a separator before each, else a new
+    one. Returns (extends the existing newest, documents) per group; none is split."""
     groups: list[tuple[bool, list[npt.NDArray[np.int32]]]] = []
     size = newest
     for doc in docs:
@@ -143,21 +129,9 @@ def place_documents(
     return groups
 
 
-def join_group(docs: list[npt.NDArray[np.int32]]) -> npt.NDArray[np.int32]:
-    """``docs`` joined with a separator between each two."""
-    sep = np.array([SEPARATOR], dtype=np.int32)
-    parts: list[npt.NDArray[np.int32]] = []
-    for doc in docs:
-        if parts:
-            parts.append(sep)
-        parts.append(doc)
-    return np.concatenate(parts)
-
-
 class MaintenanceSchedule:
-    """When the background thread rebuilds and snapshots the datastore of ``index`` and
-    ``buffer``: ``rebuild`` and ``snapshot`` do it, ``policy`` says the current policy,
-    failures go to ``errors``."""
+    """When the background thread calls ``rebuild`` and ``snapshot``; failures go to
+    ``errors``."""
 
     def __init__(
         self,
@@ -172,22 +146,18 @@ class MaintenanceSchedule:
         self._policy, self._rebuild, self._snapshot = policy, rebuild, snapshot
 
     def run(self, background_nice: int = 0) -> None:
-        """The background thread: wakes at least once a second (or when an ingest fills
-        the buffer, the policy changes or the datastore closes) and does what
-        :func:`maintenance_due` says is due. Returns once the buffer is closed. It first
-        lowers its own priority to ``background_nice`` (thread_priority)."""
+        """The background thread, at ``background_nice``: wakes at least once a second (or
+        on a full buffer, a policy change, close) and does what is due, until closed."""
         lower_thread_priority(background_nice)
-        # The policy may change while serving (update_policy); it is read under the
-        # buffer's lock, which update_policy's wake-up takes, so none is missed.
+        # The policy is read under the buffer's lock, which update_policy's wake-up takes,
+        # so no change is missed.
         while self._buffer.wait_for_work(lambda: min(self._policy().rebuild_interval_s, 1.0)):
             self.run_once()
 
     def run_once(
         self, now_s: float | None = None, now_unix: float | None = None
     ) -> tuple[bool, bool]:
-        """One wake-up of :meth:`run`, without the wait, as if it were ``now_s``
-        (time.monotonic) and ``now_unix`` (time.time; both default to now): tests step the
-        schedule with it. Returns (rebuild due, snapshot due)."""
+        """One wake-up of :meth:`run` without the wait (``LiveDatastore.run_maintenance_once``)."""
         records, tokens = self._buffer.pending()
         due = maintenance_due(
             self._index.progress(),
@@ -197,20 +167,15 @@ class MaintenanceSchedule:
             time.monotonic() if now_s is None else now_s,
             time.time() if now_unix is None else now_unix,
         )
-        self._run_due(*due)
-        return due
-
-    def _run_due(self, rebuild_due: bool, snapshot_due: bool) -> None:
-        """Calls ``rebuild`` then ``snapshot`` as due; a failure is logged and recorded in
-        ``errors`` (retried at the next wake-up), never raised."""
         try:
-            if rebuild_due:
+            if due[0]:
                 self._rebuild()
-            if snapshot_due:
+            if due[1]:
                 self._snapshot()
         except Exception as exc:  # keep serving; retried at the next wake-up
             _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
             self._errors.note(repr(exc))
+        return due
 
 
 def maintenance_due(
@@ -221,12 +186,10 @@ def maintenance_due(
     now_s: float,
     now_unix: float,
 ) -> tuple[bool, bool]:
-    """(rebuild due, snapshot due) at ``now_s`` (time.monotonic) and ``now_unix``
-    (time.time), with ``pending_records`` documents of ``pending_tokens`` tokens waiting.
-    A rebuild is due when anything waits and enough does, or the interval has passed,
-    or a rebuild is cheap enough for ``rebuild_max_share`` (:func:`early_rebuild_due`);
-    a snapshot when the sub-indices hold log records the newest snapshot does not and
-    the snapshot interval has passed."""
+    """(rebuild due, snapshot due) at ``now_s`` (monotonic) and ``now_unix``. A rebuild:
+    anything waits and enough does, the interval passed, or it is cheap enough
+    (:func:`early_rebuild_due`). A snapshot: the sub-indices hold records the newest
+    snapshot lacks and the interval passed."""
     since = now_s - progress.last_rebuild_monotonic
     rebuild_due = pending_records > 0 and (
         pending_tokens >= policy.rebuild_min_tokens

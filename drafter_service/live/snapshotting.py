@@ -1,11 +1,8 @@
 """The live datastore's snapshots: writing, listing, deleting, restoring.
 
-A snapshot holds the sub-indices as of a log position (``wal_position``: the newest
-ingest folded in); once it is written and read back from disk, the log segments it
-covers are deleted, so the newest complete snapshot plus the log after it is the whole
-datastore (``startup`` opens it so). Everything a manifest's ``metadata`` holds
-besides the content goes through :func:`manifest_metadata`. Directory layout:
-docs/snapshot-format.md.
+A snapshot holds the sub-indices as of a log position (``wal_position``); once it is
+written and read back, the log it covers is deleted, so the newest complete snapshot plus
+the log after it is the whole datastore. Layout: docs/snapshot-format.md.
 """
 
 from __future__ import annotations
@@ -42,22 +39,17 @@ PINNED_KEY = "pinned"
 """Snapshot metadata flag: never deleted by the ``keep_snapshots`` rotation."""
 
 LOG_OFFSET_KEY = "log_offset"
-"""Snapshot metadata: the shared ingest stream's entry id of the newest document the
-snapshot holds (absent: it holds none from a stream); a replica started from the
-snapshot consumes the stream after it."""
+"""Snapshot metadata: the stream entry id of the newest document it holds (absent: none);
+a replica started from it consumes the stream after that."""
 
 
 def manifest_metadata(corpora: Sequence[Corpus], extra: Mapping[str, object]) -> dict[str, object]:
-    """A live snapshot's manifest ``metadata``: ``extra`` (what the writer records
-    beside the content: ``pinned``, a restore's origin; state read together with the
-    content belongs here too), then the corpus listing, which an
-    ``extra`` key can never replace."""
+    """A live snapshot's ``metadata``: ``extra``, then the corpus listing (never replaced)."""
     return {**extra, CORPORA_KEY: corpora_listing(corpora)}
 
 
 class LiveSnapshots:
-    """The snapshots under ``root`` of the live datastore made of ``index`` and
-    ``buffer`` (``policy``: its current policy, for ``keep_snapshots``)."""
+    """The snapshots under ``root`` of the datastore of ``index`` and ``buffer``."""
 
     def __init__(
         self,
@@ -72,7 +64,6 @@ class LiveSnapshots:
         self.root = root
 
     def complete(self) -> list[SnapshotInfo]:
-        """The complete snapshots, oldest first; the last one is where a restart begins."""
         return list_snapshots(self.root)
 
     def take(self, name: str | None, *, pinned: bool) -> SnapshotInfo:
@@ -81,10 +72,9 @@ class LiveSnapshots:
             return self.write(name, {PINNED_KEY: True} if pinned else {})
 
     def write(self, name: str | None, extra: Mapping[str, object]) -> SnapshotInfo:
-        """Writes the current sub-indices (``name`` defaults to ``snapshot-<position>-<ms>``),
-        deletes the log they cover and rotates unpinned snapshots past ``keep_snapshots``.
-        The caller holds the structural-change lock, so nothing swaps the datastore
-        meanwhile."""
+        """Writes the sub-indices (default name ``snapshot-<position>-<ms>``), deletes the
+        log they cover, rotates unpinned snapshots past ``keep_snapshots``. The caller
+        holds the structural-change lock."""
         index = self._index
         # Read together: the manifest describes exactly this content.
         datastore, covered, corpora, origin = index.snapshot_content()
@@ -101,7 +91,6 @@ class LiveSnapshots:
         return info
 
     def delete(self, name: str) -> None:
-        """Deletes snapshot ``name``; refuses the newest (a restart begins from it)."""
         with self._index.changing():
             names = [s.path.name for s in list_snapshots(self.root)]
             if name not in names:
@@ -114,9 +103,6 @@ class LiveSnapshots:
             delete_snapshot(self.root / name)
 
     def restore(self, name: str) -> SnapshotInfo:
-        """Rolls the datastore back to snapshot ``name`` (see LiveDatastore.restore): the
-        content is written as a new snapshot covering the newest acknowledged ingest,
-        then swapped in, then the log through that ingest is deleted."""
         index = self._index
         with index.changing():
             if name not in {s.path.name for s in list_snapshots(self.root)}:
@@ -142,16 +128,12 @@ class LiveSnapshots:
     def _write_covering(
         self, name: str, datastore: Datastore, position: int, metadata: Mapping[str, object]
     ) -> SnapshotInfo:
-        """Writes ``datastore`` as snapshot ``name`` covering log ``position`` and reads its
-        manifest back: only then may the log it covers be deleted."""
+        """Writes snapshot ``name`` covering ``position`` and reads its manifest back: only
+        then may the log it covers be deleted."""
         info = write_snapshot(
-            self.root / name,
-            datastore,
-            self._tokenizer,
-            wal_position=position,
-            metadata=metadata,
+            self.root / name, datastore, self._tokenizer, wal_position=position, metadata=metadata
         )
-        read_manifest(info.path)  # readable back from disk before the log it covers goes
+        read_manifest(info.path)
         return info
 
 

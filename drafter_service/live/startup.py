@@ -1,11 +1,10 @@
 """Opening a live datastore: the newest complete snapshot, then the log after it.
 
-:func:`open_live_parts` clears what interrupted snapshot writes left, loads the newest
-complete snapshot whose data is intact, opens the ingest log after the position that
-snapshot covers (its later records are the documents waiting for a rebuild) and refuses
-to start when an unreadable or damaged newer snapshot may hold ingests that neither the
-loaded snapshot nor the log has (:func:`check_damaged_snapshots`), or when the log does
-not continue where the loaded snapshot ends (:func:`check_log_continues`).
+:func:`open_live_parts` clears interrupted snapshot writes, loads the newest intact
+snapshot and opens the ingest log after it (its later records wait for a rebuild). It
+refuses to start when a damaged newer snapshot may hold ingests neither has
+(:func:`check_damaged_snapshots`) or the log does not continue where the snapshot ends
+(:func:`check_log_continues`).
 """
 
 from __future__ import annotations
@@ -54,9 +53,8 @@ def open_live_parts(
     salvage: bool,
     unfolded: Unfolded | None = None,
 ) -> LiveParts:
-    """The live datastore under ``directory`` as its files hold it: the newest
-    snapshot's content, with the log records after it waiting. ``salvage``: keep
-    what is readable of a damaged log or snapshot instead of refusing to start."""
+    """The live datastore under ``directory``: the newest snapshot, the log after it
+    waiting. ``salvage``: keep what is readable of damaged data instead of refusing."""
     snapshots = directory / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(snapshots)
@@ -97,11 +95,9 @@ class _Loaded(NamedTuple):
 def _load_newest_readable(
     complete: list[SnapshotInfo], tokenizer: TokenizerIdentity, damaged: list[tuple[Path, str]]
 ) -> _Loaded:
-    """The newest of the ``complete`` snapshots whose data is intact. Each newer one whose
-    data is not (a file missing, truncated or failing its checksum, a manifest that does not
-    describe its files, malformed metadata) is added to ``damaged`` with the reason, for
-    :func:`check_damaged_snapshots` to weigh like a snapshot whose manifest is unreadable.
-    A snapshot of another tokenizer is a setting error, not damage: refused."""
+    """The newest intact snapshot of ``complete``; each newer damaged one (file missing,
+    truncated or failing its checksum, manifest not describing its files, bad metadata)
+    is added to ``damaged`` with why. Another tokenizer is a setting error: refused."""
     for candidate in reversed(complete):
         if not tokenizer.matches(candidate.tokenizer):
             raise SnapshotError(
@@ -121,7 +117,7 @@ def _load_newest_readable(
 
 
 def snapshot_offset(info: SnapshotInfo) -> StreamId | None:
-    """The shared-stream entry id a snapshot's content reaches (None: none recorded)."""
+    """The shared-stream entry id a snapshot reaches (None: none recorded)."""
     try:
         return StreamId.parse_optional(info.metadata.get(LOG_OFFSET_KEY))
     except ValueError as exc:
@@ -136,8 +132,7 @@ def check_damaged_snapshots(
     salvage: bool,
 ) -> None:
     """Refuses to start from an older snapshot when a damaged newer one (``damaged``:
-    unreadable snapshot directories and why) holds ingests the log no longer has;
-    ``salvage`` moves damaged snapshots aside (into ``directory/damaged``) instead."""
+    paths and why) may hold ingests the log no longer has; ``salvage`` moves them aside."""
     if not damaged:
         return
     covered = newest.wal_position if newest is not None else 0
@@ -170,10 +165,8 @@ def check_damaged_snapshots(
 
 
 def check_log_continues(newest: SnapshotInfo | None, ingest_log: IngestLog, salvage: bool) -> None:
-    """Refuses to start when the ingest log begins after the record following what the
-    loaded snapshot covers: the records between are in neither (a newest snapshot gone,
-    or a ``wal_position`` that is not what the snapshot holds), so they are a gap, not
-    "covered". ``salvage`` serves what remains, with an error logged."""
+    """Refuses to start when the log begins past the record after the snapshot's
+    coverage: the records between are a gap. ``salvage`` serves what remains."""
     covered = newest.wal_position if newest is not None else 0
     first = ingest_log.first_seq
     if first is None or first <= covered + 1:

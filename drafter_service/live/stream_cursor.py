@@ -1,10 +1,9 @@
 """Where the live datastore stands in a shared ingest stream (scale-out).
 
-:class:`StreamCursor` owns the newest stream entry the datastore has taken (into its
-ingest log, or skipped as never storable), the condition that ingests waiting to read
-their own write wait on, and the follower's counters. It knows nothing of the stream
-itself: ``drafter_service.replication`` reads the stream and reports here through the
-live datastore. Without a shared stream it stays empty.
+:class:`StreamCursor` owns the newest entry taken (logged, or skipped as never storable),
+the condition ingests waiting to read their own write wait on, and the follower's
+counters. ``drafter_service.replication`` reads the stream and reports here through the
+live datastore; without a shared stream it stays empty.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ class CursorStats:
 
 
 class StreamCursor:
-    """The shared stream's consumed position and counters; thread-safe (its own lock,
-    taken after the pending buffer's and before the index set's: see the package
-    docstring)."""
+    """The shared stream's consumed position and counters; thread-safe (lock order: the
+    package docstring)."""
 
     def __init__(self, consumed: StreamId | None) -> None:
         self._lock = threading.Lock()
@@ -43,7 +41,6 @@ class StreamCursor:
 
     @property
     def consumed(self) -> StreamId | None:
-        """The newest entry taken (None: none yet)."""
         with self._lock:
             return self._consumed
 
@@ -53,14 +50,12 @@ class StreamCursor:
             return self._consumed is not None and entry <= self._consumed
 
     def advance(self, entry: StreamId) -> None:
-        """Records that the stream was taken through ``entry`` and wakes the ingests
-        waiting for it."""
+        """The stream was taken through ``entry``: wakes the ingests waiting for it."""
         with self._lock:
             self._advance(entry)
 
     def skip(self, entry: StreamId) -> int:
-        """Counts ``entry`` as skipped (never storable) and moves past it; returns how
-        many were skipped so far."""
+        """Counts ``entry`` as skipped and moves past it; returns the count so far."""
         with self._lock:
             self._skipped += 1
             self._advance(entry)
@@ -80,13 +75,11 @@ class StreamCursor:
             self._lost += 1
 
     def note_delay(self, seconds: float) -> None:
-        """Append to taken, for the newest entry taken."""
         with self._lock:
             self._delay_s = seconds
 
     def wait_for(self, entry: StreamId, timeout_s: float) -> bool:
-        """Waits until ``entry`` (or a later one) is taken; False on timeout or once
-        closed."""
+        """Waits until ``entry`` (or later) is taken; False on timeout or once closed."""
         with self._lock:
             return (
                 self._changed.wait_for(

@@ -1,9 +1,6 @@
-"""Positions in the shared ingest stream (Redis stream entry ids).
-
-An entry id is two unsigned 64-bit numbers, ``<milliseconds>-<sequence>``, assigned by
-the log server in strictly increasing order; the ingest log records the id of every
-document it took from the stream and snapshots record the id of the newest document
-they hold, so a replica knows exactly where to resume.
+"""Positions in the shared ingest stream (Redis stream entry ids): ``<ms>-<seq>``, two
+u64 assigned in increasing order; the ingest log and snapshots record them, so a replica
+knows exactly where to resume.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Background threads give way to drafting.
 
-Drafting is on the decode loop's critical path; storing finished generations, rebuilding
-and snapshotting the live datastore and following a shared log are not. Where they share
-a core with drafting, the kernel's scheduler would give them equal turns, and a step that
-arrives while one of them runs waits for its turn. With ``drafter serve --background-nice
-N`` each of those threads raises its own nice value to N first thing: at 19 the scheduler
-runs a waking drafting thread at once and gives the background threads what drafting
-leaves. Nice values weigh threads against every other thread of the same scheduling group
-(a container's cgroup; on a plain machine the login session, or with autogroup off the
-whole machine), not only against drafting, so the default is 0 (equal turns) and the Helm
-chart, whose pod is a group of its own, sets 19. On a core kept busy the background
-threads progress slowly, which is what the ingest queue's bound and the live datastore's
-limits are for.
-
-Only Linux can renice one thread: there ``setpriority(PRIO_PROCESS, tid)`` applies to the
-thread ``tid``, where POSIX systems elsewhere would renice the whole process (drafting
-included), so elsewhere nothing is done.
+Drafting is on the decode loop's critical path; storing generations, rebuilding,
+snapshotting and following a shared log are not. With ``drafter serve --background-nice
+N`` each such thread raises its own nice value to N, so at 19 a waking drafting thread
+runs at once. Nice weighs threads against all others of the scheduling group (a
+container's cgroup, a login session, or the machine), so the default is 0 and the Helm
+chart, whose pod is its own group, sets 19 (on a busy core the threads then progress
+slowly: the ingest queue's bound and the datastore's limits cover that). Only Linux
+renices one thread (``setpriority(PRIO_PROCESS, tid)``; elsewhere it would renice the
+whole process), so elsewhere nothing is done.
 """
 
 from __future__ import annotations
@@ -39,10 +32,8 @@ def check_nice(nice: int) -> int:
 
 
 def lower_thread_priority(nice: int) -> None:
-    """Raises the calling thread's nice value to ``nice`` (never lowers it: a thread
-    already nicer, e.g. a process started with ``nice``, keeps its value). 0, or a
-    platform other than Linux: nothing. A refusal is logged, not raised: the thread
-    then runs at its normal priority, as it would have without this."""
+    """Raises the calling thread's nice value to ``nice``, never lowering it; 0 or not
+    Linux: nothing. A refusal is logged, not raised (the thread keeps its priority)."""
     check_nice(nice)
     if nice == 0 or not sys.platform.startswith("linux"):
         return
