@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import urllib.request
@@ -41,6 +40,7 @@ from drafter_service.snapshot.store import (
     list_snapshots,
     load_snapshot,
     read_manifest,
+    temporary_sibling,
 )
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def _download(
     final = root / offer.name
     if final.exists():
         raise ValueError(f"{final} already exists")
-    temp = root / f".{offer.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    temp = temporary_sibling(final)
     temp.mkdir()
     try:
         snapshot = f"{offer.base}/v1/datastores/{quote(datastore)}/snapshots/{quote(offer.name)}"

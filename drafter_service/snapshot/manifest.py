@@ -1,7 +1,5 @@
-"""The snapshot manifest: tokenizer identity, sub-index entries and their strict JSON form.
-
-``drafter_service.snapshot.store`` re-exports everything here; see docs/snapshot-format.md.
-"""
+"""The snapshot manifest: tokenizer identity, sub-index entries and their strict JSON form
+(docs/snapshot-format.md); ``drafter_service.snapshot.store`` re-exports it."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,7 @@ FORMAT_VERSION: int = 1
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-"""Manifest key holding the sha256 of the rest of the manifest (see :func:`manifest_checksum`);
-manifests written before it existed have none and are read as before."""
+"""Key of the sha256 of the rest (:func:`manifest_checksum`); older manifests lack it."""
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SUB_INDEX_TOKENS = 2**31 - 3  # SubIndex limit: length < 2^31 - 2
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -60,11 +57,8 @@ def _check_dict(value: object, what: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class TokenizerIdentity:
-    """Which tokenizer a datastore's token ids belong to.
-
-    ``name`` is a label (informational); ``fingerprint`` is the sha256 hex of the
-    tokenizer.json bytes, or ``""`` when unknown.
-    """
+    """Which tokenizer a datastore's token ids belong to: ``name`` is a label,
+    ``fingerprint`` the sha256 hex of the tokenizer.json bytes (``""``: unknown)."""
 
     name: str
     vocab_size: int
@@ -82,10 +76,9 @@ class TokenizerIdentity:
     def from_file(
         cls, path: str | Path, name: str | None = None, vocab_size: int | None = None
     ) -> TokenizerIdentity:
-        """Identity of a HuggingFace ``tokenizer.json``: its sha256, and its vocabulary size
-        (added tokens included) read with the ``tokenizers`` package unless given.
-        ``name`` defaults to the parent directory for a file named tokenizer.json, else the stem.
-        """
+        """Identity of a HuggingFace ``tokenizer.json``: its sha256 and vocabulary size
+        (added tokens included; read with ``tokenizers`` unless given). ``name`` defaults
+        to the parent directory for a file named tokenizer.json, else the stem."""
         path = Path(path)
         digest = hashlib.sha256()
         try:
@@ -121,21 +114,15 @@ class TokenizerIdentity:
         )
 
     def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, d: object) -> TokenizerIdentity:
-        """Parses ``to_json`` output; raises SnapshotError naming the bad field."""
+        """Parses ``to_json`` output (checked by ``__post_init__``): SnapshotError naming
+        the bad field."""
         obj = _check_dict(d, "tokenizer")
-        return cls(
-            name=_check_str(_field(obj, "name", "tokenizer"), "tokenizer name"),
-            vocab_size=_check_int(
-                _field(obj, "vocab_size", "tokenizer"), "tokenizer vocab_size", 1, 2**30
-            ),
-            fingerprint=_check_str(
-                _field(obj, "fingerprint", "tokenizer"), "tokenizer fingerprint"
-            ),
-        )
+        keys = ("name", "vocab_size", "fingerprint")
+        return cls(**{key: _field(obj, key, "tokenizer") for key in keys})
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +145,7 @@ class SubIndexEntry:
         return f"{self.name}.sa.i32"
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "num_tokens": self.num_tokens,
-            "num_documents": self.num_documents,
-            "tokens_sha256": self.tokens_sha256,
-            "sa_sha256": self.sa_sha256,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, d: object, what: str) -> SubIndexEntry:
@@ -221,9 +202,8 @@ def _canonical(doc: dict[str, Any]) -> bytes:
 
 
 def manifest_checksum(doc: dict[str, Any]) -> str:
-    """sha256 hex of a manifest's content without its :data:`CHECKSUM_KEY`, as compact JSON
-    with sorted keys (any change of a value, a key or the nesting changes it; the layout
-    of the file does not matter)."""
+    """sha256 hex of a manifest without its :data:`CHECKSUM_KEY`, as compact sorted JSON:
+    any change of a value, key or nesting changes it, the file's layout does not."""
     body = {key: value for key, value in doc.items() if key != CHECKSUM_KEY}
     try:
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -233,8 +213,7 @@ def manifest_checksum(doc: dict[str, Any]) -> str:
 
 
 def manifest_bytes(info: SnapshotInfo) -> bytes:
-    """The manifest file's bytes: JSON, sorted keys, trailing newline, no NaN, sealed
-    with its own checksum (:data:`CHECKSUM_KEY`)."""
+    """The manifest file's bytes, sealed with its checksum (:data:`CHECKSUM_KEY`)."""
     doc = info.to_json()
     try:
         doc[CHECKSUM_KEY] = manifest_checksum(doc)
@@ -244,8 +223,7 @@ def manifest_bytes(info: SnapshotInfo) -> bytes:
 
 
 def _check_sealed(obj: dict[str, Any]) -> None:
-    """Refuses a manifest whose content differs from what its checksum seals; one without
-    a checksum (written before manifests carried one) is accepted as it is."""
+    """Refuses a manifest whose content its checksum does not seal (none: accepted)."""
     if CHECKSUM_KEY not in obj:
         return
     stored = _check_str(obj[CHECKSUM_KEY], CHECKSUM_KEY, _SHA256_HEX)

@@ -1,8 +1,8 @@
 """Datastore snapshots: atomic, checksummed directories of raw int32 arrays, loaded memory-mapped.
 
 Layout, manifest fields and the crash-safety protocol are in docs/snapshot-format.md.
-Every refusal raises ``SnapshotError`` (a ``ValueError``) naming the file and why; I/O
-errors are reported the same way.
+Every refusal, I/O errors included, raises ``SnapshotError`` (a ``ValueError``) naming the
+file and why.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ __all__ = [
     "read_manifest",
     "remove_stale_temporaries",
     "scan_snapshots",
+    "temporary_sibling",
     "write_snapshot",
 ]
 
@@ -66,16 +67,11 @@ def write_snapshot(
     metadata: Mapping[str, object] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> SnapshotInfo:
-    """Writes ``datastore`` to the new directory ``directory``, atomically.
-
-    Everything goes into a temporary sibling (``.{name}.tmp-{pid}-{random}``), each
-    file fsynced, manifest.json last (a sub-index loaded from or written to an
-    earlier snapshot is hardlinked from there instead of written again); then the
-    temporary directory is fsynced, renamed to ``directory`` and the parent fsynced.
-    A crash leaves either no ``directory`` or a complete one (plus a temporary for
-    ``remove_stale_temporaries``). ``clock`` gives its ``created_unix`` (injectable
-    for tests).
-    """
+    """Writes ``datastore`` to the new directory ``directory``, atomically: every file,
+    manifest.json last, fsynced into a :func:`temporary_sibling` (a sub-index an earlier
+    snapshot holds is hardlinked from it), which is fsynced and renamed into place, the
+    parent fsynced. A crash leaves no ``directory`` or a complete one (and a temporary
+    for ``remove_stale_temporaries``). ``clock`` gives ``created_unix``."""
     directory = Path(directory)
     if not isinstance(datastore, Datastore):
         raise TypeError(f"datastore must be a Datastore, got {type(datastore).__name__}")
@@ -100,7 +96,7 @@ def write_snapshot(
     parent = directory.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        temp = parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        temp = temporary_sibling(directory)
         temp.mkdir()
     except OSError as exc:
         raise SnapshotError(f"cannot write {directory}: {exc}") from exc
@@ -154,13 +150,10 @@ def load_snapshot(
     expect_tokenizer: TokenizerIdentity | None = None,
     verify_checksums: bool = True,
 ) -> tuple[Datastore, SnapshotInfo]:
-    """Loads a snapshot with every array memory-mapped read-only (no copies: processes
-    that load the same snapshot share the page cache).
-
-    Refuses a tokenizer that does not match ``expect_tokenizer``, a missing, truncated
-    or too long file, a checksum mismatch (when ``verify_checksums``), and token or
-    suffix-array values out of range (always checked, O(n), by ``SubIndex.from_arrays``).
-    """
+    """Loads a snapshot with every array memory-mapped read-only (processes loading it
+    share the page cache). Refuses another tokenizer than ``expect_tokenizer``, a missing,
+    truncated or too long file, a checksum mismatch (``verify_checksums``), and token or
+    suffix-array values out of range (always checked, O(n), by ``SubIndex.from_arrays``)."""
     info = read_manifest(directory)
     if expect_tokenizer is not None and not expect_tokenizer.matches(info.tokenizer):
         raise SnapshotError(
@@ -174,8 +167,11 @@ def load_snapshot(
         sha = (entry.tokens_sha256, entry.sa_sha256) if verify_checksums else (None, None)
         tokens = map_array(tokens_path, entry.num_tokens, sha[0])
         sa = map_array(sa_path, entry.num_tokens, sha[1])
-        if verify_checksums:
-            _check_documents(tokens, entry, tokens_path)
+        if verify_checksums and (found := _documents(tokens)) != entry.num_documents:
+            raise SnapshotError(
+                f"{tokens_path} holds {found} documents, the manifest says "
+                f"{entry.num_documents}: the manifest does not describe this snapshot's data"
+            )
         try:
             sub = SubIndex.from_arrays(tokens, sa, vocab_size)
         except ValueError as exc:
@@ -195,16 +191,6 @@ def _documents(tokens: npt.NDArray[np.int32]) -> int:
     return separators + 1 if len(tokens) else 0
 
 
-def _check_documents(tokens: npt.NDArray[np.int32], entry: SubIndexEntry, path: Path) -> None:
-    """The manifest's ``num_documents`` against the separators the tokens file holds."""
-    found = _documents(tokens)
-    if found != entry.num_documents:
-        raise SnapshotError(
-            f"{path} holds {found} documents, the manifest says {entry.num_documents}: the "
-            "manifest does not describe this snapshot's data"
-        )
-
-
 def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
     """Complete snapshots directly under ``root`` (directories with a valid manifest),
     oldest first by ``created_unix`` then name. A missing ``root`` has none."""
@@ -213,42 +199,30 @@ def list_snapshots(root: str | Path) -> list[SnapshotInfo]:
 
 def scan_snapshots(root: str | Path) -> tuple[list[SnapshotInfo], list[tuple[Path, str]]]:
     """One pass over ``root``: the complete snapshots (as :func:`list_snapshots`), and the
-    directories that look like snapshots (not temporaries) but whose manifest cannot be
-    read, each with the reason."""
-    scanned = _scan_snapshots(root)
-    found = [read for read in scanned if isinstance(read, SnapshotInfo)]
-    unreadable = [read for read in scanned if isinstance(read, tuple)]
-    return sorted(found, key=lambda info: (info.created_unix, info.path.name)), unreadable
-
-
-def _scan_snapshots(root: str | Path) -> list[SnapshotInfo | tuple[Path, str]]:
-    """Every non-temporary directory under ``root``, by name: its manifest, or (path,
-    why it cannot be read)."""
+    other non-temporary directories (by name), each with why its manifest is unreadable."""
     root = Path(root)
     try:
         children = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
-        return []
+        return [], []
     except OSError as exc:
         raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
-    scanned: list[SnapshotInfo | tuple[Path, str]] = []
+    found: list[SnapshotInfo] = []
+    unreadable: list[tuple[Path, str]] = []
     for child in children:
         if _is_temporary(child.name) or not child.is_dir():
             continue
         try:
-            scanned.append(read_manifest(root / child.name))
+            found.append(read_manifest(root / child.name))
         except SnapshotError as exc:
-            scanned.append((root / child.name, str(exc)))
-    return scanned
+            unreadable.append((root / child.name, str(exc)))
+    return sorted(found, key=lambda info: (info.created_unix, info.path.name)), unreadable
 
 
 def remove_stale_temporaries(root: str | Path) -> int:
-    """Deletes temporary directories under ``root`` left by crashed writes; returns how many.
-
-    A temporary whose writer process is still alive on this host is kept (it may be
-    mid-write); on a filesystem shared between hosts, call this only while no
-    other host writes snapshots into ``root``.
-    """
+    """Deletes temporaries under ``root`` left by crashed writes; returns how many. One
+    whose writer is alive on this host is kept (mid-write); on a filesystem shared between
+    hosts, call this only while no other host writes snapshots into ``root``."""
     root = Path(root)
     try:
         children = list(os.scandir(root))
@@ -274,11 +248,10 @@ def remove_stale_temporaries(root: str | Path) -> int:
 
 
 def delete_snapshot(directory: str | Path) -> None:
-    """Deletes a snapshot atomically: it is renamed to a temporary name first, so a
-    crash mid-delete never leaves a directory that looks complete but lacks files
-    (the temporary is removed here, or later by :func:`remove_stale_temporaries`)."""
+    """Deletes a snapshot atomically: renamed to a temporary first, so a crash never leaves
+    a complete-looking directory lacking files (``remove_stale_temporaries`` clears it)."""
     directory = Path(directory)
-    doomed = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    doomed = temporary_sibling(directory)
     try:
         os.rename(directory, doomed)
         fsync_dir(directory.parent)
@@ -287,13 +260,18 @@ def delete_snapshot(directory: str | Path) -> None:
         raise SnapshotError(f"cannot delete snapshot {directory}: {exc}") from exc
 
 
+def temporary_sibling(directory: Path) -> Path:
+    """A fresh temporary name beside ``directory`` (``.NAME.tmp-PID-RANDOM``), which
+    :func:`remove_stale_temporaries` clears once its process is gone."""
+    return directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def _is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp" in name
 
 
 def _link_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry | None:
-    """Hardlinks the files of a sub-index that an earlier snapshot already holds
-    (sub-index files are immutable), or returns None when that is not possible."""
+    """Hardlinks an earlier snapshot's (immutable) files of ``sub``; None when impossible."""
     if sub.origin is None:
         return None
     source, entry = sub.origin
