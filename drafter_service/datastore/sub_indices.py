@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,23 +32,13 @@ def join_documents(docs: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.int3
     return np.concatenate([part for doc in docs for part in (sep, doc)][1:])
 
 
-class _NativeSizes(Protocol):
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def resident_bytes(self) -> int: ...
-
-
-_NativeT = TypeVar("_NativeT", bound=_NativeSizes)
-
-
-class _NativeHolder(Generic[_NativeT]):
+class _NativeHolder:
     """A Python face of one native object (a sub-index or a datastore), whose sizes it
     reads through; the native object is the one that knows them."""
 
     __slots__ = ("_native",)
 
-    def __init__(self, native: _NativeT) -> None:
+    def __init__(self, native: _core.SubIndex | _core.Datastore) -> None:
         self._native = native
 
     @property
@@ -64,17 +53,17 @@ class _NativeHolder(Generic[_NativeT]):
         return self._native.resident_bytes
 
 
-class SubIndex(_NativeHolder[_core.SubIndex]):
+class SubIndex(_NativeHolder):
     """One suffix array over a text of documents. Immutable once built."""
 
     __slots__ = ("origin",)
+    _native: _core.SubIndex
 
     def __init__(self, native: _core.SubIndex) -> None:
         super().__init__(native)
+        # A snapshot directory and manifest entry holding exactly this sub-index (set on
+        # load or write), so a later snapshot hardlinks its files instead of writing them.
         self.origin: tuple[Path, object] | None = None
-        """A snapshot directory and manifest entry whose files hold exactly this
-        sub-index (set when loaded or written), so a later snapshot can hardlink
-        them instead of writing them again."""
 
     @classmethod
     def build(
@@ -86,16 +75,14 @@ class SubIndex(_NativeHolder[_core.SubIndex]):
 
     @classmethod
     def from_text(cls, text: npt.NDArray[np.int32], vocab_size: int) -> SubIndex:
-        """Builds the suffix array over an already joined text: token ids in
-        ``[0, vocab_size)`` with ``SEPARATOR`` between documents. The text is copied."""
+        """Builds the suffix array over a joined text (:func:`join_documents`); copies it."""
         _check_vocab_size(vocab_size)
         _check_text(text, 0)
         return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
 
     def extended(self, text: npt.NDArray[np.int32]) -> SubIndex:
-        """A new sub-index over this one's text, a separator and ``text`` (joined
-        documents, as for :meth:`from_text`). Copies and builds without holding the
-        GIL, so drafting threads keep running during a live rebuild."""
+        """A new sub-index over this one's text, a separator and joined ``text``; built
+        without the GIL, so drafting threads keep running during a live rebuild."""
         _check_text(text, self.num_tokens + 1)
         return SubIndex(_core.SubIndex.build_extended(self._native, np.ascontiguousarray(text)))
 
@@ -133,15 +120,15 @@ class SubIndex(_NativeHolder[_core.SubIndex]):
         return self._native.find_range(arr)
 
 
-class Datastore(_NativeHolder[_core.Datastore]):
+class Datastore(_NativeHolder):
     """An immutable set of sub-indices (oldest first) sharing one vocabulary.
 
-    ``base_count``: the first that many sub-indices are a base (pinned corpora) and the
-    rest live data; with both present each is drafted from as its own source, with its
-    own samples, so a large base cannot outvote fresh live data (docs/algorithm.md).
-    0, the default, or all of them: one source."""
+    The first ``base_count`` are a base (pinned corpora), the rest live data; with both
+    present each is its own source with its own samples, so a large base cannot outvote
+    fresh live data (docs/algorithm.md). 0 or all of them: one source."""
 
     __slots__ = ("_sub_indices", "base_count", "vocab_size")
+    _native: _core.Datastore
 
     def __init__(
         self, sub_indices: Sequence[SubIndex], vocab_size: int, base_count: int = 0
@@ -189,8 +176,7 @@ def _check_vocab_size(vocab_size: int) -> None:
 
 
 def _check_text(text: object, base_tokens: int) -> None:
-    """``text`` is a 1-D int32 array, and ``base_tokens`` + its length stay under the
-    sub-index limit of 2^31 - 2 tokens."""
+    """``text`` is 1-D int32 and ``base_tokens`` + its length stay under 2^31 - 2."""
     if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
         raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
     if base_tokens + len(text) >= 2**31 - 2:

@@ -15,14 +15,10 @@ def as_token_array(
     what: str = "tokens",
     check_range: bool = True,
 ) -> npt.NDArray[np.int32]:
-    """Returns ``tokens`` as a contiguous 1-D int32 array of ids in ``[0, vocab_size)``.
-
-    Accepts any integer NumPy array or a sequence of ints. Raises ``ValueError``
-    naming the bad dtype, shape or value (and its index), so callers can pass
-    the message straight to their own users. With ``check_range=False`` only
-    values that do not fit in int32 are rejected here: the caller hands the
-    array to native code that checks ``[0, vocab_size)`` itself.
-    """
+    """``tokens`` (an integer array or a sequence of ints) as a contiguous 1-D int32 array
+    of ids in ``[0, vocab_size)``; ``ValueError`` names the bad dtype, shape or value (and
+    its index), fit for the caller's users. ``check_range=False`` only refuses what does
+    not fit int32: the native code the array goes to checks the range itself."""
     if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1:
         if check_range:
             _check_range(tokens, vocab_size, what)

@@ -1,17 +1,12 @@
 """A new replica's first snapshot, downloaded from a peer's admin API.
 
-A replica whose data directory holds neither a snapshot nor ingest log records (a new
-pod, a replaced volume, or one whose data :func:`supersede_behind_stream` moved aside
-because the shared stream was trimmed past it while it was away) asks each peer
-(``drafter serve --bootstrap-peers``) for its newest snapshot, picks the one that
-reaches furthest into the shared ingest stream (its ``log_offset``), and downloads its
-files into a temporary directory beside the snapshots (``.NAME.tmp-PID-…``, cleared at
-the next start if this is interrupted). The snapshot is then loaded once with every
-checksum verified and only then renamed into place; the live datastore opens it as its
-own newest snapshot and its follower takes the stream after that offset. A peer's
-admin API URL whose host names several addresses (a headless Service) counts as each
-address (plain http only: with https the name is kept, so the certificate still
-matches).
+A replica with neither a snapshot nor a log segment (a new pod, a replaced volume, or data
+:func:`supersede_behind_stream` moved aside) asks each ``--bootstrap-peers`` peer for its
+newest snapshot, picks the one reaching furthest into the shared stream (``log_offset``),
+downloads it into a temporary beside the snapshots (cleared at the next start if
+interrupted), verifies every checksum and only then renames it into place. A plain-http
+peer whose host names several addresses (a headless Service) counts as each (with https
+the name is kept, so the certificate still matches).
 """
 
 from __future__ import annotations
@@ -61,33 +56,24 @@ class _Offer:
 
 
 def offset_on_disk(directory: Path) -> StreamId | None:
-    """The newest shared-stream entry the data under ``directory`` holds: its newest
-    snapshot's ``log_offset`` or its ingest log's newest taken entry, whichever is later
-    (None: none). Reads the log as opening the datastore would."""
-    snapshots = (
-        list_snapshots(directory / "snapshots") if (directory / "snapshots").is_dir() else []
-    )
-    known = []
-    covered = 0
-    if snapshots:
-        covered = snapshots[-1].wal_position
-        offset = snapshot_offset(snapshots[-1])
-        if offset is not None:
-            known.append(offset)
+    """The newest stream entry ``directory`` holds, in its newest snapshot or its log
+    (read as opening would); None: none."""
+    root = directory / "snapshots"
+    newest = list_snapshots(root)[-1:] if root.is_dir() else []
+    known = [snapshot_offset(info) for info in newest]
     if (directory / "wal").is_dir():
+        covered = newest[0].wal_position if newest else 0
         ingest_log = IngestLog(directory / "wal", covered_seq=covered)
-        if ingest_log.last_origin is not None:
-            known.append(ingest_log.last_origin)
+        known.append(ingest_log.last_origin)
         ingest_log.close()
-    return max(known, default=None)
+    return max((offset for offset in known if offset is not None), default=None)
 
 
 def supersede_behind_stream(directory: Path, stream: RedisStream) -> bool:
-    """When the shared stream no longer holds entries after what ``directory`` holds
-    (retention trimmed them while this replica was away), moves its snapshots and ingest
-    log aside into ``directory/superseded`` (kept, never deleted) so that the replica
-    bootstraps from a peer instead of serving a datastore with a hole. Returns whether
-    it did; a stream it cannot reach changes nothing (the follower reports it)."""
+    """When retention trimmed stream entries after what ``directory`` holds, moves its
+    snapshots and log aside into ``directory/superseded`` (kept) so the replica bootstraps
+    from a peer instead of serving a hole. Returns whether it did; an unreachable stream
+    changes nothing (the follower reports it)."""
     if needs_bootstrap(directory):
         return False
     held = offset_on_disk(directory)
@@ -125,9 +111,8 @@ def bootstrap_from_peers(
     timeout_s: float = 30.0,
 ) -> SnapshotInfo | None:
     """Downloads the newest peer snapshot into ``directory/snapshots`` when
-    :func:`needs_bootstrap`; None when none was needed or no peer offered one (the
-    replica starts empty and takes the stream from its start). Raises BootstrapError
-    when peers offered snapshots and every download failed."""
+    :func:`needs_bootstrap`; None when not needed or none offered (the replica starts
+    empty). Raises BootstrapError when every offered download failed."""
     if not needs_bootstrap(directory):
         return None
     offers = []
@@ -158,8 +143,7 @@ def bootstrap_from_peers(
 
 
 def expand_peers(peers: Sequence[str]) -> list[str]:
-    """Each peer URL, with a plain-http host that resolves to several addresses replaced
-    by one URL per address (in resolver order, duplicates dropped)."""
+    """The peer URLs, a plain-http host one URL per address (resolver order, no repeats)."""
     urls: list[str] = []
     for url in peers:
         parts = urlsplit(url)

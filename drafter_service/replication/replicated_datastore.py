@@ -1,11 +1,9 @@
 """A live datastore that learns from a shared ingest stream (scale-out).
 
-:class:`ReplicatedDatastore` is a :class:`LiveDatastore` whose ingests go through the
-stream: an accepted document is appended to the stream (not to the local log), this
-replica's :class:`StreamFollower` takes it into the log like every other replica's, and
-the ingest waits briefly for that so a client reads its own writes. It runs the
-follower, refuses a restore (a rollback of one replica the stream would not share), and
-closes the stream with the datastore (docs/scale-out.md).
+:class:`ReplicatedDatastore` appends accepted documents to the stream, not the local log;
+its :class:`StreamFollower` takes them into the log like every other replica's, and the
+ingest waits briefly for that (read your writes). A restore is refused: the stream would
+not share one replica's rollback (docs/scale-out.md).
 """
 
 from __future__ import annotations
@@ -28,9 +26,7 @@ _READ_YOUR_WRITE_S = 2.0  # how long an ingest through the stream waits to be ta
 
 
 class ReplicatedDatastore(LiveDatastore):
-    """The live datastore under ``directory``, fed by ``shared_log``: the stream it
-    appends its ingests to and takes every replica's ingests from (it closes it).
-    Thread-safe."""
+    """The live datastore under ``directory`` fed by (and closing) ``shared_log``."""
 
     def __init__(
         self,
@@ -59,19 +55,15 @@ class ReplicatedDatastore(LiveDatastore):
         return self._stream
 
     def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
-        """Appends one document to the shared stream (durable as the log server is
-        configured); this replica's follower takes it like every other replica's, and
-        the call waits briefly for that (read your writes). Returns this log's newest
-        sequence number. Raises ValueError for bad ids, DatastoreFull past the bound,
-        ``shared_log.LogError`` when the log server does not take it (nothing is
-        stored then)."""
+        """Appends one document to the stream and waits briefly for this replica to take
+        it; returns the log's newest sequence number. Raises as :meth:`LiveDatastore.ingest`,
+        or ``LogError`` when the log server does not take it (nothing is stored)."""
         doc = checked_document(tokens, self.policy, self.tokenizer.vocab_size)
         self.check_room(len(doc))
         self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
         return self.wal_position
 
     def restore(self, name: str) -> SnapshotInfo:
-        """Refused: a rollback on one replica would make it differ from the others."""
         raise SnapshotError(
             "restore is refused while the datastore follows a shared ingest stream: "
             "a rollback on one replica would make it differ from the others, and the "

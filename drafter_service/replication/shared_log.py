@@ -1,12 +1,10 @@
 """The shared ingest stream: one Redis Stream per datastore that every replica appends
-its accepted documents to and every replica consumes, so that all of them learn from
-all the traffic (docs/scale-out.md says why Redis Streams).
+its documents to and consumes, so all learn from all traffic (docs/scale-out.md).
 
-An entry is one document: ``v`` (format, ``1``), ``tokens`` (little-endian int32) and
-``crc`` (CRC-32 of ``tokens``, decimal). The server orders entries and gives each a
-strictly increasing id (:class:`StreamId`); ``retention`` trims the stream to about
-that many entries on every append (``MAXLEN ~``), and :meth:`RedisStream.lost_after`
-tells a replica whether entries it has not consumed were trimmed away.
+An entry is one document: ``v`` (format ``1``), ``tokens`` (little-endian int32) and
+``crc`` (CRC-32 of ``tokens``, decimal). The server gives entries increasing ids
+(:class:`StreamId`); ``retention`` trims to about that many on every append (``MAXLEN
+~``), and :meth:`RedisStream.lost_after` tells a replica whether unconsumed ones went.
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ LogError: type[Exception] = _NoRedisError if redis is None else redis.RedisError
 
 
 def describe(error: BaseException) -> str:
-    """``error`` in one line for a log or a caller: its type and message (the repr of a
-    redis error says only ``network:ConnectionError``, not which server refused)."""
+    """``error``'s type and message (a redis error's repr omits which server refused)."""
     return f"{type(error).__name__}: {error}"
 
 
@@ -53,9 +50,8 @@ class BadEntry(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SharedLogConfig:
-    """Where the shared ingest stream lives: a ``redis://`` or ``rediss://`` URL, the
-    key prefix (the stream of datastore NAME is ``<prefix>:<NAME>``), the number of
-    entries kept per stream (0: all) and an optional password file."""
+    """The shared stream's server (``redis://`` or ``rediss://``), key prefix (stream
+    ``<prefix>:<NAME>``), entries kept per stream (0: all) and password file."""
 
     url: str
     prefix: str = "sssd-drafter"
@@ -85,8 +81,7 @@ class SharedLogConfig:
 
 
 class RedisStream:
-    """One datastore's stream on the log server. Each method is one round trip; a
-    failure raises :data:`LogError` (the caller decides whether to retry)."""
+    """One datastore's stream; each method is one round trip raising :data:`LogError`."""
 
     def __init__(self, config: SharedLogConfig, key: str) -> None:
         if redis is None:
@@ -116,11 +111,7 @@ class RedisStream:
     def append(self, tokens: npt.NDArray[np.int32]) -> StreamId:
         """Appends one document; returns its entry id once the server has it."""
         payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
-        fields: dict[Any, Any] = {
-            b"v": FORMAT,
-            b"tokens": payload,
-            b"crc": zlib.crc32(payload),
-        }
+        fields: dict[Any, Any] = {b"v": FORMAT, b"tokens": payload, b"crc": zlib.crc32(payload)}
         retention = self.config.retention
         entry_id = self._redis.xadd(self.key, fields, maxlen=retention or None, approximate=True)
         return StreamId.parse(cast("bytes", entry_id))
@@ -128,27 +119,24 @@ class RedisStream:
     def read_after(
         self, after: StreamId | None, *, block_ms: int, count: int
     ) -> list[tuple[StreamId, bytes | BadEntry]]:
-        """Up to ``count`` entries after ``after`` (None: from the start), waiting up to
-        ``block_ms`` for the first; each is its id and its payload, or why it is bad."""
+        """Up to ``count`` entries after ``after`` (None: the start), waiting ``block_ms``
+        for the first: (id, payload or why it is bad)."""
         start = str(after) if after is not None else "0-0"
         reply = cast(
             "list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None",
             self._reader.xread({self.key: start}, count=count, block=block_ms),
         )
-        entries: list[tuple[StreamId, bytes | BadEntry]] = []
-        for _key, items in reply or []:
-            for raw_id, fields in items:
-                entries.append((StreamId.parse(raw_id), _payload(fields)))
-        return entries
+        return [
+            (StreamId.parse(raw_id), _payload(fields))
+            for _key, items in reply or []
+            for raw_id, fields in items
+        ]
 
     def lost_after(self, after: StreamId | None) -> StreamId | None:
-        """When retention may have trimmed entries after ``after`` (None: the start)
-        before a consumer took them: the oldest entry still held, else None.
-
-        Trimming removes the oldest entries first, so nothing after ``after`` is gone
-        while ``after`` itself is still held. Once it is gone too, the entries between
-        it and the oldest one held may have been trimmed; this says so even when there
-        were none (a consumer that stopped right at the trim point), never the reverse."""
+        """The oldest entry held when retention may have trimmed entries after ``after``
+        (None: the start), else None. Trimming goes oldest first, so nothing after
+        ``after`` is gone while it is held; once it is gone this says so even if none were
+        (a consumer stopped right at the trim point), never the reverse."""
         try:
             info = self._redis.xinfo_stream(self.key)
         except redis.ResponseError as exc:
@@ -165,10 +153,6 @@ class RedisStream:
         if oldest <= after or self._redis.xrange(self.key, str(after), str(after)):
             return None
         return oldest
-
-    def length(self) -> int:
-        """Entries the stream holds now."""
-        return int(self._redis.xlen(self.key))
 
     def last_id(self) -> StreamId | None:
         """The newest entry's id (None: the stream is empty or missing)."""

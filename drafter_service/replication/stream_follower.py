@@ -1,23 +1,16 @@
 """Consuming the shared ingest stream into the live datastore.
 
-:class:`StreamFollower` runs one thread per datastore that reads the stream after the
-newest entry the ingest log holds (the live datastore's ``consumed_offset``) and hands
-each document to its ``accept_entry`` with its entry id, which writes id and tokens in
-one fsynced log record: after a crash the log says exactly where to resume, and an
-entry at or before that id is skipped, so each entry is stored exactly once. Every replica takes the
-same entries in the same order and folds them the same way (``fold_documents`` does not
-depend on batching), so replicas that have taken the same entries hold the same
-sub-indices.
+:class:`StreamFollower` runs one thread per datastore that reads the stream after its
+``consumed_offset`` and hands each document with its entry id to ``accept_entry``, one
+fsynced log record: after a crash the log says where to resume and earlier entries are
+skipped, so each is stored once. Replicas take the same entries in the same order and
+``fold_documents`` does not depend on batching, so they hold the same sub-indices.
 
-The follower never gives up: when the log server is unreachable it retries with
-backoff while drafting goes on from what is held; when the datastore is full it waits
-for a rebuild to make room rather than skip an entry. An entry that can never be
-stored (another format, a bad checksum, bad token ids) is skipped on every replica
-alike, logged and counted. Entries trimmed away by retention before this replica took
-them are reported as lost (``last_error`` and ``stream_lost`` in its stats): bootstrap
-from a peer's snapshot (``drafter serve --bootstrap-peers``) avoids that. Errors that repeat
-while the follower retries (the log server down, the local disk full) and skipped
-entries are counted every time and logged through a rate-limited log.
+It never gives up: an unreachable log server is retried with backoff, a full datastore
+waits for a rebuild to make room. An entry that can never be stored (another format, a
+bad checksum, bad ids) is skipped on every replica alike; entries trimmed by retention
+before they were taken are reported lost (``--bootstrap-peers`` avoids that). Repeating
+errors and skips are counted every time and logged rate-limited.
 """
 
 from __future__ import annotations
