@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -53,21 +53,6 @@ class IndexProgress:
     last_snapshot_unix: float | None
     last_rebuild_monotonic: float
     rebuild_tokens_per_s: float  # measured by the last rebuild; 0: none yet
-
-
-@dataclass(frozen=True, slots=True)
-class IndexStats:
-    """The index set's counters, read together."""
-
-    num_tokens: int
-    sub_indices: int
-    resident_bytes: int
-    rebuilds: int
-    rebuild_seconds_total: float
-    last_rebuild_seconds: float
-    covered_position: int
-    covered_offset: StreamId | None
-    last_snapshot_unix: float | None
 
 
 class IndexSet:
@@ -142,20 +127,21 @@ class IndexSet:
                 self._rebuild_tokens_per_s,
             )
 
-    def stats(self) -> IndexStats:
+    def stats(self) -> dict[str, Any]:
+        """Its ``LiveStats`` fields, read together."""
         with self._lock:
             ds = self._datastore
-            return IndexStats(
-                num_tokens=ds.num_tokens,
-                sub_indices=len(ds.sub_indices),
-                resident_bytes=ds.resident_bytes,
-                rebuilds=self._rebuilds,
-                rebuild_seconds_total=self._rebuild_seconds,
-                last_rebuild_seconds=self._last_rebuild_seconds,
-                covered_position=self._covered,
-                covered_offset=self._covered_origin,
-                last_snapshot_unix=self._last_snapshot_unix,
-            )
+            return {
+                "num_tokens": ds.num_tokens,
+                "sub_indices": len(ds.sub_indices),
+                "resident_bytes": ds.resident_bytes,
+                "rebuilds": self._rebuilds,
+                "rebuild_seconds_total": self._rebuild_seconds,
+                "last_rebuild_seconds": self._last_rebuild_seconds,
+                "covered_position": self._covered,
+                "covered_offset": self._covered_origin,
+                "last_snapshot_unix": self._last_snapshot_unix,
+            }
 
     def check_room(self, waiting_tokens: int, n_tokens: int, policy: LivePolicy) -> None:
         """Raises DatastoreFull when ``n_tokens`` more (``waiting_tokens`` waiting

@@ -77,9 +77,7 @@ def _torn(data: bytes, offset: int) -> bool:
     if header is None:
         return True
     magic, seq, n, crc, origin, start = header
-    if magic not in (_MAGIC, _MAGIC_ORIGIN):
-        return False
-    if start + 4 * n <= len(data):
+    if magic not in (_MAGIC, _MAGIC_ORIGIN) or start + 4 * n <= len(data):
         return False
     rest = data[start:]
     return len(rest) % 4 != 0 or _crc(seq, rest, origin) != crc
@@ -195,10 +193,7 @@ class IngestLog:
             record = self._parse(data, pos)
             if record is not None:
                 found.append((pos, record))
-                pos = record[1]
-            else:
-                pos += 1
-            pos = data.find(_MAGIC_PREFIX, pos)
+            pos = data.find(_MAGIC_PREFIX, pos + 1 if record is None else record[1])
         return found
 
     def _cut_torn_tail(self, path: Path, data: bytes, offset: int) -> None:
@@ -268,11 +263,8 @@ class IngestLog:
         seq = self._last_seq + 1
         payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
         crc = _crc(seq, payload, origin)
-        n = len(payload) // 4
-        if origin is None:
-            record = _HEADER.pack(_MAGIC, seq, n, crc) + payload
-        else:
-            record = _HEADER.pack(_MAGIC_ORIGIN, seq, n, crc) + _ORIGIN.pack(*origin) + payload
+        magic, head = (_MAGIC, b"") if origin is None else (_MAGIC_ORIGIN, _ORIGIN.pack(*origin))
+        record = _HEADER.pack(magic, seq, len(payload) // 4, crc) + head + payload
         if self._file is None:
             self._open_segment(seq)
         assert self._file is not None

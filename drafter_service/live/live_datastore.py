@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.index_set import Unfolded
+from drafter_service.live.index_set import ChangeCorpora, Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.live_stats import LastError, LiveStats, live_stats
@@ -248,9 +248,7 @@ class LiveDatastore:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""
         return self._change_corpora(lambda corpora, _: without_corpus(corpora, name))
 
-    def _change_corpora(
-        self, change: Callable[[tuple[Corpus, ...], Datastore], tuple[Corpus, ...]]
-    ) -> SnapshotInfo:
+    def _change_corpora(self, change: ChangeCorpora) -> SnapshotInfo:
         """Swaps in what ``change`` (which may raise) makes of the corpora, then snapshots;
         under the structural-change lock, so swaps reach ``on_swap`` in order."""
         with self._index.changing():

@@ -4,11 +4,9 @@ and :class:`LastError`, the newest failure of its background work."""
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
-from drafter_service.live.index_set import IndexStats
-from drafter_service.live.pending_buffer import BufferStats
-from drafter_service.live.stream_cursor import CursorStats
 from drafter_service.live.stream_ids import StreamId
 
 
@@ -40,15 +38,14 @@ class LiveStats:
 
 
 def live_stats(
-    index: IndexStats, cursor: CursorStats, buffer: BufferStats, last_error: str | None
+    index: dict[str, Any], cursor: dict[str, Any], buffer: dict[str, Any], last_error: str | None
 ) -> LiveStats:
     """The parts' views as one, read in this order (index set, cursor, buffer), each under
     its own lock, so each part is consistent and later parts are slightly newer. Coverage
     only follows what was logged before, so ``covered_position`` never passes
     ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
     both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
-    parts = {**asdict(index), **asdict(cursor), **asdict(buffer)}
-    return LiveStats(**parts, last_error=last_error, shared_log=False)
+    return LiveStats(**index, **cursor, **buffer, last_error=last_error, shared_log=False)
 
 
 class LastError:

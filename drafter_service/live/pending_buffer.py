@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,17 +23,6 @@ from drafter_service.live.ingestion import volume_full
 from drafter_service.live.live_policy import LivePolicy
 from drafter_service.live.stream_cursor import StreamCursor
 from drafter_service.live.stream_ids import StreamId
-
-
-@dataclass(frozen=True, slots=True)
-class BufferStats:
-    """The buffer's and the log's counters, read together."""
-
-    pending_tokens: int
-    wal_position: int  # newest acknowledged ingest
-    wal_bytes: int
-    ingested_sequences: int
-    ingested_tokens: int
 
 
 class PendingBuffer:
@@ -166,12 +155,13 @@ class PendingBuffer:
         with self._lock:
             return list(self._records)
 
-    def stats(self) -> BufferStats:
+    def stats(self) -> dict[str, Any]:
+        """Its ``LiveStats`` fields, read together."""
         with self._lock:
-            return BufferStats(
-                pending_tokens=self._tokens,
-                wal_position=self._log.last_seq,
-                wal_bytes=self._log.size_bytes,
-                ingested_sequences=self._ingested_sequences,
-                ingested_tokens=self._ingested_tokens,
-            )
+            return {
+                "pending_tokens": self._tokens,
+                "wal_position": self._log.last_seq,
+                "wal_bytes": self._log.size_bytes,
+                "ingested_sequences": self._ingested_sequences,
+                "ingested_tokens": self._ingested_tokens,
+            }

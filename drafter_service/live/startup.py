@@ -24,11 +24,11 @@ from drafter_service.live.snapshotting import LOG_OFFSET_KEY
 from drafter_service.live.stream_cursor import StreamCursor
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
-from drafter_service.snapshot.manifest import MANIFEST_NAME
 from drafter_service.snapshot.store import (
     SnapshotError,
     SnapshotInfo,
     TokenizerIdentity,
+    check_tokenizer,
     load_snapshot,
     remove_stale_temporaries,
     scan_snapshots,
@@ -99,12 +99,7 @@ def _load_newest_readable(
     truncated or failing its checksum, manifest not describing its files, bad metadata)
     is added to ``damaged`` with why. Another tokenizer is a setting error: refused."""
     for candidate in reversed(complete):
-        if not tokenizer.matches(candidate.tokenizer):
-            raise SnapshotError(
-                f"{candidate.path / MANIFEST_NAME}: snapshot tokenizer "
-                f"{candidate.tokenizer.describe()} does not match the expected tokenizer "
-                f"{tokenizer.describe()}"
-            )
+        check_tokenizer(candidate, tokenizer)
         try:
             loaded, info = load_snapshot(candidate.path, expect_tokenizer=tokenizer)
             corpora, learned = split_corpora(loaded, info)

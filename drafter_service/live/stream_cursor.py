@@ -9,20 +9,9 @@ live datastore; without a shared stream it stays empty.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from typing import Any
 
 from drafter_service.live.stream_ids import StreamId
-
-
-@dataclass(frozen=True, slots=True)
-class CursorStats:
-    """The cursor's fields, read together."""
-
-    consumed_offset: StreamId | None
-    stream_skipped: int
-    stream_errors: int
-    stream_lost: int
-    stream_delay_s: float
 
 
 class StreamCursor:
@@ -97,8 +86,13 @@ class StreamCursor:
             self._closed = True
             self._changed.notify_all()
 
-    def stats(self) -> CursorStats:
+    def stats(self) -> dict[str, Any]:
+        """Its ``LiveStats`` fields, read together."""
         with self._lock:
-            return CursorStats(
-                self._consumed, self._skipped, self._errors, self._lost, self._delay_s
-            )
+            return {
+                "consumed_offset": self._consumed,
+                "stream_skipped": self._skipped,
+                "stream_errors": self._errors,
+                "stream_lost": self._lost,
+                "stream_delay_s": self._delay_s,
+            }

@@ -196,11 +196,6 @@ class SnapshotInfo:
         }
 
 
-def _canonical(doc: dict[str, Any]) -> bytes:
-    """``doc`` as the writer lays it out: sorted keys, one-space indent, trailing newline."""
-    return (json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n").encode("utf-8")
-
-
 def manifest_checksum(doc: dict[str, Any]) -> str:
     """sha256 hex of a manifest without its :data:`CHECKSUM_KEY`, as compact sorted JSON:
     any change of a value, key or nesting changes it, the file's layout does not."""
@@ -213,13 +208,14 @@ def manifest_checksum(doc: dict[str, Any]) -> str:
 
 
 def manifest_bytes(info: SnapshotInfo) -> bytes:
-    """The manifest file's bytes, sealed with its checksum (:data:`CHECKSUM_KEY`)."""
+    """The manifest file's bytes (sorted keys, one-space indent, trailing newline), sealed
+    with its checksum (:data:`CHECKSUM_KEY`)."""
     doc = info.to_json()
     try:
         doc[CHECKSUM_KEY] = manifest_checksum(doc)
     except SnapshotError as exc:
         raise SnapshotError(f"snapshot metadata is not plain JSON: {exc}") from None
-    return _canonical(doc)
+    return (json.dumps(doc, sort_keys=True, indent=1, allow_nan=False) + "\n").encode("utf-8")
 
 
 def _check_sealed(obj: dict[str, Any]) -> None:

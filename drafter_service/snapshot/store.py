@@ -13,6 +13,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ __all__ = [
     "SnapshotInfo",
     "SubIndexEntry",
     "TokenizerIdentity",
+    "check_tokenizer",
     "delete_snapshot",
     "list_snapshots",
     "load_snapshot",
@@ -105,9 +107,7 @@ def write_snapshot(
             _write_sub_index(temp, f"sub-{i:03d}", sub)
             for i, sub in enumerate(datastore.sub_indices)
         )
-        info = SnapshotInfo(
-            directory, FORMAT_VERSION, tokenizer, entries, wal_position, info.created_unix, meta
-        )
+        info = replace(info, sub_indices=entries)
         write_file(temp / MANIFEST_NAME, [manifest_bytes(info)])
         fsync_dir(temp)
         if os.path.lexists(directory):
@@ -155,11 +155,8 @@ def load_snapshot(
     truncated or too long file, a checksum mismatch (``verify_checksums``), and token or
     suffix-array values out of range (always checked, O(n), by ``SubIndex.from_arrays``)."""
     info = read_manifest(directory)
-    if expect_tokenizer is not None and not expect_tokenizer.matches(info.tokenizer):
-        raise SnapshotError(
-            f"{info.path / MANIFEST_NAME}: snapshot tokenizer {info.tokenizer.describe()} does "
-            f"not match the expected tokenizer {expect_tokenizer.describe()}"
-        )
+    if expect_tokenizer is not None:
+        check_tokenizer(info, expect_tokenizer)
     vocab_size = info.tokenizer.vocab_size
     subs = []
     for entry in info.sub_indices:
@@ -183,6 +180,15 @@ def load_snapshot(
     return Datastore(subs, vocab_size), info
 
 
+def check_tokenizer(info: SnapshotInfo, expected: TokenizerIdentity) -> None:
+    """Refuses a snapshot of another tokenizer than ``expected``."""
+    if not expected.matches(info.tokenizer):
+        raise SnapshotError(
+            f"{info.path / MANIFEST_NAME}: snapshot tokenizer {info.tokenizer.describe()} does "
+            f"not match the expected tokenizer {expected.describe()}"
+        )
+
+
 def _documents(tokens: npt.NDArray[np.int32]) -> int:
     """Documents in a text: separators + 1, or 0 for an empty text."""
     separators = 0
@@ -201,15 +207,9 @@ def scan_snapshots(root: str | Path) -> tuple[list[SnapshotInfo], list[tuple[Pat
     """One pass over ``root``: the complete snapshots (as :func:`list_snapshots`), and the
     other non-temporary directories (by name), each with why its manifest is unreadable."""
     root = Path(root)
-    try:
-        children = sorted(os.scandir(root), key=lambda e: e.name)
-    except FileNotFoundError:
-        return [], []
-    except OSError as exc:
-        raise SnapshotError(f"cannot list snapshots in {root}: {exc}") from exc
     found: list[SnapshotInfo] = []
     unreadable: list[tuple[Path, str]] = []
-    for child in children:
+    for child in sorted(_children(root, "snapshots in "), key=lambda e: e.name):
         if _is_temporary(child.name) or not child.is_dir():
             continue
         try:
@@ -223,15 +223,8 @@ def remove_stale_temporaries(root: str | Path) -> int:
     """Deletes temporaries under ``root`` left by crashed writes; returns how many. One
     whose writer is alive on this host is kept (mid-write); on a filesystem shared between
     hosts, call this only while no other host writes snapshots into ``root``."""
-    root = Path(root)
-    try:
-        children = list(os.scandir(root))
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise SnapshotError(f"cannot list {root}: {exc}") from exc
     removed = 0
-    for child in children:
+    for child in _children(Path(root), ""):
         if not _is_temporary(child.name) or not child.is_dir(follow_symlinks=False):
             continue
         match = _TEMP_PID.search(child.name)
@@ -266,6 +259,16 @@ def temporary_sibling(directory: Path) -> Path:
     return directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def _children(root: Path, what: str) -> list[os.DirEntry[str]]:
+    """The entries of ``root`` (none if it is missing)."""
+    try:
+        return list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SnapshotError(f"cannot list {what}{root}: {exc}") from exc
+
+
 def _is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp" in name
 
@@ -277,18 +280,14 @@ def _link_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry 
     source, entry = sub.origin
     if not isinstance(entry, SubIndexEntry) or entry.num_tokens != sub.num_tokens:
         return None
-    linked: list[Path] = []
+    linked = replace(entry, name=name)
     try:
-        pairs = ((entry.tokens_file, f"{name}.tokens.i32"), (entry.sa_file, f"{name}.sa.i32"))
-        for old, new in pairs:
-            os.link(source / old, directory / new)
-            linked.append(directory / new)
+        os.link(source / entry.tokens_file, directory / linked.tokens_file)
+        os.link(source / entry.sa_file, directory / linked.sa_file)
     except OSError:  # gone, another filesystem, no hardlinks: write instead
-        for path in linked:
-            path.unlink(missing_ok=True)
+        (directory / linked.tokens_file).unlink(missing_ok=True)
         return None
-    return SubIndexEntry(name, entry.num_tokens, entry.num_documents, entry.tokens_sha256,
-                         entry.sa_sha256)
+    return linked
 
 
 def _write_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry:
