@@ -19,7 +19,9 @@ under "for a shared-stream follower". Layout: ``snapshots/<name>/``
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,12 +41,16 @@ from drafter_service.live.pinned_corpora import (
     with_corpus,
     without_corpus,
 )
-from drafter_service.live.rebuild import MaintenanceSchedule, fold_pending
+from drafter_service.live.rebuild import fold_pending, maintenance_due
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
 from drafter_service.live.startup import open_live_parts
 from drafter_service.live.stream_ids import StreamId
-from drafter_service.live.thread_priority import check_nice
-from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity
+from drafter_service.live.thread_priority import check_nice, lower_thread_priority
+from drafter_service.log_limits import RateLimitedLog
+from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, list_snapshots
+
+# A maintenance failure repeats at every wake-up until it is fixed: logged rate-limited.
+_maintenance_log = RateLimitedLog(logging.getLogger(__name__), level=logging.ERROR)
 
 __all__ = [
     "CORPORA_KEY",
@@ -86,17 +92,13 @@ class LiveDatastore:
         self._snapshots = LiveSnapshots(
             self._index, self._buffer, tokenizer, lambda: self._policy, self.directory / "snapshots"
         )
-        self._schedule = MaintenanceSchedule(
-            self._index, self._buffer, self._errors, lambda: self._policy, self.rebuild,
-            self.snapshot,
-        )  # fmt: skip
         self._index.publish(self._index.datastore)
         if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(
-                target=self._schedule.run,
+                target=self._run_background,
                 args=(background_nice,),
                 name="live-datastore",
                 daemon=True,
@@ -198,7 +200,33 @@ class LiveDatastore:
     ) -> tuple[bool, bool]:
         """One turn of the background schedule as if at ``now_s`` (monotonic) and
         ``now_unix`` (default: now); returns (rebuild due, snapshot due). Tests step it."""
-        return self._schedule.run_once(now_s, now_unix)
+        records, tokens = self._buffer.pending()
+        due = maintenance_due(
+            self._index.progress(),
+            records,
+            tokens,
+            self._policy,
+            time.monotonic() if now_s is None else now_s,
+            time.time() if now_unix is None else now_unix,
+        )
+        try:
+            if due[0]:
+                self.rebuild()
+            if due[1]:
+                self.snapshot()
+        except Exception as exc:  # keep serving; retried at the next wake-up
+            _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
+            self._errors.note(repr(exc))
+        return due
+
+    def _run_background(self, nice: int) -> None:
+        """The background thread, at ``nice``: wakes at least once a second (or on a full
+        buffer, a policy change, close) and does what is due, until closed."""
+        lower_thread_priority(nice)
+        # The policy is read under the buffer's lock, which update_policy's wake-up takes,
+        # so no change is missed.
+        while self._buffer.wait_for_work(lambda: min(self._policy.rebuild_interval_s, 1.0)):
+            self.run_maintenance_once()
 
     def add_rebuild_listener(self, listener: Callable[[float], None]) -> None:
         """Calls ``listener(seconds)`` after each later rebuild, on its thread (quick, no
@@ -210,11 +238,12 @@ class LiveDatastore:
     def snapshot(self, name: str | None = None, *, pinned: bool = False) -> SnapshotInfo:
         """Writes the sub-indices as a snapshot and discards the log they cover; waiting
         documents stay in the log. ``pinned``: never rotated out by ``keep_snapshots``."""
-        return self._snapshots.take(name, pinned=pinned)
+        with self._index.changing():
+            return self._snapshots.write(name, {PINNED_KEY: True} if pinned else {})
 
     def snapshots(self) -> list[SnapshotInfo]:
         """The complete snapshots, oldest first (a restart begins from the last)."""
-        return self._snapshots.complete()
+        return list_snapshots(self._snapshots.root)
 
     def delete_snapshot(self, name: str) -> None:
         """Deletes snapshot ``name``; refuses the newest (its log is gone: data loss)."""

@@ -4,14 +4,12 @@
 (ingests and drafting carry on) and swaps the resulting immutable :class:`Datastore` in.
 :func:`fold_documents` rotates: the newest sub-index grows until full, then a new one
 starts; past ``max_sub_indices`` or the memory bound the oldest is dropped.
-:class:`MaintenanceSchedule` is the background thread's loop.
+:func:`maintenance_due` is the background thread's schedule.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +19,6 @@ from drafter_service.live.index_set import IndexProgress, IndexSet
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
 from drafter_service.live.live_stats import LastError
 from drafter_service.live.pending_buffer import PendingBuffer
-from drafter_service.live.thread_priority import lower_thread_priority
-from drafter_service.log_limits import RateLimitedLog
-
-log = logging.getLogger(__name__)
-_maintenance_log = RateLimitedLog(log, level=logging.ERROR)  # a failure repeats every wake-up
 
 
 def fold_pending(
@@ -127,55 +120,6 @@ def place_documents(
             size = len(doc)
             groups.append((False, [doc]))
     return groups
-
-
-class MaintenanceSchedule:
-    """When the background thread calls ``rebuild`` and ``snapshot``; failures go to
-    ``errors``."""
-
-    def __init__(
-        self,
-        index: IndexSet,
-        buffer: PendingBuffer,
-        errors: LastError,
-        policy: Callable[[], LivePolicy],
-        rebuild: Callable[[], object],
-        snapshot: Callable[[], object],
-    ) -> None:
-        self._index, self._buffer, self._errors = index, buffer, errors
-        self._policy, self._rebuild, self._snapshot = policy, rebuild, snapshot
-
-    def run(self, background_nice: int = 0) -> None:
-        """The background thread, at ``background_nice``: wakes at least once a second (or
-        on a full buffer, a policy change, close) and does what is due, until closed."""
-        lower_thread_priority(background_nice)
-        # The policy is read under the buffer's lock, which update_policy's wake-up takes,
-        # so no change is missed.
-        while self._buffer.wait_for_work(lambda: min(self._policy().rebuild_interval_s, 1.0)):
-            self.run_once()
-
-    def run_once(
-        self, now_s: float | None = None, now_unix: float | None = None
-    ) -> tuple[bool, bool]:
-        """One wake-up of :meth:`run` without the wait (``LiveDatastore.run_maintenance_once``)."""
-        records, tokens = self._buffer.pending()
-        due = maintenance_due(
-            self._index.progress(),
-            records,
-            tokens,
-            self._policy(),
-            time.monotonic() if now_s is None else now_s,
-            time.time() if now_unix is None else now_unix,
-        )
-        try:
-            if due[0]:
-                self._rebuild()
-            if due[1]:
-                self._snapshot()
-        except Exception as exc:  # keep serving; retried at the next wake-up
-            _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
-            self._errors.note(repr(exc))
-        return due
 
 
 def maintenance_due(

@@ -63,14 +63,6 @@ class LiveSnapshots:
         self._tokenizer, self._policy = tokenizer, policy
         self.root = root
 
-    def complete(self) -> list[SnapshotInfo]:
-        return list_snapshots(self.root)
-
-    def take(self, name: str | None, *, pinned: bool) -> SnapshotInfo:
-        """:meth:`write` under the structural-change lock."""
-        with self._index.changing():
-            return self.write(name, {PINNED_KEY: True} if pinned else {})
-
     def write(self, name: str | None, extra: Mapping[str, object]) -> SnapshotInfo:
         """Writes the sub-indices (default name ``snapshot-<position>-<ms>``), deletes the
         log they cover, rotates unpinned snapshots past ``keep_snapshots``. The caller
