@@ -37,7 +37,6 @@ from drafter_service.live.live_stats import LastError, LiveStats, live_stats
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
-    check_corpus_vocabulary,
     with_corpus,
     without_corpus,
 )
@@ -266,12 +265,8 @@ class LiveDatastore:
     def add_corpus(self, corpus: Corpus) -> SnapshotInfo:
         """Adds ``corpus`` after the others and writes a snapshot. Raises ValueError for
         a name in use or another vocabulary, DatastoreFull past ``max_resident_bytes``."""
-        check_corpus_vocabulary(corpus, self.tokenizer.vocab_size)
-        return self._change_corpora(
-            lambda corpora, datastore: with_corpus(
-                corpora, corpus, datastore.resident_bytes, self._policy.max_resident_bytes
-            )
-        )
+        bound = self._policy.max_resident_bytes
+        return self._change_corpora(lambda corpora, ds: with_corpus(corpora, corpus, ds, bound))
 
     def remove_corpus(self, name: str) -> SnapshotInfo:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""

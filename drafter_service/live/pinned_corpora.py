@@ -81,31 +81,24 @@ def split_corpora(
     return tuple(corpora), subs[start:]
 
 
-def check_corpus_vocabulary(corpus: Corpus, vocab_size: int) -> None:
-    """Raises ValueError when a sub-index of ``corpus`` has another vocabulary."""
+def with_corpus(
+    corpora: tuple[Corpus, ...], corpus: Corpus, datastore: Datastore, bound: int | None
+) -> tuple[Corpus, ...]:
+    """``corpora`` of ``datastore`` with ``corpus`` last; ValueError for another vocabulary
+    or a name in use, DatastoreFull when the datastore would pass ``bound`` bytes."""
     for sub in corpus.sub_indices:
-        if sub.vocab_size != vocab_size:
+        if sub.vocab_size != datastore.vocab_size:
             raise ValueError(
                 f"corpus {corpus.name!r}: vocab_size {sub.vocab_size} differs from the "
-                f"datastore's {vocab_size}"
+                f"datastore's {datastore.vocab_size}"
             )
-
-
-def with_corpus(
-    corpora: tuple[Corpus, ...],
-    corpus: Corpus,
-    datastore_bytes: int,
-    max_resident_bytes: int | None,
-) -> tuple[Corpus, ...]:
-    """``corpora`` with ``corpus`` last; ValueError for a name in use, DatastoreFull when
-    the datastore (``datastore_bytes``) would pass ``max_resident_bytes``."""
     if any(c.name == corpus.name for c in corpora):
         raise ValueError(f"corpus {corpus.name!r} already exists")
-    total = datastore_bytes + corpus.resident_bytes
-    if max_resident_bytes is not None and total > max_resident_bytes:
+    total = datastore.resident_bytes + corpus.resident_bytes
+    if bound is not None and total > bound:
         raise DatastoreFull(
             f"corpus {corpus.name!r} needs {corpus.resident_bytes} bytes: the "
-            f"datastore would hold {total}, over max_resident_bytes ({max_resident_bytes})"
+            f"datastore would hold {total}, over max_resident_bytes ({bound})"
         )
     return (*corpora, corpus)
 

@@ -67,10 +67,8 @@ class TokenizerIdentity:
     def __post_init__(self) -> None:
         _check_str(self.name, "tokenizer name")
         _check_int(self.vocab_size, "tokenizer vocab_size", 1, 2**30)
-        if self.fingerprint:
-            _check_str(self.fingerprint, "tokenizer fingerprint", _SHA256_HEX)
-        else:
-            _check_str(self.fingerprint, "tokenizer fingerprint")
+        pattern = _SHA256_HEX if self.fingerprint else None  # "": unknown
+        _check_str(self.fingerprint, "tokenizer fingerprint", pattern)
 
     @classmethod
     def from_file(
