@@ -71,10 +71,8 @@ def _torn(data: bytes, offset: int) -> bool:
     zeros, less than a header, or a header announcing more bytes than follow (unless they
     match its CRC: a whole record under a damaged length). A whole record failing its CRC,
     or a header with no magic, is damage: that append completed and was acknowledged."""
-    if not data[offset:].strip(b"\0"):
-        return True
     header = _header_at(data, offset)
-    if header is None:
+    if header is None or not data[offset:].strip(b"\0"):
         return True
     magic, seq, n, crc, origin, start = header
     if magic not in (_MAGIC, _MAGIC_ORIGIN) or start + 4 * n <= len(data):

@@ -88,9 +88,7 @@ class RedisStream:
             raise RuntimeError(
                 "the shared log needs the redis package: pip install 'sssd-drafter[service]'"
             )
-        password = None
-        if config.password_file is not None:
-            password = config.password_file.read_text().strip()
+        password = config.password_file.read_text().strip() if config.password_file else None
         self.key = key
         self.config = config
         self._redis = redis.Redis.from_url(
