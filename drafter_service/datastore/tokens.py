@@ -44,12 +44,9 @@ def as_token_array(
 
 
 def _check_range(arr: npt.NDArray[np.integer], vocab_size: int, what: str) -> None:
-    if arr.size:
-        lo = int(arr.min())
-        hi = int(arr.max())
-        if lo < 0 or hi >= vocab_size:
-            bad_index = int(np.argmax((arr < 0) | (arr >= vocab_size)))
-            raise ValueError(
-                f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
-                f"[0, {vocab_size})"
-            )
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab_size):
+        bad_index = int(np.argmax((arr < 0) | (arr >= vocab_size)))
+        raise ValueError(
+            f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
+            f"[0, {vocab_size})"
+        )
