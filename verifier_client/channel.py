@@ -12,8 +12,8 @@ import grpc
 from verifier_client.results import Outcome
 
 __all__ = ["CAUSE_TIMEOUT_S", "UNREACHABLE_CODES", "CallFailed", "ChannelOptions",
-           "DrafterUnreachable", "aio_channel", "channel_options", "failure_of", "outcome_of",
-           "sync_channel", "unreachable_cause"]  # fmt: skip
+           "DrafterUnreachable", "Unavailable", "aio_channel", "channel_options", "failure_of",
+           "outcome_of", "sync_channel", "unreachable_cause"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -72,23 +72,29 @@ UNREACHABLE_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILA
 CAUSE_TIMEOUT_S = 2.0
 
 
-class DrafterUnreachable(grpc.RpcError):  # type: ignore[misc]
-    """``wait_ready`` could not reach the drafter: an UNAVAILABLE RpcError whose message
-    names the target and the cause (the host name does not resolve, nothing listens,
-    the TLS handshake failed), from gRPC's own details of a last, fail-fast attempt."""
+class Unavailable(grpc.RpcError):  # type: ignore[misc]
+    """An UNAVAILABLE RpcError of the client's own, with ``details``."""
 
-    def __init__(self, target: str, timeout_s: float, details: str) -> None:
-        self.target = target
-        self.cause = unreachable_cause(details)
-        self._details = (f"drafter at {target!r} not ready after {timeout_s:g} s: {self.cause}"
-                         f" (gRPC: {details})")  # fmt: skip
-        super().__init__(self._details)
+    def __init__(self, details: str) -> None:
+        super().__init__(details)
+        self._details = details
 
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
 
     def details(self) -> str:
         return self._details
+
+
+class DrafterUnreachable(Unavailable):
+    """``wait_ready`` could not reach the drafter; the message names the target and the
+    cause (from gRPC's details of a last, fail-fast attempt)."""
+
+    def __init__(self, target: str, timeout_s: float, details: str) -> None:
+        self.target = target
+        self.cause = unreachable_cause(details)
+        super().__init__(f"drafter at {target!r} not ready after {timeout_s:g} s: {self.cause}"
+                         f" (gRPC: {details})")  # fmt: skip
 
 
 _CAUSES = (  # (what gRPC's details say, in lower case) -> the cause a user can act on

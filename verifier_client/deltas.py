@@ -1,34 +1,21 @@
 """Per-request delta state: the client's view of what the drafter holds.
 
-Each live request keeps its whole committed context (prompt + accepted output):
-a RESYNC answer, a lost answer or a restarted drafter means resending all of
-it. ``known_length`` is how much of that context the drafter holds according
-to its last OK answer. A step sends ``tokens[known_length:]`` with
-``known_length``, or the whole context with ``known_length = 0`` for a new or
-resynced request.
+Each live request keeps its whole committed context (prompt + accepted output), since a
+RESYNC, a lost answer or a restarted drafter means resending all of it. ``known_length``
+is how much of it the drafter holds by its last OK answer (``answer.length``, which must
+lie in ``1..tokens sent``, else it counts as a RESYNC); a step sends ``tokens[known_length:]``,
+or the whole context with ``known_length = 0`` for a new request, a RESYNC, or a step whose
+answer never came (the drafter may or may not have applied it: only a whole resend is
+right both ways). A request missing from a step stays alive; its commits accumulate.
 
-Rules:
+A request holding what the drafter would refuse (a token past its vocabulary, a context
+past its limit, an id too long, an unknown datastore) is never sent again: the drafter
+rejects a whole call for one bad request. The limits come from its service info (requests
+added earlier are checked again then). Ids no vocabulary has (negative, >= 2^31) are the
+caller's bug: ValueError.
 
-* OK answer: ``known_length = answer.length`` (it must lie in
-  ``1..tokens sent``; anything else is treated as a RESYNC).
-* RESYNC answer, or a step whose answer never came (deadline, broken stream,
-  error): ``known_length = 0``, the whole context goes next time. After a lost
-  answer the drafter may or may not have applied the step; a whole resend is
-  right in both cases, where a delta would be wrong in one of them.
-* Lifecycle is explicit: ``add`` / ``commit`` / ``finish``. A request missing
-  from a step is still alive; its commits accumulate until it is next sent.
-* A request holding something the drafter would refuse (a token id past its
-  vocabulary, a context past its per-request limit, an id longer than it
-  accepts, a datastore it does not have) is never sent again: the drafter
-  rejects a whole call for one bad request, and one request must not cost the
-  batch its drafts. The limits come from the drafter's service info; requests
-  added before it is known are checked again when it arrives. Ids no
-  vocabulary has (negative, >= 2^31) are the caller's bug and raise ValueError
-  instead.
-
-Pure: builds and reads protocol messages (the packed form: columns of
-little-endian arrays, see PackedDeltas in the .proto), no I/O. Not thread-safe: one decode
-loop owns it.
+Pure (builds and reads the packed messages, see PackedDeltas in the .proto); not
+thread-safe: one decode loop owns it.
 """
 
 from __future__ import annotations
@@ -43,7 +30,8 @@ from typing import Any, Literal, NoReturn
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import Tree
 
-__all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_token_list", "read_column"]
+__all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_commit", "as_token_list",
+           "check_live", "read_column"]  # fmt: skip
 
 _INT32_MAX = 2**31 - 1
 _STATUS_OK = pb.DRAFT_STATUS_OK
@@ -83,14 +71,26 @@ def as_token_list(tokens: Iterable[int], what: str = "tokens") -> list[int]:
     return out
 
 
+def as_commit(tokens: Iterable[int], request_id: str) -> list[int]:
+    """``as_token_list`` for a commit; a list of valid ids is taken as is (the hot path)."""
+    if type(tokens) is list and (not tokens or (min(tokens) >= 0 and max(tokens) <= _INT32_MAX)):
+        return tokens
+    return as_token_list(tokens, f"commit of {request_id!r}")
+
+
+def check_live(live: Mapping[str, object], request_ids: Mapping[str, object]) -> None:
+    """KeyError naming (some of) the ``request_ids`` that ``live`` lacks."""
+    if not live.keys() >= request_ids.keys():
+        missing = [rid for rid in request_ids if rid not in live]
+        raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+
+
 def finish_tail(
     state: RequestState, tail: Iterable[int], output: Iterable[int] | None
 ) -> list[int]:
-    """The tokens a Finish adds to what step() recorded: ``tail`` (those committed since the
-    last step), or the part of ``output`` (the whole generated output) past what step()
-    already recorded, after checking that ``output`` starts with it. Raises ValueError,
-    and changes nothing, when both are given or ``output`` disagrees: no token is ever
-    stored twice."""
+    """The tokens a Finish adds to what step() recorded: ``tail``, or ``output`` past what
+    step() recorded. ValueError, changing nothing, when both are given or ``output`` does
+    not start with it: no token is ever stored twice."""
     rid = state.request_id
     tail_list = as_token_list(tail, f"tail of {rid!r}")
     if output is None:
@@ -167,12 +167,9 @@ class DeltaTracker:
         prompt_length: int | None = None,
         store: bool = True,
     ) -> None:
-        """Starts tracking a request whose context so far is ``prompt_ids``.
-
-        ``prompt_length`` says how many of them are the prompt when the context
-        already holds generated tokens (default: all of them); ``store=False``: it opted
-        out of storage (sent with every whole context: the drafter shares none of it).
-        """
+        """Starts tracking a request whose context so far is ``prompt_ids``, of which the
+        first ``prompt_length`` (default: all) are the prompt; ``store=False``: it opted out
+        of storage (sent with every whole context: the drafter shares none of it)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self._states:
@@ -232,18 +229,13 @@ class DeltaTracker:
     def commit_many(self, commits: Mapping[str, Iterable[int]]) -> None:
         """``commit`` for a whole batch; a ValueError or KeyError changes nothing."""
         states = self._states
-        if not states.keys() >= commits.keys():
-            missing = [rid for rid in commits if rid not in states]
-            raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+        check_live(states, commits)
         max_id = self.max_token_id
         checked: list[tuple[RequestState, list[int]]] = []
         past_vocabulary: list[RequestState] = []
         for rid, tokens in commits.items():
-            # The hot path (also while the circuit is open): lists are checked, not copied.
-            if type(tokens) is not list:
-                tokens = as_token_list(tokens, f"commit of {rid!r}")
-            if tokens and (min(tokens) < 0 or max(tokens) > max_id):
-                as_token_list(tokens, f"commit of {rid!r}")  # raises for ids no vocabulary has
+            tokens = as_commit(tokens, rid)
+            if tokens and max(tokens) > max_id:
                 past_vocabulary.append(states[rid])
             checked.append((states[rid], tokens))
         for state, tokens in checked:
@@ -271,12 +263,9 @@ class DeltaTracker:
         step: int,
         tokenizer_fingerprint: str = "",
     ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
-        """One DraftRequest for ``request_ids``; marks them in flight.
-
-        Returns the message, the states sent and the ids refused (never sent).
-        Requests with an empty context are left out too (nothing to match yet).
-        ``budget_of`` overrides ``default_budget`` per request.
-        """
+        """One DraftRequest for ``request_ids`` (``budget_of`` overrides ``default_budget``),
+        marked in flight; the message, the states sent and the ids refused. Requests with
+        an empty context are left out too (nothing to match yet)."""
         ids: list[str] = []
         knowns: list[int] = []
         counts: list[int] = []
@@ -341,10 +330,8 @@ class DeltaTracker:
         response: pb.DraftResponse, sent: Sequence[RequestState]
     ) -> tuple[dict[str, Tree], list[str]]:
         """Applies an answer to the requests it answers; returns (trees, resynced ids).
-
-        Raises ProtocolError (after marking every request for a whole resend)
-        when the answer does not list the sent requests in order.
-        """
+        ProtocolError (every request marked for a whole resend) when it does not list the
+        sent requests in order."""
         packed = response.packed
         n = len(sent)
         try:

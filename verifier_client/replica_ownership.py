@@ -1,33 +1,17 @@
-"""Which drafter replicas a :class:`~verifier_client.replica_set.ReplicaSetClient` has, and
-which of them owns each live request (issue 14, item 3): :class:`ReplicaOwnership`.
+"""The replicas of a :class:`~verifier_client.replica_set.ReplicaSetClient` and which one owns
+each live request: :class:`ReplicaOwnership`, its base (issue 14, item 3).
 
-Targets are a list of ``host:port`` (a fixed set), or one ``host:port`` whose name
-resolves to a replica per address (a Kubernetes headless Service), resolved again in
-a background thread every ``resolve_interval_s``; a new address joins once it answers
-GetServiceInfo, a vanished one leaves, and a failed lookup keeps the last set. With
-``credentials``, the name is the TLS target name of every address
-(``grpc.ssl_target_name_override``), so certificates issued for the Service verify.
-
-Ownership is rendezvous (highest-random-weight) hashing: a request belongs to the
-usable replica (present, breaker closed) whose keyed blake2b of the request's routing key
-weighs most (:func:`~verifier_client.replica_targets.rendezvous_owner`), the same in
-every process. The key is the request id, or with ``route="prompt"`` a digest of its
-prompt, so that requests with one prompt (siblings) share a replica and its recent
-tier. A replica leaving moves only its own requests; when it comes back they move back.
-A request's context lives once, in its owner's DrafterClient (which keeps it for
-RESYNC anyway); a move hands it to the new owner's client whole (sent with its next
-step, known length 0) and aborts it on the old one. With no replica usable, requests
-stay where they are (their breakers answer at once); with no replica at all, they wait
-here for one.
-
-The steps themselves (one deadline, the merge) are ReplicaSetClient's; a
-:class:`ReplicaMember` holds what both use: the replica's client, the one worker thread
-its steps run on, the work last given to that worker, and the commits held for it.
+Ownership is rendezvous hashing of the request's routing key (its id, or with
+``route="prompt"`` a digest of its prompt, so siblings share a replica and its recent tier)
+over the usable replicas (present, breaker closed): a replica leaving moves only its own
+requests, and they move back when it returns. A request's context lives once, in its
+owner's DrafterClient (kept for RESYNC anyway); a move hands it whole to the new owner
+(sent with its next step, known length 0) and aborts it on the old one. With no replica
+usable, requests stay put (their breakers answer at once); with none at all, they wait here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from array import array
@@ -84,8 +68,8 @@ def prompt_key(prompt: Sequence[int]) -> bytes:
 
 
 class ReplicaClient(DrafterClient):
-    """A DrafterClient whose steps also end by a deadline shared with the other
-    replicas', and that hands a request's context over when it moves."""
+    """A DrafterClient whose steps also end by a deadline shared with the other replicas',
+    and that hands a request's context over when it moves."""
 
     def step_by(
         self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
@@ -139,89 +123,61 @@ class ReplicaMember:
 
 
 class ReplicaOwnership:
-    """The replicas (by address, as of the last :meth:`sync`) and each live request's
-    owner among them, or none (see the module docstring).
-
-    Args:
-        targets: ReplicaSetClient's.
-        options: every replica client's keyword arguments.
-        resolve_interval_s: how often a name is looked up again.
-    """
+    """The replicas (by address, as of the last :meth:`_sync`) and each live request's
+    owner among them, or none; the requests' lifecycle (see the module docstring)."""
 
     def __init__(
         self, targets: str | Sequence[str], options: ClientOptions, resolve_interval_s: float,
-        route: Route = "request",
+        route: Route,
     ) -> None:  # fmt: skip
         self._route = check_route(route)
         self._keys: dict[str, bytes] = {}  # live request -> its routing key
         self._options = options
-        self.replicas: dict[str, ReplicaMember] = {}  # by address
+        self._replicas: dict[str, ReplicaMember] = {}  # by address
         self._usable: tuple[str, ...] = ()  # addresses usable at the last sync
-        self.spread: tuple[ReplicaMember, ...] = ()  # where ingest goes (read from any thread)
+        self._spread: tuple[ReplicaMember, ...] = ()  # where ingest goes (read from any thread)
         self._owner: dict[str, ReplicaMember | None] = {}  # live request -> its replica, or none
         self._orphans = DeltaTracker()  # requests while no replica exists
         self._retired = ClientStats()  # the counters of replicas gone
-        self._dropped_stores = 0  # finished requests that had no replica to store them
+        # This client's steps, and the finishes and ingests dropped for want of a replica.
+        self._own = ClientStats()
+        self._closed = False
         self.moves = 0  # requests handed from one replica (or none) to another
         self._resolver = ReplicaResolver(targets, self._new_client, resolve_interval_s,
                                          options.get("probe_timeout_s", 1.0))  # fmt: skip
         for address in self._resolver.addresses:
             self._add_replica(address, self._new_client(address))
-        self.sync()
+        self._sync()
         self._resolver.start()
-
-    @property
-    def name(self) -> tuple[str, int] | None:
-        """The ``(host, port)`` looked up for the replicas; None for a fixed set."""
-        return self._resolver.name
-
-    def resolve_first(self, timeout_s: float) -> None:
-        """With no replica yet, looks the name (if any) up now, waiting up to
-        ``timeout_s`` for a new address to answer."""
-        if not self.replicas and self._resolver.name is not None:
-            self._resolver.refresh(timeout_s)
-
-    def counters(self) -> ClientStats:
-        """The replicas' counters summed (those gone too, as of their removal), and the
-        stores dropped for want of a replica in ``ingest_drops``. A fresh object."""
-        total = ClientStats()
-        for stats in (self._retired, *(r.client.stats for r in tuple(self.replicas.values()))):
-            _add_stats(total, stats)
-        total.ingest_drops += self._dropped_stores
-        return total
 
     # --- requests
 
-    def owner_of(self, request_id: str) -> ReplicaMember | None:
-        """The replica that holds ``request_id``, None for none; KeyError unless live."""
-        try:
-            return self._owner[request_id]
-        except KeyError:
-            raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
+    def replica_of(self, request_id: str) -> str | None:
+        """The address of the replica that holds ``request_id`` (None: no replica yet)."""
+        owner = self._owner_of(request_id)
+        return None if owner is None else owner.address
 
-    def check_live(self, request_ids: Mapping[str, object]) -> None:
-        """KeyError (naming some) unless every key of ``request_ids`` is a live request."""
-        owner = self._owner
-        if not owner.keys() >= request_ids.keys():
-            missing = [rid for rid in request_ids if rid not in owner]
-            raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
-
-    def add(
-        self, request_id: str, prompt_ids: Iterable[int], datastore: str,
-        prompt_length: int | None, store: bool = True,
-    ) -> None:  # fmt: skip
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: Iterable[int],
+        *,
+        datastore: str = "",
+        prompt_length: int | None = None,
+        store: bool = True,
+    ) -> None:
         """Starts tracking a request on its owner (see DrafterClient.add_request)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already live")
-        self.sync()
+        self._sync()
         if self._route == "request":
             self._keys[request_id] = request_id.encode()
         else:  # read twice: for the key and by the owner
             prompt_ids = list(prompt_ids)
             self._keys[request_id] = prompt_key(prompt_ids)
-        owner = self._rendezvous(request_id, self._usable or tuple(self.replicas))
+        owner = self._rendezvous(request_id, self._usable or tuple(self._replicas))
         if owner is None:
             self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
         else:
@@ -230,7 +186,63 @@ class ReplicaOwnership:
                                      prompt_length=prompt_length, store=store)  # fmt: skip
         self._owner[request_id] = owner
 
-    def by_owner(
+    def finish(
+        self,
+        request_id: str,
+        *,
+        tail: Iterable[int] = (),
+        output: Iterable[int] | None = None,
+        store: bool = True,
+        durable: bool = False,
+    ) -> bool:
+        """Ends a finished request on its owner (see DrafterClient.finish); False too when
+        it had no replica to store it (counted in ``stats.ingest_drops``)."""
+        owner = self._owner_of(request_id)
+        if owner is None:
+            finish_tail(self._orphans.get(request_id), tail, output)
+            self._orphans.finish(request_id)
+            self._forget(request_id)
+            self._own.ingest_drops += store
+            return not store
+        owner.idle()
+        sent = owner.client.finish(
+            request_id, tail=tail, output=output, store=store, durable=durable
+        )
+        self._forget(request_id)
+        return sent
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a cancelled request on its owner; nothing is stored."""
+        owner = self._owner_of(request_id)
+        sent = True
+        if owner is None:
+            self._orphans.finish(request_id)
+        else:
+            owner.idle()
+            sent = owner.client.abort(request_id)
+        self._forget(request_id)
+        return sent
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stops resolving, sends every replica's queued work (up to ``timeout_s``, all at
+        once, each on its worker), then closes them."""
+        if self._closed:
+            return
+        self._closed = True
+        self._resolver.close()
+        closing = [r.worker.submit(r.client.close, timeout_s) for r in self._replicas.values()]
+        wait(closing)
+        for replica in self._replicas.values():
+            replica.worker.shutdown()
+
+    def _owner_of(self, request_id: str) -> ReplicaMember | None:
+        """The replica that holds ``request_id``, None for none; KeyError unless live."""
+        try:
+            return self._owner[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
+
+    def _by_owner(
         self, commits: Mapping[str, list[int]]
     ) -> tuple[dict[ReplicaMember, dict[str, list[int]]], list[str]]:
         """The commits of live requests split by owner, and the requests with no replica
@@ -246,64 +258,33 @@ class ReplicaOwnership:
                 work.setdefault(owner, {})[rid] = tokens
         return work, orphaned
 
-    def finish(
-        self, request_id: str, *, tail: Iterable[int], output: Iterable[int] | None,
-        store: bool, durable: bool,
-    ) -> bool:  # fmt: skip
-        """Ends a finished request on its owner (see ReplicaSetClient.finish)."""
-        owner = self.owner_of(request_id)
-        if owner is None:
-            finish_tail(self._orphans.get(request_id), tail, output)
-            self._orphans.finish(request_id)
-            self._forget(request_id)
-            self._dropped_stores += store
-            return not store
-        owner.idle()
-        sent = owner.client.finish(
-            request_id, tail=tail, output=output, store=store, durable=durable
-        )
-        self._forget(request_id)
-        return sent
-
-    def abort(self, request_id: str) -> bool:
-        """Ends a cancelled request on its owner; nothing is stored."""
-        owner = self.owner_of(request_id)
-        sent = True
-        if owner is None:
-            self._orphans.finish(request_id)
-        else:
-            owner.idle()
-            sent = owner.client.abort(request_id)
-        self._forget(request_id)
-        return sent
-
     def _forget(self, request_id: str) -> None:
         del self._owner[request_id]
         del self._keys[request_id]
 
     # --- replicas
 
-    def sync(self) -> None:
+    def _sync(self) -> None:
         """Takes the resolver's news and the breakers' states; moves the requests whose
         owner changed, and retires the replicas gone."""
         gone: list[ReplicaMember] = []
         if (news := self._resolver.news()) is not None:
             addresses, offered = news
             for address, client in offered.items():
-                if address in addresses and address not in self.replicas:
+                if address in addresses and address not in self._replicas:
                     self._add_replica(address, client)
                 else:
                     client.close(0)
-            gone = [r for a, r in self.replicas.items() if a not in addresses]
+            gone = [r for a, r in self._replicas.items() if a not in addresses]
         closed = BreakerState.CLOSED
-        usable = tuple(a for a, r in self.replicas.items()
+        usable = tuple(a for a, r in self._replicas.items()
                        if r not in gone and r.client.breaker_state is closed)  # fmt: skip
         if not gone and usable == self._usable:
             return
         added = not set(usable) <= set(self._usable)
         self._usable = usable
-        present = tuple(a for a, r in self.replicas.items() if r not in gone)
-        self.spread = tuple(self.replicas[a] for a in usable or present)
+        present = tuple(a for a, r in self._replicas.items() if r not in gone)
+        self._spread = tuple(self._replicas[a] for a in usable or present)
         for rid, owner in list(self._owner.items()):
             if owner is not None and owner not in gone and owner.address in usable and not added:
                 continue  # its owner still wins: only the usable set's losers move
@@ -318,18 +299,9 @@ class ReplicaOwnership:
         for replica in gone:
             self._remove_replica(replica)
 
-    def close(self, timeout_s: float) -> None:
-        """Stops resolving, then closes every replica's client on its worker, all at once
-        (each sends its queued work up to ``timeout_s``)."""
-        self._resolver.close()
-        closing = [r.worker.submit(r.client.close, timeout_s) for r in self.replicas.values()]
-        wait(closing)
-        for replica in self.replicas.values():
-            replica.worker.shutdown()
-
     def _rendezvous(self, request_id: str, addresses: Iterable[str]) -> ReplicaMember | None:
         """The owner of ``request_id`` among ``addresses`` (see rendezvous_owner)."""
-        key, replicas = self._keys[request_id], self.replicas
+        key, replicas = self._keys[request_id], self._replicas
         best = max(((weight(key, replicas[a].key), a) for a in addresses), default=None)
         return None if best is None else replicas[best[1]]
 
@@ -355,13 +327,13 @@ class ReplicaOwnership:
 
     def _add_replica(self, address: str, client: ReplicaClient) -> None:
         worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{address}")
-        self.replicas[address] = ReplicaMember(address, replica_key(address), client, worker)
+        self._replicas[address] = ReplicaMember(address, replica_key(address), client, worker)
 
     def _remove_replica(self, replica: ReplicaMember) -> None:
         """Drops a replica whose requests have moved; it closes on its own worker."""
         replica.idle()
-        del self.replicas[replica.address]
-        _add_stats(self._retired, replica.client.stats)
+        del self._replicas[replica.address]
+        self._retired.add(replica.client.stats)
         timeout_s = self._options.get("background_timeout_s", 5.0)
         replica.worker.submit(replica.client.close, timeout_s)
         replica.worker.shutdown(wait=False)
@@ -378,12 +350,3 @@ class ReplicaOwnership:
             options["channel_options"] = channel_options
         return ReplicaClient(address, **options)
 
-
-def _add_stats(total: ClientStats, stats: ClientStats) -> None:
-    """Adds ``stats``' counters into ``total``."""
-    for f in dataclasses.fields(ClientStats):
-        if f.name == "fallbacks":
-            for outcome, n in stats.fallbacks.items():
-                total.fallbacks[outcome] += n
-        else:
-            setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))

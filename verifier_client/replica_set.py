@@ -1,24 +1,17 @@
-"""Sticky routing over several drafter replicas: one DrafterClient per replica, each request
-owned by one of them (issue 14, item 3). Which replicas there are and which one owns each
-request (the targets and their resolving, rendezvous hashing, moves, requests with no
-replica) is :class:`~verifier_client.replica_ownership.ReplicaOwnership`'s; this module
-runs the steps over them.
+"""Sticky routing over several drafter replicas (issue 14, item 3): one DrafterClient per
+replica; which replica owns each request is ReplicaOwnership's (replica_ownership.py).
 
-A step splits the commits by owner and runs every replica's step at once, one worker
-thread per replica (the largest share runs on the caller's thread: with one replica
-there is no thread hop), all under one absolute deadline: the client's ``deadline_ms``
-from the step's entry. It returns by that deadline plus a millisecond; a replica that
-is slow, down or refused loses the drafts of its own requests only. The merged
-:class:`StepResult`: ``outcome`` is OK when some replica answered or nothing had to be
-sent, and each request that got no draft has its reason in ``request_outcomes``
-(DEADLINE, UNAVAILABLE, BREAKER_OPEN or ERROR from its replica; RESYNC as ever); when
-no replica answered it is the step's outcome, the first of DEADLINE, UNAVAILABLE,
-ERROR, BREAKER_OPEN that some request had. Budgets come from the whole batch's size.
+A step splits the commits by owner and runs the replicas' steps at once, one worker thread
+each (the largest share on the caller's thread: with one replica, no thread hop), all by
+one absolute deadline, ``deadline_ms`` from the step's entry; it returns by that deadline
+plus a millisecond. A slow, down or refusing replica loses its own requests' drafts only,
+each with its reason in ``request_outcomes``. The step is OK when some replica answered or
+nothing had to be sent; else its outcome is the first of DEADLINE, UNAVAILABLE, ERROR,
+BREAKER_OPEN that some request had. Budgets come from the whole batch's size.
 
-Not thread-safe, like DrafterClient: the decode loop's thread calls everything but
-``ingest`` and the counters. A replica's client is touched by one thread at a time:
-its worker during a step, else the caller, after that step ended (it always does, by
-its deadline).
+Not thread-safe, like DrafterClient (``ingest`` and the counters excepted). A replica's
+client is touched by one thread at a time: its worker during a step, else the caller,
+after that step ended (always by its deadline).
 """
 
 from __future__ import annotations
@@ -30,45 +23,23 @@ from itertools import count
 from time import perf_counter
 from typing import Unpack
 
-import grpc
-
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerState
 from verifier_client.budget import BudgetRule
-from verifier_client.deltas import as_token_list
-from verifier_client.replica_ownership import (
-    ClientOptions,
-    ReplicaMember,
-    ReplicaOwnership,
-    Route,
-)
-from verifier_client.replica_targets import parse_target, rendezvous_owner, resolve_target
+from verifier_client.channel import Unavailable
+from verifier_client.deltas import as_commit, as_token_list, check_live
+from verifier_client.replica_ownership import ClientOptions, ReplicaMember, ReplicaOwnership, Route
+from verifier_client.replica_targets import parse_target, rendezvous_owner
 from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
-__all__ = ["ClientOptions", "ReplicaSetClient", "parse_target", "rendezvous_owner",
-           "resolve_target"]  # fmt: skip
+__all__ = ["ClientOptions", "ReplicaSetClient", "parse_target", "rendezvous_owner"]
 
 _MARGIN_S = 0.001  # past the deadline, for the replicas' own deadline checks to return
-_INT32_MAX = 2**31 - 1
 # When nothing answered, the step's outcome: the first of these some request had.
 _PRECEDENCE = (Outcome.DEADLINE, Outcome.UNAVAILABLE, Outcome.ERROR, Outcome.BREAKER_OPEN)
 
 
-class _NoReplica(grpc.RpcError):  # type: ignore[misc]
-    """wait_ready's error when there is no replica to ask."""
-
-    def __init__(self, details: str) -> None:
-        super().__init__(details)
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return self._details
-
-
-class ReplicaSetClient:
+class ReplicaSetClient(ReplicaOwnership):
     """DrafterClient's surface over several replicas (see the module docstring).
 
     Args:
@@ -100,43 +71,27 @@ class ReplicaSetClient:
             raise ValueError(f"resolve_interval_s must be > 0, got {resolve_interval_s!r}")
         self._deadline_s = deadline_ms / 1e3
         self._budget = options.get("budget") or BudgetRule.for_gpu("h100-sxm")
-        self._own = ClientStats()  # this client's steps, and ingests dropped with no replica
         self._ingest_turn = count()
-        self._closed = False
-        self._ownership = ReplicaOwnership(targets, options, resolve_interval_s, route)
-
-    # --- what the decode loop sees
+        super().__init__(targets, options, resolve_interval_s, route)
 
     @property
     def replicas(self) -> tuple[str, ...]:
         """The replicas' addresses, as of the last step."""
-        return tuple(self._ownership.replicas)
-
-    @property
-    def moves(self) -> int:
-        """Requests handed from one replica (or none) to another."""
-        return self._ownership.moves
+        return tuple(self._replicas)
 
     @property
     def breaker_state(self) -> dict[str, BreakerState]:
         """Each replica's circuit breaker state, by address."""
-        return {a: r.client.breaker_state for a, r in self._ownership.replicas.items()}
-
-    def replica_of(self, request_id: str) -> str | None:
-        """The address of the replica that holds ``request_id`` (None: no replica yet)."""
-        owner = self._ownership.owner_of(request_id)
-        return None if owner is None else owner.address
-
-    def replica_stats(self) -> dict[str, ClientStats]:
-        """Each present replica's own DrafterClient counters, by address."""
-        return {a: r.client.stats for a, r in self._ownership.replicas.items()}
+        return {a: r.client.breaker_state for a, r in self._replicas.items()}
 
     @property
     def stats(self) -> ClientStats:
         """The replicas' counters summed (those gone too, as of their removal), except
         ``steps``, ``drafted_steps`` and ``fallbacks``, which count this client's steps
         (a step is drafted when some replica answered). A fresh object on each read."""
-        total = self._ownership.counters()
+        total = ClientStats()
+        for stats in (self._retired, *(r.client.stats for r in tuple(self._replicas.values()))):
+            total.add(stats)
         total.steps, total.drafted_steps = self._own.steps, self._own.drafted_steps
         total.fallbacks = dict(self._own.fallbacks)
         total.ingest_drops += self._own.ingest_drops
@@ -147,20 +102,21 @@ class ReplicaSetClient:
         first if it had no address yet); returns the first one's service info. Raises
         ValueError when a replica refuses the tokenizer, grpc.RpcError when none answers."""
         end_s = perf_counter() + timeout_s
-        ownership = self._ownership
-        ownership.resolve_first(timeout_s)
-        ownership.sync()
+        name = self._resolver.name
+        if not self._replicas and name is not None:
+            self._resolver.refresh(timeout_s)  # no replica yet: wait for a first one
+        self._sync()
         calls = []
-        for replica in ownership.replicas.values():
+        for replica in self._replicas.values():
             replica.idle()
             left_s = max(0.0, end_s - perf_counter())
             replica.busy = replica.worker.submit(replica.client.wait_ready, left_s)
             calls.append(replica.busy)
         if not calls:
-            host, port = ownership.name or ("", 0)
-            raise _NoReplica(f"no drafter replica: {host}:{port} resolves to no address")
+            host, port = name or ("", 0)
+            raise Unavailable(f"no drafter replica: {host}:{port} resolves to no address")
         wait(calls)  # each waits for at most timeout_s
-        for replica in ownership.replicas.values():
+        for replica in self._replicas.values():
             replica.busy = None  # its answer is read here, not by idle()
         errors = [e for c in calls if (e := c.exception()) is not None]
         if refused := [e for e in errors if isinstance(e, ValueError)]:
@@ -169,18 +125,6 @@ class ReplicaSetClient:
         if not infos:
             raise errors[0]
         return infos[0]
-
-    def add_request(
-        self,
-        request_id: str,
-        prompt_ids: Iterable[int],
-        *,
-        datastore: str = "",
-        prompt_length: int | None = None,
-        store: bool = True,
-    ) -> None:
-        """Starts tracking a request on its owner (see DrafterClient.add_request)."""
-        self._ownership.add(request_id, prompt_ids, datastore, prompt_length, store)
 
     def step(
         self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None = None
@@ -193,9 +137,9 @@ class ReplicaSetClient:
         deadline_s = started_s + self._deadline_s
         checked = self._checked(commits)
         budget_of = self._budgets(checked, budgets)
-        self._ownership.sync()
+        self._sync()
         self._own.steps += 1
-        work, orphaned = self._ownership.by_owner(checked)
+        work, orphaned = self._by_owner(checked)
         outcomes = dict.fromkeys(orphaned, Outcome.UNAVAILABLE)
         calls: list[tuple[ReplicaMember, dict[str, list[int]]]] = []
         for replica, sub in work.items():
@@ -209,29 +153,10 @@ class ReplicaSetClient:
         results = self._run(calls, budget_of, deadline_s, outcomes)
         return self._merged(tuple(checked), results, outcomes, started_s)
 
-    def finish(
-        self,
-        request_id: str,
-        *,
-        tail: Iterable[int] = (),
-        output: Iterable[int] | None = None,
-        store: bool = True,
-        durable: bool = False,
-    ) -> bool:
-        """Ends a finished request on its owner (see DrafterClient.finish); False too when
-        it had no replica to store it (counted in ``stats.ingest_drops``)."""
-        return self._ownership.finish(
-            request_id, tail=tail, output=output, store=store, durable=durable
-        )
-
-    def abort(self, request_id: str) -> bool:
-        """Ends a cancelled request on its owner; nothing is stored."""
-        return self._ownership.abort(request_id)
-
     def ingest(self, sequences: Iterable[Iterable[int]], datastore: str = "") -> bool:
         """Adds token sequences through one replica, in turn (a shared log teaches the
         others); any thread may call it. False when there is none (counted)."""
-        spread = self._ownership.spread
+        spread = self._spread
         if not spread:
             for sequence in sequences:
                 as_token_list(sequence, "ingested sequence")  # bad input still raises
@@ -243,16 +168,8 @@ class ReplicaSetClient:
         """Waits until every replica sent its queued background work; False on timeout or
         when a call failed since the previous flush (see DrafterClient.flush)."""
         end_s = perf_counter() + timeout_s
-        replicas = tuple(self._ownership.replicas.values())
+        replicas = tuple(self._replicas.values())
         return all([r.client.flush(max(0.0, end_s - perf_counter())) for r in replicas])
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stops resolving, sends every replica's queued work (up to ``timeout_s``, all at
-        once), then closes them."""
-        if self._closed:
-            return
-        self._closed = True
-        self._ownership.close(timeout_s)
 
     def __enter__(self) -> ReplicaSetClient:
         return self
@@ -265,15 +182,8 @@ class ReplicaSetClient:
     def _checked(self, commits: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
         """The commits as lists; KeyError or ValueError (naming the request) before any
         replica records anything."""
-        self._ownership.check_live(commits)
-        checked: dict[str, list[int]] = {}
-        for rid, tokens in commits.items():
-            if type(tokens) is not list or (
-                tokens and (min(tokens) < 0 or max(tokens) > _INT32_MAX)
-            ):
-                tokens = as_token_list(tokens, f"commit of {rid!r}")
-            checked[rid] = tokens
-        return checked
+        check_live(self._owner, commits)
+        return {rid: as_commit(tokens, rid) for rid, tokens in commits.items()}
 
     def _budgets(
         self, checked: Mapping[str, list[int]], budgets: Mapping[str, int] | None
@@ -291,7 +201,7 @@ class ReplicaSetClient:
     def _let_breakers_probe(self, work: Mapping[ReplicaMember, object]) -> None:
         """An open breaker probes only from a step: a replica left without requests gets
         an empty one (no I/O but the probe it may start)."""
-        for replica in self._ownership.replicas.values():
+        for replica in self._replicas.values():
             if (replica not in work and replica.client.breaker_state is not BreakerState.CLOSED
                     and replica.idle(0.0)):  # fmt: skip
                 replica.client.step({})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -192,6 +192,15 @@ class ClientStats:
     ingest_drops: int = 0  # finish/abort/ingest work dropped because the queue was full
     refused: int = 0  # requests never drafted: tokens or length the drafter would refuse
     reingested: int = 0  # finished generations the drafter had lost, ingested instead
+
+    def add(self, other: ClientStats) -> None:
+        """Adds ``other``'s counters into these."""
+        for f in fields(self):
+            if f.name == "fallbacks":
+                for outcome, n in other.fallbacks.items():
+                    self.fallbacks[outcome] += n
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def fallback_steps(self) -> int:
