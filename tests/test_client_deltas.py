@@ -62,7 +62,7 @@ def test_whole_context_first_then_only_new_tokens() -> None:
     (delta,) = message.requests
     assert (delta.known_length, list(delta.new_tokens), delta.prompt_length) == (5, [6, 7], 0)
     tracker.apply(answer(2, ("a", OK, 7)), sent)
-    assert tracker.tokens_sent == 7 and tracker.full_resends == 0
+    assert tracker.stats.tokens_sent == 7 and tracker.stats.full_resends == 0
 
 
 def test_requests_join_and_leave_at_different_steps() -> None:
@@ -108,7 +108,7 @@ def test_resync_sends_the_whole_context_next_time() -> None:
         0,
         [1, 2, 3, 4],
     )
-    assert tracker.full_resends == 1
+    assert tracker.stats.full_resends == 1
 
 
 def test_a_lost_answer_means_a_whole_resend() -> None:
@@ -192,7 +192,7 @@ def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
     tracker.commit_many({"long": [4, 5, 6], "later": [150], "ok": [3]})
     message, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4, step=1)
     assert [d.request_id for d in unpack_deltas(message)] == ["ok"] and len(sent) == 1
-    assert refused == ["vocab", "long", "later"] and tracker.refused == 3
+    assert refused == ["vocab", "long", "later"] and tracker.stats.refused == 3
     assert tracker.get("later").tokens == [1, 150]  # still tracked: finish/abort stay explicit
 
 

@@ -1,18 +1,11 @@
-"""Decode-worker metrics (docs/metrics.md): acceptance as vLLM exports it, prefix ``sssd:``.
-
-vLLM dashboards port by replacing ``vllm:`` with ``sssd:``. Mean acceptance length
-(tokens per verified draft, bonus included) over 5 minutes::
+"""Decode-worker metrics (docs/metrics.md): acceptance as vLLM exports it, prefix ``sssd:``,
+so vLLM dashboards port by replacing ``vllm:``. Mean acceptance length (bonus included)::
 
     1 + rate(sssd:spec_decode_num_accepted_tokens_total[5m])
       / rate(sssd:spec_decode_num_drafts_total[5m])
 
-Acceptance rate: ``rate(…num_accepted_tokens_total[5m]) / rate(…num_draft_tokens_total[5m])``
-(low for trees by design: only one path of a tree can be accepted).
-
-Recording aggregates per step (a few tensor reductions and one counter update
-per metric and per accepted position), never per node, so it is cheap next to
-a forward pass. Usable from any engine: :meth:`WorkerMetrics.record_step` takes
-per-request draft sizes and acceptance, whatever did the packing.
+Recorded per step (a few reductions, a counter update per metric and accepted position),
+never per node; any engine can call :meth:`WorkerMetrics.record_acceptance`.
 """
 
 from __future__ import annotations
@@ -109,16 +102,9 @@ class WorkerMetrics:
         round_trip_s: float | None = None,
         budget: int | None = None,
     ) -> None:
-        """Records one verified decode step of a batch.
-
-        Args:
-            result: the step's verification (accept lengths and per-position sums).
-            draft_sizes: draft nodes per request (root excluded; 0 = no tree).
-            drafts: the drafter's answer for the step (outcome, resyncs); None when
-                the worker has no drafter.
-            round_trip_s: the drafter call's duration as the worker measured it.
-            budget: the budget the step asked for.
-        """
+        """Records one verified decode step of a batch: its verification, the draft nodes
+        per request (root excluded; 0 = no tree), and its drafter call (see
+        record_drafter_call; ``drafts`` None: the worker has no drafter)."""
         self.record_acceptance(
             draft_sizes, int(result.accept_lengths.sum()), result.accepted_per_position.tolist()
         )
@@ -130,13 +116,9 @@ class WorkerMetrics:
         accepted_tokens: int,
         accepted_per_position: Sequence[int],
     ) -> None:
-        """Records one step's verification, whatever verified it (an engine plug-in, say).
-
-        Args:
-            draft_sizes: draft tokens per request (root excluded; 0 = no draft).
-            accepted_tokens: draft tokens accepted in the step (bonus excluded).
-            accepted_per_position: requests whose accepted path reached each position.
-        """
+        """Records one step's verification, whatever verified it: draft tokens per request
+        (root excluded; 0 = no draft), draft tokens accepted (bonus excluded), and the
+        requests whose accepted path reached each position."""
         tolist = getattr(draft_sizes, "tolist", None)
         sizes: list[int] = tolist() if callable(tolist) else [int(s) for s in draft_sizes]
         self.num_drafts.inc(sum(1 for s in sizes if s > 0))
@@ -165,16 +147,11 @@ class WorkerMetrics:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> WSGIServer:
         """Serves ``/metrics`` on ``addr:port`` in a daemon thread (0 = any free port: read
-        ``server.server_port``); stop it with ``server.shutdown()`` then
-        ``server.server_close()``. Raises OSError naming ``addr:port`` when it cannot bind.
-
-        Always in the Prometheus text format, never OpenMetrics: Prometheus asks for
-        OpenMetrics, and prometheus-client then writes ``sssd:x`` as ``sssd_x``
-        (prometheus/client_python#1177), which would break every vLLM-style query. That
-        is why this is not prometheus_client's ``start_http_server``, whose server answers
-        in the format asked for: the app is prometheus_client's, told that the scraper
-        asked for the text format.
-        """
+        ``server.server_port``; stop: ``shutdown()``, ``server_close()``); OSError naming
+        ``addr:port`` when it cannot bind. Always the text format, never OpenMetrics (not
+        ``start_http_server``, which answers as asked): in OpenMetrics prometheus-client
+        writes ``sssd:x`` as ``sssd_x`` (prometheus/client_python#1177), breaking every
+        vLLM-style query."""
         if not 0 <= port <= 65535:
             raise ValueError(f"metrics port must be in [0, 65535], got {port}")
         metrics_app = make_wsgi_app(self.registry)

@@ -1,10 +1,7 @@
-"""asyncio drafter client: the surface of DrafterClient for engines built on asyncio.
-
-``step``, ``wait_ready``, ``flush`` and ``close`` are coroutines; ``add_request``,
-``finish``, ``abort`` and ``ingest`` are plain methods that never await (they
-only plan and queue). Construct it inside the running event loop; one step at
-a time. Behaviour (deltas, deadline, breaker, background work) is the sync
-client's: both are a ClientCore (client_core.py) and differ only in their I/O.
+"""asyncio drafter client: DrafterClient's surface and behaviour (both are a ClientCore) for
+engines built on asyncio. ``step``, ``wait_ready``, ``flush`` and ``close`` are coroutines;
+``add_request``, ``finish``, ``abort`` and ``ingest`` never await. Construct it inside the
+running event loop; one step at a time.
 """
 
 from __future__ import annotations
@@ -81,9 +78,7 @@ class AioDrafterClient(ClientCore[AioStream]):
         return outcome
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
-        """Waits until the background work queued so far is sent; False on timeout, or
-        when a call made since the previous flush that carried a generation or sequences
-        to store failed (they are lost; ``stats.background_failures`` counts it)."""
+        """See DrafterClient.flush."""
         return await self._sender.flush(timeout_s)
 
     async def close(self, timeout_s: float = 5.0) -> None:

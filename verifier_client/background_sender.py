@@ -1,14 +1,10 @@
-"""The clients' background senders: they send finish, abort and ingest work.
+"""The clients' background senders of finish, abort and ingest work.
 
-The decode loop drops planned work into a bounded queue and never waits: when
-the queue is full the work is dropped and counted. One thread (a task, for the
-asyncio client) drains the queue, merges what is waiting into as few calls as
-the drafter allows, and sends them with ``wait_for_ready`` so that a short
-drafter restart delays the work instead of losing it.
-
-What is merged, which calls send it, in which order, and what is counted lives
-once in :class:`WorkSenderCore` (no I/O); :class:`BackgroundSender` and
-:class:`AioBackgroundSender` only wait on their queue and make the calls.
+The decode loop drops work into a bounded queue and never waits (when full, the work is
+dropped and counted). A thread (a task, for the asyncio client) drains it, merges what is
+waiting into as few calls as the drafter allows, and sends them with ``wait_for_ready``, so
+a short drafter restart delays the work instead of losing it. What is merged, sent and
+counted is :class:`WorkSenderCore`'s (no I/O); the subclasses only wait and make the calls.
 """
 
 from __future__ import annotations
@@ -94,8 +90,8 @@ class WorkSenderCore(ABC):
         return True
 
     def _merge(self, first: list[Work] | None) -> tuple[list[Work], int, bool]:
-        """``first`` and the entries already waiting behind it, up to _DRAIN_MAX_ITEMS:
-        the work, how many queue entries it took, and whether the stop mark was one."""
+        """``first`` and the entries waiting behind it (up to _DRAIN_MAX_ITEMS); how many
+        entries it took, and whether the stop mark was one."""
         last = first is None
         work, taken = list(first or ()), 1
         while not last and len(work) < _DRAIN_MAX_ITEMS:
@@ -110,9 +106,8 @@ class WorkSenderCore(ABC):
 
     @contextmanager
     def _round(self, taken: int) -> Iterator[None]:
-        """Around one round of calls: marks its ``taken`` queue entries done, and logs
-        what went wrong instead of raising, since a dead thread or task would leave
-        later work piling up unsent."""
+        """Around one round of calls: marks its ``taken`` entries done, and logs errors
+        instead of raising (a dead thread or task would leave later work piling up)."""
         try:
             yield
         except Exception:
@@ -122,9 +117,9 @@ class WorkSenderCore(ABC):
                 self._queue.task_done()
 
     def _calls(self, work: list[Work]) -> Iterator[BackgroundCall]:
-        """The calls that send ``work``, in order: the Finish calls, then the Ingest calls
-        with the generations that a Finish answer says the drafter had lost. Each call's
-        ``answer`` must be set before the next is taken."""
+        """The calls that send ``work``: the Finish calls, then the Ingest calls, with the
+        generations a Finish answer says the drafter lost. Set each ``answer`` before the
+        next is taken."""
         max_per_call = self._max_per_call()
         finishes, ingests = batch_messages(work, max_per_call)
         for message, sent in finishes:
@@ -140,8 +135,8 @@ class WorkSenderCore(ABC):
             self._count(call)
 
     def _flushed(self) -> bool:
-        """At the end of a flush: True when no call that carried something to store
-        failed since the previous flush (a failed abort loses nothing)."""
+        """At the end of a flush: True unless a call carrying something to store (so not an
+        abort) failed since the previous flush."""
         lost = self._lost
         clean = lost == self._lost_flushed
         self._lost_flushed = lost
@@ -223,8 +218,7 @@ class AioBackgroundSender(WorkSenderCore):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def flush(self, timeout_s: float) -> bool:
-        """Waits until everything queued so far is sent; False on timeout, or when a call
-        made since the previous flush that carried something to store failed (it is lost)."""
+        """See BackgroundSender.flush."""
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:
@@ -232,7 +226,7 @@ class AioBackgroundSender(WorkSenderCore):
         return self._flushed()
 
     async def close(self, timeout_s: float) -> bool:
-        """Sends what is queued (up to ``timeout_s``) and stops; False if work was left."""
+        """See BackgroundSender.close."""
         flushed = await self.flush(timeout_s)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)

@@ -6,15 +6,11 @@ States::
        ▲                                 ▲                            │
        └────────── probe succeeds ───────┼────── probe fails ─────────┘
 
-While OPEN, :meth:`CircuitBreaker.admit` answers REJECT after one comparison,
-so a step builds no message and touches no socket. Once the cooldown has
-elapsed the next ``admit`` answers PROBE exactly once and the breaker waits,
-HALF_OPEN, for that probe's result. Each consecutive reopening doubles the
-cooldown up to a cap; the jitter spreads the probes of many workers so that a
-restarted drafter is not hit by all of them at the same instant.
-
-Pure: time comes in as an argument (any monotonic clock, in seconds) and the
-jitter from an injectable random source, so tests need no sleeps.
+While OPEN, ``admit`` answers REJECT after one comparison (no message, no socket). After
+the cooldown it answers PROBE once and waits, HALF_OPEN, for that probe's result. Each
+reopening in a row doubles the cooldown up to a cap; jitter spreads many workers' probes
+so a restarted drafter is not hit by all at once. Pure: time is an argument (any monotonic
+clock, seconds) and the jitter's random source is injectable, so tests need no sleeps.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""Hardware-aware draft budget (SSSD §3.2): how many draft nodes per request per step.
+"""Hardware-aware draft budget (SSSD §3.2): draft nodes per request per step.
 
-Verifying a tree costs one forward pass over ``batch * tree_tokens`` positions.
-Decoding is memory-bound, so that pass costs about the same as plain decoding
-until the work reaches the GPU's ridge point
+Verifying a tree is one forward pass over ``batch * tree_tokens`` positions; decoding is
+memory-bound, so it costs about a plain decode step until the work reaches the GPU's ridge
+point ``I = peak dense bf16 FLOP/s ÷ memory bandwidth`` (FLOP per byte). The rule keeps
+``batch * tree_tokens ≤ I``: ``tree_tokens = floor(I / batch)``, and since a tree's
+positions include its root (verified even without speculation) and the protocol counts
+draft nodes only, ``budget = tree_tokens - 1``, clamped to ``[floor_tokens, cap_tokens]``.
 
-    I = peak dense bf16 FLOP/s ÷ memory bandwidth (FLOP per byte),
-
-after which every extra verified position costs compute time. The rule keeps
-``batch * tree_tokens ≤ I``: ``tree_tokens = floor(I / batch)``. A tree's
-positions include its root (the last committed token, verified in every step
-even without speculation), and the protocol's budget counts draft nodes only,
-so ``budget = tree_tokens - 1``, clamped to ``[floor_tokens, cap_tokens]``.
-
-The floor defaults to 0: past ``batch ≥ I / 2`` even a single draft node would
-push verification past the ridge point, so the rule stops speculating: the
-client then sends nothing and waits for nothing that step (``ClientStats.unsent_steps``),
-and the drafter catches up with the next step that drafts, or with the request's
-finish. Set ``floor_tokens=1`` to always draft
-at least one node. The cap (default 32, the paper's value at batch 1) bounds
-the tree when the batch is small, where acceptance, not compute, is the limit.
+The floor defaults to 0: from ``batch ≥ I / 2`` even one node would pass the ridge point,
+so the client sends and waits for nothing that step (``ClientStats.unsent_steps``); the
+next step that drafts, or the finish, catches the drafter up. ``floor_tokens=1`` always
+drafts a node. The cap (default 32, the paper's value at batch 1) bounds small batches,
+where acceptance, not compute, is the limit.
 """
 
 from __future__ import annotations
@@ -61,11 +54,8 @@ _ALIASES = {"h100": "h100-sxm", "h100_sxm": "h100-sxm", "h100sxm": "h100-sxm"}
 
 @dataclass(frozen=True, slots=True)
 class BudgetRule:
-    """Per-request draft budget from the batch size, or a fixed budget.
-
-    Build one with :meth:`for_gpu`, :meth:`from_hardware`, :meth:`fixed` or
-    :meth:`parse`; call :meth:`draft_budget` once per step.
-    """
+    """Per-request draft budget from the batch size, or a fixed budget: build one with
+    :meth:`for_gpu`, :meth:`from_hardware`, :meth:`fixed` or :meth:`parse`."""
 
     ridge_point: float | None  # FLOP per byte; None with a fixed budget
     cap_tokens: int = 32
@@ -116,9 +106,7 @@ class BudgetRule:
     def parse(cls, spec: str) -> BudgetRule:
         """A rule from a config string: a profile name (``h200``), a fixed budget
         (``16`` or ``fixed:16``), or ``FLOPS/BANDWIDTH`` (``989.4e12/3.35e12``)."""
-        text = spec.strip().lower()
-        if text.startswith("fixed:"):
-            text = text.removeprefix("fixed:")
+        text = spec.strip().lower().removeprefix("fixed:")
         if text.isdigit():
             return cls.fixed(int(text))
         if "/" in text:

@@ -13,7 +13,7 @@ from verifier_client.results import Outcome
 
 __all__ = ["CAUSE_TIMEOUT_S", "UNREACHABLE_CODES", "CallFailed", "ChannelOptions",
            "DrafterUnreachable", "Unavailable", "aio_channel", "channel_options", "failure_of",
-           "outcome_of", "sync_channel", "unreachable_cause"]  # fmt: skip
+           "sync_channel", "unreachable_cause"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -38,9 +38,7 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
 
 def channel_options(overrides: ChannelOptions = ()) -> list[tuple[str, Any]]:
     """The default channel options with ``overrides`` applied (same keys replace)."""
-    merged = dict(_DEFAULT_OPTIONS)
-    merged.update(dict(overrides))
-    return list(merged.items())
+    return list({**_DEFAULT_OPTIONS, **dict(overrides)}.items())
 
 
 class CallFailed(Exception):
@@ -51,19 +49,15 @@ class CallFailed(Exception):
         self.outcome = outcome
 
 
-def outcome_of(error: grpc.RpcError) -> Outcome:
-    """The step outcome for a failed call."""
-    code = error.code() if callable(getattr(error, "code", None)) else None
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Outcome.DEADLINE
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return Outcome.UNAVAILABLE
-    return Outcome.ERROR
-
-
 def failure_of(error: grpc.RpcError) -> CallFailed:
     """A failed call as the CallFailed that the step reports, with gRPC's details."""
-    return CallFailed(outcome_of(error), str(error.details()))
+    code = error.code() if callable(getattr(error, "code", None)) else None
+    outcome = Outcome.ERROR
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        outcome = Outcome.DEADLINE
+    elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        outcome = Outcome.UNAVAILABLE
+    return CallFailed(outcome, str(error.details()))
 
 
 # wait_ready: the codes of a drafter that cannot be reached, and how long the last,

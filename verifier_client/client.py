@@ -1,18 +1,10 @@
-"""Synchronous drafter client for decode loops: one call per step, bounded by a deadline.
+"""Synchronous drafter client for decode loops: one ``step`` per decode step, bounded by a
+deadline. A slow or down drafter, or an open circuit, means no drafts: decoding goes on
+without speculation. What a step, the stream and the probe decide is ClientCore's
+(client_core.py, shared with the asyncio client); this class does the I/O.
 
-The decode loop calls :meth:`DrafterClient.step` once per step with the tokens
-each request committed; it gets one tree per request, or none when the drafter
-is slow, down, or the circuit is open, and decoding simply goes on without
-speculation. Finish, abort and ingest go through a bounded queue to a sender
-thread and never block the loop. While the circuit is open, one GetServiceInfo
-call at a time probes the drafter in the background; steps neither build
-messages nor touch the network.
-
-This class only does the I/O: what a step, the stream and the probe decide
-lives in ClientCore (client_core.py), shared with the asyncio client.
-
-Not thread-safe: call ``add_request``/``step``/``finish``/``abort`` from the
-decode loop's thread (``ingest`` and the counters may be used from anywhere).
+Not thread-safe: call ``add_request``/``step``/``finish``/``abort`` from the decode loop's
+thread (``ingest`` and the counters may be used from anywhere).
 """
 
 from __future__ import annotations
@@ -44,20 +36,18 @@ class DrafterClient(ClientCore[SyncStream]):
     """Sync client of a DrafterService at ``target`` (``host:port``).
 
     Args:
-        deadline_ms: per-step budget for the whole exchange; past it the step
-            returns without drafts (``Outcome.DEADLINE``).
-        mode: ``"stream"`` keeps one bidirectional stream for all steps
-            (reopened when it breaks); ``"unary"`` makes one Draft call per step.
-        budget: draft nodes per request from the batch size; default: the
-            H100 SXM ridge-point rule (``BudgetRule.for_gpu("h100-sxm")``).
-        tokenizer_fingerprint: sha256 of tokenizer.json; the drafter refuses a
-            mismatch (and ``wait_ready`` raises ValueError).
+        deadline_ms: per-step budget for the whole exchange; past it the step returns
+            without drafts (``Outcome.DEADLINE``).
+        mode: ``"stream"``: one bidirectional stream for all steps (reopened when it
+            breaks); ``"unary"``: one Draft call per step.
+        budget: draft nodes per request from the batch size (default: the H100 SXM rule).
+        tokenizer_fingerprint: sha256 of tokenizer.json; the drafter refuses a mismatch
+            (``wait_ready`` raises ValueError).
         channel_options: gRPC channel options over this package's defaults.
         credentials: TLS credentials; None = plaintext.
-        token: the drafter's bearer token for this client (its ``--grpc-tokens-file``
-            entry), sent with every call; None = the drafter authenticates no one.
-        ingest_queue_size: finish/abort/ingest work waiting for the background
-            sender; past it, work is dropped and counted (``stats.ingest_drops``).
+        token: bearer token (the drafter's ``--grpc-tokens-file`` entry) for every call.
+        ingest_queue_size: background finish/abort/ingest work waiting; past it, work is
+            dropped and counted (``stats.ingest_drops``).
         breaker: circuit breaker thresholds (default ``BreakerConfig()``).
         resync_retry: resend RESYNCed requests within the step when time is left.
         background_timeout_s: deadline of each background Finish/Ingest call.
@@ -71,10 +61,9 @@ class DrafterClient(ClientCore[SyncStream]):
     _channel: grpc.Channel
 
     def wait_ready(self, timeout_s: float = 10.0) -> pb.GetServiceInfoResponse:
-        """Connects (blocking, up to ``timeout_s``), checks the tokenizer, adopts the
-        drafter's limits and returns its service info. Call once at startup so the
-        first steps draft. Raises DrafterUnreachable (a grpc.RpcError, UNAVAILABLE) naming
-        the cause (host name, refused, TLS) when the drafter stays unreachable."""
+        """Connects (up to ``timeout_s``), checks the tokenizer, adopts the drafter's limits
+        and returns its service info; call it at startup so the first steps draft. Raises
+        DrafterUnreachable (UNAVAILABLE) naming the cause when the drafter stays unreachable."""
         request = pb.GetServiceInfoRequest()
         try:
             info: pb.GetServiceInfoResponse = self._stub.GetServiceInfo(
@@ -103,9 +92,9 @@ class DrafterClient(ClientCore[SyncStream]):
         return outcome
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Waits until the background work queued so far is sent; False on timeout, or
-        when a call made since the previous flush that carried a generation or sequences
-        to store failed (they are lost; ``stats.background_failures`` counts it)."""
+        """Waits until the background work queued so far is sent; False on timeout, or when
+        a call that carried something to store failed since the previous flush (it is lost;
+        ``stats.background_failures``)."""
         return self._sender.flush(timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:

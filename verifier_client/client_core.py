@@ -1,19 +1,13 @@
 """What DrafterClient and AioDrafterClient share, without I/O: their surface and the logic
 of a step, of the stream and of the breaker probe.
 
-A step is ``_begin_step`` (the commits are recorded, the circuit breaker asked,
-the message planned) → the client does the I/O the step asks for (``_io``:
-sends the plan over ``_stream_to_send()``, or as one Draft call in unary mode,
-and waits for the answer until the plan's deadline) → ``_advance`` with the
-answer or the CallFailed, which returns the step's result, or the next I/O to
-do within the same step (the resync resend). A failed call that opens the
-circuit drops the stream; a broken stream is reopened before the next send.
-While the circuit is open, a step that the breaker lets probe starts one
-GetServiceInfo in the background; its outcome is applied by the next step.
-
-Subclasses only do I/O: they name their channel, stream and background sender
-kinds, start the probe (``_launch_probe``), and make the calls that block or
-await (``wait_ready``, ``step`` with ``_io``, ``flush``, ``close``).
+A step is ``_begin_step`` (commits recorded, breaker asked, message planned) → the
+subclass's ``_io`` (the plan sent over ``_stream_to_send()``, or as one Draft call in unary
+mode, and waited on until its deadline) → ``_advance``, which returns the step's result or
+the next I/O of the same step (the resync resend). A failure that opens the circuit drops
+the stream; a broken one is reopened before the next send. While the circuit is open, a
+step the breaker lets probe starts one GetServiceInfo in the background; the next step
+applies its outcome.
 """
 
 from __future__ import annotations
@@ -29,11 +23,11 @@ import grpc
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
+from verifier_client.background_sender import WorkSenderCore
 from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import CallFailed, ChannelOptions
 from verifier_client.channel import channel_options as merged_channel_options
-from verifier_client.pending_work import Work
 from verifier_client.results import ClientStats, StepResult
 from verifier_client.session import DraftSession, StepPlan
 
@@ -50,12 +44,6 @@ class DraftStreamCall(Protocol):
     def close(self) -> None: ...
 
 
-class WorkSender(Protocol):
-    """What the core needs of a BackgroundSender or an AioBackgroundSender."""
-
-    def offer(self, work: list[Work]) -> bool: ...
-
-
 class ProbeCall(Protocol):
     """A GetServiceInfo running in the background: a gRPC future or an asyncio task."""
 
@@ -69,14 +57,14 @@ StreamT = TypeVar("StreamT", bound=DraftStreamCall)
 
 
 class ClientCore(ABC, Generic[StreamT]):
-    """A drafter client but for its I/O, which subclasses bring (see the module
-    docstring); arguments as documented on DrafterClient."""
+    """A drafter client but for its I/O; arguments as documented on DrafterClient."""
 
-    # The I/O each subclass brings: sync_channel or aio_channel (a staticmethod),
-    # SyncStream or AioStream, BackgroundSender or AioBackgroundSender.
+    # The I/O each subclass brings (and ``_launch_probe``, ``wait_ready``, ``step``, ``_io``,
+    # ``flush``, ``close``): sync_channel or aio_channel, SyncStream or AioStream,
+    # BackgroundSender or AioBackgroundSender.
     _open_channel: Callable[[str, ChannelOptions, grpc.ChannelCredentials | None, str | None], Any]
     _stream_type: Callable[[Any, ClientStats], StreamT]
-    _sender_type: Callable[..., WorkSender]
+    _sender_type: Callable[..., WorkSenderCore]
 
     def __init__(
         self,
@@ -157,16 +145,12 @@ class ClientCore(ABC, Generic[StreamT]):
         store: bool = True,
         durable: bool = False,
     ) -> bool:
-        """Ends a finished request in the background (stored unless ``store=False``).
-
-        Its last tokens come one of two ways, never both: ``tail``, the tokens it
-        committed after its last ``step`` (none when every token went through ``step``),
-        or ``output``, its whole generated output, of which the client sends only what
-        ``step`` has not (ValueError if ``output`` does not start with what was
-        committed: the request stays open). No token is stored twice either way.
-        False when the work queue was full and the work was dropped (counted).
-        ``durable``: the drafter acknowledges it only once the generation is in its
-        ingest log, so a ``flush`` that returns True means it survives a crash."""
+        """Ends a finished request in the background (stored unless ``store=False``); False
+        when the work queue was full (dropped, counted). Its last tokens come as ``tail``
+        (committed since its last ``step``) or as ``output`` (its whole generated output,
+        of which only what ``step`` has not sent goes; ValueError, the request still open,
+        if it does not start with what was committed), never both. ``durable``: acknowledged
+        once in the drafter's ingest log, so a True ``flush`` means it survives a crash."""
         return self._sender.offer(
             self._session.finish(request_id, tail, store, durable, output=output)
         )
@@ -215,7 +199,9 @@ class ClientCore(ABC, Generic[StreamT]):
         session = self._session
         if isinstance(answer, CallFailed):
             result = session.fail(plan, answer.outcome, perf_counter())
-            self._drop_stream_if_open(answer)
+            if session.breaker.state is BreakerState.OPEN:  # the circuit opened: drop the stream
+                log.warning("drafter circuit open after %s", answer)
+                self._drop_stream()
             return self._finished(result)
         result, resend = session.complete(plan, answer, perf_counter())
         return self._finished(result) if resend is None else resend
@@ -223,12 +209,6 @@ class ClientCore(ABC, Generic[StreamT]):
     def _finished(self, result: StepResult) -> StepResult:
         """``result`` with the step's wait."""
         return dataclasses.replace(result, wait_s=perf_counter() - self._started_s)
-
-    def _drop_stream_if_open(self, failure: CallFailed) -> None:
-        """After a failed call: the circuit opened, so the stream goes."""
-        if self._session.breaker.state is BreakerState.OPEN:
-            log.warning("drafter circuit open after %s", failure)
-            self._drop_stream()
 
     def _stream_to_send(self) -> StreamT | None:
         """The stream for the next message, reopened if it broke; None in unary mode."""

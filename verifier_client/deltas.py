@@ -28,7 +28,7 @@ from itertools import accumulate
 from typing import Any, Literal, NoReturn
 
 from sssd_drafter.v1 import drafter_pb2 as pb
-from verifier_client.results import Tree
+from verifier_client.results import ClientStats, Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_commit", "as_token_list",
            "check_live", "read_column"]  # fmt: skip
@@ -131,20 +131,17 @@ class RequestState:
 class DeltaTracker:
     """Live requests by id: builds each step's deltas and applies the answers."""
 
-    __slots__ = (
-        "_states", "datastores", "full_resends", "max_context_tokens", "max_request_id_chars",
-        "max_token_id", "refused", "tokens_sent",
-    )  # fmt: skip
+    __slots__ = ("_states", "datastores", "max_context_tokens", "max_request_id_chars",
+                 "max_token_id", "stats")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, stats: ClientStats | None = None) -> None:
         self._states: dict[str, RequestState] = {}
         self.max_token_id = _INT32_MAX  # the drafter's vocab_size - 1, once known
         self.max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
         self.max_request_id_chars: int | None = None  # the drafter's limit, once known
         self.datastores: frozenset[str] | None = None  # names it accepts ("" too), once known
-        self.full_resends = 0  # whole contexts sent for requests that had been sent before
-        self.tokens_sent = 0  # token ids put in DraftRequests (the wire volume of deltas)
-        self.refused = 0  # requests never sent again (see the module docstring)
+        # Counts full_resends, tokens_sent and refused (requests never sent again) here.
+        self.stats = ClientStats() if stats is None else stats
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._states
@@ -247,7 +244,7 @@ class DeltaTracker:
         if not state.refused:
             state.refused = True
             state.refusal = reason
-            self.refused += 1
+            self.stats.refused += 1
 
     def finish(self, request_id: str) -> RequestState:
         """Stops tracking a request and returns its last state."""
@@ -299,7 +296,7 @@ class DeltaTracker:
                 flat.extend(tokens)
                 prompts.append(state.prompt_length)
                 if state.sent:
-                    self.full_resends += 1
+                    self.stats.full_resends += 1
             counts.append(len(tokens) - known)
             budgets.append(
                 default_budget if budget_of is None else budget_of.get(rid, default_budget)
@@ -310,7 +307,7 @@ class DeltaTracker:
             state.pending_length = len(tokens)
             state.sent = state.in_flight = True
             sent.append(state)
-        self.tokens_sent += len(flat)
+        self.stats.tokens_sent += len(flat)
         packed = pb.PackedDeltas(
             request_ids=ids,
             known_lengths=_le("I", knowns),

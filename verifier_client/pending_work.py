@@ -1,24 +1,17 @@
-"""Finish, abort and ingest work: what to send, batched into as few calls as possible.
+"""Finish, abort and ingest work: what to send (planned here, pure), batched into as few
+calls as possible. Finishing a request depends on how sure the client is of its state:
 
-The decode loop only plans the work (pure, here) and drops it in a bounded
-queue; a background worker sends it. Finishing a request depends on how sure
-the client is of the drafter's state for it:
+* synced (its last answer was OK): ``Finish(FINISHED)`` with the tail committed since, so
+  the drafter stores it by its own policy without the context crossing the wire again; if
+  the drafter lost it meanwhile (lists it as unknown), the generation is ingested instead.
+* unsure (never answered, RESYNC, last answer lost): the drafter may hold a stale context,
+  so ``Finish(ABORTED)`` frees it and the client ingests the generation itself.
+* never sent: the generation is ingested.
 
-* synced (the last answer for it was OK): ``Finish(FINISHED)`` with the tail
-  committed since, so the drafter stores the generation by its own policy
-  without the context crossing the wire again. Should the drafter have lost
-  the request meanwhile (restart, eviction: it lists the id as unknown), the
-  generation is ingested instead.
-* unsure (never answered, RESYNC, or the last answer was lost): the drafter may
-  hold a stale or partial context, so the client frees it with
-  ``Finish(ABORTED)`` and ingests the generation itself.
-* never sent: nothing to free; the generation is ingested.
-
-An ingested generation is its output plus the last PROMPT_CONTEXT_TOKENS prompt
-tokens, which is what ``drafter serve`` stores by default (``--store output``);
-the service does not publish its policy, and storing less than it would is
-the safe side (prompts may be private). Nothing is stored when the request
-opted out (``store=False``) or generated nothing.
+An ingested generation is its output plus the last PROMPT_CONTEXT_TOKENS prompt tokens,
+what ``drafter serve`` stores by default (``--store output``): the service does not publish
+its policy, and storing less is the safe side (prompts may be private). Nothing is stored
+for a request that opted out (``store=False``) or generated nothing.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ after that step ended (always by its deadline).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import wait
 from itertools import count
@@ -259,5 +258,4 @@ class ReplicaSetClient(ReplicaOwnership):
             return StepResult(step, Outcome.OK, request_ids, drafts, outcomes, wait_s)
         outcome = next(o for o in _PRECEDENCE if o in failed)
         own.fallbacks[outcome] += 1
-        result = StepResult.without_drafts(step, outcome, request_ids)
-        return dataclasses.replace(result, wait_s=wait_s)
+        return StepResult.without_drafts(step, outcome, request_ids, wait_s)

@@ -1,7 +1,7 @@
-"""Replica targets and request ownership for :class:`ReplicaSetClient`: parsing a
-``host:port`` target, resolving a name to its replicas' addresses (once, or again and
-again in the background: :class:`ReplicaResolver`), and rendezvous (highest-random-weight)
-hashing of request ids over replica addresses, the same in every process."""
+"""Replica targets for ReplicaSetClient: parsing ``host:port``, resolving a name to its
+replicas' addresses (again and again in the background: :class:`ReplicaResolver`), and
+rendezvous (highest-random-weight) hashing over replica addresses, the same in every process.
+"""
 
 from __future__ import annotations
 
@@ -105,11 +105,11 @@ C = TypeVar("C", bound=Connectable)
 
 class ReplicaResolver(Generic[C]):
     """Where the replicas are: a fixed list of targets, or one ``host:port`` whose name
-    resolves to a replica per address, looked up again every ``interval_s`` on a thread of
-    its own once :meth:`start`-ed (never for an IP address). A new address is offered,
-    with the client ``connect`` made for it, once that client answers within
+    resolves to a replica per address (a headless Service), looked up again every
+    ``interval_s`` on its own thread once :meth:`start`-ed (not for an IP). A new address is
+    offered, with the client ``connect`` made for it, once that client answers within
     ``probe_timeout_s``; a failed lookup keeps the last set. The decode thread takes the
-    news with :meth:`news`; the addresses of the first lookup are :attr:`addresses`."""
+    news with :meth:`news`."""
 
     def __init__(self, targets: str | Sequence[str], connect: Callable[[str], C],
                  interval_s: float, probe_timeout_s: float) -> None:  # fmt: skip
@@ -150,9 +150,8 @@ class ReplicaResolver(Generic[C]):
             return self.addresses, offered
 
     def refresh(self, ready_timeout_s: float) -> None:
-        """Looks the name up again (the resolver's thread, or a caller waiting for a first
-        address); a new address is offered once its client is ready within
-        ``ready_timeout_s``."""
+        """Looks the name up again (on the resolver's thread, or for a caller waiting for a
+        first address); a new address is offered once its client is ready in time."""
         with self._refresh_lock:
             addresses = self._lookup()
             if addresses is None or self._stop.is_set():

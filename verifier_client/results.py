@@ -24,14 +24,10 @@ class Outcome(StrEnum):
 
 
 class Tree:
-    """One request's draft: nodes in breadth-first order.
-
-    ``parents[i] < i``; -1 marks a child of the last committed token (the root,
-    not counted). ``scores`` estimate acceptance and must not be used by
-    verification. The columns are read-only ``memoryview`` slices of the decoded
-    answer (int32 tokens and parents, float32 scores; no copy: a step's trees
-    cost nothing until read): ``tolist()``, ``numpy.asarray(...)`` or
-    ``torch.frombuffer(...)`` as the engine needs.
+    """One request's draft: nodes in breadth-first order, ``parents[i] < i`` (-1: a child of
+    the root, the last committed token, not counted). ``scores`` estimate acceptance; never
+    use them to verify. The columns are read-only memoryview slices of the answer (int32,
+    int32, float32; no copy until read): ``tolist()``, ``numpy.asarray``, ``torch.frombuffer``.
     """
 
     __slots__ = ("parents", "scores", "tokens")
@@ -62,22 +58,12 @@ class Tree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def first(self, count: int) -> Tree:
-        """The tree of its first ``count`` nodes (itself when it has no more). Breadth-first
-        order puts every parent before its children, so any prefix is a whole tree."""
-        if count >= len(self.tokens):
-            return self
-        return Tree(self.tokens[:count], self.parents[:count], self.scores[:count])
-
     def best_chain(self, max_len: int, min_score: float = 0.0) -> list[int]:
-        """The chain for engines that verify chains: from the root, the highest-score
-        child at each level, at most ``max_len`` tokens, ending before the first whose
-        score is below ``min_score`` (with the learned node score a node's score is the
-        estimated probability that the whole path to it is accepted).
-
-        Ties go to the lower index; a sibling repeating an earlier sibling's token is
-        skipped. Scores only choose what to draft; verifying the chain stays lossless.
-        """
+        """The chain for engines that verify chains: from the root, the highest-score child
+        at each level, at most ``max_len`` tokens, ending before the first scored below
+        ``min_score`` (a learned score estimates the whole path's acceptance). Ties go to
+        the lower index; a sibling repeating an earlier one's token is skipped. Scores only
+        choose what to draft; verifying the chain stays lossless."""
         if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 0:
             raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
         if not 0.0 <= min_score <= 1.0:
@@ -117,11 +103,8 @@ _NO_OUTCOMES: Mapping[str, Outcome] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True, eq=False)  # Mapping equality, not field equality
 class StepResult(Mapping[str, Tree | None]):
-    """The drafts of one decode step: ``result[request_id]`` is a Tree or None.
-
-    Keys are the request ids the step was called with. ``outcome`` is the
-    step's as a whole; :meth:`why` gives one request's reason.
-    """
+    """The drafts of one decode step, keyed by the request ids it was called with: a Tree or
+    None. ``outcome`` is the step's as a whole; :meth:`why` gives one request's reason."""
 
     step: int
     outcome: Outcome
@@ -132,10 +115,10 @@ class StepResult(Mapping[str, Tree | None]):
 
     @classmethod
     def without_drafts(
-        cls, step: int, outcome: Outcome, request_ids: tuple[str, ...]
+        cls, step: int, outcome: Outcome, request_ids: tuple[str, ...], wait_s: float | None = None
     ) -> StepResult:
         """A step in which no request gets a draft."""
-        return cls(step, outcome, request_ids, _NO_DRAFTS, _NO_OUTCOMES)
+        return cls(step, outcome, request_ids, _NO_DRAFTS, _NO_OUTCOMES, wait_s)
 
     def __getitem__(self, request_id: str) -> Tree | None:
         tree = self.drafts.get(request_id)

@@ -1,17 +1,11 @@
-"""The pure half of a drafter client: everything a step does except the call.
+"""The pure half of a drafter client, shared by the sync and asyncio ones: everything a step
+does but the call. A step is ``begin`` (records the commits, asks the breaker, picks the
+budgets, builds the message) → the client's call → ``complete`` (applies the answer) or
+``fail`` (marks the step's requests for a whole resend, counts the fallback).
 
-A step is ``begin`` → (the sync or asyncio client makes the call) →
-``complete`` or ``fail``. ``begin`` records the commits (``record``), then asks
-the circuit breaker, picks the budgets and builds the message (``plan``);
-``complete`` applies the answer; ``fail`` marks the step's requests for a whole
-resend and counts the fallback. Both clients share this class, so they behave
-identically.
-
-RESYNC handling: the requests the drafter answered RESYNC for are resent whole
-at once, inside the same step, when at least a quarter of the step's deadline
-is left (``resync_retry``); they then get drafts this very step, which matters
-after a drafter restart, when every request resyncs at once. Otherwise, or if
-that resend fails, they go whole with the next step.
+RESYNCed requests are resent whole within the same step when at least a quarter of its
+deadline is left (``resync_retry``), so they draft this very step: after a drafter restart
+every request resyncs at once. Otherwise, or if that resend fails, they go with the next.
 """
 
 from __future__ import annotations
@@ -74,8 +68,8 @@ class DraftSession:
         self.breaker = breaker
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.resync_retry = resync_retry
-        self.tracker = DeltaTracker()
         self.stats = ClientStats()
+        self.tracker = DeltaTracker(self.stats)
         self.max_budget: int | None = None  # the drafter's limit, once known
         self.max_per_call = 1024  # requests per Finish / sequences per Ingest call
         self._read_only: frozenset[str] = frozenset()  # datastores that store nothing
@@ -127,8 +121,8 @@ class DraftSession:
         durable: bool = False,
         output: Iterable[int] | None = None,
     ) -> list[Work]:
-        """Stops tracking a finished request; returns the work that ends it (see
-        ``finish_tail`` for ``tail`` and ``output``: on a ValueError it is still tracked)."""
+        """Stops tracking a finished request; the work that ends it (``tail``, ``output``: see
+        finish_tail; on its ValueError the request is still tracked)."""
         tail = finish_tail(self.tracker.get(request_id), tail, output)
         state = self.tracker.finish(request_id)
         stored = store and state.store and state.datastore not in self._read_only
@@ -165,10 +159,9 @@ class DraftSession:
         if self.max_budget is not None:
             default_budget = min(default_budget, self.max_budget)
         if not default_budget and not (budget_of and any(budget_of.get(r, 0) for r in request_ids)):
-            # No request may draft this step (the rule says a tree would not pay): sending
-            # would only put a round trip on the decode step. The drafter catches up with
-            # the next step that drafts (each request's delta is everything since its last
-            # answer), or the finish carries the rest.
+            # No request may draft (a tree would not pay): sending would only add a round
+            # trip. The next step that drafts (deltas hold all since the last answer) or the
+            # finish carries the tokens.
             stats.unsent_steps += 1
             return StepResult(stats.steps, Outcome.OK, request_ids, {}, {})
         deadline_s = now_s + self.deadline_s
@@ -240,17 +233,11 @@ class DraftSession:
         base: StepResult | None,
     ) -> StepPlan:
         self._sequence += 1
-        tracker = self.tracker
-        resends, tokens = tracker.full_resends, tracker.tokens_sent
-        message, sent, refused = tracker.build(
+        message, sent, refused = self.tracker.build(
             send_ids, budget_of, default_budget,
             step=self._sequence, tokenizer_fingerprint=self.tokenizer_fingerprint,
         )  # fmt: skip
-        stats = self.stats
-        stats.full_resends += tracker.full_resends - resends
-        stats.tokens_sent += tracker.tokens_sent - tokens
-        stats.refused = tracker.refused
-        return StepPlan(stats.steps, message, sent, step_ids, deadline_s, budget_of,
+        return StepPlan(self.stats.steps, message, sent, step_ids, deadline_s, budget_of,
                         default_budget, refused, base)  # fmt: skip
 
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:

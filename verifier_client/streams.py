@@ -1,18 +1,12 @@
 """The long-lived DraftStream of each client, with a deadline on every exchange.
 
-Answers carry their message's ``step``: an answer for an earlier message (its
-step gave up) is discarded and counted; one for a later message than was sent
-means the stream lost its order, and it is not used again. A reader runs
-beside the caller and queues the answers, because waiting on the call itself
-cannot time out safely: gRPC's sync API reads by blocking iteration, and in
-grpc.aio cancelling a ``read()`` cancels the whole call. ``exchange`` sends a
-message, then takes answers from that queue until its own comes or the
-deadline passes.
-
-Which answer is the one waited for, and why a stream ended, is decided once,
-without I/O, in :class:`StreamAnswers`; :class:`SyncStream` (a thread and a
-SimpleQueue) and :class:`AioStream` (a task and an asyncio.Queue) only wait.
-Neither raises for a failed exchange: it returns the CallFailed.
+Answers carry their message's ``step``: an earlier message's answer (its step gave up) is
+discarded and counted; a later one's means the stream lost its order, and it is not used
+again. A reader beside the caller queues the answers, since waiting on the call itself
+cannot time out safely (gRPC's sync API reads by blocking iteration; in grpc.aio,
+cancelling a ``read()`` cancels the call). Which answer ends a wait is
+:class:`StreamAnswers`'s (no I/O); neither stream raises for a failed exchange: it
+returns the CallFailed.
 """
 
 from __future__ import annotations
