@@ -137,9 +137,8 @@ class WorkSenderCore(ABC):
     def _flushed(self) -> bool:
         """At the end of a flush: True unless a call carrying something to store (so not an
         abort) failed since the previous flush."""
-        lost = self._lost
-        clean = lost == self._lost_flushed
-        self._lost_flushed = lost
+        clean = self._lost == self._lost_flushed
+        self._lost_flushed = self._lost
         return clean
 
     def _count(self, call: BackgroundCall) -> bool:
@@ -199,13 +198,11 @@ class BackgroundSender(WorkSenderCore):
             work, taken, last = self._merge(self._queue.get())
             with self._round(taken):
                 for call in self._calls(work):
-                    call.answer = self._make(call)
-
-    def _make(self, call: BackgroundCall) -> Any:
-        try:
-            return call.method(call.message, timeout=self._timeout_s, wait_for_ready=True)
-        except grpc.RpcError as error:
-            return error
+                    try:
+                        call.answer = call.method(call.message, timeout=self._timeout_s,
+                                                  wait_for_ready=True)  # fmt: skip
+                    except grpc.RpcError as error:
+                        call.answer = error
 
 
 class AioBackgroundSender(WorkSenderCore):
@@ -237,10 +234,8 @@ class AioBackgroundSender(WorkSenderCore):
             work, taken, _ = self._merge(await self._queue.get())
             with self._round(taken):
                 for call in self._calls(work):
-                    call.answer = await self._make(call)
-
-    async def _make(self, call: BackgroundCall) -> Any:
-        try:
-            return await call.method(call.message, timeout=self._timeout_s, wait_for_ready=True)
-        except grpc.RpcError as error:
-            return error
+                    try:
+                        call.answer = await call.method(call.message, timeout=self._timeout_s,
+                                                        wait_for_ready=True)  # fmt: skip
+                    except grpc.RpcError as error:
+                        call.answer = error

@@ -269,8 +269,7 @@ class DeltaTracker:
         flat: list[int] = []
         budgets: list[int] = []
         prompts: list[int] = []
-        datastores: list[str] = []
-        named = False  # some request names a datastore: send one name per request
+        datastores: list[str] = []  # sent only when some request names one
         private: list[int] = []  # do_not_store per request, sent when some request has it
         sent: list[RequestState] = []
         refused: list[str] = []
@@ -302,7 +301,6 @@ class DeltaTracker:
                 default_budget if budget_of is None else budget_of.get(rid, default_budget)
             )
             datastores.append(state.datastore)
-            named = named or bool(state.datastore)
             private.append(0 if state.store else 1)
             state.pending_length = len(tokens)
             state.sent = state.in_flight = True
@@ -315,7 +313,7 @@ class DeltaTracker:
             new_tokens=_le("i", flat),
             budgets=_le("I", budgets),
             prompt_lengths=_le("I", prompts),
-            datastores=datastores if named else (),
+            datastores=datastores if any(datastores) else (),
             do_not_store=bytes(private) if any(private) else b"",
         )
         message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint,

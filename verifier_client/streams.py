@@ -76,8 +76,7 @@ class SyncStream(StreamAnswers):
         self._reader.start()
 
     def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
-        """Sends ``message``; its answer, or why there is none by ``deadline_s``
-        (perf_counter)."""
+        """Sends ``message``; its answer, or why there is none by ``deadline_s`` (perf_counter)."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
         self._requests.put(message)
@@ -124,8 +123,7 @@ class AioStream(StreamAnswers):
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
-        """Sends ``message``; its answer, or why there is none by ``deadline_s``
-        (perf_counter)."""
+        """SyncStream.exchange, awaited."""
         if (failure := self._refuse_if_broken()) is not None:
             return failure
         self._requests.put_nowait(message)
