@@ -104,10 +104,9 @@ class ReplicaMember:
     held: dict[str, list[int]] = field(default_factory=dict)  # commits of a step it missed
 
     def idle(self, until_s: float | None = None) -> bool:
-        """Waits (up to ``until_s``, perf_counter; None: as long as it takes, which is
-        never past its step's deadline) until the worker is done with the client, then
-        records the commits held for it; False if it is still busy. A late step's result
-        is dropped (its counters and delta state are kept)."""
+        """Waits (until ``until_s``, perf_counter; None: never past its step's deadline) for
+        the worker to be done with the client, then records the commits held for it; False
+        if still busy. A late step's result is dropped (its counters and deltas are kept)."""
         busy = self.busy
         if busy is not None:
             timeout = None if until_s is None else max(0.0, until_s - perf_counter())

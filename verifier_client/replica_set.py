@@ -45,10 +45,9 @@ class ReplicaSetClient(ReplicaOwnership):
         targets: ``["host:port", ...]``, a fixed set; or one ``"host:port"`` whose name
             resolves to the replicas (a headless Service), looked up again in the
             background every ``resolve_interval_s``.
-        route: what places a request on a replica: ``"request"`` (its id, the default)
-            or ``"prompt"`` (its prompt: requests with one prompt, such as parallel
-            samples or RL rollouts, share a replica, so with the drafter's recent tier on
-            they draft from each other in flight; docs/scale-out.md).
+        route: ``"request"`` (by id, the default) or ``"prompt"``: requests with one prompt
+            (parallel samples, RL rollouts) share a replica, so with the drafter's recent
+            tier on they draft from each other in flight (docs/scale-out.md).
         options: DrafterClient's keyword arguments, for every replica's client.
     """
 
@@ -97,9 +96,8 @@ class ReplicaSetClient(ReplicaOwnership):
         return total
 
     def wait_ready(self, timeout_s: float = 10.0) -> pb.GetServiceInfoResponse:
-        """Connects to every replica at once (up to ``timeout_s``; a name is resolved
-        first if it had no address yet); returns the first one's service info. Raises
-        ValueError when a replica refuses the tokenizer, grpc.RpcError when none answers."""
+        """Connects to every replica at once (up to ``timeout_s``); the first one's service
+        info. ValueError when a replica refuses the tokenizer, grpc.RpcError when none answers."""
         end_s = perf_counter() + timeout_s
         name = self._resolver.name
         if not self._replicas and name is not None:

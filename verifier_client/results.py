@@ -23,6 +23,7 @@ class Outcome(StrEnum):
     # (a token id past the drafter's vocabulary or a context past its limit; see deltas.py)
 
 
+@dataclass(slots=True, eq=False, repr=False)  # compared and shown by value (below)
 class Tree:
     """One request's draft: nodes in breadth-first order, ``parents[i] < i`` (-1: a child of
     the root, the last committed token, not counted). ``scores`` estimate acceptance; never
@@ -30,16 +31,9 @@ class Tree:
     int32, float32; no copy until read): ``tolist()``, ``numpy.asarray``, ``torch.frombuffer``.
     """
 
-    __slots__ = ("parents", "scores", "tokens")
-
     tokens: memoryview  # draft token ids, breadth-first
     parents: memoryview  # parent index of each node; -1 = child of the root
     scores: memoryview  # path score of each node (not a model probability)
-
-    def __init__(self, tokens: memoryview, parents: memoryview, scores: memoryview) -> None:
-        self.tokens = tokens
-        self.parents = parents
-        self.scores = scores
 
     @classmethod
     def of(cls, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float]) -> Tree:
