@@ -30,18 +30,11 @@ from verifier_client.channel import CallFailed, ChannelOptions
 from verifier_client.channel import channel_options as merged_channel_options
 from verifier_client.results import ClientStats, StepResult
 from verifier_client.session import DraftSession, StepPlan
+from verifier_client.streams import StreamAnswers
 
 __all__ = ["ClientCore"]
 
 log = logging.getLogger(__name__)
-
-
-class DraftStreamCall(Protocol):
-    """What the core needs of a SyncStream or an AioStream."""
-
-    broken: bool
-
-    def close(self) -> None: ...
 
 
 class ProbeCall(Protocol):
@@ -53,7 +46,7 @@ class ProbeCall(Protocol):
     def exception(self) -> BaseException | None: ...
 
 
-StreamT = TypeVar("StreamT", bound=DraftStreamCall)
+StreamT = TypeVar("StreamT", bound=StreamAnswers)
 
 
 class ClientCore(ABC, Generic[StreamT]):
@@ -181,9 +174,13 @@ class ClientCore(ABC, Generic[StreamT]):
             raise RuntimeError(f"step() on a closed {type(self).__name__}")
         self._started_s = now_s = perf_counter()
         session = self._session
-        if self._probe_result is not None:
+        if self._probe_result is not None:  # the drafter answered it (circuit closed) or not
             reachable, self._probe_result = self._probe_result, None
-            session.apply_probe(reachable, now_s)
+            if reachable:
+                log.info("drafter reachable again: circuit closed")
+                session.breaker.record_success()
+            else:
+                session.breaker.record_failure(now_s)
         plan = session.begin(commits, budgets, now_s)
         if isinstance(plan, StepPlan):
             return plan

@@ -215,14 +215,6 @@ class DraftSession:
         due, self._probe_due = self._probe_due, False
         return due
 
-    def apply_probe(self, reachable: bool, now_s: float) -> None:
-        """A probe's result: the drafter answered (the circuit closes) or not."""
-        if reachable:
-            log.info("drafter reachable again: circuit closed")
-            self.breaker.record_success()
-        else:
-            self.breaker.record_failure(now_s)
-
     def _plan(
         self,
         send_ids: Iterable[str],

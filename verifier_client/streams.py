@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 from time import perf_counter
 from typing import Any
@@ -31,13 +32,17 @@ _END = None  # ends the request iterator
 Answer = pb.DraftResponse | CallFailed  # what the reader queues: an answer or the call's end
 
 
-class StreamAnswers:
+class StreamAnswers(ABC):
     """The pure half of a DraftStream call: matches answers to the message waiting for
     one, counts late ones, and says when the stream may no longer be used."""
 
     def __init__(self, stats: ClientStats) -> None:
         self._stats = stats
         self.broken = False  # set once the call has ended or lost its order: reopen
+
+    @abstractmethod
+    def close(self) -> None:
+        """Ends the call (the server drops whatever it still had queued)."""
 
     def _refuse_if_broken(self) -> CallFailed | None:
         """Why nothing can be sent, if the stream is already broken."""
@@ -90,7 +95,6 @@ class SyncStream(StreamAnswers):
         return CallFailed(Outcome.DEADLINE)
 
     def close(self) -> None:
-        """Ends the call (the server drops whatever it still had queued)."""
         self.broken = True
         self._requests.put(_END)
         self._call.cancel()
@@ -137,7 +141,6 @@ class AioStream(StreamAnswers):
             return CallFailed(Outcome.DEADLINE)
 
     def close(self) -> None:
-        """Ends the call (the server drops whatever it still had queued)."""
         self.broken = True
         self._requests.put_nowait(_END)
         self._call.cancel()
