@@ -116,9 +116,8 @@ def sync_channel(
     credentials: grpc.ChannelCredentials | None,
     token: str | None,
 ) -> grpc.Channel:
-    """A channel to the drafter: TLS when ``credentials`` are given, and ``token`` (the
-    drafter's ``--grpc-tokens-file`` entry) sent as ``authorization: Bearer`` on every
-    call."""
+    """A channel to the drafter: TLS with ``credentials``; ``token`` (the drafter's
+    ``--grpc-tokens-file`` entry) sent as ``authorization: Bearer`` on every call."""
     channel = (
         grpc.secure_channel(target, credentials, options=options)
         if credentials is not None

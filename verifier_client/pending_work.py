@@ -66,9 +66,8 @@ Work = FinishWork | IngestWork
 def plan_finish(
     state: RequestState, final_tokens: Sequence[int], store: bool, wait_durable: bool = False
 ) -> list[Work]:
-    """The work that ends ``state``'s request (see the module docstring). ``wait_durable``:
-    the call that stores it answers only once it is in the drafter's ingest log (an
-    Ingest, the fallback, always does)."""
+    """The work that ends ``state``'s request (see the module docstring); ``wait_durable``:
+    a Finish that stores it answers once it is in the ingest log (an Ingest always does)."""
     if state.refused:  # the drafter would reject its tokens (and the whole call with them)
         return plan_abort(state)
     generation = _generation(state, final_tokens) if store else None

@@ -63,9 +63,8 @@ def weight(request_id: bytes, key: bytes) -> bytes:
 
 
 def rendezvous_owner(request_id: str, replicas: Iterable[str]) -> str | None:
-    """The replica (address) that owns ``request_id`` among ``replicas``: the one whose
-    key weighs most with it (ties, never seen in practice, to the larger address);
-    None for no replicas. Independent of order and of the process (no ``hash()``)."""
+    """The replica (address) among ``replicas`` whose key weighs most with ``request_id``
+    (ties to the larger address; None for none), whatever the order or process."""
     rid = request_id.encode()
     best = max(((weight(rid, replica_key(a)), a) for a in replicas), default=None)
     return None if best is None else best[1]
@@ -104,12 +103,10 @@ C = TypeVar("C", bound=Connectable)
 
 
 class ReplicaResolver(Generic[C]):
-    """Where the replicas are: a fixed list of targets, or one ``host:port`` whose name
-    resolves to a replica per address (a headless Service), looked up again every
-    ``interval_s`` on its own thread once :meth:`start`-ed (not for an IP). A new address is
-    offered, with the client ``connect`` made for it, once that client answers within
-    ``probe_timeout_s``; a failed lookup keeps the last set. The decode thread takes the
-    news with :meth:`news`."""
+    """Where the replicas are: fixed targets, or the addresses of one ``host:port`` name,
+    looked up again every ``interval_s`` on its own thread once :meth:`start`-ed (not for an
+    IP). A new address is offered (:meth:`news`) with the client ``connect`` made for it once
+    that answers within ``probe_timeout_s``; a failed lookup keeps the last set."""
 
     def __init__(self, targets: str | Sequence[str], connect: Callable[[str], C],
                  interval_s: float, probe_timeout_s: float) -> None:  # fmt: skip
