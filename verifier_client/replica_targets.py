@@ -12,9 +12,11 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import grpc
+
+from verifier_client.client import DrafterClient
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +93,7 @@ def fixed_targets(targets: Sequence[str]) -> tuple[str, ...]:
     return tuple(targets)
 
 
-class Connectable(Protocol):
-    """What the resolver needs of a replica's client: a readiness probe and a close."""
-
-    def wait_ready(self, timeout_s: float = ...) -> object: ...
-
-    def close(self, timeout_s: float = ...) -> None: ...
-
-
-C = TypeVar("C", bound=Connectable)
+C = TypeVar("C", bound=DrafterClient)  # a ReplicaClient
 
 
 class ReplicaResolver(Generic[C]):
