@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -30,14 +30,6 @@ __all__ = ["AioBackgroundSender", "BackgroundSender", "WorkSenderCore"]
 
 log = logging.getLogger(__name__)
 _DRAIN_MAX_ITEMS = 4096  # queue entries merged into one round of calls
-
-
-class _WorkQueue(Protocol):
-    """What the core needs of a queue.Queue or an asyncio.Queue (None: the stop mark)."""
-
-    def put_nowait(self, item: list[Work], /) -> None: ...
-    def get_nowait(self) -> list[Work] | None: ...
-    def task_done(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -53,7 +45,7 @@ class WorkSenderCore(ABC):
     """The pure half of a background sender: the bounded queue's use and the calls that
     send what it holds. Subclasses create the queue and drain it (``_start``)."""
 
-    _queue: _WorkQueue
+    _queue: queue.Queue[list[Work] | None] | asyncio.Queue[list[Work]]  # None: the stop mark
 
     def __init__(
         self,
