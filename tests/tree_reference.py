@@ -54,13 +54,12 @@ def ref_rows(
     trees: Sequence[Tree | None],
     roots: Sequence[int],
     cache_lens: Sequence[int],
-    max_nodes: int | None = None,
 ) -> list[RefRow]:
     rows = []
     for tree, root, cache_len in zip(trees, roots, cache_lens, strict=True):
-        tokens = [] if tree is None else [int(t) for t in tree.tokens][:max_nodes]
-        parents = [] if tree is None else [int(p) for p in tree.parents][:max_nodes]
-        scores = [] if tree is None else [float(s) for s in tree.scores][:max_nodes]
+        tokens = [] if tree is None else [int(t) for t in tree.tokens]
+        parents = [] if tree is None else [int(p) for p in tree.parents]
+        scores = [] if tree is None else [float(s) for s in tree.scores]
         rows.append(
             RefRow(
                 tokens=[root, *tokens],

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from drafter_service.edge.grpc_auth import MIN_TOKEN_CHARS
+
 TOKEN_ENV = "DRAFTER_ADMIN_TOKEN"
-MIN_TOKEN_CHARS = 16
 
 
 def load_token(token_file: Path | None, environ: Mapping[str, str]) -> str | None:
