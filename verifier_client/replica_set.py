@@ -107,14 +107,11 @@ class ReplicaSetClient(ReplicaOwnership):
         for replica in self._replicas.values():
             replica.idle()
             left_s = max(0.0, end_s - perf_counter())
-            replica.busy = replica.worker.submit(replica.client.wait_ready, left_s)
-            calls.append(replica.busy)
+            calls.append(replica.worker.submit(replica.client.wait_ready, left_s))
         if not calls:
             host, port = name or ("", 0)
             raise Unavailable(f"no drafter replica: {host}:{port} resolves to no address")
         wait(calls)  # each waits for at most timeout_s
-        for replica in self._replicas.values():
-            replica.busy = None  # its answer is read here, not by idle()
         errors = [e for c in calls if (e := c.exception()) is not None]
         if refused := [e for e in errors if isinstance(e, ValueError)]:
             raise refused[0]
@@ -214,15 +211,14 @@ class ReplicaSetClient(ReplicaOwnership):
         are not back by the deadline get DEADLINE."""
         if not calls:
             return []
-        calls.sort(key=lambda call: len(call[1]))
-        args = [(sub, {rid: budget_of[rid] for rid in sub}, deadline_s) for _, sub in calls]
-        for (replica, _), (sub, budgets, _) in zip(calls[:-1], args[:-1], strict=True):
-            replica.busy = replica.worker.submit(replica.client.step_by, sub, budgets, deadline_s)
-        results = [calls[-1][0].client.step_by(*args[-1])]
-        futures = [replica.busy for replica, _ in calls[:-1] if replica.busy is not None]
-        if futures:
-            wait(futures, timeout=max(0.0, deadline_s + _MARGIN_S - perf_counter()))
-        for replica, sub in calls[:-1]:
+        *others, (largest, its_commits) = sorted(calls, key=lambda call: len(call[1]))
+        futures = []
+        for replica, sub in others:
+            replica.busy = replica.worker.submit(replica.client.step_by, sub, budget_of, deadline_s)
+            futures.append(replica.busy)
+        results = [largest.client.step_by(its_commits, budget_of, deadline_s)]
+        wait(futures, timeout=max(0.0, deadline_s + _MARGIN_S - perf_counter()))
+        for replica, sub in others:
             future = replica.busy
             if future is not None and future.done():
                 replica.busy = None

@@ -102,19 +102,12 @@ def pack_trees(
 
 def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> _I64:
     """A [batch] int64 host array of non-negative ints, or ValueError/TypeError naming it."""
-    if isinstance(values, torch.Tensor):
-        if values.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers, got {values.dtype}")
-        array: _I64 = np.array(values.detach().cpu().numpy(), dtype=np.int64)  # a copy
-    else:
-        raw = np.asarray(values)
-        if raw.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {raw.shape}")
-        if raw.size and raw.dtype.kind not in "iu":
-            raise TypeError(f"{name} must hold integers, got {raw.dtype}")
-        array = raw.astype(np.int64)
+    raw = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if raw.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {raw.shape}")
+    if raw.size and raw.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got {raw.dtype}")
+    array: _I64 = raw.astype(np.int64)
     if len(array) != batch:
         raise ValueError(f"{name} has {len(array)} entries for {batch} trees")
     if array.size and array.min() < 0:
