@@ -195,14 +195,10 @@ class DeltaTracker:
         self.max_context_tokens = max_context_tokens
         self.max_request_id_chars = max_request_id_chars
         self.datastores = datastores
-        newly: list[RequestState] = []
-        for state in self._states.values():
-            if state.refused:
-                continue
+        unrefused = [state for state in self._states.values() if not state.refused]
+        for state in unrefused:
             self._check_limits(state)
-            if state.refused:
-                newly.append(state)
-        return newly
+        return [state for state in unrefused if state.refused]
 
     def _check_limits(self, state: RequestState) -> None:
         """Refuses a request whose tokens, id or datastore the drafter would reject
@@ -227,18 +223,11 @@ class DeltaTracker:
         """``commit`` for a whole batch; a ValueError or KeyError changes nothing."""
         states = self._states
         check_live(states, commits)
-        max_id = self.max_token_id
-        checked: list[tuple[RequestState, list[int]]] = []
-        past_vocabulary: list[RequestState] = []
-        for rid, tokens in commits.items():
-            tokens = as_commit(tokens, rid)
-            if tokens and max(tokens) > max_id:
-                past_vocabulary.append(states[rid])
-            checked.append((states[rid], tokens))
+        checked = [(states[rid], as_commit(tokens, rid)) for rid, tokens in commits.items()]
         for state, tokens in checked:
             state.tokens.extend(tokens)
-        for state in past_vocabulary:
-            self._refuse(state, "a committed token id is past the drafter's vocabulary")
+            if tokens and max(tokens) > self.max_token_id:
+                self._refuse(state, "a committed token id is past the drafter's vocabulary")
 
     def _refuse(self, state: RequestState, reason: str) -> None:
         if not state.refused:
