@@ -44,7 +44,7 @@ OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
 def test_whole_context_first_then_only_new_tokens() -> None:
     tracker = DeltaTracker()
     tracker.add("a", [1, 2, 3, 4], datastore="code", prompt_length=3)
-    tracker.commit("a", [5])
+    tracker.commit_many({"a": [5]})
     message, sent = build(tracker, "a")
     (delta,) = message.requests
     assert (delta.known_length, list(delta.new_tokens), delta.prompt_length) == (
@@ -57,7 +57,7 @@ def test_whole_context_first_then_only_new_tokens() -> None:
     assert list(trees["a"].tokens) == [7] and resynced == []
     assert tracker.get("a").known_length == 5
 
-    tracker.commit("a", [6, 7])
+    tracker.commit_many({"a": [6, 7]})
     message, sent = build(tracker, "a")
     (delta,) = message.requests
     assert (delta.known_length, list(delta.new_tokens), delta.prompt_length) == (5, [6, 7], 0)
@@ -94,7 +94,7 @@ def synced_then_sent() -> tuple[DeltaTracker, list[RequestState]]:
     tracker.add("a", [1, 2, 3])
     _, sent = build(tracker, "a")
     tracker.apply(answer(1, ("a", OK, 3)), sent)
-    tracker.commit("a", [4])
+    tracker.commit_many({"a": [4]})
     _, sent = build(tracker, "a")
     return tracker, sent
 
@@ -155,9 +155,9 @@ def test_empty_contexts_are_not_sent() -> None:
 def test_numpy_and_any_int_sequence() -> None:
     tracker = DeltaTracker()
     tracker.add("a", np.arange(4, dtype=np.int32))
-    tracker.commit("a", np.array([9], dtype=np.int64))
-    tracker.commit("a", range(10, 12))
-    tracker.commit("a", (12,))
+    tracker.commit_many({"a": np.array([9], dtype=np.int64)})
+    tracker.commit_many({"a": range(10, 12)})
+    tracker.commit_many({"a": (12,)})
     assert tracker.get("a").tokens == [0, 1, 2, 3, 9, 10, 11, 12]
     assert all(type(t) is int for t in tracker.get("a").tokens)
 
@@ -172,11 +172,11 @@ def test_validation_names_the_bad_value() -> None:
     with pytest.raises(ValueError, match="prompt_length 3 of 'b'"):
         tracker.add("b", [1, 2], prompt_length=3)
     with pytest.raises(ValueError, match=r"commit of 'a': token id -1"):
-        tracker.commit("a", [4, -1])
+        tracker.commit_many({"a": [4, -1]})
     with pytest.raises(ValueError, match="token id 2147483648"):
         as_token_list([2**31])
     with pytest.raises(KeyError, match=r"unknown request_id\(s\) \['zz'\]"):
-        tracker.commit("zz", [1])
+        tracker.commit_many({"zz": [1]})
     with pytest.raises(KeyError, match="zz"):
         tracker.commit_many({"a": [2], "zz": [1]})
     assert tracker.get("a").tokens == [1]  # a refused batch commits nothing

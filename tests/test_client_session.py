@@ -156,7 +156,7 @@ def synced(s: DraftSession, rid: str, tokens: list[int]) -> None:
 def test_finish_of_a_synced_request_sends_only_the_tail() -> None:
     s = session()
     synced(s, "a", [1, 2, 3, 4, 5, 6])
-    s.tracker.commit("a", [7])
+    s.tracker.commit_many({"a": [7]})
     (work,) = s.finish("a", [8], store=True)
     assert isinstance(work, FinishWork) and not work.aborted and not work.do_not_store
     assert list(work.final_tokens) == [7, 8]
@@ -173,7 +173,7 @@ def test_finish_with_the_whole_output_stores_each_token_once() -> None:
     synced(s, "a", [1, 2, 3, 4, 5, 6])
     plan = begin(s, {"a": [7, 8]})  # output so far: 7, 8 (sent)
     s.complete(plan, ok_answer(plan), 0.0)
-    s.tracker.commit("a", [9])  # committed, not sent
+    s.tracker.commit_many({"a": [9]})  # committed, not sent
     (work,) = s.finish("a", [], store=True, output=[7, 8, 9, 10])
     assert isinstance(work, FinishWork) and list(work.final_tokens) == [9, 10]
     assert list(work.generation or ()) == [4, 5, 6, 7, 8, 9, 10]

@@ -215,12 +215,9 @@ class DeltaTracker:
             self._refuse(state, f"the drafter has no datastore {state.datastore!r} "
                                 f"(it has {known})")  # fmt: skip
 
-    def commit(self, request_id: str, tokens: Iterable[int]) -> None:
-        """Appends tokens the verifier accepted (including the bonus token)."""
-        self.commit_many({request_id: tokens})
-
     def commit_many(self, commits: Mapping[str, Iterable[int]]) -> None:
-        """``commit`` for a whole batch; a ValueError or KeyError changes nothing."""
+        """Appends the tokens the verifier accepted (the bonus token included) to each
+        request; a ValueError or KeyError changes nothing."""
         states = self._states
         check_live(states, commits)
         checked = [(states[rid], as_commit(tokens, rid)) for rid, tokens in commits.items()]

@@ -247,15 +247,15 @@ class ReplicaOwnership:
         """The commits of live requests split by owner, and the requests with no replica
         (their commits are recorded here)."""
         work: dict[ReplicaMember, dict[str, list[int]]] = {}
-        orphaned: list[str] = []
+        orphaned: dict[str, list[int]] = {}
         for rid, tokens in commits.items():
             owner = self._owner[rid]
             if owner is None:
-                self._orphans.commit(rid, tokens)
-                orphaned.append(rid)
+                orphaned[rid] = tokens
             else:
                 work.setdefault(owner, {})[rid] = tokens
-        return work, orphaned
+        self._orphans.commit_many(orphaned)
+        return work, list(orphaned)
 
     def _forget(self, request_id: str) -> None:
         del self._owner[request_id]
