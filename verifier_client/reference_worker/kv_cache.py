@@ -65,8 +65,6 @@ class BatchKVCache:
     def append_rows(self, prefilled: DynamicCache | None, lengths: Sequence[int]) -> None:
         """Adds one row per joining request: row ``i`` of ``prefilled`` holds
         ``lengths[i]`` valid columns (None: nothing was prefilled, all lengths 0)."""
-        if not lengths:
-            return
         new_layers = None if prefilled is None else _dynamic_layers(prefilled)
         rows = (self.batch_size, len(lengths))
         for i, layer in enumerate(self._layers):
@@ -83,8 +81,6 @@ class BatchKVCache:
 
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Keeps only ``rows`` (in that order): requests that left the batch are dropped."""
-        if list(rows) == list(range(self.batch_size)):
-            return
         self.lens = [self.lens[r] for r in rows]
         if not rows:
             self.cache = DynamicCache(config=self._config)

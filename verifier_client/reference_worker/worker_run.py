@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
             client.close()
     wall_s = time.perf_counter() - start
     if args.output:
-        write_generations(args.output, generations)
+        with open(args.output, "w", encoding="utf-8") as f:
+            for g in generations:
+                f.write(json.dumps({"id": g.request_id, "output_ids": g.output_ids,
+                                    "finish_reason": g.finish_reason}) + "\n")  # fmt: skip
     print(json.dumps({"requests": len(generations), **summary(worker, wall_s, client)}))
     if server is not None:
         server.shutdown()
@@ -167,9 +170,3 @@ def _token_ids(value: object, vocab_size: int, where: str) -> list[int]:
                              f"[0, {vocab_size})")  # fmt: skip
     return value
 
-
-def write_generations(path: str | Path, generations: Sequence[Generation]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for g in generations:
-            f.write(json.dumps({"id": g.request_id, "output_ids": g.output_ids,
-                                "finish_reason": g.finish_reason}) + "\n")  # fmt: skip
