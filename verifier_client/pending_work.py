@@ -145,8 +145,6 @@ def _ingest_messages(
 def reingest_unknown(response: pb.FinishResponse, sent: Sequence[FinishWork]) -> list[Work]:
     """Ingest work for finished generations the drafter did not hold (it lost them)."""
     unknown = set(response.unknown_request_ids)
-    if not unknown:
-        return []
     return [
         IngestWork(item.datastore, [item.generation])
         for item in sent
