@@ -214,7 +214,6 @@ class EngineDrafter:
         settings: DrafterSettings,
         *,
         client: DrafterClient | ReplicaSetClient | None = None,
-        namespace: str | None = None,
         tokenizer_fingerprint: str = "",
         budget: BudgetRule | None = None,
     ) -> None:
@@ -232,7 +231,7 @@ class EngineDrafter:
             else:
                 client = ReplicaSetClient(targets, route=settings.route, **options)
         self.client: DrafterClient | ReplicaSetClient = client
-        self.namespace = namespace if namespace is not None else _instance_namespace()
+        self.namespace = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}/"
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)
         self.round_trips_ms: deque[float] = deque(maxlen=65536)  # recent steps' drafter calls
@@ -391,7 +390,3 @@ def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:
 def may_store(params: object) -> bool:
     """Whether a request may be stored, given its ``extra_args`` / ``custom_params``."""
     return not (isinstance(params, Mapping) and params.get(STORE_KEY) is False)
-
-
-def _instance_namespace() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}/"
