@@ -26,7 +26,8 @@ import grpc
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
 from verifier_client.replica_ownership import Route, check_route
-from verifier_client.replica_set import ClientOptions, ReplicaSetClient, parse_target
+from verifier_client.replica_set import ClientOptions, ReplicaSetClient
+from verifier_client.replica_targets import fixed_targets
 from verifier_client.results import ClientStats, StepResult, Tree
 
 __all__ = [
@@ -165,19 +166,14 @@ class DrafterSettings:
         parts = [part.strip() for part in self.address.split(",")]
         if len(parts) == 1 and not self.resolve_all:
             return None
+        if self.resolve_all and len(parts) > 1:
+            raise ValueError(f"resolve_all takes one address (a headless Service), got "
+                             f"{self.address!r}")  # fmt: skip
         try:
-            for part in parts:
-                parse_target(part)
+            targets = fixed_targets(parts)  # each a host:port, none twice
         except ValueError as err:
             raise ValueError(f"address {self.address!r}: {err}") from None
-        if self.resolve_all:
-            if len(parts) > 1:
-                raise ValueError(f"resolve_all takes one address (a headless Service), got "
-                                 f"{self.address!r}")  # fmt: skip
-            return parts[0]
-        if len(set(parts)) < len(parts):
-            raise ValueError(f"address {self.address!r} names a drafter more than once")
-        return parts
+        return targets[0] if self.resolve_all else list(targets)
 
     def budget_rule(self) -> BudgetRule:
         """The budget rule the setting names."""
