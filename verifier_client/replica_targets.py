@@ -119,8 +119,7 @@ class ReplicaResolver(Generic[C]):
             found = self._lookup() or ()
         else:
             found = fixed_targets(targets)
-        self.addresses: tuple[str, ...] = tuple(found)
-        self._known = set(found)  # addresses offered so far
+        self.addresses: tuple[str, ...] = tuple(found)  # present (a new one once it is ready)
 
     def start(self) -> None:
         """Looks the name up again every ``interval_s`` until :meth:`close`."""
@@ -148,7 +147,7 @@ class ReplicaResolver(Generic[C]):
             if addresses is None or self._stop.is_set():
                 return  # a failed lookup keeps the last set: breakers handle the dead
             fresh: dict[str, C] = {}
-            for address in (a for a in addresses if a not in self._known):
+            for address in (a for a in addresses if a not in self.addresses):
                 client = self._connect(address)
                 try:
                     client.wait_ready(ready_timeout_s)
@@ -158,10 +157,9 @@ class ReplicaResolver(Generic[C]):
                     continue
                 fresh[address] = client
                 log.info("drafter replica %s joined", address)
-            ready = tuple(a for a in addresses if a in self._known or a in fresh)
+            ready = tuple(a for a in addresses if a in self.addresses or a in fresh)
             if ready == self.addresses and not fresh:
                 return
-            self._known = set(ready)
             with self._lock:
                 self._offered.update(fresh)
                 self.addresses = ready
