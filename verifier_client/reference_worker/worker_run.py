@@ -1,5 +1,5 @@
-"""What ``drafter-worker`` runs once its arguments are parsed: the model, the drafter
-client, the decode loop and the JSON summary (worker_cli.py parses without torch)."""
+"""What ``drafter-worker`` runs once its arguments are parsed: the prompts, the model, the
+drafter client, the decode loop and the JSON summary (worker_cli.py parses without torch)."""
 
 from __future__ import annotations
 
