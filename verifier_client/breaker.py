@@ -114,9 +114,6 @@ class CircuitBreaker:
             self._failures += 1
             if self._failures < self.config.failure_threshold:
                 return
-        self._open(now_s)
-
-    def _open(self, now_s: float) -> None:
         cfg = self.config
         # Exponential backoff: cooldown * 2^(openings in a row), capped, then jittered down.
         period_s = min(cfg.max_cooldown_s, cfg.cooldown_s * 2.0 ** min(self._opens, 62))
