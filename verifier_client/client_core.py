@@ -184,8 +184,11 @@ class ClientCore(ABC, Generic[StreamT]):
         plan = session.begin(commits, budgets, now_s)
         if isinstance(plan, StepPlan):
             return plan
-        if session.pop_probe_due():
-            self._start_probe()
+        if session.pop_probe_due():  # its result is applied by a later step
+            self.stats.probes += 1
+            self._drop_stream()
+            self._probe = self._launch_probe()
+            self._probe.add_done_callback(self._probe_ended)
         return self._finished(plan)
 
     def _advance(
@@ -228,14 +231,6 @@ class ClientCore(ABC, Generic[StreamT]):
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-
-    # --- breaker probe (its result is applied by the next step)
-
-    def _start_probe(self) -> None:
-        self.stats.probes += 1
-        self._drop_stream()
-        self._probe = self._launch_probe()
-        self._probe.add_done_callback(self._probe_ended)
 
     def _probe_ended(self, probe: ProbeCall) -> None:
         # On gRPC's thread (sync) or the event loop; unreachable, refused, or cancelled
