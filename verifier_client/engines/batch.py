@@ -269,8 +269,6 @@ class EngineDrafter:
         storage (said when first sent, so the drafter never shares it).
         """
         self.last_result = None  # set again only if this call's answer arrives
-        if not request_ids:
-            return []
         try:
             commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens, stores)
             if not commits:
