@@ -75,9 +75,7 @@ def plan_finish(
         tail = [*state.tokens[state.known_length :], *final_tokens]
         return [FinishWork(state.request_id, False, not store, tail, state.datastore, generation,
                            wait_durable)]  # fmt: skip
-    work: list[Work] = []
-    if state.sent:
-        work.append(FinishWork(state.request_id, True, True, ()))
+    work = plan_abort(state)  # frees what the drafter may hold of it
     if generation:
         work.append(IngestWork(state.datastore, [generation]))
     return work
