@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from datastore_builder.training_data import TrainingRecord, labelled_nodes, log_loss
+from datastore_builder.training_data import TrainingRecord, log_loss, replay
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.drafting.drafter import SCORE_FEATURES, Drafter
@@ -65,10 +65,8 @@ def collect_recent(
     record by prompt key (a record's siblings are the others under its key)."""
     recent = dataclasses.replace(config, node_score=(), recent_samples=RECENT_SAMPLES)
     rng = np.random.default_rng(seed)
-    xs: list[npt.NDArray[np.float64]] = []
-    ys: list[npt.NDArray[np.int8]] = []
-    gs: list[npt.NDArray[np.int64]] = []
-    budgets = np.zeros(1, dtype=np.int32)
+    xs = [np.zeros((0, len(SCORE_FEATURES)))]
+    ys, gs = [np.zeros(0, np.int8)], [np.zeros(0, np.int64)]
     for index, record in enumerate(held):
         drafter = Drafter(datastore.vocab_size, recent, datastore)
         siblings = [r for r in answers.get(record.prompt_key(), []) if r is not record]
@@ -76,27 +74,16 @@ def collect_recent(
         for j, (other, lead) in enumerate(beside):
             drafter.start(f"beside-{j}", np.concatenate([other.prompt, other.output[:lead]]))
         drafter.start("r", record.prompt)
-        output = record.output.tolist()
-        for p in range(len(output)):
-            for j, (other, lead) in enumerate(beside):
-                if p and lead + p <= len(other.output):
-                    drafter.add(f"beside-{j}", other.output[lead + p - 1 : lead + p])
-            delta = record.output[p - 1 : p] if p else record.output[:0]
-            drafter.draft_batch(["r"], delta, np.array([0, len(delta)]), budgets)
-            explained = drafter.explain("r", candidate_budget)
-            tree = explained.tree
-            if not len(tree.tokens):
-                continue
-            labelled, labels = labelled_nodes(tree.parents, tree.tokens, output[p:])
-            features = explained.features[labelled]
+        for p, features, labels in replay(drafter, "r", record.output, candidate_budget):
             proposed = features[:, PRESENT] > 0
             xs.append(features[proposed])
             ys.append(labels[proposed])
             gs.append(np.full(int(proposed.sum()), index, dtype=np.int64))
+            for j, (other, lead) in enumerate(beside):  # each a token on, in lockstep
+                if lead + p < len(other.output):
+                    drafter.add(f"beside-{j}", other.output[lead + p : lead + p + 1])
         if progress is not None:
             progress(index + 1)
-    if not xs:
-        return np.zeros((0, len(SCORE_FEATURES))), np.zeros(0, np.int8), np.zeros(0, np.int64)
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs)
 
 

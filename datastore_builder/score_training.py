@@ -9,7 +9,6 @@ here only, never by the service.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from datastore_builder.recent_training import RecentReport, train_recent
-from datastore_builder.training_data import TrainingRecord, labelled_nodes, log_loss
+from datastore_builder.training_data import TrainingRecord, log_loss, replay
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.readers import detect_format, iter_records
 from drafter_service.corpus.records import RecordSpec, id_parts
@@ -38,10 +37,9 @@ LIVE_BASE = [
     if name.startswith("live_")
 ]
 """Each live source's column and its base counterpart's."""
-
-
-class NoDraftNodes(BuildError):
-    """The records replayed gave no candidate tree to learn from."""
+_NO_FEATURES = np.zeros((0, len(SCORE_FEATURES)))
+_NO_LABELS = np.zeros(0, dtype=np.int8)
+_NO_GROUPS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,36 +103,21 @@ def collect(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int8], npt.NDArray[np.int64], int]:
     """Features, labels and record index of every labelled node, over every output
-    position of ``records``; and the number of positions."""
-    xs: list[npt.NDArray[np.float64]] = []
-    ys: list[npt.NDArray[np.int8]] = []
-    gs: list[npt.NDArray[np.int64]] = []
-    positions = 0
-    empty = np.zeros(0, dtype=np.int32)
-    budgets = np.zeros(1, dtype=np.int32)  # advancing only: explain drafts
+    position of ``records`` (none if nothing was drafted); and the number of positions."""
+    xs, ys, gs = [_NO_FEATURES], [_NO_LABELS], [_NO_GROUPS]
     for index, record in enumerate(records):
         rid = f"train-{index}"
         drafter.start(rid, record.prompt)
         try:
-            output = record.output.tolist()
-            for p in range(len(output)):
-                delta = record.output[p - 1 : p] if p else empty
-                drafter.draft_batch([rid], delta, np.array([0, len(delta)]), budgets)
-                explained = drafter.explain(rid, candidate_budget)
-                positions += 1
-                tree = explained.tree
-                if not len(tree.tokens):
-                    continue
-                labelled, labels = labelled_nodes(tree.parents, tree.tokens, output[p:])
-                xs.append(explained.features[labelled])
-                ys.append(labels)
-                gs.append(np.full(len(labels), index, dtype=np.int64))
+            for _, x, y in replay(drafter, rid, record.output, candidate_budget):
+                xs.append(x)
+                ys.append(y)
+                gs.append(np.full(len(y), index, dtype=np.int64))
         finally:
             drafter.stop(rid)
         if progress is not None:
             progress(index + 1)
-    if not xs:
-        raise NoDraftNodes("the held-out records gave no draft nodes to learn from")
+    positions = sum(len(r.output) for r in records)
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
 
 
@@ -153,32 +136,25 @@ def collect_live(
     # What each record stores once finished, and its prompt, computed once.
     documents = [generation_document(r.prompt, r.output, policy, vocab_size) for r in records]
     keys = [r.prompt_key() for r in records]
-    xs: list[npt.NDArray[np.float64]] = []
-    ys: list[npt.NDArray[np.int8]] = []
-    gs: list[npt.NDArray[np.int64]] = []
+    xs, ys, gs = [_NO_FEATURES], [_NO_LABELS], [_NO_GROUPS]
     positions = 0
     try:
         for index in range(1, len(records)):
-            record = records[index]
             live = [doc for doc, key in zip(documents[:index], keys[:index], strict=True)
                     if key != keys[index]]  # fmt: skip
             if live:
                 drafter.set_datastore(
                     Datastore([base, SubIndex.build(live, vocab_size)], vocab_size, base_count=1)
                 )
-                with contextlib.suppress(NoDraftNodes):
-                    x, y, _, n = collect(drafter, [record], candidate_budget)
-                    xs.append(x)
-                    ys.append(y)
-                    gs.append(np.full(len(y), index, dtype=np.int64))
-                    positions += n
+                x, y, _, n = collect(drafter, [records[index]], candidate_budget)
+                xs.append(x)
+                ys.append(y)
+                gs.append(np.full(len(y), index, dtype=np.int64))
+                positions += n
             if progress is not None:
                 progress(len(records) + index + 1)
     finally:
         drafter.set_datastore(Datastore([base], vocab_size))
-    if not xs:
-        empty = np.zeros((0, len(SCORE_FEATURES)))
-        return empty, np.zeros(0, np.int8), np.zeros(0, np.int64), positions
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs), positions
 
 
@@ -251,6 +227,8 @@ def train(
     index = SubIndex.build(rest, vocab_size)
     drafter = Drafter(vocab_size, hand, Datastore([index], vocab_size))
     x, y, groups, positions = collect(drafter, held, candidate_budget, progress)
+    if not len(y):
+        raise BuildError("the held-out records gave no draft nodes to learn from")
     lx, ly, lgroups, live_positions = collect_live(drafter, held, index, candidate_budget,
                                                    progress)  # fmt: skip
     x = tie_live_to_base(np.concatenate([x, lx]))

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from datastore_builder.score_training import NoDraftNodes, collect, fit
+from datastore_builder.score_training import collect, fit
 from datastore_builder.training_data import TrainingRecord
 from drafter_bench.live_replay import ReplayLiveStore
 from drafter_bench.replay import ReplaySettings, replay
@@ -71,13 +71,9 @@ def collect_live(
     try:
         for record in records:
             drafter = Drafter(VOCAB, config, live.datastore)
-            try:
-                x, y, _, _ = collect(drafter, _training([record]), CANDIDATE_BUDGET)
-            except NoDraftNodes:  # nothing drafted for this record: nothing to learn from
-                pass
-            else:
-                xs.append(x)
-                ys.append(y)
+            x, y, _, _ = collect(drafter, _training([record]), CANDIDATE_BUDGET)
+            xs.append(x)
+            ys.append(y)
             live.ingest([record])
     finally:
         live.close()

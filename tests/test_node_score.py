@@ -15,12 +15,8 @@ import pytest
 
 from datastore_builder.builder_cli import main as builder_main
 from datastore_builder.recent_training import fit_recent
-from datastore_builder.score_training import (
-    labelled_nodes,
-    read_training_records,
-    tie_live_to_base,
-    train,
-)
+from datastore_builder.score_training import read_training_records, tie_live_to_base, train
+from datastore_builder.training_data import labelled_nodes
 from drafter_service.drafting.drafter import SCORE_FEATURES
 from drafter_service.drafting.node_score import (
     METADATA_KEY,
