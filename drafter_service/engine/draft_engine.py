@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +40,6 @@ from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
 from drafter_service.replication.shared_log import LogError
 
 Place = tuple[str, int]  # (datastore, row in its batch)
-Holds = dict[str, list[tuple[str, HeldRequest, int]]]
-# per datastore, its job's rows in order: (request id, state, bytes reserved for the row)
 HOPELESS = 2.0  # a call is refused at once when the queued work is this many times its time
 
 
@@ -103,17 +102,16 @@ class DraftEngine:
             self._check_state_bytes(call)
             places: list[Place | None] = []
             lengths: list[int] = []
-            holds: Holds = {}
             group = self._group(call.client)
             for i in range(len(call.request_ids)):
-                place, length = self._plan(call, i, now, jobs, holds, group)
+                place, length = self._plan(call, i, now, jobs, group)
                 places.append(place)
                 lengths.append(length)
             self._stop_all(self.table.trim(keep=call.request_ids), jobs)
             for job in jobs.values():  # its rows index the call's columns
                 job.tokens, job.offsets = call.tokens, call.offsets
                 job.deadline_s, job.clock = deadline_s, self.clock
-            future = self._runner.run(jobs, lambda results: self._settled(jobs, results, holds))
+            future = self._runner.run(jobs, functools.partial(self._settled, jobs))
         except BaseException:
             self._release()
             raise
@@ -151,7 +149,6 @@ class DraftEngine:
         i: int,
         now: float,
         jobs: dict[str, DrafterJob],
-        holds: Holds,
         group: int,
     ) -> tuple[Place | None, int]:
         request_id = call.request_ids[i]
@@ -176,8 +173,8 @@ class DraftEngine:
             reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
             row = i
             self.table.touch(request_id, now)
-        holds.setdefault(state.datastore, []).append((request_id, state, reserved))
         job = jobs_for(jobs, state.datastore)
+        job.states.append((state, reserved))
         return (state.datastore, job.add(request_id, row, call.budgets[i])), state.length
 
     async def finish(
@@ -208,7 +205,7 @@ class DraftEngine:
 
             def settled(results: dict[str, JobOutcome]) -> None:
                 # Queued once the tokens are read, whether or not the caller still waits.
-                self._settled(jobs, results, {})
+                self._settled(jobs, results)
                 for name, live, item, prompt_length in stores:
                     held = jobs[name].collected.get(item.request_id)
                     if held is None:
@@ -252,7 +249,7 @@ class DraftEngine:
         self._stop_all(expired, jobs)
         if jobs:
             self._inflight += 1  # released when settled, like a call's
-            settled = self._runner.run(jobs, lambda results: self._settled(jobs, results, {}))
+            settled = self._runner.run(jobs, functools.partial(self._settled, jobs))
             settled.add_done_callback(_retrieve)
         return len(expired)
 
@@ -330,24 +327,23 @@ class DraftEngine:
     def _release(self, _: object = None) -> None:
         self._inflight -= 1
 
-    def _settled(
-        self, jobs: dict[str, DrafterJob], results: dict[str, JobOutcome], holds: Holds
-    ) -> None:
+    def _settled(self, jobs: dict[str, DrafterJob], results: dict[str, JobOutcome]) -> None:
         """A call's jobs have all run: end its admission, count what each request's state
         holds, forget requests whose job failed (it stopped them: they answer RESYNC)."""
         self._release()
         table = self.table
         for name, result in results.items():
+            rows = zip(jobs[name].request_ids, jobs[name].states, strict=True)
             if isinstance(result, BaseException):
                 # Only the states this call planned: a later call may have restarted
                 # one of its requests meanwhile, and that state is the later call's.
-                for request_id, state, _ in holds.get(name, ()):
+                for request_id, (state, _) in rows:
                     if table.get(request_id) is state:
                         table.pop(request_id)
-            elif result is not None and name in holds:
+            elif result is not None:
                 held, headroom = result.state_bytes.tolist(), result.state_headroom.tolist()
-                for row, (request_id, state, reserved) in enumerate(holds[name]):
-                    table.measured(request_id, state, reserved, held[row], headroom[row])
+                for (request_id, (state, reserved)), b, h in zip(rows, held, headroom, strict=True):
+                    table.measured(request_id, state, reserved, b, h)
 
     def _stop_all(
         self, states: Iterable[tuple[str, HeldRequest]], jobs: dict[str, DrafterJob]

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch, Drafter
 from drafter_service.engine.catalog import Catalog
+from drafter_service.engine.request_table import HeldRequest
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)
 JobResults = dict[str, DraftBatch | None]
@@ -62,6 +63,8 @@ class DrafterJob:
     request_ids: list[str] = field(default_factory=list)  # drafted, in batch order
     rows: list[int] = field(default_factory=list)  # each one's index in the call; -1: none new
     budgets: list[int] = field(default_factory=list)
+    # the engine's, for each drafted request: its state and the bytes reserved for its row
+    states: list[tuple[HeldRequest, int]] = field(default_factory=list)
     tokens: npt.NDArray[np.int32] = field(default_factory=lambda: _NO_TOKENS)  # the call's new
     offsets: list[int] = field(default_factory=lambda: [0])  # tokens; request i's: [o[i], o[i+1])
     seconds: float = 0.0  # how long run() took (set on the worker thread; for metrics)
