@@ -9,13 +9,6 @@ import time
 from tqdm import tqdm
 
 
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f}{unit}"
-    return f"{value:.0f}"
-
-
 class Progress:
     """A tqdm bar over input bytes with a tokens and tokens/s postfix, named by the
     first stage (``description``); silent when ``quiet`` (a disabled bar ignores updates)."""
@@ -39,9 +32,8 @@ class Progress:
         """Records input consumed and tokens produced since the last call."""
         self.tokens += tokens
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        self._bar.set_postfix_str(
-            f"{_si(self.tokens)} tok, {_si(self.tokens / elapsed)} tok/s", refresh=False
-        )
+        done, rate = tqdm.format_sizeof(self.tokens), tqdm.format_sizeof(self.tokens / elapsed)
+        self._bar.set_postfix_str(f"{done} tok, {rate} tok/s", refresh=False)
         self._bar.update(consumed_bytes)
 
     def stage(self, description: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -269,11 +270,9 @@ class Drafter:
         except IndexError as exc:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
         except ValueError:  # the native check (a handle twice) says it by handle
-            seen: set[str] = set()
-            for r in request_ids:
-                if r in seen:
-                    raise ValueError(f"request {r!r} appears twice in one batch") from None
-                seen.add(r)
+            twice = [r for r, n in Counter(request_ids).items() if n > 1]
+            if twice:
+                raise ValueError(f"request {twice[0]!r} appears twice in one batch") from None
             raise
 
     def explain(self, request_id: str, budget: int) -> ExplainedTree:

@@ -224,14 +224,10 @@ class JobRunner:
             slot.executor.submit(_run, loop, job, slot.drafter, functools.partial(settle, name))
         return future
 
-    @property
-    def seconds_per_weight(self) -> float:
-        return self._seconds / self._units
-
     def expected_wait_s(self) -> float:
         """How long a call planned now would wait for its turn: the most work queued on
         one datastore, at the measured speed (0 when nothing is queued)."""
-        return max(self._queued.values(), default=0) * self.seconds_per_weight
+        return max(self._queued.values(), default=0) * self._seconds / self._units
 
     async def wait_idle(self) -> None:
         """Returns once every submitted job has run."""
