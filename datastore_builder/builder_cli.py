@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,7 +27,7 @@ from drafter_service.corpus.pipeline import (
     BuildConfig,
     build,
 )
-from drafter_service.corpus.readers import FORMATS, TEXT_SPLITS, Format, TextSplit
+from drafter_service.corpus.readers import FORMATS, TEXT_SPLITS
 from drafter_service.corpus.records import RECORD_KINDS, STORES, RecordKind, RecordSpec, Store
 
 PROG = "datastore-builder"
@@ -54,6 +55,7 @@ def add_build_parser(subparsers: Any) -> None:
     io.add_argument(
         "--input",
         action="append",
+        dest="inputs",
         required=True,
         type=Path,
         metavar="PATH",
@@ -186,21 +188,10 @@ def _record_spec(args: argparse.Namespace) -> RecordSpec:
 
 
 def _config(args: argparse.Namespace) -> BuildConfig:
-    return BuildConfig(
-        inputs=list(args.input),
-        output=args.output,
-        spec=_record_spec(args),
-        format=cast(Format | None, args.format),
-        text_split=cast(TextSplit, args.text_split),
-        tokenizer=args.tokenizer,
-        tokenizer_config=args.tokenizer_config,
-        chat_template=args.chat_template,
-        tokenizer_name=args.tokenizer_name,
-        vocab_size=args.vocab_size,
-        max_sub_index_tokens=args.max_sub_index_tokens,
-        batch_docs=args.batch_docs,
-        quiet=args.quiet,
-    )
+    """The build the command line asks for: every option is the BuildConfig field of its
+    name (``--input`` stores into ``inputs``)."""
+    names = [f.name for f in fields(BuildConfig) if f.name != "spec"]
+    return BuildConfig(spec=_record_spec(args), **{name: getattr(args, name) for name in names})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
