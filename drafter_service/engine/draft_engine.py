@@ -100,13 +100,8 @@ class DraftEngine:
             jobs: dict[str, DrafterJob] = {}
             self._stop_all(self.table.expire(now), jobs)
             self._check_state_bytes(call)
-            places: list[Place | None] = []
-            lengths: list[int] = []
             group = self._group(call.client)
-            for i in range(len(call.request_ids)):
-                place, length = self._plan(call, i, now, jobs, group)
-                places.append(place)
-                lengths.append(length)
+            planned = [self._plan(call, i, now, jobs, group) for i in range(len(call.request_ids))]
             self._stop_all(self.table.trim(keep=call.request_ids), jobs)
             for job in jobs.values():  # its rows index the call's columns
                 job.tokens, job.offsets = call.tokens, call.offsets
@@ -131,11 +126,11 @@ class DraftEngine:
         for name, batch in batches.items():
             if batch is not None:
                 self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
-        trees: list[tuple[DraftBatch, int] | None] = [None] * len(places)
-        for i, place in enumerate(places):
+        trees: list[tuple[DraftBatch, int] | None] = [None] * len(planned)
+        for i, (place, _) in enumerate(planned):
             if place is not None and (batch := batches[place[0]]) is not None:
                 trees[i] = (batch, place[1])
-        return DraftAnswer(call.request_ids, lengths, trees)
+        return DraftAnswer(call.request_ids, [length for _, length in planned], trees)
 
     def _group(self, client: str) -> int:
         """``client``'s recent-tier group: 0 (seen by all) unless clients are kept apart."""

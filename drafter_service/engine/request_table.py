@@ -86,7 +86,9 @@ class RequestTable:
         self.max_bytes = max_bytes
         self._states: OrderedDict[str, HeldRequest] = OrderedDict()  # oldest use first
         self.cost = cost
-        self._bytes = 0  # sum of the states' bytes
+        # Memory the states hold (the sum of their bytes): measured after their last native
+        # work, plus what is reserved for work planned since.
+        self.bytes = 0
         self.evicted = {"ttl": 0, "count": 0, "bytes": 0}  # states dropped, by bound
         self.clock = clock  # what ``now_s`` arguments are read from (monotonic seconds)
 
@@ -95,12 +97,6 @@ class RequestTable:
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._states
-
-    @property
-    def bytes(self) -> int:
-        """Memory the states hold: measured after their last native work, plus what is
-        reserved for work planned since."""
-        return self._bytes
 
     def get(self, request_id: str) -> HeldRequest | None:
         return self._states.get(request_id)
@@ -115,7 +111,7 @@ class RequestTable:
         state = HeldRequest(datastore, length, prompt_length, now_s, reserved, reserved,
                              pending=1)  # fmt: skip
         self._states[request_id] = state
-        self._bytes += reserved
+        self.bytes += reserved
         return state, reserved
 
     def growth(self, state: HeldRequest, tokens: int) -> int:
@@ -134,7 +130,7 @@ class RequestTable:
         state.bytes += reserved
         state.reserved += reserved
         state.pending += 1
-        self._bytes += reserved
+        self.bytes += reserved
         return reserved
 
     def measured(
@@ -148,7 +144,7 @@ class RequestTable:
         state.reserved -= reserved
         state.pending -= 1
         now = held + PYTHON_STATE_BYTES + state.reserved
-        self._bytes += now - state.bytes
+        self.bytes += now - state.bytes
         state.bytes = now
         state.headroom = headroom if not state.pending else 0  # work planned since used some
 
@@ -180,7 +176,7 @@ class RequestTable:
             return []
         kept = set(keep)
         doomed: list[str] = []
-        count, held = len(self._states), self._bytes
+        count, held = len(self._states), self.bytes
         for request_id, state in self._states.items():  # oldest first
             if count <= self.max_states and held <= self.max_bytes:
                 break
@@ -196,5 +192,5 @@ class RequestTable:
 
     def _remove(self, request_id: str) -> HeldRequest:
         state = self._states.pop(request_id)
-        self._bytes -= state.bytes
+        self.bytes -= state.bytes
         return state
