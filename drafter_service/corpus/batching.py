@@ -15,7 +15,6 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.readers import TEXT_KEY, Format, TextSplit, iter_records
 from drafter_service.corpus.records import RecordSpec, Renderer, id_parts, text_parts
 
@@ -143,13 +142,3 @@ def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
     finally:
         stop.set()
         thread.join()
-
-
-def check_kinds(inputs: list[InputFile], spec: RecordSpec) -> None:
-    """Plain-text files hold text: they cannot feed a ``token-ids`` build."""
-    for item in inputs:
-        if item.format == "text" and spec.kind == "token-ids":
-            raise BuildError(
-                f"{item.path}: a plain-text input cannot hold token ids "
-                "(--records token-ids needs JSONL or Parquet inputs)"
-            )

@@ -17,7 +17,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from drafter_service.corpus.batching import Batch, InputFile, check_kinds, iter_batches, prefetch
+from drafter_service.corpus.batching import Batch, InputFile, iter_batches, prefetch
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.build_progress import Progress
 from drafter_service.corpus.chunks import Chunk, TextTokenizer, make_chunk
@@ -86,7 +86,12 @@ def build(config: BuildConfig) -> BuildReport:
         InputFile(path, config.format or detect_format(path), input_size(path))
         for path in config.inputs
     ]
-    check_kinds(inputs, config.spec)
+    for item in inputs:
+        if item.format == "text" and config.spec.kind == "token-ids":
+            raise BuildError(
+                f"{item.path}: a plain-text input cannot hold token ids "
+                "(--records token-ids needs JSONL or Parquet inputs)"
+            )
     tokenizer, identity, vocab_size = _tokenizer(config, inputs)
     template = None
     if config.spec.kind == "chat" and any(i.format != "text" for i in inputs):
