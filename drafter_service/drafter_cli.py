@@ -43,16 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def freeze_startup_heap() -> int:
-    """Moves every object alive after startup (~90,000) out of the cyclic collector's reach
-    and returns how many: else each full collection traverses them all holding the GIL
-    (~30 ms on 2 cores, a step waiting for it). Frozen objects are still freed by refcount;
-    ``serve`` unfreezes them once it has stopped."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 async def serve(config: ServeConfig) -> None:
     """Runs until SIGTERM/SIGINT, then shuts down gracefully."""
     loop = asyncio.get_running_loop()
@@ -64,7 +54,12 @@ async def serve(config: ServeConfig) -> None:
         log.info("malloc: buffers of %d KiB or more are returned to the system when freed "
                  "(M_MMAP_THRESHOLD fixed; %s overrides)", threshold >> 10, MALLOC_ENV)  # fmt: skip
     server = await start_server(config)
-    log.info("froze %d objects that outlive startup (gc.freeze)", freeze_startup_heap())
+    # Every object alive after startup (~90,000) out of the cyclic collector's reach: else
+    # each full collection traverses them all holding the GIL (~30 ms on 2 cores, a step
+    # waiting for it). Frozen objects are still freed by refcount.
+    gc.collect()
+    gc.freeze()
+    log.info("froze %d objects that outlive startup (gc.freeze)", gc.get_freeze_count())
     try:
         print(f"drafter listening on {server.address}", flush=True)
         await stop.wait()
