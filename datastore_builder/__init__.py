@@ -1,9 +1,5 @@
 """Offline datastore builder: text or token records in, a datastore snapshot out.
 
 Command line: ``datastore-builder build`` (:mod:`datastore_builder.builder_cli`); from
-Python: :func:`drafter_service.corpus.pipeline.build`.
+Python: :func:`drafter_service.corpus.pipeline.build` (errors: its ``BuildError``).
 """
-
-from drafter_service.corpus.build_errors import BuildError
-
-__all__ = ["BuildError"]
