@@ -196,7 +196,7 @@ def _chunks(
 def _ids_only(config: BuildConfig, inputs: list[InputFile]) -> bool:
     """Whether every input holds token ids (nothing to tokenize: plain text files are
     text whatever the record kind)."""
-    return not config.spec.needs_tokenizer and all(i.format != "text" for i in inputs)
+    return config.spec.kind == "token-ids" and all(i.format != "text" for i in inputs)
 
 
 def _tokenizer(

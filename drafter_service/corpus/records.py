@@ -55,10 +55,6 @@ class RecordSpec:
             return (self.output_field,)
         return (self.prompt_field, self.output_field)
 
-    @property
-    def needs_tokenizer(self) -> bool:
-        return self.kind != "token-ids"
-
 
 def _field(record: Mapping[str, Any], name: str, where: str) -> Any:
     try:
