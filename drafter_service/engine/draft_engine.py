@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,7 +32,6 @@ from drafter_service.engine.draft_jobs import (
     JobOutcome,
     JobRunner,
     RequestsDropped,
-    jobs_for,
 )
 from drafter_service.engine.engine_metrics import EngineMetrics, Unobserved
 from drafter_service.engine.ingest_queue import GenerationIngester
@@ -40,6 +40,7 @@ from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
 from drafter_service.replication.shared_log import LogError
 
 Place = tuple[str, int]  # (datastore, row in its batch)
+Jobs = defaultdict[str, DrafterJob]  # a call's, by datastore
 HOPELESS = 2.0  # a call is refused at once when the queued work is this many times its time
 
 
@@ -97,7 +98,7 @@ class DraftEngine:
         self._admit()
         try:
             now = self.table.clock()
-            jobs: dict[str, DrafterJob] = {}
+            jobs: Jobs = defaultdict(DrafterJob)
             self._stop_all(self.table.expire(now), jobs)
             self._check_state_bytes(call)
             group = self._group(call.client)
@@ -143,32 +144,32 @@ class DraftEngine:
         call: DraftCall,
         i: int,
         now: float,
-        jobs: dict[str, DrafterJob],
+        jobs: Jobs,
         group: int,
     ) -> tuple[Place | None, int]:
         request_id = call.request_ids[i]
         state = self.table.get(request_id)
         if call.known_lengths[i] == 0:  # (re)start: the tokens are the whole context
             if state is not None:
-                jobs_for(jobs, state.datastore).stops.append(request_id)
+                jobs[state.datastore].stops.append(request_id)
             name, tokens = call.datastores[i], call.new_tokens(i)
             state, reserved = self.table.start(
                 request_id, name, len(tokens), call.prompt_lengths[i], now
             )
             shared = not (call.private and call.private[i])
-            jobs_for(jobs, name).starts.append((request_id, tokens, shared, group))
+            jobs[name].starts.append((request_id, tokens, shared, group))
             row = -1  # its tokens are in the start
         elif state is None or state.length != call.known_lengths[i]:  # the client's view is stale
             self.metrics.count_resync("unknown" if state is None else "length_mismatch")
             if state is not None:
                 self.table.pop(request_id)
-                jobs_for(jobs, state.datastore).stops.append(request_id)
+                jobs[state.datastore].stops.append(request_id)
             return None, 0
         else:
             reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
             row = i
             self.table.touch(request_id, now)
-        job = jobs_for(jobs, state.datastore)
+        job = jobs[state.datastore]
         job.states.append((state, reserved))
         return (state.datastore, job.add(request_id, row, call.budgets[i])), state.length
 
@@ -181,7 +182,7 @@ class DraftEngine:
         self._admit()
         tickets: list[concurrent.futures.Future[bool]] = []
         try:
-            jobs: dict[str, DrafterJob] = {}
+            jobs: Jobs = defaultdict(DrafterJob)
             self._stop_all(self.table.expire(self.table.clock()), jobs)
             unknown: list[str] = []
             stores: list[tuple[str, LiveDatastore, Finished, int]] = []
@@ -190,7 +191,7 @@ class DraftEngine:
                 if state is None:
                     unknown.append(item.request_id)
                     continue
-                job = jobs_for(jobs, state.datastore)
+                job = jobs[state.datastore]
                 job.stops.append(item.request_id)
                 live = self.catalog.slots[state.datastore].live
                 generated = state.length + len(item.final_tokens) - state.prompt_length
@@ -239,7 +240,7 @@ class DraftEngine:
 
     def expire_idle(self) -> int:
         """Drops request states idle past the TTL (also done at every call)."""
-        jobs: dict[str, DrafterJob] = {}
+        jobs: Jobs = defaultdict(DrafterJob)
         expired = self.table.expire(self.table.clock())
         self._stop_all(expired, jobs)
         if jobs:
@@ -340,11 +341,9 @@ class DraftEngine:
                 for (request_id, (state, reserved)), b, h in zip(rows, held, headroom, strict=True):
                     table.measured(request_id, state, reserved, b, h)
 
-    def _stop_all(
-        self, states: Iterable[tuple[str, HeldRequest]], jobs: dict[str, DrafterJob]
-    ) -> None:
+    def _stop_all(self, states: Iterable[tuple[str, HeldRequest]], jobs: Jobs) -> None:
         for request_id, state in states:
-            jobs_for(jobs, state.datastore).stops.append(request_id)
+            jobs[state.datastore].stops.append(request_id)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

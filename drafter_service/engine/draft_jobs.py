@@ -144,13 +144,6 @@ class DrafterJob:
             self.seconds = time.perf_counter() - start
 
 
-def jobs_for(jobs: dict[str, DrafterJob], datastore: str) -> DrafterJob:
-    job = jobs.get(datastore)
-    if job is None:
-        job = jobs[datastore] = DrafterJob()
-    return job
-
-
 class JobRunner:
     """Submits a call's jobs and resolves when all of them have run. Event loop only.
 
