@@ -9,7 +9,6 @@ consumed are reported through ``advance`` (progress against the file size).
 from __future__ import annotations
 
 import gzip
-import io
 import itertools
 import os
 import zlib
@@ -75,21 +74,15 @@ def input_size(path: Path) -> int:
     return st.st_size
 
 
-def _open_binary(path: Path) -> tuple[gzip.GzipFile | io.BufferedReader, io.BufferedReader]:
-    """``(stream, raw)``: the decompressed stream and the raw file, whose position
-    is the number of input bytes consumed."""
+def _iter_lines(path: Path, advance: Advance) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a possibly gzipped file, reporting progress (the raw
+    file's position is the number of input bytes consumed)."""
     try:
-        raw = open(path, "rb")  # closed by the caller
+        raw = open(path, "rb")
     except OSError as exc:
         raise BuildError(f"{path}: cannot open: {exc.strerror or exc}") from None
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
-    return raw, raw
-
-
-def _iter_lines(path: Path, advance: Advance) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` of a possibly gzipped file, reporting progress."""
-    stream, raw = _open_binary(path)
+    gzipped = raw.peek(2)[:2] == b"\x1f\x8b"
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if gzipped else raw
     with raw, stream:
         lineno = 0
         reported = 0
@@ -174,17 +167,10 @@ def iter_text(
     path: Path, split: TextSplit, advance: Advance
 ) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Plain text: the whole file as one document, or one per paragraph / line."""
-    if split == "document":
-        stream, raw = _open_binary(path)
-        with raw, stream:
-            try:
-                data = stream.read()
-            except _READ_ERRORS as exc:
-                raise BuildError(f"{path}: cannot read: {exc}") from None
-            advance(os.fstat(raw.fileno()).st_size)
-        yield str(path), {TEXT_KEY: _decode(data, str(path))}
-        return
     lines = _iter_lines(path, advance)
+    if split == "document":
+        yield str(path), {TEXT_KEY: _decode(b"".join(line for _, line in lines), str(path))}
+        return
     if split == "line":
         documents: Iterator[list[tuple[int, bytes]]] = ([n] for n in lines if n[1].strip())
     else:  # runs of non-blank lines
