@@ -10,7 +10,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -20,8 +20,6 @@ from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.datastore.tokens import as_token_array
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.native import _core
-
-_NO_INT64: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 T = TypeVar("T")
@@ -54,8 +52,8 @@ class DraftBatch:
     offsets: npt.NDArray[np.int64]
     # Each request's state after the call: the bytes it holds and how many more tokens
     # it takes without allocating.
-    state_bytes: npt.NDArray[np.int64] = field(default_factory=lambda: _NO_INT64)
-    state_headroom: npt.NDArray[np.int64] = field(default_factory=lambda: _NO_INT64)
+    state_bytes: npt.NDArray[np.int64]
+    state_headroom: npt.NDArray[np.int64]
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
