@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"wrote {info.path}: {report.tokens:,} tokens in {report.documents:,} documents "
         f"({report.records:,} records, {report.empty_documents:,} empty skipped), "
         f"{len(info.sub_indices)} sub-index(es), {report.seconds:.2f} s, "
-        f"{report.tokens_per_second / 1e6:.2f}M tokens/s"
+        f"{report.tokens / max(report.seconds, 1e-9) / 1e6:.2f}M tokens/s"
     )
     return 0
 

@@ -69,10 +69,6 @@ class BuildReport:
     tokens: int  # token ids, separators excluded
     seconds: float
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / max(self.seconds, 1e-9)
-
 
 def build(config: BuildConfig) -> BuildReport:
     """Runs one build; raises :class:`BuildError` naming the file, line or field at fault."""
