@@ -29,6 +29,7 @@ from drafter_service.corpus.pipeline import (
 )
 from drafter_service.corpus.readers import FORMATS, TEXT_SPLITS
 from drafter_service.corpus.records import RECORD_KINDS, STORES, RecordKind, RecordSpec, Store
+from drafter_service.snapshot.manifest import SnapshotError
 
 PROG = "datastore-builder"
 
@@ -210,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train-score":
             return run_train_score(args)
         report = build(_config(args))
-    except BuildError as exc:
+    except (BuildError, SnapshotError) as exc:  # train-score's snapshots: SnapshotError
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -20,7 +20,6 @@ from datastore_builder.score_training import read_training_records, train
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.drafting.draft_config import DraftConfig, config_pair_argument
 from drafter_service.drafting.node_score import METADATA_KEY
-from drafter_service.snapshot.manifest import SnapshotError
 from drafter_service.snapshot.store import load_snapshot, write_snapshot
 
 
@@ -65,7 +64,8 @@ def add_train_score_parser(subparsers: Any, positive: Any) -> None:
 
 
 def run_train_score(args: argparse.Namespace) -> int:
-    """Runs ``train-score``; raises :class:`BuildError` naming what is wrong."""
+    """Runs ``train-score``; raises :class:`BuildError` (:class:`SnapshotError` for the
+    snapshots) naming what is wrong."""
     if args.snapshot is None and args.score_out is None:
         raise BuildError("nothing to write: give --snapshot DIR --output DIR and/or --score-out")
     if (args.snapshot is None) != (args.output is None):
@@ -75,10 +75,7 @@ def run_train_score(args: argparse.Namespace) -> int:
     datastore = info = None
     vocab_size = args.vocab_size
     if args.snapshot is not None:
-        try:
-            datastore, info = load_snapshot(args.snapshot)
-        except SnapshotError as exc:
-            raise BuildError(str(exc)) from None
+        datastore, info = load_snapshot(args.snapshot)
         vocab_size = vocab_size or info.tokenizer.vocab_size
     if vocab_size is None:
         raise BuildError("give --vocab-size (or --snapshot, whose vocabulary is used)")
@@ -125,13 +122,10 @@ def run_train_score(args: argparse.Namespace) -> int:
         args.score_out.write_text(json.dumps(score.to_json(), indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.score_out}")
     if datastore is not None and info is not None:
-        try:
-            new = write_snapshot(
-                args.output, datastore, info.tokenizer,
-                wal_position=info.wal_position,
-                metadata={**info.metadata, METADATA_KEY: score.to_json()},
-            )  # fmt: skip
-        except SnapshotError as exc:
-            raise BuildError(str(exc)) from None
+        new = write_snapshot(
+            args.output, datastore, info.tokenizer,
+            wal_position=info.wal_position,
+            metadata={**info.metadata, METADATA_KEY: score.to_json()},
+        )  # fmt: skip
         print(f"wrote {new.path}: {info.path}'s sub-indices with the node score")
     return 0
