@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-import numpy as np
-import numpy.typing as npt
-
 from drafter_service.corpus.readers import TEXT_KEY, Format, TextSplit, iter_records
 from drafter_service.corpus.records import RecordSpec, Renderer, id_parts, text_parts
 
@@ -34,11 +31,11 @@ class InputFile:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Documents to tokenize (``texts``) or already tokenized (``ids``): each document
-    is ``parts_per_doc`` consecutive entries."""
+    """Documents, each ``parts_per_doc`` consecutive ``parts``: texts to tokenize, or
+    token-id arrays (``ids``)."""
 
-    texts: list[str] | None
-    ids: list[npt.NDArray[np.int32]] | None
+    parts: list[Any]
+    ids: bool
     parts_per_doc: int
     wheres: list[str]
     consumed: int  # input bytes read since the previous batch
@@ -68,8 +65,7 @@ def iter_batches(
 
     def flush() -> Batch:
         nonlocal parts, wheres, size, consumed
-        ids = shape[0]
-        batch = Batch(None if ids else parts, parts if ids else None, shape[1], wheres, consumed)
+        batch = Batch(parts, shape[0], shape[1], wheres, consumed)
         parts, wheres, size, consumed = [], [], 0, 0
         return batch
 

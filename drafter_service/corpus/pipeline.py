@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from drafter_service.corpus.batching import Batch, InputFile, iter_batches, prefetch
 from drafter_service.corpus.build_errors import BuildError
@@ -167,11 +167,10 @@ def _chunks(
     finished batch's ids are converted (which needs the GIL)."""
 
     def work(batch: Batch) -> Chunk:
-        if batch.texts is not None:
+        parts = batch.parts
+        if not batch.ids:
             assert tokenizer is not None  # _tokenizer ensures it for text inputs
-            parts: Sequence[Any] = tokenizer.encode(batch.texts)
-        else:
-            parts = batch.ids or []
+            parts = tokenizer.encode(parts)
         return make_chunk(parts, batch.parts_per_doc, batch.wheres, vocab_size)
 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
