@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.datastore.tokens import as_token_array
+
 
 def parse_json_line(line: str | bytes, where: str, lineno: int, error: type[ValueError]) -> Any:
     """The JSON value on line ``lineno``; ``error`` saying why when it is not valid JSON."""
@@ -42,11 +44,7 @@ def token_id_array(
         bad = next((v for v in value if isinstance(v, bool) or not isinstance(v, int)), None)
         what = f"holds a non-integer value {bad!r:.40}" if bad is not None else "is too large"
         raise error(f"{where}: field {name!r} must be a flat list of token ids; it {what}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_size:
-        i = int(np.argmax((arr < 0) | (arr >= vocab_size)))
-        raise error(
-            f"{where}: field {name!r}: token id {int(arr[i])} at index {i} is outside "
-            f"[0, {vocab_size})"
-        )
-    return arr.astype(np.int32, copy=False)
+    try:
+        return as_token_array(arr, vocab_size, what=f"{where}: field {name!r}")
+    except ValueError as exc:  # an id out of range, named with its index
+        raise error(str(exc)) from None
