@@ -35,12 +35,8 @@ def labelled_nodes(
     labelled = np.zeros(len(tokens), dtype=np.bool_)
     depth = np.zeros(len(tokens), dtype=np.int64)
     for i, (parent, token) in enumerate(zip(parents.tolist(), tokens.tolist(), strict=True)):
-        if parent < 0:
-            depth[i] = 1
-            labelled[i] = True
-        else:
-            depth[i] = depth[parent] + 1
-            labelled[i] = bool(on_path[parent])
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+        labelled[i] = parent < 0 or on_path[parent]
         d = int(depth[i])
         on_path[i] = labelled[i] and d <= len(truth) and token == truth[d - 1]
     return labelled, on_path[labelled].astype(np.int8)
