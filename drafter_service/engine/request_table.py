@@ -66,8 +66,8 @@ class HeldRequest:
 
 
 class RequestTable:
-    """Request states in least-recently-used order, with a TTL, a count and a byte bound.
-    Not thread-safe: used from the event loop only."""
+    """Request states in least-recently-used order, with a TTL, a count and a byte bound
+    (positive: the settings check them). Not thread-safe: used from the event loop only."""
 
     def __init__(
         self,
@@ -77,10 +77,6 @@ class RequestTable:
         cost: StateCost = StateCost(max_depth=16, vocab_size=128256),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if ttl_s <= 0 or max_states < 1 or max_bytes < 1:
-            raise ValueError(
-                f"ttl_s {ttl_s}, max_states {max_states} and max_bytes {max_bytes} must be positive"
-            )
         self.ttl_s = ttl_s
         self.max_states = max_states
         self.max_bytes = max_bytes
