@@ -34,6 +34,7 @@ from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.engine.draft_engine import DraftEngine
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import RequestTable
+from drafter_service.metrics.drafter_metrics import DrafterMetrics
 from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 
@@ -52,7 +53,8 @@ def engine() -> Iterator[DraftEngine]:
     limits = CallLimits(VOCAB, "", 1024, 1 << 20, 256, frozenset([NAME]), frozenset(), NAME)
     ingester = GenerationIngester(16)
     yield DraftEngine(catalog, limits, RequestTable(600, 1000), ingester,
-                      max_inflight_calls=64, inline_max_work=0, max_queue_s=1.0,
+                      max_inflight_calls=64, metrics=DrafterMetrics(), inline_max_work=0,
+                      max_queue_s=1.0,
                       clock=lambda: NOW[0])  # fmt: skip
     for gate in _GATES:  # a failed test leaves none closed
         gate.set()

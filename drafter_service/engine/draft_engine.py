@@ -33,7 +33,7 @@ from drafter_service.engine.draft_jobs import (
     JobRunner,
     RequestsDropped,
 )
-from drafter_service.engine.engine_metrics import EngineMetrics, Unobserved
+from drafter_service.engine.engine_metrics import EngineMetrics
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import HeldRequest, RequestTable
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
@@ -62,7 +62,7 @@ class DraftEngine:
         table: RequestTable,
         ingester: GenerationIngester,
         max_inflight_calls: int,
-        metrics: EngineMetrics | None = None,
+        metrics: EngineMetrics,
         inline_max_work: int = 0,
         finish_durable: bool = False,
         max_queue_s: float = 0.25,
@@ -77,7 +77,7 @@ class DraftEngine:
         self.max_inflight_calls = max_inflight_calls
         self.max_queue_s = max_queue_s  # drafting work queued ahead of a call, at most
         self.clock = clock  # what call deadlines are read against (monotonic seconds)
-        self.metrics: EngineMetrics = Unobserved() if metrics is None else metrics
+        self.metrics = metrics
         self._inflight = 0
         # With clients_apart: a recent-tier group per client name (1, 2, ...); else all 0.
         self._groups: dict[str, int] | None = {} if clients_apart else None

@@ -18,15 +18,3 @@ class EngineMetrics(Protocol):
     def record_trees(
         self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
     ) -> None: ...
-
-
-class Unobserved:
-    """Reports nowhere (an engine built without metrics)."""
-
-    def count_resync(self, reason: str, n: int = 1) -> None:
-        pass
-
-    def record_trees(
-        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
-    ) -> None:
-        pass
