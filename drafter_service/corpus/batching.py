@@ -25,7 +25,7 @@ class InputFile:
 
     path: Path
     format: Format
-    size: int  # bytes on disk
+    bytes: int  # on disk
     records: int = 0
 
 

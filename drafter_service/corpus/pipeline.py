@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,7 +101,7 @@ def build(config: BuildConfig) -> BuildReport:
     packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
     # Token-id records are read, not tokenized: the bar says which work it measures.
     first_stage = "reading token ids" if _ids_only(config, inputs) else "tokenizing"
-    progress = Progress(sum(i.size for i in inputs), config.quiet, first_stage)
+    progress = Progress(sum(i.bytes for i in inputs), config.quiet, first_stage)
     documents = empty = 0
     try:
         batches = iter_batches(
@@ -236,15 +236,7 @@ def _metadata(
         "tool_version": version,
         "records": config.spec.kind,
         "fields": list(config.spec.fields),
-        "inputs": [
-            {
-                "path": str(i.path.resolve()),
-                "format": i.format,
-                "bytes": i.size,
-                "records": i.records,
-            }
-            for i in inputs
-        ],
+        "inputs": [{**asdict(i), "path": str(i.path.resolve())} for i in inputs],
         "documents": documents,
         "empty_documents_skipped": empty,
         "tokens": tokens,
