@@ -104,13 +104,9 @@ def build(config: BuildConfig) -> BuildReport:
     progress = Progress(sum(i.bytes for i in inputs), config.quiet, first_stage)
     documents = empty = 0
     try:
+        render = template.render if template is not None else None
         batches = iter_batches(
-            inputs,
-            config.spec,
-            config.text_split,
-            template.render if template is not None else None,
-            vocab_size,
-            batch_docs=config.batch_docs,
+            inputs, config.spec, config.text_split, render, vocab_size, batch_docs=config.batch_docs
         )
         # Stages on their own threads: read/parse -> tokenize (x2) -> pack (+ SA builds).
         for batch, chunk in _chunks(prefetch(batches), tokenizer, vocab_size):
@@ -199,9 +195,8 @@ def _tokenizer(
 ) -> tuple[TextTokenizer | None, TokenizerIdentity, int]:
     """The text tokenizer (None when every input holds token ids), the identity written
     to the snapshot, and the vocabulary size."""
-    needs = not _ids_only(config, inputs)
     if config.tokenizer is None:
-        if needs:
+        if not _ids_only(config, inputs):
             raise BuildError("text records need a tokenizer: give --tokenizer PATH/tokenizer.json")
         if config.vocab_size is None:
             raise BuildError("token-id records without --tokenizer need --vocab-size")
