@@ -22,8 +22,7 @@ def run(prog: str, module: str, extra: str) -> int:
         print(f"{prog}: needs the {extra!r} extra; {missing!r} is not installed: "
               f"pip install 'sssd-drafter[{extra}]'", file=sys.stderr)  # fmt: skip
         return 2
-    status: int = main()
-    return status
+    return int(main())
 
 
 def drafter() -> int:
