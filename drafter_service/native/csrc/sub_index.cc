@@ -4,6 +4,7 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -119,29 +120,15 @@ SaRange SubIndex::find_range(const int32_t* prefix, int32_t len) const {
     }
   }
   if (match < 0) return {a, a};
-  // Lower bound in [a, match]: first row whose suffix is >= prefix.
-  int64_t x = a, y = match;
-  while (x < y) {
-    const int64_t mid = x + (y - x) / 2;
-    if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) < 0) {
-      x = mid + 1;
-    } else {
-      y = mid;
-    }
-  }
-  const int64_t begin = x;
-  // Upper bound in (match, b]: first row whose suffix is > prefix.
-  x = match + 1;
-  y = b;
-  while (x < y) {
-    const int64_t mid = x + (y - x) / 2;
-    if (compare_suffix(int64_t{sa_[mid]} + 1, rest, rest_len) <= 0) {
-      x = mid + 1;
-    } else {
-      y = mid;
-    }
-  }
-  return {begin, x};
+  // Then the first row in [a, match] whose suffix is >= prefix, and the first in
+  // (match, b] whose suffix is > prefix (a row is its offset in sa_).
+  const int32_t* lower = std::partition_point(sa_ + a, sa_ + match, [&](int32_t pos) {
+    return compare_suffix(int64_t{pos} + 1, rest, rest_len) < 0;
+  });
+  const int32_t* upper = std::partition_point(sa_ + match + 1, sa_ + b, [&](int32_t pos) {
+    return compare_suffix(int64_t{pos} + 1, rest, rest_len) <= 0;
+  });
+  return {lower - sa_, upper - sa_};
 }
 
 }  // namespace drafter
