@@ -49,13 +49,15 @@ int32_t InputTrie::find(const int32_t* tokens, int32_t len) const {
   return node;
 }
 
-int32_t InputTrie::child(int32_t parent, int32_t token) const {
-  const uint64_t key = edge_key(parent, token);
+size_t InputTrie::find_slot(uint64_t key) const {
   const size_t mask = keys_.size() - 1;
-  for (size_t s = slot_of(key);; s = (s + 1) & mask) {
-    if (keys_[s] == key) return values_[s];
-    if (keys_[s] == kEmptyKey) return -1;
-  }
+  size_t s = slot_of(key);
+  while (keys_[s] != key && keys_[s] != kEmptyKey) s = (s + 1) & mask;
+  return s;
+}
+
+int32_t InputTrie::child(int32_t parent, int32_t token) const {
+  return values_[find_slot(edge_key(parent, token))];  // an empty slot's value is -1
 }
 
 void InputTrie::grow_table() {
@@ -63,11 +65,9 @@ void InputTrie::grow_table() {
   std::vector<int32_t> old_values(values_.size() * 2, -1);
   old_keys.swap(keys_);
   old_values.swap(values_);
-  const size_t mask = keys_.size() - 1;
   for (size_t i = 0; i < old_keys.size(); ++i) {
     if (old_keys[i] == kEmptyKey) continue;
-    size_t s = slot_of(old_keys[i]);
-    while (keys_[s] != kEmptyKey) s = (s + 1) & mask;
+    const size_t s = find_slot(old_keys[i]);  // an empty one: the keys are distinct
     keys_[s] = old_keys[i];
     values_[s] = old_values[i];
   }
@@ -76,11 +76,8 @@ void InputTrie::grow_table() {
 int32_t InputTrie::get_or_add_child(int32_t parent, int32_t token) {
   if (2 * (used_ + 1) > static_cast<int64_t>(keys_.size())) grow_table();
   const uint64_t key = edge_key(parent, token);
-  const size_t mask = keys_.size() - 1;
-  size_t s = slot_of(key);
-  for (; keys_[s] != kEmptyKey; s = (s + 1) & mask) {
-    if (keys_[s] == key) return values_[s];
-  }
+  const size_t s = find_slot(key);
+  if (keys_[s] == key) return values_[s];
   if (nodes_.size() >= INT32_MAX) {
     throw std::length_error("input trie: more than 2^31 - 1 nodes");
   }

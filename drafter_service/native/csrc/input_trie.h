@@ -87,6 +87,8 @@ class InputTrie {
     return ((key * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(keys_.size()))) &
            (keys_.size() - 1);
   }
+  // The slot holding `key`, or the empty slot where it would go.
+  size_t find_slot(uint64_t key) const;
   int32_t get_or_add_child(int32_t parent, int32_t token);
   void grow_table();
 
