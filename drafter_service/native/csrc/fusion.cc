@@ -1,6 +1,7 @@
 #include "fusion.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "node_score.h"
 
@@ -21,17 +22,16 @@ struct WorseFirst {
   }
 };
 
-// One fuse() call: its inputs, its scorer and the buffers its steps share. Best-first
+// One fuse() call: its inputs and the buffers its steps share. Best-first
 // over candidates: each source's root offers its children; every chosen candidate
 // becomes a draft node whose members offer theirs.
 class Fusion {
  public:
-  Fusion(const FusionInputs& in, const NodeScorer& scorer, FusionScratch& scratch)
+  Fusion(const FusionInputs& in, FusionScratch& scratch)
       : in_(in),
         config_(in.config),
         view_{in.trie, in.datastore_tree, in.live_tree, in.recent_tree},
-        scorer_(scorer),
-        featured_(scorer.needs_features() || in.explain),
+        featured_(!in.config.node_score.empty() || in.explain),
         s_(scratch) {
     s_.members.clear();
     s_.offers.clear();
@@ -59,7 +59,6 @@ class Fusion {
   const FusionInputs& in_;
   const DraftConfig& config_;
   const fusion::SourceView view_;
-  const NodeScorer& scorer_;
   const bool featured_;  // features are computed only where something reads them
   FusionScratch& s_;
   uint64_t seq_ = 0;
@@ -99,21 +98,15 @@ void Fusion::offer_children(const Member& m, int32_t cap) {
 // base), its live tree, the recent tier's, then input matches from the longest suffix
 // (P) to the shortest (1).
 void Fusion::offer_roots() {
-  if (in_.datastore_tree != nullptr) {
-    offer_children({CandidateTree::kRoot, Source::kDatastore, 1.0,
-                    static_cast<double>(in_.datastore_tree->count(CandidateTree::kRoot)),
-                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
-                   in_.budget);
-  }
-  if (in_.live_tree != nullptr) {
-    offer_children({CandidateTree::kRoot, Source::kLive, 1.0,
-                    static_cast<double>(in_.live_tree->count(CandidateTree::kRoot)),
-                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
-                   in_.budget);
-  }
-  if (in_.recent_tree != nullptr && in_.recent_tree->count(CandidateTree::kRoot) > 0) {
-    offer_children({CandidateTree::kRoot, Source::kRecent, 1.0,
-                    static_cast<double>(in_.recent_tree->count(CandidateTree::kRoot)),
+  // A root without samples (count 0) offers nothing: offer_children needs a denominator.
+  const std::pair<const CandidateTree*, Source> trees[] = {
+      {in_.datastore_tree, Source::kDatastore},
+      {in_.live_tree, Source::kLive},
+      {in_.recent_tree, Source::kRecent}};
+  for (const auto& [tree, source] : trees) {
+    if (tree == nullptr) continue;
+    offer_children({CandidateTree::kRoot, source, 1.0,
+                    static_cast<double>(tree->count(CandidateTree::kRoot)),
                     config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
                    in_.budget);
   }
@@ -181,8 +174,8 @@ void Fusion::push_offers(int32_t draft_parent) {
     group_features(view_, s_.members.data(), parent, group.data(), group.size(),
                    s_.group_features);
   }
-  scorer_.score(parent, group.data(), group.size(),
-                featured_ ? s_.group_features.data() : nullptr);
+  score_group(config_.node_score, parent, group.data(), group.size(),
+              featured_ ? s_.group_features.data() : nullptr);
   push_group();
 }
 
@@ -232,13 +225,7 @@ void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out) {
   out.parents.clear();
   out.scores.clear();
   if (in.budget <= 0) return;
-  if (in.config.node_score.empty()) {
-    const HandScore scorer{};
-    Fusion(in, scorer, scratch).run();
-  } else {
-    const LearnedScore scorer(in.config.node_score);
-    Fusion(in, scorer, scratch).run();
-  }
+  Fusion(in, scratch).run();
   write_breadth_first(scratch.nodes, in.explain ? &scratch.feature_pool : nullptr,
                       scratch.output, out);
 }

@@ -40,7 +40,7 @@ struct Member {
 
 // A child waiting in the queue: draft parent + token, backed by members[begin, end).
 struct Candidate {
-  double score;   // the queue's key: the learned path probability, or the hand score (NodeScorer)
+  double score;   // the queue's key: the learned path probability, or the hand score (score_group)
   uint64_t seq;   // push order; breaks score ties (earlier first)
   int32_t token;
   int32_t draft_parent;  // internal index, 0 = root

@@ -135,18 +135,17 @@ double learned_probability(const std::vector<double>& weights, const double* x) 
 
 }  // namespace
 
-void HandScore::score(const DraftNode& /*parent*/, Candidate* group, size_t n,
-                      const double* /*features*/) const {
-  for (size_t i = 0; i < n; ++i) group[i].score = group[i].hand;
-}
-
-void LearnedScore::score(const DraftNode& parent, Candidate* group, size_t n,
-                         const double* features) const {
+void score_group(const std::vector<double>& weights, const DraftNode& parent, Candidate* group,
+                 size_t n, const double* features) {
+  if (weights.empty()) {
+    for (size_t i = 0; i < n; ++i) group[i].score = group[i].hand;
+    return;
+  }
   // A path's learned score is the product of its nodes' probabilities, each <= 1,
   // so a node never outranks its parent and best-first yields a tree.
   for (size_t i = 0; i < n; ++i) {
     group[i].score =
-        parent.score * learned_probability(weights_, features + i * kScoreFeatures);
+        parent.score * learned_probability(weights, features + i * kScoreFeatures);
   }
 }
 

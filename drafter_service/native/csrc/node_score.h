@@ -1,6 +1,5 @@
-// Node scoring: the ScoreFeature values of fusion's candidates, and the NodeScorer
-// that turns a candidate into its queue key (the hand-set SSSD score, or the learned
-// node score of DraftConfig::node_score).
+// Node scoring: the ScoreFeature values of fusion's candidates, and their queue keys
+// (the hand-set SSSD score, or the learned node score of DraftConfig::node_score).
 #pragma once
 
 #include <cstddef>
@@ -13,42 +12,16 @@
 
 namespace drafter {
 
-// How fusion ranks candidates: the queue key of each candidate of one expansion (the
-// children offered under one draft node), from what fusion knows of it.
-class NodeScorer {
- public:
-  virtual ~NodeScorer() = default;
-  // Whether score() reads the candidates' ScoreFeature values. Features are computed
-  // only where something reads them: the scorer, or explain.
-  virtual bool needs_features() const = 0;
-  // Sets Candidate::score of group[0, n), offered under `parent`. `features` holds
-  // kScoreFeatures values per candidate, or is null where none were computed.
-  virtual void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
-                     const double* features) const = 0;
-};
-
-// The hand-set SSSD score: a candidate's is its most confident member's (its hand score).
-class HandScore final : public NodeScorer {
- public:
-  bool needs_features() const override { return false; }
-  void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
-             const double* features) const override;
-};
-
-// The learned node score: a path's score is the product of its nodes' learned
-// probabilities P(accepted | parent accepted), the logistic of DraftConfig::node_score
-// over the node's ScoreFeature values.
-class LearnedScore final : public NodeScorer {
- public:
-  // `weights`: a bias and a weight per feature (validated); must outlive the scorer.
-  explicit LearnedScore(const std::vector<double>& weights) : weights_(weights) {}
-  bool needs_features() const override { return true; }
-  void score(const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
-             const double* features) const override;
-
- private:
-  const std::vector<double>& weights_;
-};
+// How fusion ranks candidates: sets Candidate::score of one expansion's candidates,
+// group[0, n) offered under `parent`. Without `weights` (DraftConfig::node_score empty)
+// the hand-set SSSD score: a candidate's is its most confident member's (its hand
+// score). With them the learned node score: a path's score is the product of its
+// nodes' learned probabilities P(accepted | parent accepted), the logistic of `weights`
+// over the node's ScoreFeature values, `features` (kScoreFeatures per candidate; read
+// only by the learned score, and computed only where something reads them: it, or
+// explain).
+void score_group(const std::vector<double>& weights, const fusion::DraftNode& parent,
+                 fusion::Candidate* group, size_t n, const double* features);
 
 // The ScoreFeature values of the candidates of one expansion, group[0, n) under
 // `parent` (members in pool), into `features` (kScoreFeatures per candidate): each
