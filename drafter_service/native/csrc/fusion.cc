@@ -217,6 +217,43 @@ void Fusion::push_group() {
   }
 }
 
+// Fusion's output step: the draft nodes in scratch.nodes ([0] is the root; a parent
+// precedes its children) appended to `out` in breadth-first order: by depth, then by
+// position in nodes. To explain, out.features gets each node's kScoreFeatures values
+// (its row DraftNode::features of scratch.feature_pool).
+void write_breadth_first(FusionScratch& scratch, bool explain, Draft& out) {
+  constexpr size_t kRow = kScoreFeatures;  // row offsets are computed in size_t
+  const std::vector<DraftNode>& nodes = scratch.nodes;
+  const auto num = static_cast<int32_t>(nodes.size()) - 1;
+  // A counting sort: depths are in [1, num].
+  std::vector<int32_t>& start = scratch.depth_start;
+  start.assign(num + 2, 0);
+  for (int32_t i = 1; i <= num; ++i) ++start[nodes[i].depth + 1];
+  for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+  std::vector<int32_t>& order = scratch.order;
+  order.resize(num);
+  for (int32_t i = 1; i <= num; ++i) {
+    order[start[nodes[i].depth]++] = i;
+  }
+  std::vector<int32_t>& remap = scratch.remap;
+  remap.assign(num + 1, -1);
+  for (int32_t i = 0; i < num; ++i) remap[order[i]] = i;
+  out.tokens.reserve(num);
+  for (int32_t i = 0; i < num; ++i) {
+    const DraftNode& d = nodes[order[i]];
+    out.tokens.push_back(d.token);
+    out.parents.push_back(remap[d.parent]);  // root (0) maps to -1
+    out.scores.push_back(static_cast<float>(d.score));
+  }
+  if (explain) {
+    out.features.resize(num * kRow);
+    for (int32_t i = 0; i < num; ++i) {
+      const double* row = scratch.feature_pool.data() + nodes[order[i]].features * kRow;
+      std::copy_n(row, kRow, out.features.data() + i * kRow);
+    }
+  }
+}
+
 }  // namespace
 
 void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out) {
@@ -226,8 +263,7 @@ void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out) {
   out.scores.clear();
   if (in.budget <= 0) return;
   Fusion(in, scratch).run();
-  write_breadth_first(scratch.nodes, in.explain ? &scratch.feature_pool : nullptr,
-                      scratch.output, out);
+  write_breadth_first(scratch, in.explain, out);
 }
 
 }  // namespace drafter

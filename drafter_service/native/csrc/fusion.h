@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "breadth_first.h"
 #include "candidate_tree.h"
 #include "draft_config.h"
 #include "fusion_records.h"
@@ -47,7 +46,9 @@ struct FusionScratch {
   std::vector<double> feature_pool;     // kScoreFeatures per candidate (explain only)
   std::vector<double> group_features;   // kScoreFeatures per candidate of one expansion
   std::vector<fusion::Candidate> group; // the candidates of one expansion, before pushing
-  BreadthFirstScratch output;           // the breadth-first output step's
+  std::vector<int32_t> depth_start;     // the output step's counting sort by depth,
+  std::vector<int32_t> order;           // the nodes in breadth-first order,
+  std::vector<int32_t> remap;           // and each one's row there
 };
 
 // Merges the input-trie matches and the datastore trees into at most `in.budget`
