@@ -29,6 +29,10 @@ using In = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Out = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 
+// A binding's extra: the call runs without the GIL (after its arguments are converted,
+// and before its result is), so that other Python threads keep running.
+constexpr nb::call_guard<nb::gil_scoped_release> without_gil{};
+
 // Hands a vector to NumPy without copying.
 template <typename T>
 Out<T> to_numpy(std::vector<T>&& v) {
@@ -55,6 +59,15 @@ struct PyOwner {
 struct PySubIndex {
   std::shared_ptr<const SubIndex> index;
 };
+
+// One of a sub-index's arrays (SubIndex::tokens or suffix_array) as a read-only view
+// that keeps `self` alive.
+nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>> view(nb::handle self,
+                                                       const int32_t* (SubIndex::*array)() const) {
+  const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
+  size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
+  return {(s.*array)(), 1, shape, self};
+}
 
 struct PyDatastore {
   std::shared_ptr<const Datastore> datastore;
@@ -141,18 +154,13 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatas
   retrieve_datastore(*ds.datastore, context.data(), context.shape(0), config, max_len, scratch);
   const CandidateTree& tree = scratch.datastore_tree;
   // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
-  std::vector<int32_t> tokens, parents;
-  std::vector<int64_t> counts;
-  std::vector<int32_t> parent_of(tree.num_nodes(), -1);
+  // A node is made when its parent's children are listed, before its own row.
+  std::vector<int32_t> tokens(tree.num_nodes()), parents(tree.num_nodes(), -1);
+  std::vector<int64_t> counts(tree.num_nodes());
   for (int32_t n = 0; n < tree.num_nodes(); ++n) {
-    for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) {
-      parent_of[c] = n;
-    }
-  }
-  for (int32_t n = 0; n < tree.num_nodes(); ++n) {
-    tokens.push_back(tree.token(n));
-    parents.push_back(parent_of[n]);
-    counts.push_back(tree.count(n));
+    tokens[n] = tree.token(n);
+    counts[n] = tree.count(n);
+    for (int32_t c = tree.first_child(n); c != -1; c = tree.next_sibling(c)) parents[c] = n;
   }
   return std::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(parents)),
                          to_numpy(std::move(counts)));
@@ -208,18 +216,15 @@ void bind_sub_index(nb::module_& m) {
       .def_static(
           "build",
           [](In<int32_t> tokens, int32_t vocab_size) {
-            // Copy and build without the GIL: drafting threads keep running.
-            nb::gil_scoped_release release;
             std::vector<int32_t> copy(tokens.data(), tokens.data() + tokens.shape(0));
             return PySubIndex{SubIndex::build(std::move(copy), vocab_size)};
           },
-          "tokens"_a, "vocab_size"_a)
+          "tokens"_a, "vocab_size"_a, without_gil)  // drafting threads keep running
       .def_static(
           "build_extended",
           [](const PySubIndex& base, In<int32_t> tokens) {
             // base's text + separator + tokens, copied and built without the GIL.
             const SubIndex& old = *base.index;
-            nb::gil_scoped_release release;
             std::vector<int32_t> text;
             text.reserve(old.num_tokens() + 1 + tokens.shape(0));
             text.insert(text.end(), old.tokens(), old.tokens() + old.num_tokens());
@@ -227,7 +232,7 @@ void bind_sub_index(nb::module_& m) {
             text.insert(text.end(), tokens.data(), tokens.data() + tokens.shape(0));
             return PySubIndex{SubIndex::build(std::move(text), old.vocab_size())};
           },
-          "base"_a, "tokens"_a)
+          "base"_a, "tokens"_a, without_gil)
       .def_static(
           "wrap",
           [](In<int32_t> tokens, In<int32_t> suffix_array, int32_t vocab_size, nb::object keep) {
@@ -248,20 +253,8 @@ void bind_sub_index(nb::module_& m) {
       .def_prop_ro("num_tokens", [](const PySubIndex& s) { return s.index->num_tokens(); })
       .def_prop_ro("vocab_size", [](const PySubIndex& s) { return s.index->vocab_size(); })
       .def_prop_ro("resident_bytes", [](const PySubIndex& s) { return s.index->resident_bytes(); })
-      .def("tokens",
-           [](nb::handle self) {
-             const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
-             size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
-             return nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>>(s.tokens(), 1, shape,
-                                                                        self);
-           })
-      .def("suffix_array",
-           [](nb::handle self) {
-             const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
-             size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
-             return nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>>(s.suffix_array(), 1,
-                                                                        shape, self);
-           })
+      .def("tokens", [](nb::handle self) { return view(self, &SubIndex::tokens); })
+      .def("suffix_array", [](nb::handle self) { return view(self, &SubIndex::suffix_array); })
       .def(
           "find_range",
           [](const PySubIndex& s, In<int32_t> prefix) {
@@ -315,32 +308,23 @@ void bind_drafter(nb::module_& m) {
       .def(
           "start",
           [](Drafter& d, int64_t handle, In<int32_t> tokens, bool shared, int32_t group) {
-            nb::gil_scoped_release release;
             d.start(handle, tokens.data(), tokens.shape(0), shared, group);
           },
-          "handle"_a, "tokens"_a, "shared"_a = true, "group"_a = 0)
+          "handle"_a, "tokens"_a, "shared"_a = true, "group"_a = 0, without_gil)
       .def(
           "add",
           [](Drafter& d, int64_t handle, In<int32_t> tokens) {
-            nb::gil_scoped_release release;
             d.add(handle, tokens.data(), tokens.shape(0));
           },
-          "handle"_a, "tokens"_a)
+          "handle"_a, "tokens"_a, without_gil)
       .def("stop", &Drafter::stop, "handle"_a)
       .def(
           "hold",
           [](Drafter& d, int64_t position, In<int32_t> tokens) {
-            nb::gil_scoped_release release;
             return d.hold(position, tokens.data(), tokens.shape(0));
           },
-          "position"_a, "tokens"_a)
-      .def(
-          "release_through",
-          [](Drafter& d, int64_t position) {
-            nb::gil_scoped_release release;
-            d.release_through(position);
-          },
-          "position"_a)
+          "position"_a, "tokens"_a, without_gil)
+      .def("release_through", &Drafter::release_through, "position"_a, without_gil)
       .def_prop_ro("held", &Drafter::held)
       .def("num_tokens", &Drafter::num_tokens, "handle"_a)
       .def("request_bytes", &Drafter::request_bytes, "handle"_a)
