@@ -33,7 +33,6 @@
 #include <utility>
 #include <vector>
 
-#include "draft.h"
 #include "drafter.h"
 #include "input_trie.h"
 #include "sub_index.h"

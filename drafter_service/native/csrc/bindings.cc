@@ -12,7 +12,6 @@
 #include <tuple>
 #include <vector>
 
-#include "draft.h"
 #include "drafter.h"
 #include "input_trie.h"
 #include "sub_index.h"

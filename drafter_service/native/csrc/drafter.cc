@@ -1,8 +1,5 @@
 #include "drafter.h"
 
-#include <algorithm>
-#include <atomic>
-#include <exception>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -50,39 +47,6 @@ BatchDrafts gather(const std::vector<Draft>& drafts) {
     out.scores.insert(out.scores.end(), d.scores.begin(), d.scores.end());
   }
   return out;
-}
-
-// Retrieval from the datastore for the context ending at context[context_len - 1], then
-// fusion with the input matches already in scratch.matches.
-// `recent`: the recent tier's candidates (null: none).
-void fuse_with_datastore(const InputTrie* trie, const int32_t* context, int64_t context_len,
-                         const Datastore* datastore, const DraftConfig& config, int32_t budget,
-                         DraftScratch& scratch, Draft& out, bool explain = false,
-                         const CandidateTree* recent = nullptr) {
-  const CandidateTree* tree = nullptr;
-  const CandidateTree* live = nullptr;
-  if (datastore != nullptr && datastore->split()) {
-    const size_t base = datastore->base_count, all = datastore->sub_indices.size();
-    retrieve_sub_indices(*datastore, 0, base, context, context_len, config, budget,
-                         scratch.retrieval, scratch.datastore_tree);
-    retrieve_sub_indices(*datastore, base, all, context, context_len, config, budget,
-                         scratch.retrieval, scratch.live_tree);
-    tree = &scratch.datastore_tree;
-    live = &scratch.live_tree;
-  } else if (datastore != nullptr && !datastore->sub_indices.empty()) {
-    retrieve_datastore(*datastore, context, context_len, config, budget, scratch);
-    tree = &scratch.datastore_tree;
-  }
-  FusionInputs in(config, budget);
-  in.trie = trie;
-  in.matches = &scratch.matches;
-  in.datastore_tree = tree;
-  in.live_tree = live;
-  in.recent_tree = recent;
-  in.context = context;
-  in.context_len = context_len;
-  in.explain = explain;
-  fuse(in, scratch.fusion, out);
 }
 
 }  // namespace
@@ -227,10 +191,33 @@ int64_t Drafter::num_requests() const {
 
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
-               DraftScratch& scratch, Draft& out) {
-  if (trie != nullptr) committed_matches(*trie, config, scratch.matches);
-  else scratch.matches.clear();
-  fuse_with_datastore(trie, context, context_len, datastore, config, budget, scratch, out);
+               DraftScratch& scratch, Draft& out, bool explain, const CandidateTree* recent) {
+  if (trie != nullptr) {
+    committed_matches(*trie, config, scratch.matches);
+  } else {
+    scratch.matches.clear();
+  }
+  FusionInputs in(config, budget);
+  if (datastore != nullptr && !datastore->sub_indices.empty()) {
+    // A split datastore's base and live parts are two sources, each with its own tree.
+    const size_t all = datastore->sub_indices.size();
+    const size_t base = datastore->split() ? datastore->base_count : all;
+    retrieve_sub_indices(*datastore, 0, base, context, context_len, config, budget,
+                         scratch.retrieval, scratch.datastore_tree);
+    in.datastore_tree = &scratch.datastore_tree;
+    if (base < all) {
+      retrieve_sub_indices(*datastore, base, all, context, context_len, config, budget,
+                           scratch.retrieval, scratch.live_tree);
+      in.live_tree = &scratch.live_tree;
+    }
+  }
+  in.trie = trie;
+  in.matches = &scratch.matches;
+  in.recent_tree = recent;
+  in.context = context;
+  in.context_len = context_len;
+  in.explain = explain;
+  fuse(in, scratch.fusion, out);
 }
 
 Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
@@ -284,7 +271,6 @@ void Drafter::append_batch(const BatchInputs& in, const int64_t* handles, int64_
 void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
                           int32_t budget, DraftScratch& scratch, Draft& out,
                           bool explain) const {
-  committed_matches(state.trie, config_, scratch.matches);
   const CandidateTree* recent = nullptr;
   if (tier_) {
     tier_->retrieve(handle, state.group, state.tokens.data(),
@@ -292,8 +278,8 @@ void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* 
                     scratch.recent_tree);
     recent = &scratch.recent_tree;
   }
-  fuse_with_datastore(&state.trie, state.tokens.data(), state.tokens.size(), datastore, config_,
-                      budget, scratch, out, explain, recent);
+  draft_one(&state.trie, state.tokens.data(), state.tokens.size(), datastore, config_, budget,
+            scratch, out, explain, recent);
 }
 
 BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,

@@ -1,5 +1,8 @@
-// Batched drafting over many requests: request states, the datastore in use,
-// and a worker pool. Every public method is safe to call from several threads.
+// Drafting: one request's draft (draft_one: retrieval of every source's candidates,
+// retrieval.h, SSSD Algorithm 2, and their fusion into one draft tree, fusion.h, SSSD
+// Algorithm 3), and batched drafting over many requests (Drafter: request states, the
+// datastore in use, and a worker pool; every public method is safe to call from several
+// threads).
 #pragma once
 
 #include <algorithm>
@@ -11,12 +14,46 @@
 #include <utility>
 #include <vector>
 
-#include "draft.h"
+#include "candidate_tree.h"
+#include "draft_config.h"
+#include "fusion.h"
+#include "fusion_records.h"
 #include "input_trie.h"
 #include "recent_tier.h"
+#include "retrieval.h"
+#include "score_features.h"
 #include "thread_pool.h"
 
 namespace drafter {
+
+// Reusable per-thread buffers so that drafting allocates nothing in steady
+// state. Contents are meaningless between calls.
+struct DraftScratch {
+  CandidateTree datastore_tree;     // the whole datastore, or a split datastore's base
+  CandidateTree live_tree;          // a split datastore's live sub-indices
+  CandidateTree recent_tree;        // the recent tier's continuations
+  RecentScratch recent;
+  std::vector<InputMatch> matches;  // input-trie matches of the context, m = 1..P
+  RetrievalScratch retrieval;
+  FusionScratch fusion;
+};
+
+// Fills scratch.datastore_tree from every sub-index of the datastore (retrieve_sub_indices).
+inline void retrieve_datastore(const Datastore& datastore, const int32_t* context,
+                               int64_t context_len, const DraftConfig& config, int32_t max_len,
+                               DraftScratch& scratch) {
+  retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context, context_len, config,
+                       max_len, scratch.retrieval, scratch.datastore_tree);
+}
+
+// Drafts for one request (without a Drafter: tests and tools; a Drafter drafts its
+// requests with it): the input trie's matches (trie may be null), the datastore's trees
+// (may be null), `recent` (the recent tier's, may be null), fused. `explain`: with
+// out.features.
+void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
+               const Datastore* datastore, const DraftConfig& config, int32_t budget,
+               DraftScratch& scratch, Draft& out, bool explain = false,
+               const CandidateTree* recent = nullptr);
 
 // Everything the drafter holds for one request.
 struct RequestState {
@@ -139,10 +176,5 @@ class Drafter {
   std::shared_ptr<const Datastore> datastore_;  // never null
   ThreadPool pool_;
 };
-
-// Drafts for one request without a Drafter (tests and tools): same algorithm.
-void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
-               const Datastore* datastore, const DraftConfig& config, int32_t budget,
-               DraftScratch& scratch, Draft& out);
 
 }  // namespace drafter
