@@ -76,11 +76,6 @@ void RecentTier::Chain::compact(const std::vector<Stream>& streams,
   rechain(buckets_for(entries.size()));
 }
 
-int64_t RecentTier::Chain::bytes() const {
-  return static_cast<int64_t>(entries.capacity() * sizeof(Entry) +
-                              heads.capacity() * sizeof(uint32_t));
-}
-
 void RecentTier::compact() {
   std::vector<uint32_t> renumbered(streams_.size(), 0);
   std::vector<Stream> kept;
@@ -255,13 +250,6 @@ void RecentTier::retrieve(int64_t own, int32_t group, const int32_t* context,
   for (const auto& f : found) scratch.samples.push_back({f.continuation, f.len});
   tree.add(scratch.samples.data(), scratch.samples.size());
   tree.set_matched_prefix(found.front().match);
-}
-
-int64_t RecentTier::resident_bytes() const {
-  return main_.bytes() + siblings_.bytes() +
-         static_cast<int64_t>(streams_.capacity() * sizeof(Stream)) +
-         static_cast<int64_t>(stream_of_.size() + held_.size() + prompts_.size()) * 48 +
-         held_tokens_ * 4;
 }
 
 }  // namespace drafter

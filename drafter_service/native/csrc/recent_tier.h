@@ -92,7 +92,6 @@ class RecentTier {
   int64_t num_entries() const {
     return static_cast<int64_t>(main_.entries.size() + siblings_.entries.size());
   }
-  int64_t resident_bytes() const;
   int64_t held_generations() const { return static_cast<int64_t>(held_.size()); }
   int64_t held_tokens() const { return held_tokens_; }
 
@@ -124,7 +123,6 @@ class RecentTier {
     // Drops the entries of removed streams, renumbers the others' streams, rechains.
     void compact(const std::vector<Stream>& streams, const std::vector<uint32_t>& renumbered);
     uint32_t head(uint32_t key) const { return heads[key & (heads.size() - 1)]; }
-    int64_t bytes() const;
   };
   uint32_t key_of(const int32_t* last) const;  // of the K tokens ending at last[-1]
   void compact();  // drops removed streams and their entries
