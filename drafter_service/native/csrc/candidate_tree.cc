@@ -41,18 +41,13 @@ void CandidateTree::add(const Sample* samples, size_t n) {
   int64_t nodes = num_nodes_;
   for (size_t i = held; i < samples_.size(); ++i) {
     const Sample& cur = samples_[i];
-    if (i == 0) {
-      nodes += cur.len;
-      continue;
-    }
-    const Sample& prev = samples_[i - 1];
-    const int32_t k = common_prefix(prev, cur);
-    if (k < cur.len && (k == prev.len || prev.tokens[k] < cur.tokens[k])) {
-      nodes += cur.len - k;
-    } else if (k < cur.len || k < prev.len) {  // cur sorts before prev
-      sorted = false;
+    const Sample* prev = i == 0 ? nullptr : &samples_[i - 1];
+    const int32_t k = prev == nullptr ? 0 : common_prefix(*prev, cur);
+    if (prev != nullptr && k < prev->len && (k == cur.len || cur.tokens[k] < prev->tokens[k])) {
+      sorted = false;  // cur sorts before prev
       break;
-    }  // else equal to prev: no new node
+    }
+    nodes += cur.len - k;  // 0 when equal to prev
   }
   if (!sorted) {
     // The samples held are sorted, and so is each run of new ones from one suffix
