@@ -20,20 +20,11 @@ namespace {
 
 // The suffix-array ranges of one retrieval over sub-indices [begin, end): at(s, m) is
 // the rows of sub-index s matching the context's last m tokens (m = 1..longest).
-class RangeTable {
- public:
-  RangeTable(std::vector<SaRange>& ranges, size_t begin, size_t end, int32_t longest)
-      : ranges_(ranges), begin_(begin), stride_(longest) {
-    ranges_.assign((end - begin) * stride_, SaRange{0, 0});
-  }
-  SaRange& at(size_t s, int32_t m) {
-    return ranges_[(s - begin_) * stride_ + m - 1];
-  }
-
- private:
-  std::vector<SaRange>& ranges_;
-  size_t begin_;
-  size_t stride_;
+struct RangeTable {
+  std::vector<SaRange>& ranges;
+  size_t begin;
+  int32_t longest;
+  SaRange& at(size_t s, int32_t m) { return ranges[(s - begin) * longest + m - 1]; }
 };
 
 // Fills the ranges of sub-indices [begin, end). They are searched shortest first: a
@@ -41,10 +32,10 @@ class RangeTable {
 // occurrence of the longer one contains it), so the longer searches, most of them
 // misses, are skipped. The longest-first loop of retrieve_sub_indices reads them.
 void find_ranges(const Datastore& datastore, size_t begin, size_t end, const int32_t* context,
-                 int64_t context_len, int32_t longest, RangeTable& ranges) {
+                 int64_t context_len, RangeTable& ranges) {
   for (size_t s = begin; s < end; ++s) {
     const SubIndex& index = *datastore.sub_indices[s];
-    for (int32_t m = 1; m <= longest; ++m) {
+    for (int32_t m = 1; m <= ranges.longest; ++m) {
       const SaRange r = index.find_range(context + context_len - m, m);
       if (r.size() == 0) break;
       ranges.at(s, m) = r;
@@ -117,8 +108,9 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
       static_cast<int32_t>(std::min<int64_t>(config.datastore_max_prefix, context_len));
-  RangeTable ranges(scratch.ranges, begin, end, longest);
-  find_ranges(datastore, begin, end, context, context_len, longest, ranges);
+  scratch.ranges.assign((end - begin) * longest, SaRange{0, 0});
+  RangeTable ranges{scratch.ranges, begin, longest};
+  find_ranges(datastore, begin, end, context, context_len, ranges);
   for (int32_t m = longest; m >= config.datastore_min_prefix; --m) {
     if (tree.num_nodes() - 1 >= config.datastore_min_tree_nodes) break;
     int64_t total = 0;
