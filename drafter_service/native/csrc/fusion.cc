@@ -126,11 +126,13 @@ void Fusion::offer_roots() {
 
 // The root: the context's last token (and the two last) start the n-grams.
 void Fusion::push_root() {
-  NgramNodes root{-1, -1};
-  if (featured_ && in_.trie != nullptr) {
-    root = root_ngrams(*in_.trie, in_.context, in_.context_len);
+  int32_t unigram = -1, bigram = -1;
+  if (featured_ && in_.trie != nullptr && in_.context != nullptr && in_.context_len >= 1) {
+    const int32_t* end = in_.context + in_.context_len;
+    unigram = in_.trie->find(end - 1, 1);
+    if (in_.context_len >= 2) bigram = in_.trie->find(end - 2, 2);
   }
-  s_.nodes.push_back({-1, -1, 0, 1.0, 0.0, root.unigram, root.bigram, -1});  // log(hand 1) = 0
+  s_.nodes.push_back({-1, -1, 0, 1.0, 0.0, unigram, bigram, -1});  // log(hand 1) = 0
   push_offers(0);
 }
 
@@ -146,11 +148,16 @@ void Fusion::grow() {
     heap.pop_back();
     const auto slot = static_cast<int32_t>(nodes.size());
     const DraftNode& parent = nodes[cand.draft_parent];
-    // The trie nodes of its unigram and bigram, where its children's n-grams start.
-    NgramNodes ngrams{-1, -1};
-    if (featured_ && in_.trie != nullptr) ngrams = chosen_ngrams(*in_.trie, parent, cand);
+    // The trie nodes of its unigram and bigram, where its children's n-grams start: the
+    // bigram its features looked up, if they did.
+    int32_t unigram = -1, bigram = -1;
+    if (featured_ && in_.trie != nullptr) {
+      const InputTrie& trie = *in_.trie;
+      unigram = trie.holds(cand.token) ? trie.child(InputTrie::kRoot, cand.token) : -1;
+      bigram = cand.bigram != kNotLookedUp ? cand.bigram : bigram_node(trie, parent, cand.token);
+    }
     nodes.push_back({cand.token, cand.draft_parent, parent.depth + 1, cand.score, cand.log_hand,
-                     ngrams.unigram, ngrams.bigram, cand.features});
+                     unigram, bigram, cand.features});
     // The draft nodes still to be chosen; the last node's children could never be.
     const int32_t remaining = in_.budget - slot;
     if (remaining <= 0) break;

@@ -33,36 +33,11 @@ void group_features(const fusion::SourceView& view, const fusion::Member* pool,
                     const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
                     std::vector<double>& features);
 
-// Input-trie nodes where a draft node's children's n-grams start (DraftNode::unigram,
-// bigram; -1: absent).
-struct NgramNodes {
-  int32_t unigram, bigram;
-};
-
 // The trie node of [parent's token, token] (-1: absent), from the parent's unigram
 // node; only a held token can end a bigram the trie holds.
 inline int32_t bigram_node(const InputTrie& trie, const fusion::DraftNode& parent,
                            int32_t token) {
   return parent.unigram >= 0 && trie.holds(token) ? trie.child(parent.unigram, token) : -1;
-}
-
-// The n-gram nodes of a chosen candidate, under its draft parent: the bigram its
-// features looked up, if they did.
-inline NgramNodes chosen_ngrams(const InputTrie& trie, const fusion::DraftNode& parent,
-                                const fusion::Candidate& chosen) {
-  return {trie.holds(chosen.token) ? trie.child(InputTrie::kRoot, chosen.token) : -1,
-          chosen.bigram != fusion::kNotLookedUp ? chosen.bigram
-                                                : bigram_node(trie, parent, chosen.token)};
-}
-
-// The root's: the context's last token (and the two last) start the n-grams.
-inline NgramNodes root_ngrams(const InputTrie& trie, const int32_t* context,
-                              int64_t context_len) {
-  NgramNodes root{-1, -1};
-  if (context == nullptr || context_len < 1) return root;
-  root.unigram = trie.find(context + context_len - 1, 1);
-  if (context_len >= 2) root.bigram = trie.find(context + context_len - 2, 2);
-  return root;
 }
 
 }  // namespace drafter
