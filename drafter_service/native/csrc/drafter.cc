@@ -174,10 +174,6 @@ int64_t Drafter::held_bytes(const RequestState& state) const {
   return state.bytes() + static_cast<int64_t>(state.tokens.size()) * RecentTier::kBytesPerToken;
 }
 
-int64_t Drafter::held_headroom(const RequestState& state) const {
-  return tier_ ? 0 : state.headroom();
-}
-
 std::vector<int32_t> Drafter::tokens(int64_t handle) const {
   auto state = find(handle);
   std::lock_guard<std::mutex> lock(state->mu);
@@ -244,30 +240,6 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
   return in;
 }
 
-void Drafter::append_row(RequestState& state, const int32_t* tokens, int64_t n, int64_t& bytes,
-                         int64_t& headroom) const {
-  for (int64_t k = 0; k < n; ++k) {
-    state.tokens.push_back(tokens[k]);
-    state.trie.append(tokens[k]);
-  }
-  bytes = held_bytes(state);
-  headroom = held_headroom(state);
-}
-
-void Drafter::append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
-                           const int32_t* new_tokens, const int64_t* offsets,
-                           std::vector<int64_t>& bytes, std::vector<int64_t>& headroom) {
-  pool_.parallel_for(batch, [&](int64_t i) {
-    RequestState& state = *in.states[i];
-    std::lock_guard<std::mutex> lock(state.mu);
-    append_row(state, new_tokens + offsets[i], offsets[i + 1] - offsets[i], bytes[i],
-               headroom[i]);
-  });
-  for (int64_t i = 0; i < batch; ++i) {
-    if (offsets[i + 1] > offsets[i]) tier_->index(handles[i]);
-  }
-}
-
 void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
                           int32_t budget, DraftScratch& scratch, Draft& out,
                           bool explain) const {
@@ -291,8 +263,25 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
   const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
   std::vector<Draft> drafts(batch);
   std::vector<int64_t> bytes(batch), headroom(batch);
-  if (tier_) {
-    append_batch(in, handles, batch, new_tokens, offsets, bytes, headroom);
+  // Appends row i's tokens to its request (caller holds its mu) and reports what it holds;
+  // with the tier no headroom, since its tokens grow the shared tier.
+  auto append_row = [&](int64_t i) {
+    RequestState& state = *in.states[i];
+    for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+      state.tokens.push_back(new_tokens[k]);
+      state.trie.append(new_tokens[k]);
+    }
+    bytes[i] = held_bytes(state);
+    headroom[i] = tier_ ? 0 : state.headroom();
+  };
+  if (tier_) {  // every request's appends, then their indexing, before any draft
+    pool_.parallel_for(batch, [&](int64_t i) {
+      std::lock_guard<std::mutex> lock(in.states[i]->mu);
+      append_row(i);
+    });
+    for (int64_t i = 0; i < batch; ++i) {
+      if (offsets[i + 1] > offsets[i]) tier_->index(handles[i]);
+    }
     appending.unlock();
   }
   std::shared_lock<std::shared_mutex> drafting(tier_mu_, std::defer_lock);
@@ -301,10 +290,7 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
     thread_local DraftScratch scratch;
     RequestState& state = *in.states[i];
     std::lock_guard<std::mutex> lock(state.mu);
-    if (!tier_) {  // without the tier a request's appends and draft are one step
-      append_row(state, new_tokens + offsets[i], offsets[i + 1] - offsets[i], bytes[i],
-                 headroom[i]);
-    }
+    if (!tier_) append_row(i);  // without the tier a request's appends and draft are one step
     draft_state(handles[i], state, in.datastore.get(), budgets[i], scratch, drafts[i], false);
   });
 

@@ -131,7 +131,7 @@ class Drafter {
   BatchDrafts draft_batch(const int64_t* handles, int64_t batch, const int32_t* new_tokens,
                           int64_t num_new_tokens, const int64_t* offsets, const int32_t* budgets);
 
-  // The draft request `handle` would get now at `budget`, with the NodeFeature values
+  // The draft request `handle` would get now at `budget`, with the ScoreFeature values
   // of every node (Draft::features): for tools and offline training. Changes no state.
   Draft explain(int64_t handle, int32_t budget);
 
@@ -148,20 +148,11 @@ class Drafter {
   BatchInputs prepare(const int64_t* handles, int64_t batch, const int32_t* tokens,
                       int64_t num_tokens, const int64_t* offsets, const int32_t* budgets) const;
   // What the service counts for a request: its state's bytes and, with the recent tier,
-  // the tier's bound for its tokens (RecentTier::kBytesPerToken); with the tier no
-  // headroom is reported, since its tokens grow the shared tier. Caller holds state.mu.
+  // the tier's bound for its tokens (RecentTier::kBytesPerToken). Caller holds state.mu.
   int64_t held_bytes(const RequestState& state) const;
-  int64_t held_headroom(const RequestState& state) const;
   // Drafts for one request from its state (caller holds state.mu, and the tier shared).
   void draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
                    int32_t budget, DraftScratch& scratch, Draft& out, bool explain) const;
-  // Appends tokens[0, n) to a request (caller holds state.mu) and reports what it holds.
-  void append_row(RequestState& state, const int32_t* tokens, int64_t n, int64_t& bytes,
-                  int64_t& headroom) const;
-  // With the recent tier, a batch's appends, then their indexing (draft_batch's first half).
-  void append_batch(const BatchInputs& in, const int64_t* handles, int64_t batch,
-                    const int32_t* new_tokens, const int64_t* offsets,
-                    std::vector<int64_t>& bytes, std::vector<int64_t>& headroom);
 
   const DraftConfig config_;
   const int32_t vocab_size_;
