@@ -1,32 +1,15 @@
 // The recent tier: an index over the tokens of the requests one Drafter holds (its
-// requests in flight, siblings included), drafted from as a source of its own
-// (docs/algorithm.md, "The recent tier").
-//
-// Its streams are of two kinds: a request's tokens (the request's state owns them; they
-// leave when it stops) and held generations: stored generations the live datastore has
-// not folded into a sub-index yet, copied in when stored and released once folded, so a
-// stored generation is drafted from at the next step (at most recent_held_tokens of
-// them, the oldest released first past that).
-//
-// Every position p >= K of a stream (K = recent_min_match) is an entry keyed by the
-// K tokens before it, entered when its K-th token arrives: its continuation is what
-// the stream holds from p on, which grows as the stream does. A lookup for a context
-// walks the entries of the context's last K tokens from the newest, takes the first
-// recent_candidates ones of other streams that its group may see (below) and that have
-// a continuation, measures how far back each one's match with the context extends (up
-// to recent_max_match), and keeps the recent_samples longest (the newer first among
-// equal lengths).
-//
-// Siblings (a request's stream whose prompt, the tokens it started with, equals the
-// drafting request's): beside the entries above, every position p of a request's output
-// (p >= its prompt's length) is a sibling entry keyed by its prompt and the one token
-// before it. When K > 1 a lookup also walks the sibling entries of the context's last
-// token, the same way, and keeps the matches shorter than K: a one-token match is noise
-// in unrelated text but a fair guess between answers to one prompt.
-//
-// Groups: a stream of group 0 (every held generation, and every request when its
-// datastore's clients share in-flight tokens) is seen by every request; a request's
-// stream of group g > 0 (its client's, when they do not) only by requests of group g.
+// requests in flight, siblings included) and of held generations (stored generations the
+// live datastore has not folded into a sub-index yet: copied in when stored and released
+// once folded, so that one is drafted from at the next step; at most recent_held_tokens
+// of them, the oldest released first past that), drafted from as a source of its own.
+// docs/algorithm.md ("The recent tier") defines what it implements: its entries (every
+// position p >= K = recent_min_match of a stream, keyed by the K tokens before it; with
+// K > 1 every output position of a request also a sibling entry, keyed by its prompt and
+// the token before it), its lookup (the newest entries of the context's last K tokens,
+// then its siblings' matches shorter than K; the recent_samples longest kept, the newer
+// first among equal lengths) and its groups (a stream of group 0 is seen by every
+// request, one of group g > 0 by requests of group g only).
 //
 // Not thread-safe: the Drafter mutates it and the streams it reads under an exclusive
 // lock, and drafts from it under a shared one (drafter.h).
