@@ -28,12 +28,7 @@ constexpr uint64_t kSeed = 0x9E3779B97F4A7C15ULL;
 }  // namespace
 
 RecentTier::RecentTier(const DraftConfig& config)
-    : k_(config.recent_min_match),
-      max_match_(config.recent_max_match),
-      candidates_(config.recent_candidates),
-      samples_(config.recent_samples),
-      max_continuation_(config.datastore_max_continuation),
-      max_held_tokens_(config.recent_held_tokens) {
+    : config_(config), k_(config.recent_min_match) {
   main_.heads.assign(kMinBuckets, 0);
   siblings_.heads.assign(kMinBuckets, 0);
 }
@@ -157,10 +152,11 @@ void RecentTier::remove_stream(uint32_t s) {
 }
 
 bool RecentTier::hold(int64_t position, const int32_t* tokens, int64_t n) {
-  if (position <= released_through_ || held_.count(position) != 0 || n > max_held_tokens_) {
+  if (position <= released_through_ || held_.count(position) != 0 ||
+      n > config_.recent_held_tokens) {
     return false;
   }
-  while (held_tokens_ + n > max_held_tokens_) release_oldest();  // folded soonest
+  while (held_tokens_ + n > config_.recent_held_tokens) release_oldest();  // folded soonest
   auto copy = std::make_unique<std::vector<int32_t>>(tokens, tokens + n);
   const uint32_t s = add_stream(copy.get(), 0, 0);
   held_.emplace(position, Held{std::move(copy), s});
@@ -186,8 +182,9 @@ void RecentTier::collect(const Chain& chain, uint32_t key, uint64_t prompt, int3
                          int32_t below, uint32_t own_stream, int32_t group,
                          const int32_t* context, int64_t context_len, int32_t cap,
                          std::vector<RecentScratch::Found>& found) const {
+  const int32_t candidates = config_.recent_candidates;
   int32_t walked = 0, taken = 0;  // walked: live entries of this key seen, own included
-  for (uint32_t e = chain.head(key); e != 0 && walked < 4 * candidates_ && taken < candidates_;
+  for (uint32_t e = chain.head(key); e != 0 && walked < 4 * candidates && taken < candidates;
        e = chain.entries[e - 1].next) {
     const Entry& entry = chain.entries[e - 1];
     if (entry.key != key) continue;
@@ -203,8 +200,8 @@ void RecentTier::collect(const Chain& chain, uint32_t key, uint64_t prompt, int3
       ++walked;
       continue;
     }
-    const auto limit = static_cast<int32_t>(
-        std::min<int64_t>({max_match_, static_cast<int64_t>(entry.pos), context_len}));
+    const auto limit = static_cast<int32_t>(std::min<int64_t>(
+        {config_.recent_max_match, static_cast<int64_t>(entry.pos), context_len}));
     int32_t match = 0;
     while (match < limit && text[entry.pos - 1 - match] == context[context_len - 1 - match]) {
       ++match;
@@ -223,11 +220,11 @@ void RecentTier::retrieve(int64_t own, int32_t group, const int32_t* context,
                           int64_t context_len, int32_t max_len, RecentScratch& scratch,
                           CandidateTree& tree) const {
   tree.clear();
-  if (context_len < k_ || max_len <= 0 || samples_ <= 0 || num_entries() == 0) return;
+  if (context_len < k_ || max_len <= 0 || config_.recent_samples <= 0 || num_entries() == 0) return;
   const auto own_it = stream_of_.find(own);
   const uint32_t own_stream =
       own_it == stream_of_.end() ? std::numeric_limits<uint32_t>::max() : own_it->second;
-  const int32_t cap = std::min(max_continuation_, max_len);
+  const int32_t cap = std::min(config_.datastore_max_continuation, max_len);
   std::vector<RecentScratch::Found>& found = scratch.found;
   found.clear();
   collect(main_, key_of(context + context_len), 0, k_, std::numeric_limits<int32_t>::max(),
@@ -245,7 +242,9 @@ void RecentTier::retrieve(int64_t own, int32_t group, const int32_t* context,
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
     return a.match > b.match || (a.match == b.match && a.entry > b.entry);
   });
-  if (static_cast<int32_t>(found.size()) > samples_) found.resize(samples_);
+  if (static_cast<int32_t>(found.size()) > config_.recent_samples) {
+    found.resize(config_.recent_samples);
+  }
   scratch.samples.clear();
   for (const auto& f : found) scratch.samples.push_back({f.continuation, f.len});
   tree.add(scratch.samples.data(), scratch.samples.size());

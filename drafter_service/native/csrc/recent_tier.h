@@ -121,12 +121,8 @@ class RecentTier {
                int32_t below, uint32_t own_stream, int32_t group, const int32_t* context,
                int64_t context_len, int32_t cap, std::vector<RecentScratch::Found>& found) const;
 
-  const int32_t k_;          // recent_min_match
-  const int32_t max_match_;  // recent_max_match
-  const int32_t candidates_; // recent_candidates
-  const int32_t samples_;    // recent_samples
-  const int32_t max_continuation_;
-  const int64_t max_held_tokens_;  // recent_held_tokens
+  const DraftConfig config_;  // its recent_* knobs and datastore_max_continuation
+  const int32_t k_;           // recent_min_match
   std::vector<Stream> streams_;
   std::unordered_map<int64_t, uint32_t> stream_of_;  // handle -> index into streams_
   Chain main_;      // every position p >= K of every stream
