@@ -36,7 +36,6 @@
 #include "drafter.h"
 #include "input_trie.h"
 #include "sub_index.h"
-#include "suffix_array.h"
 
 namespace {
 

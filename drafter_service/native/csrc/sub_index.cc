@@ -8,8 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "suffix_array.h"
-
 namespace drafter {
 
 std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int32_t vocab_size) {

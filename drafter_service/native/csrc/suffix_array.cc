@@ -1,6 +1,6 @@
 // SA-IS (Nong, Zhang & Chan, 2009): induced sorting of LMS substrings, with
 // recursion on the reduced string when LMS substrings are not all distinct.
-#include "suffix_array.h"
+#include "sub_index.h"
 
 #include <algorithm>
 #include <stdexcept>
