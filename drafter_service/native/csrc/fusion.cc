@@ -89,8 +89,10 @@ void Fusion::offer_children(const Member& m, int32_t cap) {
   }
   std::vector<Offer>& offers = s_.offers;
   for (int32_t c : kids) {
-    offers.push_back({view_.token(m.source, c), c, score_of(c), m.source,
-                      static_cast<int32_t>(offers.size()), m.discount, m.denominator, m.match});
+    const double score = score_of(c);
+    offers.push_back({view_.token(m.source, c), static_cast<int32_t>(offers.size()),
+                      {c, m.source, score, view_.count(m.source, c), score * m.discount,
+                       m.discount, m.denominator, m.match}});
   }
 }
 
@@ -197,10 +199,8 @@ void Fusion::group_offers(int32_t draft_parent) {
     double hand = 0.0;
     const int32_t token = offers[i].token;
     for (; i < offers.size() && offers[i].token == token; ++i) {
-      const Offer& o = offers[i];
-      hand = std::max(hand, o.score);  // the most confident source decides
-      pool.push_back({o.node, o.source, o.score, view_.count(o.source, o.node),
-                      o.score * o.discount, o.discount, o.parent_count, o.match});
+      hand = std::max(hand, offers[i].member.score);  // the most confident source decides
+      pool.push_back(offers[i].member);
     }
     s_.group.push_back({0.0, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
                         hand, 0.0, -1, kNotLookedUp});

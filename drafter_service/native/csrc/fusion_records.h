@@ -66,16 +66,11 @@ struct DraftNode {
   int32_t features;  // as Candidate's
 };
 
-// Child of a member, gathered before grouping by token.
+// Child of a member, gathered before grouping by token: the member it becomes.
 struct Offer {
   int32_t token;
-  int32_t node;
-  double score;
-  Source source;
   int32_t order;  // position among the offers of one expansion (ties by token keep it)
-  double discount;
-  double parent_count;
-  int32_t match;
+  Member member;
 };
 
 // Uniform read access to the kinds of source tree.
