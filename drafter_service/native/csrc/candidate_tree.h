@@ -48,9 +48,7 @@ class CandidateTree {
     return nodes_[node].first_child;
   }
   // Valid for a node handed out by first_child/next_sibling.
-  int32_t next_sibling(int32_t node) const {
-    return nodes_[node].next_sibling;
-  }
+  int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
 
  private:
   struct Node {

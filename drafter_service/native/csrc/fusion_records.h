@@ -1,5 +1,5 @@
-// The records fusion builds a draft from, shared by fusion, node scoring and the
-// breadth-first output step, and the draft it produces.
+// The records fusion builds a draft from, shared by fusion and node scoring, and the
+// draft it produces.
 #pragma once
 
 #include <cstdint>

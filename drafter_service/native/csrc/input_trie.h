@@ -19,7 +19,6 @@ class InputTrie {
 
   void append(int32_t token);
   int64_t num_tokens() const { return num_tokens_; }
-  int32_t max_depth() const { return max_depth_; }
 
   // Node of the suffix of the input of length `len` (1 <= len), or -1 when the
   // input is shorter than `len` or `len` exceeds max_depth. O(1).

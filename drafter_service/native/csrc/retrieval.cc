@@ -131,9 +131,7 @@ void committed_matches(const InputTrie& trie, const DraftConfig& config,
   for (int32_t m = 1; m <= config.input_max_prefix; ++m) {
     const int32_t u = trie.suffix_node(m);
     if (u < 0) continue;
-    // count(u) includes the occurrence at the very end of the input, which
-    // has no continuation yet; leave it out of the denominator.
-    out[m - 1] = {u, trie.count(u) - 1.0};
+    out[m - 1] = {u, trie.count(u) - 1.0};  // the occurrence at the end has no continuation
   }
 }
 

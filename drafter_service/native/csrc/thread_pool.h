@@ -11,7 +11,6 @@
 
 namespace drafter {
 
-// Fixed pool of worker threads that help callers finish a parallel loop.
 class ThreadPool {
  public:
   explicit ThreadPool(int32_t num_threads);
