@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -63,19 +64,12 @@ std::shared_ptr<const SubIndex> SubIndex::wrap(const int32_t* tokens, const int3
 }
 
 void SubIndex::build_buckets() {
-  // Counting the first token of every suffix = counting every token.
+  // Counting the first token of every suffix = counting every token: token t in
+  // bucket_[t + 1], a separator in bucket_[kSeparator + 1] = bucket_[0]; then summed up.
+  static_assert(kSeparator + 1 == 0);
   bucket_.assign(vocab_size_ + 1, 0);
-  int32_t separators = 0;
-  for (int64_t i = 0; i < n_; ++i) {
-    const int32_t v = tokens_[i];
-    if (v == kSeparator) {
-      ++separators;
-    } else {
-      ++bucket_[v + 1];
-    }
-  }
-  bucket_[0] = separators;
-  for (size_t t = 1; t < bucket_.size(); ++t) bucket_[t] += bucket_[t - 1];
+  for (int64_t i = 0; i < n_; ++i) ++bucket_[tokens_[i] + 1];
+  std::partial_sum(bucket_.begin(), bucket_.end(), bucket_.begin());
 }
 
 int64_t SubIndex::resident_bytes() const {
