@@ -103,14 +103,13 @@ void InputTrie::append(int32_t token) {
   // The suffixes' edges are independent lookups, each a likely cache miss: start them all.
   prefetch_child(kRoot, token);
   for (size_t k = 0; k < keep; ++k) prefetch_child(active_[k], token);
-  const int32_t first = get_or_add_child(kRoot, token);
-  ++nodes_[first].count;
-  scratch_.push_back(first);
-  for (size_t k = 0; k < keep; ++k) {
-    const int32_t node = get_or_add_child(active_[k], token);
+  auto extend = [&](int32_t parent) {  // one more occurrence of parent's path + token
+    const int32_t node = get_or_add_child(parent, token);
     ++nodes_[node].count;
     scratch_.push_back(node);
-  }
+  };
+  extend(kRoot);
+  for (size_t k = 0; k < keep; ++k) extend(active_[k]);
   active_.swap(scratch_);
   ++num_tokens_;
 }
