@@ -32,8 +32,7 @@ void check_batch(int64_t batch, int64_t num_tokens, const int64_t* offsets,
 // Concatenates per-request drafts into one batch answer (rows offsets[i]..offsets[i+1]).
 BatchDrafts gather(const std::vector<Draft>& drafts) {
   BatchDrafts out;
-  out.offsets.resize(drafts.size() + 1);
-  out.offsets[0] = 0;
+  out.offsets.resize(drafts.size() + 1);  // offsets[0] = 0
   for (size_t i = 0; i < drafts.size(); ++i) {
     out.offsets[i + 1] = out.offsets[i] + drafts[i].tokens.size();
   }
