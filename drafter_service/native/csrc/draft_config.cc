@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "score_features.h"
+#include "fusion_records.h"
 
 namespace drafter {
 

@@ -21,7 +21,6 @@
 #include "input_trie.h"
 #include "recent_tier.h"
 #include "retrieval.h"
-#include "score_features.h"
 #include "thread_pool.h"
 
 namespace drafter {

@@ -8,7 +8,6 @@
 
 #include "fusion_records.h"
 #include "input_trie.h"
-#include "score_features.h"
 
 namespace drafter {
 
