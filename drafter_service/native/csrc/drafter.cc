@@ -244,9 +244,8 @@ void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* 
                           bool explain) const {
   const CandidateTree* recent = nullptr;
   if (tier_) {
-    tier_->retrieve(handle, state.group, state.tokens.data(),
-                    static_cast<int64_t>(state.tokens.size()), budget, scratch.recent,
-                    scratch.recent_tree);
+    tier_->retrieve(handle, state.group, state.tokens.data(), state.tokens.size(), budget,
+                    scratch.recent, scratch.recent_tree);
     recent = &scratch.recent_tree;
   }
   draft_one(&state.trie, state.tokens.data(), state.tokens.size(), datastore, config_, budget,
