@@ -53,8 +53,6 @@ class Fusion {
   void grow();
   void offer_children(const Member& m, int32_t cap);
   void push_offers(int32_t draft_parent);
-  void group_offers(int32_t draft_parent);
-  void push_group();
 
   const FusionInputs& in_;
   const DraftConfig& config_;
@@ -170,30 +168,18 @@ void Fusion::grow() {
   }
 }
 
-// Groups the offers by token into candidates under `draft_parent`, pushed in
-// ascending token order; members keep the order in which sources offered.
+// Groups the offers by token into candidates under `draft_parent` (their members into
+// the pool, in the order in which sources offered; the hand score is the most confident
+// member's), scores them and pushes them in ascending token order; to explain, each
+// one's features into the feature pool.
 void Fusion::push_offers(int32_t draft_parent) {
-  std::sort(s_.offers.begin(), s_.offers.end(), [](const Offer& a, const Offer& b) {
-    return a.token < b.token || (a.token == b.token && a.order < b.order);
-  });
-  const DraftNode parent = s_.nodes[draft_parent];
-  group_offers(draft_parent);
-  std::vector<Candidate>& group = s_.group;
-  if (featured_) {
-    group_features(view_, s_.members.data(), parent, group.data(), group.size(),
-                   s_.group_features);
-  }
-  score_group(config_.node_score, parent, group.data(), group.size(),
-              featured_ ? s_.group_features.data() : nullptr);
-  push_group();
-}
-
-// The sorted offers, one candidate per token, into s_.group; their members into the
-// pool. The hand score is the most confident member's.
-void Fusion::group_offers(int32_t draft_parent) {
   std::vector<Offer>& offers = s_.offers;
   std::vector<Member>& pool = s_.members;
-  s_.group.clear();
+  std::vector<Candidate>& group = s_.group;
+  std::sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
+    return a.token < b.token || (a.token == b.token && a.order < b.order);
+  });
+  group.clear();
   for (size_t i = 0; i < offers.size();) {
     const auto begin = static_cast<int32_t>(pool.size());
     double hand = 0.0;
@@ -202,17 +188,18 @@ void Fusion::group_offers(int32_t draft_parent) {
       hand = std::max(hand, offers[i].member.score);  // the most confident source decides
       pool.push_back(offers[i].member);
     }
-    s_.group.push_back({0.0, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
-                        hand, 0.0, -1, kNotLookedUp});
+    group.push_back({0.0, 0, token, draft_parent, begin, static_cast<int32_t>(pool.size()),
+                     hand, 0.0, -1, kNotLookedUp});
   }
   offers.clear();
-}
-
-// The scored group onto the queue, in order; to explain, each one's features into the
-// feature pool.
-void Fusion::push_group() {
-  for (size_t i = 0; i < s_.group.size(); ++i) {
-    Candidate c = s_.group[i];
+  const DraftNode parent = s_.nodes[draft_parent];
+  if (featured_) {
+    group_features(view_, pool.data(), parent, group.data(), group.size(), s_.group_features);
+  }
+  score_group(config_.node_score, parent, group.data(), group.size(),
+              featured_ ? s_.group_features.data() : nullptr);
+  for (size_t i = 0; i < group.size(); ++i) {
+    Candidate c = group[i];
     if (in_.explain) {
       const double* f = s_.group_features.data() + i * kScoreFeatures;
       c.features = static_cast<int32_t>(s_.feature_pool.size() / kScoreFeatures);
