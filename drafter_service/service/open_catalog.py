@@ -8,6 +8,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from drafter_service.drafting.drafter import Drafter
@@ -203,17 +204,12 @@ def open_catalog(config: ServeConfig) -> Catalog:
         policy, nice = config.live_policy(), config.background_nice
         # With the recent tier, stored generations are drafted from before their rebuild.
         unfolded = drafter if drafter.config.recent_samples > 0 else None
-        if stream is None:
-            live = LiveDatastore(
-                config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
-                salvage=config.salvage, background_nice=nice, unfolded=unfolded,
-            )  # fmt: skip
-        else:  # it takes every replica's ingests from the stream, and closes it
-            live = ReplicatedDatastore(
-                config.data_dir, tokenizer, policy, shared_log=stream,
-                on_swap=drafter.set_datastore, salvage=config.salvage, background_nice=nice,
-                unfolded=unfolded,
-            )  # fmt: skip
+        # A ReplicatedDatastore takes every replica's ingests from the stream, and closes it.
+        kind = LiveDatastore if stream is None else partial(ReplicatedDatastore, shared_log=stream)
+        live = kind(
+            config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
+            salvage=config.salvage, background_nice=nice, unfolded=unfolded,
+        )  # fmt: skip
         slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
         write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:
