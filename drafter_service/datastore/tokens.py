@@ -19,10 +19,6 @@ def as_token_array(
     of ids in ``[0, vocab_size)``; ``ValueError`` names the bad dtype, shape or value (and
     its index), fit for the caller's users. ``check_range=False`` only refuses what does
     not fit int32: the native code the array goes to checks the range itself."""
-    if type(tokens) is np.ndarray and tokens.dtype == np.int32 and tokens.ndim == 1:
-        if check_range:
-            _check_range(tokens, vocab_size, what)
-        return np.ascontiguousarray(tokens)
     if isinstance(tokens, np.ndarray):
         arr = tokens
         if arr.dtype.kind not in "iu":
