@@ -96,10 +96,6 @@ def _header_at(
     return magic, seq, n, crc, StreamId(*_ORIGIN.unpack_from(data, start)), start + _ORIGIN.size
 
 
-def _segment_name(first_seq: int) -> str:
-    return f"{first_seq:020d}{_SUFFIX}"
-
-
 def _first_seq(segment: Path) -> int:
     return int(segment.name[: -len(_SUFFIX)])
 
@@ -276,7 +272,7 @@ class IngestLog:
     def _open_segment(self, first_seq: int) -> None:
         """Creates the segment for ``first_seq``. An empty one (a crash before its first
         record, or a torn first record cut) is reused; one holding bytes is refused."""
-        path = self.directory / _segment_name(first_seq)
+        path = self.directory / f"{first_seq:020d}{_SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(fd).st_size
         if size:
