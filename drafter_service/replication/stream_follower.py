@@ -108,7 +108,9 @@ class StreamFollower:
                 raise payload
             doc = checked_document(decode_tokens(payload), live.policy, live.tokenizer.vocab_size)
         except ValueError as exc:
-            self._skip(entry_id, exc)
+            skipped = live.note_stream_skip(entry_id)
+            self._skip_log.log("shared log %s: entry %s skipped on every replica (%d so far): "
+                               "%s", self._stream.key, entry_id, skipped, exc)  # fmt: skip
             return True
         waited = False
         while True:
@@ -131,11 +133,6 @@ class StreamFollower:
                 return True
             if self._stop.wait(1.0):
                 return False
-
-    def _skip(self, entry_id: StreamId, why: Exception) -> None:
-        skipped = self._live.note_stream_skip(entry_id)
-        self._skip_log.log("shared log %s: entry %s skipped on every replica (%d so far): %s",
-                           self._stream.key, entry_id, skipped, why)  # fmt: skip
 
     def _count_error(self, message: str) -> None:
         self._error_log.warning("%s", message)
