@@ -33,7 +33,7 @@ from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.live.index_set import ChangeCorpora, Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
-from drafter_service.live.live_stats import LastError, LiveStats, live_stats
+from drafter_service.live.live_stats import LastError, LiveStats
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
@@ -298,9 +298,14 @@ class LiveDatastore:
         return self._index.datastore
 
     def stats(self) -> LiveStats:
-        """The counters, each part's read under its lock (``live_stats``)."""
-        index, cursor = self._index.stats(), self._cursor.stats()
-        return live_stats(index, cursor, self._buffer.stats(), self._errors.message)
+        """The parts' views as one, read in this order (index set, cursor, buffer), each under
+        its own lock, so each part is consistent and later parts are slightly newer. Coverage
+        only follows what was logged before, so ``covered_position`` never passes
+        ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
+        both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
+        index, cursor, buffer = self._index.stats(), self._cursor.stats(), self._buffer.stats()
+        error = self._errors.message
+        return LiveStats(**index, **cursor, **buffer, last_error=error, shared_log=False)
 
     def content_digest(self) -> str:
         """SHA-256 over each learned sub-index's tokens: equal on replicas that folded the

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from drafter_service.live.stream_ids import StreamId
 
 
 @dataclass(frozen=True, slots=True)
 class LiveStats:
-    """A view of the live datastore for metrics and admin (consistency: :func:`live_stats`)."""
+    """A view of the live datastore for metrics and admin (consistency: ``LiveDatastore.stats``)."""
 
     num_tokens: int  # text positions in the sub-indices (separators included)
     pending_tokens: int  # ingested, durable, not yet in a sub-index
@@ -35,17 +34,6 @@ class LiveStats:
     stream_errors: int
     stream_lost: int
     stream_delay_s: float
-
-
-def live_stats(
-    index: dict[str, Any], cursor: dict[str, Any], buffer: dict[str, Any], last_error: str | None
-) -> LiveStats:
-    """The parts' views as one, read in this order (index set, cursor, buffer), each under
-    its own lock, so each part is consistent and later parts are slightly newer. Coverage
-    only follows what was logged before, so ``covered_position`` never passes
-    ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
-    both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
-    return LiveStats(**index, **cursor, **buffer, last_error=last_error, shared_log=False)
 
 
 class LastError:
