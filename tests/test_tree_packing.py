@@ -125,6 +125,8 @@ def test_a_chain_ends_before_its_first_node_below_the_min_score() -> None:
         ([None], [-3], [0], ValueError, r"roots\[0\] = -3"),
         ([None, None], [1, 1], [0, -5], ValueError, r"cache_lens\[1\] = -5"),
         ([None], [1.5], [0], TypeError, r"roots must hold integers, got float64"),
+        ([None], torch.tensor([1], dtype=torch.bfloat16), [0], TypeError,
+         r"roots must hold integers, got torch.bfloat16"),
         ([None], [[1]], [0], ValueError, r"roots must be 1-D"),
         ([Tree.of([1, 2], [-1, 1], [0, 0])], [1], [0], ValueError, r"trees\[0\]\.parents\[1\] = 1"),
         ([None, Tree.of([1, 2], [-1, -2], [0, 0])], [1, 1], [0, 0], ValueError,

@@ -102,7 +102,12 @@ def pack_trees(
 
 def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> _I64:
     """A [batch] int64 host array of non-negative ints, or ValueError/TypeError naming it."""
-    raw = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex:  # before .numpy(): it
+            raise TypeError(f"{name} must hold integers, got {values.dtype}")  # fails on bf16
+        raw = values.detach().cpu().numpy()
+    else:
+        raw = np.asarray(values)
     if raw.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {raw.shape}")
     if raw.size and raw.dtype.kind not in "iu":
