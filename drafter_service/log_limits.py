@@ -26,14 +26,12 @@ class RateLimitedLog:
         logger: logging.Logger,
         interval_s: float = DEFAULT_INTERVAL_S,
         *,
-        level: int = logging.WARNING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {interval_s}")
         self._logger = logger
         self._interval_s = interval_s
-        self._level = level
         self._clock = clock
         self._lock = threading.Lock()
         self._next_s: float | None = None  # None: the next line is logged
@@ -50,7 +48,7 @@ class RateLimitedLog:
         self,
         msg: str,
         *args: object,
-        level: int | None = None,
+        level: int = logging.WARNING,
         error: BaseException | None = None,
     ) -> bool:
         """Logs ``msg % args`` unless a line was logged less than the interval ago (then it
@@ -72,13 +70,11 @@ class RateLimitedLog:
                 self._traced.add(type(error))
         if suppressed:
             msg = f"{msg} ({suppressed} more since the last line)"
-        self._logger.log(
-            self._level if level is None else level, msg, *args, exc_info=error if trace else None
-        )
+        self._logger.log(level, msg, *args, exc_info=error if trace else None)
         return True
 
     def warning(self, msg: str, *args: object, error: BaseException | None = None) -> bool:
-        return self.log(msg, *args, level=logging.WARNING, error=error)
+        return self.log(msg, *args, error=error)
 
     def error(self, msg: str, *args: object, error: BaseException | None = None) -> bool:
         return self.log(msg, *args, level=logging.ERROR, error=error)

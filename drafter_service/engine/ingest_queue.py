@@ -53,7 +53,7 @@ class GenerationIngester:
         self._dropped_log = RateLimitedLog(log)
         self._refused_log = RateLimitedLog(log)  # the datastore full, bad tokens
         self._shared_log_down = RateLimitedLog(log)
-        self._failed_log = RateLimitedLog(log, level=logging.ERROR)
+        self._failed_log = RateLimitedLog(log)
         self._thread = threading.Thread(target=self._run, name="generation-ingest", daemon=True)
         self._thread.start()
 

@@ -49,7 +49,7 @@ from drafter_service.log_limits import RateLimitedLog
 from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, list_snapshots
 
 # A maintenance failure repeats at every wake-up until it is fixed: logged rate-limited.
-_maintenance_log = RateLimitedLog(logging.getLogger(__name__), level=logging.ERROR)
+_maintenance_log = RateLimitedLog(logging.getLogger(__name__))
 
 __all__ = [
     "CORPORA_KEY",

@@ -51,7 +51,7 @@ class StreamFollower:
         self._stop = threading.Event()
         self._checked_loss = False
         self._error_log = RateLimitedLog(log)
-        self._skip_log = RateLimitedLog(log, level=logging.ERROR)
+        self._skip_log = RateLimitedLog(log)
         self._thread = threading.Thread(
             target=self._run, name=f"stream-follower-{name}", daemon=True
         )
@@ -109,8 +109,8 @@ class StreamFollower:
             doc = checked_document(decode_tokens(payload), live.policy, live.tokenizer.vocab_size)
         except ValueError as exc:
             skipped = live.note_stream_skip(entry_id)
-            self._skip_log.log("shared log %s: entry %s skipped on every replica (%d so far): "
-                               "%s", self._stream.key, entry_id, skipped, exc)  # fmt: skip
+            self._skip_log.error("shared log %s: entry %s skipped on every replica (%d so far): "
+                                 "%s", self._stream.key, entry_id, skipped, exc)  # fmt: skip
             return True
         waited = False
         while True:
