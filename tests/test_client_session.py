@@ -68,6 +68,8 @@ def test_budget_overrides_and_the_drafters_limit() -> None:
     assert [d.budget for d in unpack_deltas(plan.message)] == [0, 8, 8]
     with pytest.raises(ValueError, match="budget of 'a' must be an int >= 0"):
         s.begin({"a": []}, {"a": -1}, 0.0)
+    with pytest.raises(ValueError, match="budget of 'a' must be an int >= 0, got True"):
+        s.begin({"a": []}, {"a": True}, 0.0)  # as the replica set refuses it
 
 
 def test_failures_mark_for_resend_and_open_the_breaker() -> None:

@@ -235,7 +235,7 @@ class DraftSession:
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
         cap = self.max_budget
         for rid, budget in budgets.items():
-            if not isinstance(budget, int) or budget < 0:
+            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
                 raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
         if cap is not None and any(b > cap for b in budgets.values()):
             return {rid: min(b, cap) for rid, b in budgets.items()}
