@@ -103,8 +103,9 @@ def pack_trees(
 def _int_vector(values: Sequence[int] | torch.Tensor, name: str, batch: int) -> _I64:
     """A [batch] int64 host array of non-negative ints, or ValueError/TypeError naming it."""
     if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dtype.is_complex:  # before .numpy(): it
-            raise TypeError(f"{name} must hold integers, got {values.dtype}")  # fails on bf16
+        # Checked before .numpy(), which cannot convert bfloat16 and would not name `name`.
+        if values.dtype.is_floating_point or values.dtype.is_complex:
+            raise TypeError(f"{name} must hold integers, got {values.dtype}")
         raw = values.detach().cpu().numpy()
     else:
         raw = np.asarray(values)
