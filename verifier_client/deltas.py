@@ -31,7 +31,7 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import ClientStats, Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_commit", "as_token_list",
-           "check_live", "read_column"]  # fmt: skip
+           "check_budgets", "check_live", "read_column"]  # fmt: skip
 
 _INT32_MAX = 2**31 - 1
 _STATUS_OK = pb.DRAFT_STATUS_OK
@@ -83,6 +83,13 @@ def check_live(live: Mapping[str, object], request_ids: Mapping[str, object]) ->
     if not live.keys() >= request_ids.keys():
         missing = [rid for rid in request_ids if rid not in live]
         raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+
+
+def check_budgets(budgets: Mapping[str, int]) -> None:
+    """ValueError naming the first budget that is not an int >= 0 (a bool is not one)."""
+    for rid, budget in budgets.items():
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
 
 
 def finish_tail(

@@ -26,7 +26,7 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import Unavailable
-from verifier_client.deltas import as_commit, as_token_list, check_live
+from verifier_client.deltas import as_commit, as_token_list, check_budgets, check_live
 from verifier_client.replica_ownership import ClientOptions, ReplicaMember, ReplicaOwnership, Route
 from verifier_client.replica_targets import parse_target, rendezvous_owner
 from verifier_client.results import ClientStats, Outcome, StepResult, Tree
@@ -187,9 +187,7 @@ class ReplicaSetClient(ReplicaOwnership):
         default = self._budget.draft_budget(len(checked))
         if budgets is None:
             return dict.fromkeys(checked, default)
-        for rid, budget in budgets.items():
-            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-                raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
+        check_budgets(budgets)
         return {rid: budgets.get(rid, default) for rid in checked}
 
     def _let_breakers_probe(self, work: Mapping[ReplicaMember, object]) -> None:

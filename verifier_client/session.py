@@ -22,6 +22,7 @@ from verifier_client.deltas import (
     ProtocolError,
     RequestState,
     as_token_list,
+    check_budgets,
     finish_tail,
 )
 from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
@@ -233,10 +234,8 @@ class DraftSession:
                         default_budget, refused, base)  # fmt: skip
 
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
+        check_budgets(budgets)
         cap = self.max_budget
-        for rid, budget in budgets.items():
-            if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-                raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
         if cap is not None and any(b > cap for b in budgets.values()):
             return {rid: min(b, cap) for rid, b in budgets.items()}
         return budgets
