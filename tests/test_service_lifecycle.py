@@ -64,6 +64,21 @@ def test_health_goes_not_serving_serving_not_serving(
         loop_thread.run(server.stop(0))
 
 
+def test_an_ipv6_host_listens_and_serves(loop_thread: LoopThread, tmp_path: Path) -> None:
+    # --host ::1 used to reach gRPC as "::1:0", which it reads as a host without a port
+    # (it tried port 443 and failed): the listen target brackets an IPv6 host. The metrics
+    # and admin endpoints listen on the same host.
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("this machine has no IPv6")
+    with serving(loop_thread, config(tmp_path, host="::1")) as s:
+        assert re.fullmatch(r"\[::1\]:\d+", s.server.address)
+        assert health_status(s.channel) == Status.SERVING
+        answer = s.stub.Draft(pb.DraftRequest(requests=[delta("a", [1, 2])]), timeout=5)
+        assert [d.request_id for d in answer.drafts] == ["a"]
+
+
 def test_reflection_lists_the_services(loop_thread: LoopThread, tmp_path: Path) -> None:
     with serving(loop_thread, config(tmp_path)) as s:
         services = ProtoReflectionDescriptorDatabase(s.channel).get_services()

@@ -150,9 +150,7 @@ class DrafterServer:
 
     @property
     def address(self) -> str:
-        host = self.config.host
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        return f"{host}:{self.port}"
+        return _host_port(self.config.host, self.port)
 
     async def listen(self) -> None:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
@@ -169,7 +167,7 @@ class DrafterServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         self._server = server
-        target = f"{self.config.host}:{self.config.port}"  # port 0: the kernel picks one
+        target = _host_port(self.config.host, self.config.port)  # port 0: the kernel picks one
         try:
             credentials = server_credentials(self.config)
             if credentials is None:
@@ -187,7 +185,7 @@ class DrafterServer:
                 serve_metrics, self.registry, host, self.config.metrics_port
             )
             self.metrics_port = self._metrics_endpoint[0].server_port
-            log.info("metrics on http://%s:%d/metrics", host, self.metrics_port)
+            log.info("metrics on http://%s/metrics", _host_port(host, self.metrics_port))
         if self._admin_factory is not None:
             self._admin = self._admin_factory(lambda: self._catalog, self._phase)
             self.admin_port = await self._admin.start()
@@ -276,3 +274,8 @@ class DrafterServer:
             await asyncio.sleep(interval_s)
             if self.engine is not None:
                 self.engine.expire_idle()
+
+
+def _host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets (gRPC reads ``::1:50051`` as a host alone)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
