@@ -19,7 +19,7 @@ from drafter_service.edge.validation import (
     parse_finish_request,
     parse_ingest_request,
 )
-from drafter_service.edge.wire import Shed, Undecodable, UndecodableRefusals
+from drafter_service.edge.wire import Shed, Undecodable
 from drafter_service.engine.call_errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -64,8 +64,9 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self, version: str, max_message_bytes: int, metrics: DrafterMetrics, auth: ClientAuth
     ) -> None:
         self._auth = auth
-        self._undecodable = UndecodableRefusals()
-        self._internal_log = RateLimitedLog(log)  # a bug every call hits: one line a while
+        # A bug every call hits, or a flood of garbage: one line a while.
+        self._internal_log = RateLimitedLog(log)
+        self._undecodable_log = RateLimitedLog(log)
         self._version = version
         self._max_message_bytes = max_message_bytes
         self._metrics = metrics
@@ -126,7 +127,12 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         try:
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
             if isinstance(request, Undecodable):
-                raise self._undecodable.refuse(request)
+                refusal = InvalidArgument(
+                    f"{request.size_bytes} bytes are not a valid {request.message_type} "
+                    f"({request.error})"
+                )
+                self._undecodable_log.warning("refused an undecodable request: %s", refusal)
+                raise refusal
             if isinstance(request, Shed):
                 raise request.refusal
             if self._engine is None:

@@ -14,7 +14,6 @@ the caller).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +21,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from drafter_service.engine.call_errors import InvalidArgument, ServiceError
-from drafter_service.log_limits import RateLimitedLog
+from drafter_service.engine.call_errors import ServiceError
 from sssd_drafter.v1 import drafter_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
 
@@ -65,21 +61,6 @@ def _tolerant(
             return Undecodable(name, len(data), str(exc))
 
     return parse
-
-
-class UndecodableRefusals:
-    """Refuses undecodable requests, logged at most one line per interval."""
-
-    def __init__(self) -> None:
-        self._log = RateLimitedLog(log)
-
-    def refuse(self, request: Undecodable) -> InvalidArgument:
-        """The refusal of ``request`` (INVALID_ARGUMENT naming its type and size)."""
-        what = (
-            f"{request.size_bytes} bytes are not a valid {request.message_type} ({request.error})"
-        )
-        self._log.warning("refused an undecodable request: %s", what)
-        return InvalidArgument(what)
 
 
 def _serialize(message: Message) -> bytes:
