@@ -188,7 +188,7 @@ def test_vocab_mismatch_between_datastore_and_drafter() -> None:
     with pytest.raises(ValueError, match="sub-index 0 has vocab_size 5"):
         Datastore([SubIndex.build([[1]], 5)], 6)
     with pytest.raises(ValueError, match="disagree on vocab_size"):
-        _core.Datastore([SubIndex.build([[1]], 5)._native, SubIndex.build([[1]], 6)._native])
+        _core.Datastore([SubIndex.build([[1]], 5).native, SubIndex.build([[1]], 6).native])
 
 
 @pytest.mark.parametrize(

@@ -33,31 +33,31 @@ def join_documents(docs: Sequence[npt.NDArray[np.int32]]) -> npt.NDArray[np.int3
 
 
 class _NativeHolder:
-    """A Python face of one native object (a sub-index or a datastore), whose sizes it
-    reads through; the native object is the one that knows them."""
+    """A Python face of one native object (a sub-index or a datastore, ``native``), whose
+    sizes it reads through; the native object is the one that knows them."""
 
-    __slots__ = ("_native",)
+    __slots__ = ("native",)
 
     def __init__(self, native: _core.SubIndex | _core.Datastore) -> None:
-        self._native = native
+        self.native = native
 
     @property
     def num_tokens(self) -> int:
         """Text positions, separators included (of every sub-index, for a datastore)."""
-        return self._native.num_tokens
+        return self.native.num_tokens
 
     @property
     def resident_bytes(self) -> int:
         """Bytes kept in memory: 4 per token, 4 per suffix, and a first-token table per
         sub-index."""
-        return self._native.resident_bytes
+        return self.native.resident_bytes
 
 
 class SubIndex(_NativeHolder):
     """One suffix array over a text of documents. Immutable once built."""
 
     __slots__ = ("origin",)
-    _native: _core.SubIndex
+    native: _core.SubIndex
 
     def __init__(self, native: _core.SubIndex) -> None:
         super().__init__(native)
@@ -84,7 +84,7 @@ class SubIndex(_NativeHolder):
         """A new sub-index over this one's text, a separator and joined ``text``; built
         without the GIL, so drafting threads keep running during a live rebuild."""
         _check_text(text, self.num_tokens + 1)
-        return SubIndex(_core.SubIndex.build_extended(self._native, np.ascontiguousarray(text)))
+        return SubIndex(_core.SubIndex.build_extended(self.native, np.ascontiguousarray(text)))
 
     @classmethod
     def from_arrays(
@@ -104,20 +104,20 @@ class SubIndex(_NativeHolder):
 
     @property
     def vocab_size(self) -> int:
-        return self._native.vocab_size
+        return self.native.vocab_size
 
     def tokens(self) -> npt.NDArray[np.int32]:
         """Read-only view of the text (no copy)."""
-        return self._native.tokens()
+        return self.native.tokens()
 
     def suffix_array(self) -> npt.NDArray[np.int32]:
         """Read-only view of the suffix array (no copy)."""
-        return self._native.suffix_array()
+        return self.native.suffix_array()
 
     def find_range(self, prefix: Sequence[int] | npt.NDArray[np.integer]) -> tuple[int, int]:
         """Rows ``[begin, end)`` of the suffix array whose suffixes start with ``prefix``."""
         arr = as_token_array(prefix, self.vocab_size, what="prefix")
-        return self._native.find_range(arr)
+        return self.native.find_range(arr)
 
 
 class Datastore(_NativeHolder):
@@ -127,8 +127,8 @@ class Datastore(_NativeHolder):
     present each is its own source with its own samples, so a large base cannot outvote
     fresh live data (docs/algorithm.md). 0 or all of them: one source."""
 
-    __slots__ = ("_sub_indices", "base_count", "vocab_size")
-    _native: _core.Datastore
+    __slots__ = ("base_count", "sub_indices", "vocab_size")
+    native: _core.Datastore
 
     def __init__(
         self, sub_indices: Sequence[SubIndex], vocab_size: int, base_count: int = 0
@@ -141,10 +141,10 @@ class Datastore(_NativeHolder):
                 raise ValueError(
                     f"sub-index {i} has vocab_size {s.vocab_size}, expected {vocab_size}"
                 )
-        self._sub_indices = tuple(sub_indices)
+        self.sub_indices = tuple(sub_indices)
         self.vocab_size = vocab_size
         self.base_count = base_count
-        super().__init__(_core.Datastore([s._native for s in self._sub_indices], base_count))
+        super().__init__(_core.Datastore([s.native for s in self.sub_indices], base_count))
 
     @classmethod
     def empty(cls, vocab_size: int) -> Datastore:
@@ -158,14 +158,6 @@ class Datastore(_NativeHolder):
     ) -> Datastore:
         """One sub-index over all ``documents``."""
         return cls([SubIndex.build(documents, vocab_size)], vocab_size)
-
-    @property
-    def sub_indices(self) -> tuple[SubIndex, ...]:
-        return self._sub_indices
-
-    @property
-    def native(self) -> _core.Datastore:
-        return self._native
 
 
 def _check_vocab_size(vocab_size: int) -> None:
