@@ -330,14 +330,13 @@ class ServeConfig(BaseSettings):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """One flag per field (``--max-budget``), and ``--config-file``; unset flags stay None."""
         for name, info in cls.model_fields.items():
-            help_text = f"{info.description} [env {env_name(name)}]"
-            if name in REPEATED_FLAGS:
-                flag, metavar = REPEATED_FLAGS[name]
-                parser.add_argument(
-                    flag, dest=name, action="append", metavar=metavar, help=help_text
-                )
-            else:
-                parser.add_argument(flag_name(name), dest=name, help=help_text)
+            parser.add_argument(
+                flag_name(name),
+                dest=name,
+                action="append" if name in REPEATED_FLAGS else "store",
+                metavar=REPEATED_FLAGS[name][1] if name in REPEATED_FLAGS else None,
+                help=f"{info.description} [env {env_name(name)}]",
+            )
         parser.add_argument(
             "--config-file",
             metavar="PATH",
