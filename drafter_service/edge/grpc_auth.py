@@ -242,9 +242,9 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         raise AssertionError("context.abort returned")
 
     async def _one(self, method: str, requests: AsyncIterator[Any], context: Any) -> Any:
-        """The single request of a unary call, read once admitted."""
-        request = await anext(aiter(requests), _NONE)
-        if request is _NONE:
+        """The single request of a unary call (never None), read once admitted."""
+        request = await anext(aiter(requests), None)
+        if request is None:
             await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
                                "the call carried no request message")  # fmt: skip
         return request
@@ -273,6 +273,3 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return await handler.unary_unary(await self._one(method, requests, context), context)
 
         return grpc.stream_unary_rpc_method_handler(unary, **options)
-
-
-_NONE = object()
