@@ -323,8 +323,7 @@ class ServeConfig(BaseSettings):
 
     def live_policy(self) -> LivePolicy:
         """The live datastore's policy: the settings of its fields' names."""
-        names = [field.name for field in dataclasses.fields(LivePolicy)]
-        return LivePolicy(**{name: getattr(self, name) for name in names})
+        return LivePolicy(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LivePolicy)})
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
