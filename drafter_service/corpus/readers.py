@@ -147,9 +147,7 @@ def iter_parquet(
             done = size * row // total_rows
             advance(done - reported)
             reported = done
-    except BuildError:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # pyarrow's errors; nothing in the loop raises BuildError
         raise BuildError(f"{path}: cannot read Parquet row group after row {row}: {exc}") from None
     advance(size - reported)
 
