@@ -67,9 +67,7 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-def add_drafter_service(
-    servicer: object, server: grpc.aio.Server, overloaded: Overloaded | None = None
-) -> None:
+def add_drafter_service(servicer: object, server: grpc.aio.Server, overloaded: Overloaded) -> None:
     """Registers ``servicer`` as ``sssd_drafter.v1.DrafterService`` (what the generated
     function does, with :func:`_tolerant` parsing)."""
     handlers = {}
