@@ -138,15 +138,15 @@ def _resolve(
 SEED_CORPUS = "seed"  # the pinned corpus a seed snapshot from the builder becomes
 
 
-def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> bool:
+def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) -> None:
     """Copies ``snapshot`` into ``data_dir``/snapshots (atomically) unless that holds one
-    already; returns whether it seeded. A snapshot naming no corpora (the builder's)
-    becomes the pinned corpus ``seed``: never rotated out, drafted from as a source of its
-    own (so what is learned cannot outvote it), removable like any corpus."""
+    already. A snapshot naming no corpora (the builder's) becomes the pinned corpus
+    ``seed``: never rotated out, drafted from as a source of its own (so what is learned
+    cannot outvote it), removable like any corpus."""
     target_root = data_dir / "snapshots"
     if list_snapshots(target_root):
         log.info("%s already has a snapshot: --snapshot %s is not used", data_dir, snapshot)
-        return False
+        return
     datastore, info = load_snapshot(snapshot, expect_tokenizer=tokenizer)
     metadata = dict(info.metadata)
     metadata["seeded_from"] = str(Path(snapshot).resolve())
@@ -163,7 +163,6 @@ def seed_snapshot(snapshot: Path, data_dir: Path, tokenizer: TokenizerIdentity) 
         metadata=metadata,
     )
     log.info("seeded %s from snapshot %s (%d positions)", data_dir, snapshot, datastore.num_tokens)
-    return True
 
 
 def open_catalog(config: ServeConfig) -> Catalog:
