@@ -84,7 +84,7 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
     one datastore, rows in call order); otherwise gathered per request."""
     n = len(answer.request_ids)
     trees = answer.trees
-    if (batch := _in_order(trees, n)) is not None:
+    if (batch := _in_order(trees)) is not None:
         return _DraftColumns(
             np.full(n, _OK, dtype=np.uint8),
             np.array(answer.lengths, dtype=np.uint32),
@@ -128,14 +128,13 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
     )
 
 
-def _in_order(trees: Sequence[tuple[DraftBatch, int] | None], n: int) -> DraftBatch | None:
-    """The one batch of exactly n rows holding request i's tree at row i, if there is one."""
-    batch = trees[0][0] if n and trees[0] is not None else None
-    if batch is None or len(batch) != n:
+def _in_order(trees: Sequence[tuple[DraftBatch, int] | None]) -> DraftBatch | None:
+    """The one batch of a row per request holding request i's tree at row i, if there is one."""
+    batch = trees[0][0] if trees and trees[0] is not None else None
+    if batch is None or len(batch) != len(trees):
         return None
-    if all(w is not None and w[0] is batch and w[1] == i for i, w in enumerate(trees)):
-        return batch
-    return None
+    in_order = all(w is not None and w[0] is batch and w[1] == i for i, w in enumerate(trees))
+    return batch if in_order else None
 
 
 def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:
