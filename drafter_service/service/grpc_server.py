@@ -36,9 +36,6 @@ from drafter_service.service.settings import ServeConfig
 
 log = logging.getLogger(__name__)
 
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-
 
 def package_version() -> str:
     try:
@@ -162,7 +159,7 @@ class DrafterServer:
         add_drafter_service(self._servicer, server, self._servicer.overloaded)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, _NOT_SERVING)
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
@@ -225,7 +222,7 @@ class DrafterServer:
         self._servicer.attach(self.engine)
         self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, _SERVING)
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "serving on %s: datastores %s, vocab_size %d",
             self.address,
