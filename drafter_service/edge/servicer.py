@@ -127,12 +127,8 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         try:
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
             if isinstance(request, Undecodable):
-                refusal = InvalidArgument(
-                    f"{request.size_bytes} bytes are not a valid {request.message_type} "
-                    f"({request.error})"
-                )
-                self._undecodable_log.warning("refused an undecodable request: %s", refusal)
-                raise refusal
+                self._undecodable_log.warning("refused an undecodable request: %s", request.refusal)
+                raise request.refusal
             if isinstance(request, Shed):
                 raise request.refusal
             if self._engine is None:

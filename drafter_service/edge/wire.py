@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from drafter_service.engine.call_errors import ServiceError
+from drafter_service.engine.call_errors import InvalidArgument, ServiceError
 from sssd_drafter.v1 import drafter_pb2 as pb
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
@@ -29,11 +29,10 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
 
 @dataclass(frozen=True, slots=True)
 class Undecodable:
-    """Request bytes that are not a valid message of the method's type."""
+    """Request bytes that are not a valid message of the method's type, and their refusal
+    (INVALID_ARGUMENT naming the type and the size)."""
 
-    message_type: str
-    size_bytes: int
-    error: str
+    refusal: InvalidArgument
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +57,7 @@ def _tolerant(
         try:
             return message.FromString(data)
         except DecodeError as exc:
-            return Undecodable(name, len(data), str(exc))
+            return Undecodable(InvalidArgument(f"{len(data)} bytes are not a valid {name} ({exc})"))
 
     return parse
 
