@@ -64,9 +64,8 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self, version: str, max_message_bytes: int, metrics: DrafterMetrics, auth: ClientAuth
     ) -> None:
         self._auth = auth
-        # A bug every call hits, or a flood of garbage: one line a while.
-        self._internal_log = RateLimitedLog(log)
-        self._undecodable_log = RateLimitedLog(log)
+        self._internal_log = RateLimitedLog(log)  # a bug every call hits: one line a while
+        self._undecodable_log = RateLimitedLog(log)  # a flood of garbage, likewise
         self._version = version
         self._max_message_bytes = max_message_bytes
         self._metrics = metrics
