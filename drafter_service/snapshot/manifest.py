@@ -142,9 +142,6 @@ class SubIndexEntry:
     def sa_file(self) -> str:
         return f"{self.name}.sa.i32"
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
-
     @classmethod
     def from_json(cls, d: object, what: str) -> SubIndexEntry:
         obj = _check_dict(d, what)
@@ -184,14 +181,9 @@ class SnapshotInfo:
         return sum(e.num_tokens for e in self.sub_indices)
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "format_version": self.format_version,
-            "tokenizer": self.tokenizer.to_json(),
-            "sub_indices": [e.to_json() for e in self.sub_indices],
-            "wal_position": self.wal_position,
-            "created_unix": self.created_unix,
-            "metadata": self.metadata,
-        }
+        doc = asdict(self)
+        del doc["path"]  # where the snapshot lies, not part of it
+        return doc
 
 
 def manifest_checksum(doc: dict[str, Any]) -> str:
