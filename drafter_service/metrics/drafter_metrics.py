@@ -82,12 +82,14 @@ class DrafterMetrics(Collector):
         self._version = version
         self._started_unix = time.time()
         self._lock = threading.Lock()
-        self._batch_seconds = {m: Buckets(BATCH_SECONDS) for m in BATCH_METHODS}
-        self._batch_requests = {m: Buckets(BATCH_REQUESTS) for m in BATCH_METHODS}
-        self._datastores: dict[str, DatastoreCounts] = {}
-        self._resyncs = dict.fromkeys(RESYNC_REASONS, 0)
-        self._errors = {(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES}
-        self._rebuilds: dict[str, Buckets] = {}
+        self._recorded = Recorded(
+            batch_seconds={m: Buckets(BATCH_SECONDS) for m in BATCH_METHODS},
+            batch_requests={m: Buckets(BATCH_REQUESTS) for m in BATCH_METHODS},
+            datastores={},
+            resyncs=dict.fromkeys(RESYNC_REASONS, 0),
+            errors={(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES},
+            rebuilds={},
+        )
         self._sources: _Sources | None = None
 
     def attach(self, catalog: Catalog, table: RequestTable, ingester: GenerationIngester) -> None:
@@ -97,7 +99,7 @@ class DrafterMetrics(Collector):
             for name, slot in catalog.slots.items():
                 self._datastore(name)
                 if slot.live is not None:
-                    self._rebuilds.setdefault(name, Buckets(REBUILD_SECONDS))
+                    self._recorded.rebuilds.setdefault(name, Buckets(REBUILD_SECONDS))
         for name, slot in catalog.slots.items():
             if slot.live is not None:
                 slot.live.add_rebuild_listener(functools.partial(self.record_rebuild, name))
@@ -107,14 +109,14 @@ class DrafterMetrics(Collector):
 
     def record_call(self, method: str, seconds: float) -> None:
         """A call answered: its latency for the drafting methods, nothing for others."""
-        buckets = self._batch_seconds.get(method)
+        buckets = self._recorded.batch_seconds.get(method)
         if buckets is not None:
             with self._lock:
                 buckets.add(seconds)
 
     def record_batch(self, method: str, requests: int) -> None:
         """A Draft batch of ``requests`` requests (RESYNCs included)."""
-        buckets = self._batch_requests.get(method)
+        buckets = self._recorded.batch_requests.get(method)
         if buckets is not None:
             with self._lock:
                 buckets.add(requests)
@@ -137,65 +139,56 @@ class DrafterMetrics(Collector):
 
     def count_resync(self, reason: str, n: int = 1) -> None:
         with self._lock:
-            self._resyncs[reason] += n
+            self._recorded.resyncs[reason] += n
 
     def count_error(self, method: str, code: str) -> None:
         with self._lock:
-            self._errors[method, code] = self._errors.get((method, code), 0) + 1
+            errors = self._recorded.errors
+            errors[method, code] = errors.get((method, code), 0) + 1
 
     def record_rebuild(self, datastore: str, seconds: float) -> None:
         with self._lock:
-            self._rebuilds.setdefault(datastore, Buckets(REBUILD_SECONDS)).add(seconds)
+            self._recorded.rebuilds.setdefault(datastore, Buckets(REBUILD_SECONDS)).add(seconds)
 
     def _datastore(self, name: str) -> DatastoreCounts:  # with the lock held
-        counts = self._datastores.get(name)
+        counts = self._recorded.datastores.get(name)
         if counts is None:
             counts = DatastoreCounts(0, 0, SizeCounts(TREE_NODES), Buckets(REQUEST_SECONDS))
-            self._datastores[name] = counts
+            self._recorded.datastores[name] = counts
         return counts
 
     # -- scraping ---------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:  # a copy: the families are built without holding the lock
-            recorded = copy.deepcopy(
-                (self._batch_seconds, self._batch_requests, self._datastores, self._resyncs,
-                 self._errors, self._rebuilds)
-            )  # fmt: skip
-        yield from recorded_families(Recorded(*recorded))
+            recorded = copy.deepcopy(self._recorded)
+        yield from recorded_families(recorded)
         yield from self._state()
 
     def _state(self) -> Iterator[Metric]:
-        """Read from the service's own state at scrape time (no samples before ``attach``)."""
+        """Read from the service's own state at scrape time (none before ``attach``)."""
         s = self._sources
-        table, ingester = (None, None) if s is None else (s.table, s.ingester)
-        info = GaugeMetricFamily(
-            PREFIX + "info",
-            "Build and tokenizer identity (=1).",
-            labels=["version", "tokenizer_fingerprint"],
-        )
+        if s is None:
+            return
+        table, ingester = s.table, s.ingester
         stores: dict[str, LiveStats | DatastoreStats] = {}
         held: dict[str, int] = {}
-        if s is not None:
-            info.add_metric([self._version, s.catalog.tokenizer.fingerprint], 1)
-            for name, slot in s.catalog.slots.items():
-                stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
-                held[name] = slot.drafter.held[1]  # 0 with the tier off
+        for name, slot in s.catalog.slots.items():
+            stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
+            held[name] = slot.drafter.held[1]  # 0 with the tier off
         yield GaugeMetricFamily(
-            PREFIX + "active_requests",
-            "Request states held.",
-            value=None if table is None else len(table),
+            PREFIX + "active_requests", "Request states held.", value=len(table)
         )
         yield GaugeMetricFamily(
             PREFIX + "request_state_bytes",
             "Memory the request states hold: measured by the drafter after each call, plus "
             "a bound on what queued calls may add.",
-            value=None if table is None else table.bytes,
+            value=table.bytes,
         )
         yield GaugeMetricFamily(
             PREFIX + "request_state_budget_bytes",
             "Bound on request_state_bytes.",
-            value=None if table is None else table.max_bytes,
+            value=table.max_bytes,
         )
         yield family(
             CounterMetricFamily,
@@ -203,20 +196,18 @@ class DrafterMetrics(Collector):
             "Request states dropped before their request finished, by the bound that "
             "dropped them (their client resends the context: RESYNC).",
             "reason",
-            {} if table is None else dict(table.evicted),
+            dict(table.evicted),
         )
         yield GaugeMetricFamily(
             PREFIX + "ingest_queue_depth",
             "Finished generations waiting for ingestion.",
-            value=None if ingester is None else ingester.depth,
+            value=ingester.depth,
         )
-        dropped = {}
-        if ingester is not None:
-            dropped = {
-                "queue_full": ingester.dropped,
-                "datastore_full": ingester.refused_full,
-                "error": ingester.failed,
-            }
+        dropped = {
+            "queue_full": ingester.dropped,
+            "datastore_full": ingester.refused_full,
+            "error": ingester.failed,
+        }
         yield family(
             CounterMetricFamily,
             "ingest_dropped",
@@ -224,6 +215,12 @@ class DrafterMetrics(Collector):
             "reason",
             dropped,
         )
+        info = GaugeMetricFamily(
+            PREFIX + "info",
+            "Build and tokenizer identity (=1).",
+            labels=["version", "tokenizer_fingerprint"],
+        )
+        info.add_metric([self._version, s.catalog.tokenizer.fingerprint], 1)
         yield info
         yield from datastore_families(stores, self._started_unix)
         yield family(

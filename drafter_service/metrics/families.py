@@ -33,7 +33,7 @@ class DatastoreCounts:
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """A copy of the numbers recorded while serving, taken under the lock at a scrape."""
+    """The numbers recorded while serving (under the collector's lock; a scrape copies them)."""
 
     batch_seconds: dict[str, Buckets]
     batch_requests: dict[str, Buckets]
