@@ -57,7 +57,9 @@ async def create_snapshot(
     live = routes.context(request).live(name)
     body = body or SnapshotCreate()
     wanted = body.name
-    if wanted is not None and await asyncio.to_thread(_find, live, wanted) is not None:
+    if wanted is not None and wanted in [
+        i.path.name for i in await asyncio.to_thread(live.snapshots)
+    ]:
         raise conflict(f"snapshot {wanted!r} already exists")
 
     def work() -> dict[str, Any]:
@@ -77,13 +79,9 @@ async def create_snapshot(
 async def show_snapshot(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> SnapshotDetail:
-    live = routes.context(request).live(name)
-    infos = await asyncio.to_thread(live.snapshots)
-    info = next((i for i in infos if i.path.name == snapshot), None)
-    if info is None:
-        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
+    info, newest = await _snapshot(routes.context(request).live(name), name, snapshot)
     return SnapshotDetail(
-        **_summary(info, info is infos[-1]).model_dump(),
+        **_summary(info, newest).model_dump(),
         tokenizer=info.tokenizer.to_json(),
         metadata=info.metadata,
     )
@@ -102,7 +100,7 @@ async def restore_snapshot(
     request: Request, response: Response, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> JobInfo:
     live = routes.context(request).live(name)
-    await _complete(request, name, snapshot)  # 404 for a snapshot it does not have
+    await _snapshot(live, name, snapshot)  # 404 for a snapshot it does not have
     if isinstance(live, ReplicatedDatastore):
         raise conflict(
             "restore is refused while the datastore follows a shared ingest stream: a "
@@ -128,7 +126,7 @@ async def restore_snapshot(
 async def list_snapshot_files(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> SnapshotFiles:
-    info = await _complete(request, name, snapshot)
+    info, _ = await _snapshot(routes.context(request).live(name), name, snapshot)
     files = await asyncio.to_thread(_files, info)
     return SnapshotFiles(files=[SnapshotFile(name=n, bytes=size) for n, size in files.items()])
 
@@ -141,19 +139,24 @@ async def list_snapshot_files(
 async def download_snapshot_file(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName, file: FileName
 ) -> FileResponse:
-    info = await _complete(request, name, snapshot)
+    info, _ = await _snapshot(routes.context(request).live(name), name, snapshot)
     files = await asyncio.to_thread(_files, info)
     if file not in files:
         raise not_found(f"snapshot {snapshot!r} has no file {file!r}")
     return FileResponse(info.path / file, media_type="application/octet-stream")
 
 
-async def _complete(request: Request, name: str, snapshot: str) -> SnapshotInfo:
-    live = routes.context(request).live(name)
-    info = await asyncio.to_thread(_find, live, snapshot)
-    if info is None:
-        raise not_found(f"datastore {name!r} has no snapshot {snapshot!r}")
-    return info
+async def _snapshot(live: LiveDatastore, name: str, snapshot: str) -> tuple[SnapshotInfo, bool]:
+    """The snapshot named ``snapshot`` and whether it is the newest; 404 if there is none."""
+    infos = await asyncio.to_thread(live.snapshots)
+    for info in infos:
+        if info.path.name == snapshot:
+            return info, info is infos[-1]
+    raise not_found(_missing(name, snapshot))
+
+
+def _missing(name: str, snapshot: str) -> str:
+    return f"datastore {name!r} has no snapshot {snapshot!r}"
 
 
 def _files(info: SnapshotInfo) -> dict[str, int]:
@@ -167,15 +170,10 @@ async def delete_snapshot(
     request: Request, name: routes.DatastoreName, snapshot: SnapshotName
 ) -> None:
     live = routes.context(request).live(name)
-    missing = f"datastore {name!r} has no snapshot {snapshot!r}"
     try:
-        await routes.remove_or_404(live.delete_snapshot, snapshot, missing)
+        await routes.remove_or_404(live.delete_snapshot, snapshot, _missing(name, snapshot))
     except SnapshotError as exc:  # the newest snapshot: a restart needs it
         raise conflict(str(exc)) from None
-
-
-def _find(live: LiveDatastore, name: str) -> SnapshotInfo | None:
-    return next((i for i in live.snapshots() if i.path.name == name), None)
 
 
 def _summary(info: SnapshotInfo, newest: bool) -> SnapshotSummary:
