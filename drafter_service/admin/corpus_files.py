@@ -31,14 +31,8 @@ def resolve_corpus_path(corpora_dir: Path | None, relative: str) -> Path:
             "no corpora directory is configured: start the service with --corpora-dir "
             "(DRAFTER_CORPORA_DIR) and put corpus files there"
         )
-    parts = PurePosixPath(relative).parts
-    if (
-        not relative
-        or relative.startswith("/")
-        or "\\" in relative
-        or not parts
-        or not all(_PATH_PART.fullmatch(p) for p in parts)
-    ):
+    parts = PurePosixPath(relative).parts  # a leading "/" is a part; _PATH_PART refuses it
+    if not parts or not all(_PATH_PART.fullmatch(p) for p in parts):
         raise bad_request(
             f"path {relative!r} must be relative to the corpora directory, with components "
             "of letters, digits and _.+- (not starting with a dot)"
