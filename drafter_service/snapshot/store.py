@@ -28,34 +28,19 @@ from drafter_service.snapshot.array_files import (
     process_alive,
     write_file,
 )
+
+# The names imported ``as`` themselves are re-exported: this module is the snapshot API.
+from drafter_service.snapshot.manifest import FORMAT_VERSION as FORMAT_VERSION
 from drafter_service.snapshot.manifest import (
-    FORMAT_VERSION,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    SnapshotError,
-    SnapshotInfo,
     SubIndexEntry,
-    TokenizerIdentity,
     manifest_bytes,
     parse_manifest,
 )
-
-__all__ = [
-    "FORMAT_VERSION",
-    "SnapshotError",
-    "SnapshotInfo",
-    "SubIndexEntry",
-    "TokenizerIdentity",
-    "check_tokenizer",
-    "delete_snapshot",
-    "list_snapshots",
-    "load_snapshot",
-    "read_manifest",
-    "remove_stale_temporaries",
-    "scan_snapshots",
-    "temporary_sibling",
-    "write_snapshot",
-]
+from drafter_service.snapshot.manifest import SnapshotError as SnapshotError
+from drafter_service.snapshot.manifest import SnapshotInfo as SnapshotInfo
+from drafter_service.snapshot.manifest import TokenizerIdentity as TokenizerIdentity
 
 _TEMP_PID = re.compile(r"\.tmp-(\d+)-")
 
