@@ -13,7 +13,6 @@ import functools
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -64,15 +63,6 @@ TREE_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # le="0": empty trees
 REBUILD_SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
-@dataclass(frozen=True, slots=True)
-class _Sources:
-    """Where scrape-time values are read from; set once the datastores are open."""
-
-    catalog: Catalog
-    table: RequestTable
-    ingester: GenerationIngester
-
-
 class DrafterMetrics(Collector):
     """Every ``sssd_drafter_*`` metric of one server. Recording methods are called from
     the event loop (``record_rebuild`` from a rebuild thread); ``collect`` from the
@@ -90,7 +80,8 @@ class DrafterMetrics(Collector):
             errors={(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES},
             rebuilds={},
         )
-        self._sources: _Sources | None = None
+        # Where scrape-time values are read from; set once the datastores are open.
+        self._sources: tuple[Catalog, RequestTable, GenerationIngester] | None = None
 
     def attach(self, catalog: Catalog, table: RequestTable, ingester: GenerationIngester) -> None:
         """Starts reporting the service's state (once its datastores are open) and
@@ -103,7 +94,7 @@ class DrafterMetrics(Collector):
         for name, slot in catalog.slots.items():
             if slot.live is not None:
                 slot.live.add_rebuild_listener(functools.partial(self.record_rebuild, name))
-        self._sources = _Sources(catalog, table, ingester)
+        self._sources = (catalog, table, ingester)
 
     # -- recording (the serving path) -------------------------------------------------
 
@@ -167,13 +158,12 @@ class DrafterMetrics(Collector):
 
     def _state(self) -> Iterator[Metric]:
         """Read from the service's own state at scrape time (none before ``attach``)."""
-        s = self._sources
-        if s is None:
+        if self._sources is None:
             return
-        table, ingester = s.table, s.ingester
+        catalog, table, ingester = self._sources
         stores: dict[str, LiveStats | DatastoreStats] = {}
         held: dict[str, int] = {}
-        for name, slot in s.catalog.slots.items():
+        for name, slot in catalog.slots.items():
             stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
             held[name] = slot.drafter.held[1]  # 0 with the tier off
         yield GaugeMetricFamily(
@@ -220,7 +210,7 @@ class DrafterMetrics(Collector):
             "Build and tokenizer identity (=1).",
             labels=["version", "tokenizer_fingerprint"],
         )
-        info.add_metric([self._version, s.catalog.tokenizer.fingerprint], 1)
+        info.add_metric([self._version, catalog.tokenizer.fingerprint], 1)
         yield info
         yield from datastore_families(stores, self._started_unix)
         yield family(
