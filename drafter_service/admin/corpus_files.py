@@ -15,10 +15,11 @@ from drafter_service.admin.http_errors import bad_request, conflict, not_found
 from drafter_service.admin.schemas import CorpusAdd
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.pipeline import BuildConfig, build
-from drafter_service.corpus.records import RecordKind, RecordSpec
+from drafter_service.corpus.records import RecordSpec
 from drafter_service.datastore.sub_indices import SEPARATOR, SubIndex
-from drafter_service.live.live_datastore import Corpus
-from drafter_service.snapshot.store import SnapshotError, TokenizerIdentity, load_snapshot
+from drafter_service.live.live_datastore import Corpus, LiveDatastore
+from drafter_service.service.settings import ServeConfig
+from drafter_service.snapshot.store import SnapshotError, load_snapshot
 
 _PATH_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
 
@@ -51,29 +52,22 @@ def resolve_corpus_path(corpora_dir: Path | None, relative: str) -> Path:
     return path
 
 
-def build_corpus(
-    body: CorpusAdd,
-    path: Path,
-    tokenizer: TokenizerIdentity,
-    tokenizer_file: Path | None,
-    scratch_dir: Path,
-    max_sub_index_tokens: int,
-) -> Corpus:
-    """Builds ``path`` into a :class:`Corpus` (blocking); AdminError 400 for a bad file.
-    Text kinds need ``tokenizer_file`` (the route checks it)."""
-    name, kind = body.name, body.kind
+def build_corpus(body: CorpusAdd, path: Path, live: LiveDatastore, config: ServeConfig) -> Corpus:
+    """Builds ``path`` into a :class:`Corpus` for ``live`` (blocking); AdminError 400 for a
+    bad file. Text kinds need ``config.tokenizer`` (the route checks it)."""
+    name, kind, tokenizer = body.name, body.kind, live.tokenizer
     source = {"path": str(path), "kind": kind, "bytes": path.stat().st_size}
     if kind == "npy":
         return Corpus(name, (_npy_sub_index(path, tokenizer.vocab_size),), source)
     ids = kind == "token-ids"
-    record_kind: RecordKind = "token-ids" if ids else kind
     spec = RecordSpec(
-        kind=record_kind,
+        kind=kind,
         text_field=body.text_field,
         prompt_field=body.prompt_field or ("prompt_ids" if ids else "prompt"),
         output_field=body.output_field or ("output_ids" if ids else "output"),
         store=body.store,
     )
+    scratch_dir = config.data_dir / "corpus-builds"  # the data's filesystem
     scratch_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=scratch_dir))
     try:
@@ -83,9 +77,9 @@ def build_corpus(
                 output=work / name,
                 spec=spec,
                 text_split=body.text_split,
-                tokenizer=None if ids else tokenizer_file,
+                tokenizer=None if ids else config.tokenizer,
                 vocab_size=tokenizer.vocab_size,
-                max_sub_index_tokens=max_sub_index_tokens,
+                max_sub_index_tokens=live.policy.max_sub_index_tokens,
                 quiet=True,
             )
         )

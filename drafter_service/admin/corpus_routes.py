@@ -47,14 +47,7 @@ async def add_corpus(
         )
 
     def work() -> dict[str, Any]:
-        corpus = build_corpus(
-            body,
-            path,
-            live.tokenizer,
-            config.tokenizer,
-            config.data_dir / "corpus-builds",  # the data's filesystem
-            live.policy.max_sub_index_tokens,
-        )
+        corpus = build_corpus(body, path, live, config)
         try:
             info = live.add_corpus(corpus)
         except DatastoreFull as exc:
