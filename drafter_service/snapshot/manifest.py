@@ -147,21 +147,15 @@ class SubIndexEntry:
         obj = _check_dict(d, what)
         name = _check_str(_field(obj, "name", what), f"{what} name", _ENTRY_NAME)
         what = f"{what} ({name})"
-        n = _check_int(
-            _field(obj, "num_tokens", what), f"{what} num_tokens", 0, MAX_SUB_INDEX_TOKENS
-        )
-        docs = _check_int(_field(obj, "num_documents", what), f"{what} num_documents", 0, n + 1)
+        keys = ("num_tokens", "num_documents", "tokens_sha256", "sa_sha256")
+        values = {key: _field(obj, key, what) for key in keys}
+        n = _check_int(values["num_tokens"], f"{what} num_tokens", 0, MAX_SUB_INDEX_TOKENS)
+        docs = _check_int(values["num_documents"], f"{what} num_documents", 0, n + 1)
         if (n == 0) != (docs == 0):
             raise SnapshotError(f"{what} has {n} tokens but {docs} documents")
-        return cls(
-            name=name,
-            num_tokens=n,
-            num_documents=docs,
-            tokens_sha256=_check_str(
-                _field(obj, "tokens_sha256", what), f"{what} tokens_sha256", _SHA256_HEX
-            ),
-            sa_sha256=_check_str(_field(obj, "sa_sha256", what), f"{what} sa_sha256", _SHA256_HEX),
-        )
+        for key in ("tokens_sha256", "sa_sha256"):
+            _check_str(values[key], f"{what} {key}", _SHA256_HEX)
+        return cls(name=name, **values)
 
 
 @dataclass(frozen=True, slots=True)
