@@ -9,47 +9,41 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from drafter_service.admin.http_errors import AdminError
+from drafter_service.admin.schemas import JobInfo
 
 log = logging.getLogger(__name__)
 
-JobState = Literal["queued", "running", "succeeded", "failed"]
 MAX_JOBS = 256
-
-
-@dataclass(slots=True)
-class Job:
-    """One job; mutated only on the event loop."""
-
-    id: str
-    kind: str
-    datastore: str
-    state: JobState = "queued"
-    created_unix: float = field(default_factory=time.time)
-    started_unix: float | None = None
-    finished_unix: float | None = None
-    result: dict[str, Any] | None = None
-    error: str | None = None
 
 
 class AdminJobs:
     """Runs jobs in submission order on one worker thread."""
 
     def __init__(self) -> None:
-        self.by_id: dict[str, Job] = {}  # in submission order; changed on the event loop
+        self.by_id: dict[str, JobInfo] = {}  # in submission order; changed on the event loop
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admin-job")
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def submit(self, kind: str, datastore: str, work: Callable[[], dict[str, Any]]) -> Job:
+    def submit(self, kind: str, datastore: str, work: Callable[[], dict[str, Any]]) -> JobInfo:
         """Queues ``work`` (blocking; returns the job's result) and returns its job."""
         if self._closed:
             raise AdminError(503, "shutting_down", "the service is shutting down")
-        job = Job(f"job-{next(self._ids):06d}", kind, datastore)
+        job = JobInfo(
+            id=f"job-{next(self._ids):06d}",
+            kind=kind,
+            datastore=datastore,
+            state="queued",
+            created_unix=time.time(),
+            started_unix=None,
+            finished_unix=None,
+            result=None,
+            error=None,
+        )
         self.by_id[job.id] = job
         finished = [j.id for j in self.by_id.values() if j.state in ("succeeded", "failed")]
         for old in finished[: max(0, len(self.by_id) - MAX_JOBS)]:  # the oldest finished
@@ -59,7 +53,7 @@ class AdminJobs:
         task.add_done_callback(self._tasks.discard)
         return job
 
-    async def _run(self, job: Job, work: Callable[[], dict[str, Any]]) -> None:
+    async def _run(self, job: JobInfo, work: Callable[[], dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
 
         def run() -> dict[str, Any]:
@@ -86,7 +80,7 @@ class AdminJobs:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _mark_running(job: Job) -> None:
+def _mark_running(job: JobInfo) -> None:
     if job.state == "queued":
         job.state = "running"
         job.started_unix = time.time()

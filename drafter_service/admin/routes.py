@@ -12,7 +12,6 @@ from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
 from fastapi.types import DecoratedCallable
 
-from drafter_service.admin.admin_jobs import Job
 from drafter_service.admin.context import AdminContext
 from drafter_service.admin.http_errors import AdminError, not_found
 from drafter_service.admin.schemas import (
@@ -55,11 +54,6 @@ def context(request: Request) -> AdminContext:
     return ctx
 
 
-def job_info(job: Job) -> JobInfo:
-    """A job as the API shows it."""
-    return JobInfo(**dataclasses.asdict(job))
-
-
 def job_route(
     router: APIRouter, path: str, *, summary: str, description: str | None = None, tag: str = ""
 ) -> Callable[[DecoratedCallable], DecoratedCallable]:
@@ -86,7 +80,7 @@ def start_job(
     """Queues ``work`` as a job; the 202 answer points at it (``Location``)."""
     job = context(request).jobs.submit(kind, datastore, work)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_info(job)
+    return job
 
 
 @probes.get("/healthz", summary="the process is alive")
@@ -203,7 +197,7 @@ async def patch_settings(request: Request, name: DatastoreName, body: SettingsPa
 
 @v1.get("/jobs", tags=["jobs"])
 async def list_jobs(request: Request) -> JobList:
-    return JobList(jobs=[job_info(j) for j in context(request).jobs.by_id.values()])
+    return JobList(jobs=list(context(request).jobs.by_id.values()))
 
 
 @v1.get("/jobs/{job_id}", tags=["jobs"])
@@ -213,7 +207,7 @@ async def show_job(
     job = context(request).jobs.by_id.get(job_id)
     if job is None:
         raise not_found(f"no job {job_id!r}")
-    return job_info(job)
+    return job
 
 
 def _summary(slot: DatastoreSlot) -> DatastoreSummary:
