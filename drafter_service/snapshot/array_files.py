@@ -16,7 +16,6 @@ import numpy.typing as npt
 from drafter_service.snapshot.manifest import SnapshotError
 
 CHUNK_TOKENS = 1 << 20  # 4 MiB per write / hash update
-HASH_CHUNK_BYTES = 16 << 20
 LE_INT32 = np.dtype("<i4")
 
 
@@ -105,15 +104,8 @@ def map_array(path: Path, num_tokens: int, sha256: str | None) -> npt.NDArray[np
         raise SnapshotError(f"cannot map {path}: {exc}") from exc
     finally:
         os.close(fd)
-    if sha256 is not None:
-        digest = hashlib.sha256()
-        with memoryview(buffer) as view:
-            for lo in range(0, len(view), HASH_CHUNK_BYTES):
-                digest.update(view[lo : lo + HASH_CHUNK_BYTES])
-        if digest.hexdigest() != sha256:
-            raise SnapshotError(
-                f"{path} fails its checksum: sha256 {digest.hexdigest()}, manifest says {sha256}"
-            )
+    if sha256 is not None and (found := hashlib.sha256(buffer).hexdigest()) != sha256:
+        raise SnapshotError(f"{path} fails its checksum: sha256 {found}, manifest says {sha256}")
     arr: npt.NDArray[np.int32] = np.frombuffer(buffer, dtype=LE_INT32)
     if sys.byteorder != "little":
         arr = arr.astype(np.int32)  # big-endian host: one converted copy

@@ -78,11 +78,9 @@ class TokenizerIdentity:
         (added tokens included; read with ``tokenizers`` unless given). ``name`` defaults
         to the parent directory for a file named tokenizer.json, else the stem."""
         path = Path(path)
-        digest = hashlib.sha256()
         try:
             with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+                digest = hashlib.file_digest(f, "sha256")
         except OSError as exc:
             raise SnapshotError(f"cannot read tokenizer file {path}: {exc}") from exc
         if vocab_size is None:
