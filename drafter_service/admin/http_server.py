@@ -41,7 +41,6 @@ class AdminServer:
         phase: Callable[[], Phase],
     ) -> None:
         self.config = config
-        self.port = 0
         self.jobs = AdminJobs()
         self._context = AdminContext(config, catalog, phase, self.jobs)
         self._server: _EmbeddedServer | None = None
@@ -55,7 +54,7 @@ class AdminServer:
         host, port = self.config.admin_host, self.config.admin_port
         sock = _bind(host, port)
         self._socket = sock
-        self.port = sock.getsockname()[1]
+        bound: int = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             app,
             lifespan="off",
@@ -69,15 +68,15 @@ class AdminServer:
         while not self._server.started:  # startup takes one loop turn or two
             if self._task.done():
                 self._task.result()  # raises what stopped it
-                raise OSError(f"admin API on {host}:{self.port} stopped during startup")
+                raise OSError(f"admin API on {host}:{bound} stopped during startup")
             await asyncio.sleep(0.005)
         log.info(
             "admin API on http://%s:%d (token %s)",
             host,
-            self.port,
+            bound,
             "configured" if token is not None else "not configured: read-only",
         )
-        return self.port
+        return bound
 
     async def stop(self) -> None:
         """Lets requests in flight finish (within the grace period), drops queued jobs and
