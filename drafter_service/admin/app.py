@@ -85,8 +85,7 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     response = error_response(exc.status_code, code, str(exc.detail))
-    for name, value in (exc.headers or {}).items():
-        response.headers[name] = value
+    response.headers.update(exc.headers or {})
     return response
 
 
