@@ -166,20 +166,19 @@ class DrafterMetrics(Collector):
         for name, slot in catalog.slots.items():
             stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
             held[name] = slot.drafter.held[1]  # 0 with the tier off
-        yield GaugeMetricFamily(
-            PREFIX + "active_requests", "Request states held.", value=len(table)
+        gauges = (
+            ("active_requests", "Request states held.", len(table)),
+            (
+                "request_state_bytes",
+                "Memory the request states hold: measured by the drafter after each call, plus "
+                "a bound on what queued calls may add.",
+                table.bytes,
+            ),
+            ("request_state_budget_bytes", "Bound on request_state_bytes.", table.max_bytes),
+            ("ingest_queue_depth", "Finished generations waiting for ingestion.", ingester.depth),
         )
-        yield GaugeMetricFamily(
-            PREFIX + "request_state_bytes",
-            "Memory the request states hold: measured by the drafter after each call, plus "
-            "a bound on what queued calls may add.",
-            value=table.bytes,
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "request_state_budget_bytes",
-            "Bound on request_state_bytes.",
-            value=table.max_bytes,
-        )
+        for gauge, documentation, value in gauges:
+            yield GaugeMetricFamily(PREFIX + gauge, documentation, value=value)
         yield family(
             CounterMetricFamily,
             "request_states_evicted",
@@ -187,11 +186,6 @@ class DrafterMetrics(Collector):
             "dropped them (their client resends the context: RESYNC).",
             "reason",
             dict(table.evicted),
-        )
-        yield GaugeMetricFamily(
-            PREFIX + "ingest_queue_depth",
-            "Finished generations waiting for ingestion.",
-            value=ingester.depth,
         )
         dropped = {
             "queue_full": ingester.dropped,
