@@ -48,13 +48,9 @@ class BodyLimit:
                 return
             if not message.get("more_body", False):
                 break
-        replayed = False
+        unread: list[Message] = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()  # http.disconnect when the client goes
+        async def replay() -> Message:  # the body, then what the client sends (http.disconnect)
+            return unread.pop() if unread else await receive()
 
         await self.app(scope, replay, send)
