@@ -16,20 +16,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from drafter_service.engine.catalog import Catalog, DatastoreStats
+from drafter_service.engine.catalog import Catalog
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import RequestTable
-from drafter_service.live.live_datastore import LiveStats
 from drafter_service.metrics.families import (
-    PREFIX,
     DatastoreCounts,
     Recorded,
-    datastore_families,
-    family,
     recorded_families,
+    state_families,
 )
 from drafter_service.metrics.histograms import Buckets, SizeCounts
 
@@ -154,64 +151,5 @@ class DrafterMetrics(Collector):
         with self._lock:  # a copy: the families are built without holding the lock
             recorded = copy.deepcopy(self._recorded)
         yield from recorded_families(recorded)
-        yield from self._state()
-
-    def _state(self) -> Iterator[Metric]:
-        """Read from the service's own state at scrape time (none before ``attach``)."""
-        if self._sources is None:
-            return
-        catalog, table, ingester = self._sources
-        stores: dict[str, LiveStats | DatastoreStats] = {}
-        held: dict[str, int] = {}
-        for name, slot in catalog.slots.items():
-            stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
-            held[name] = slot.drafter.held[1]  # 0 with the tier off
-        gauges = (
-            ("active_requests", "Request states held.", len(table)),
-            (
-                "request_state_bytes",
-                "Memory the request states hold: measured by the drafter after each call, plus "
-                "a bound on what queued calls may add.",
-                table.bytes,
-            ),
-            ("request_state_budget_bytes", "Bound on request_state_bytes.", table.max_bytes),
-            ("ingest_queue_depth", "Finished generations waiting for ingestion.", ingester.depth),
-        )
-        for gauge, documentation, value in gauges:
-            yield GaugeMetricFamily(PREFIX + gauge, documentation, value=value)
-        yield family(
-            CounterMetricFamily,
-            "request_states_evicted",
-            "Request states dropped before their request finished, by the bound that "
-            "dropped them (their client resends the context: RESYNC).",
-            "reason",
-            dict(table.evicted),
-        )
-        dropped = {
-            "queue_full": ingester.dropped,
-            "datastore_full": ingester.refused_full,
-            "error": ingester.failed,
-        }
-        yield family(
-            CounterMetricFamily,
-            "ingest_dropped",
-            "Finished generations not ingested.",
-            "reason",
-            dropped,
-        )
-        info = GaugeMetricFamily(
-            PREFIX + "info",
-            "Build and tokenizer identity (=1).",
-            labels=["version", "tokenizer_fingerprint"],
-        )
-        info.add_metric([self._version, catalog.tokenizer.fingerprint], 1)
-        yield info
-        yield from datastore_families(stores, self._started_unix)
-        yield family(
-            GaugeMetricFamily,
-            "recent_held_tokens",
-            "Tokens of stored generations the recent tier drafts from until a rebuild folds "
-            "them in (at most the recent_held_tokens setting).",
-            "datastore",
-            held,
-        )
+        if self._sources is not None:  # read at scrape time, once attached
+            yield from state_families(*self._sources, self._version, self._started_unix)

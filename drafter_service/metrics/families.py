@@ -1,6 +1,6 @@
-"""The metric families of a scrape, built from a copy of what the serving path recorded
-(``Recorded``) and from the datastores' state (``datastore_families``), without holding
-the collector's lock."""
+"""Every metric family of a scrape, built from a copy of what the serving path recorded
+(``Recorded``) and from the service's state (``state_families``), without holding the
+collector's lock."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from drafter_service.engine.catalog import DatastoreStats
+from drafter_service.engine.catalog import Catalog, DatastoreStats
+from drafter_service.engine.ingest_queue import GenerationIngester
+from drafter_service.engine.request_table import RequestTable
 from drafter_service.live.live_datastore import LiveStats
 from drafter_service.metrics.histograms import Buckets, SizeCounts
 
@@ -138,18 +140,68 @@ _SHARED_LOG_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
 )
 
 
-def datastore_families(
-    stores: dict[str, LiveStats | DatastoreStats], started_unix: float
+def state_families(
+    catalog: Catalog,
+    table: RequestTable,
+    ingester: GenerationIngester,
+    version: str,
+    started_unix: float,
 ) -> Iterator[Metric]:
-    """Per-datastore state; the ingest, snapshot and log series exist for live ones."""
+    """What is read from the service's state at a scrape; the ingest, snapshot and log
+    series exist for live datastores."""
+    stores: dict[str, LiveStats | DatastoreStats] = {}
+    held: dict[str, int] = {}
+    for name, slot in catalog.slots.items():
+        stores[name] = slot.live.stats() if slot.live is not None else slot.stats()
+        held[name] = slot.drafter.held[1]  # 0 with the tier off
+    gauges = (
+        ("active_requests", "Request states held.", len(table)),
+        (
+            "request_state_bytes",
+            "Memory the request states hold: measured by the drafter after each call, plus "
+            "a bound on what queued calls may add.",
+            table.bytes,
+        ),
+        ("request_state_budget_bytes", "Bound on request_state_bytes.", table.max_bytes),
+        ("ingest_queue_depth", "Finished generations waiting for ingestion.", ingester.depth),
+    )
+    for gauge, documentation, value in gauges:
+        yield GaugeMetricFamily(PREFIX + gauge, documentation, value=value)
+    yield family(
+        CounterMetricFamily,
+        "request_states_evicted",
+        "Request states dropped before their request finished, by the bound that "
+        "dropped them (their client resends the context: RESYNC).",
+        "reason",
+        dict(table.evicted),
+    )
+    dropped = {
+        "queue_full": ingester.dropped,
+        "datastore_full": ingester.refused_full,
+        "error": ingester.failed,
+    }
+    yield family(
+        CounterMetricFamily,
+        "ingest_dropped",
+        "Finished generations not ingested.",
+        "reason",
+        dropped,
+    )
+    info = GaugeMetricFamily(
+        PREFIX + "info",
+        "Build and tokenizer identity (=1).",
+        labels=["version", "tokenizer_fingerprint"],
+    )
+    info.add_metric([version, catalog.tokenizer.fingerprint], 1)
+    yield info
     live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
-    for kind, name, documentation, attribute in _DATASTORE_STATE:
-        yield by_datastore(kind, name, documentation, stores, attribute)
-    for kind, name, documentation, attribute in _LIVE_STATE:
-        yield by_datastore(kind, name, documentation, live, attribute)
+    for kind, family_name, documentation, attribute in _DATASTORE_STATE:
+        yield by_datastore(kind, family_name, documentation, stores, attribute)
+    for kind, family_name, documentation, attribute in _LIVE_STATE:
+        yield by_datastore(kind, family_name, documentation, live, attribute)
     shared = {name: s for name, s in live.items() if s.shared_log}
-    for kind, name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
-        yield by_datastore(kind, name, documentation, shared, attribute)
+    for kind, family_name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
+        yield by_datastore(kind, family_name, documentation, shared, attribute)
     now = time.time()
     yield family(
         GaugeMetricFamily,
@@ -160,6 +212,14 @@ def datastore_families(
             n: now - (started_unix if s.last_snapshot_unix is None else s.last_snapshot_unix)
             for n, s in live.items()
         },
+    )
+    yield family(
+        GaugeMetricFamily,
+        "recent_held_tokens",
+        "Tokens of stored generations the recent tier drafts from until a rebuild folds "
+        "them in (at most the recent_held_tokens setting).",
+        "datastore",
+        held,
     )
 
 
