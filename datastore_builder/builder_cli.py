@@ -169,14 +169,13 @@ def _record_spec(args: argparse.Namespace) -> RecordSpec:
             kind = "prompt-output"
         else:
             kind = "text"
-    ids = kind == "token-ids"
-    spec = RecordSpec(
-        kind=kind,
-        text_field=args.text_field or "text",
-        prompt_field=args.prompt_field or ("prompt_ids" if ids else "prompt"),
-        output_field=args.output_field or ("output_ids" if ids else "output"),
-        messages_field=args.messages_field or "messages",
-        store=cast(Store, args.store),
+    spec = RecordSpec.of(
+        kind,
+        cast(Store, args.store),
+        text_field=args.text_field,
+        prompt_field=args.prompt_field,
+        output_field=args.output_field,
+        messages_field=args.messages_field,
     )
     # --prompt-field with --store output is accepted (and unused): the same command line
     # then works for both --store values.

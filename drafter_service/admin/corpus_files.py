@@ -59,13 +59,12 @@ def build_corpus(body: CorpusAdd, path: Path, live: LiveDatastore, config: Serve
     source = {"path": str(path), "kind": kind, "bytes": path.stat().st_size}
     if kind == "npy":
         return Corpus(name, (_npy_sub_index(path, tokenizer.vocab_size),), source)
-    ids = kind == "token-ids"
-    spec = RecordSpec(
-        kind=kind,
+    spec = RecordSpec.of(
+        kind,
+        body.store,
         text_field=body.text_field,
-        prompt_field=body.prompt_field or ("prompt_ids" if ids else "prompt"),
-        output_field=body.output_field or ("output_ids" if ids else "output"),
-        store=body.store,
+        prompt_field=body.prompt_field,
+        output_field=body.output_field,
     )
     scratch_dir = config.data_dir / "corpus-builds"  # the data's filesystem
     scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +76,7 @@ def build_corpus(body: CorpusAdd, path: Path, live: LiveDatastore, config: Serve
                 output=work / name,
                 spec=spec,
                 text_split=body.text_split,
-                tokenizer=None if ids else config.tokenizer,
+                tokenizer=None if kind == "token-ids" else config.tokenizer,
                 vocab_size=tokenizer.vocab_size,
                 max_sub_index_tokens=live.policy.max_sub_index_tokens,
                 quiet=True,

@@ -44,6 +44,29 @@ class RecordSpec:
     messages_field: str = "messages"
     store: Store = "output"
 
+    @classmethod
+    def of(
+        cls,
+        kind: RecordKind,
+        store: Store,
+        *,
+        text_field: str | None = None,
+        prompt_field: str | None = None,
+        output_field: str | None = None,
+        messages_field: str | None = None,
+    ) -> RecordSpec:
+        """The spec with each field not given (None or empty) at its default; token-id
+        records default to ``prompt_ids`` and ``output_ids``."""
+        ids = kind == "token-ids"
+        return cls(
+            kind=kind,
+            text_field=text_field or "text",
+            prompt_field=prompt_field or ("prompt_ids" if ids else "prompt"),
+            output_field=output_field or ("output_ids" if ids else "output"),
+            messages_field=messages_field or "messages",
+            store=store,
+        )
+
     @property
     def fields(self) -> tuple[str, ...]:
         """The fields read from each record, in the order of the document's parts."""
