@@ -193,6 +193,8 @@ def test_write_refusals(tmp_path: Path) -> None:
         write_snapshot(tmp_path / "c", store, TOKENIZER, metadata={"x": float("nan")})
     with pytest.raises(SnapshotError, match="wal_position"):
         write_snapshot(tmp_path / "d", store, TOKENIZER, wal_position=-1)
+    with pytest.raises(SnapshotError, match="wal_position"):  # it could not be read back
+        write_snapshot(tmp_path / "e", store, TOKENIZER, wal_position=2**63)
     assert os.listdir(tmp_path) == ["exists"]  # nothing half-written
 
 

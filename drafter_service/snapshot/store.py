@@ -69,7 +69,12 @@ def write_snapshot(
             f"cannot write {directory}: datastore vocab_size {datastore.vocab_size} differs from "
             f"tokenizer {tokenizer.describe()}"
         )
-    if isinstance(wal_position, bool) or not isinstance(wal_position, int) or wal_position < 0:
+    # parse_manifest reads a wal_position in [0, 2**63): one outside would not load back.
+    if (
+        isinstance(wal_position, bool)
+        or not isinstance(wal_position, int)
+        or not (0 <= wal_position < 2**63)
+    ):
         raise SnapshotError(f"cannot write {directory}: wal_position {wal_position!r} is invalid")
     meta = dict(metadata or {})
     if any(not isinstance(k, str) for k in meta):
