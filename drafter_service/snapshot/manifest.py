@@ -19,6 +19,7 @@ CHECKSUM_KEY = "manifest_sha256"
 """Key of the sha256 of the rest (:func:`manifest_checksum`); older manifests lack it."""
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_SUB_INDEX_TOKENS = 2**31 - 3  # SubIndex limit: length < 2^31 - 2
+MAX_WAL_POSITION = 2**63 - 1  # an ingest-log sequence number (int64)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -248,7 +249,7 @@ def parse_manifest(data: bytes, path: Path) -> SnapshotInfo:
         tokenizer=TokenizerIdentity.from_json(_field(obj, "tokenizer", "manifest")),
         sub_indices=entries,
         wal_position=_check_int(
-            _field(obj, "wal_position", "manifest"), "wal_position", 0, 2**63 - 1
+            _field(obj, "wal_position", "manifest"), "wal_position", 0, MAX_WAL_POSITION
         ),
         created_unix=float(created),
         metadata=_check_dict(_field(obj, "metadata", "manifest"), "metadata"),

@@ -34,6 +34,7 @@ from drafter_service.snapshot.manifest import FORMAT_VERSION as FORMAT_VERSION
 from drafter_service.snapshot.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MAX_WAL_POSITION,
     SubIndexEntry,
     manifest_bytes,
     parse_manifest,
@@ -69,11 +70,11 @@ def write_snapshot(
             f"cannot write {directory}: datastore vocab_size {datastore.vocab_size} differs from "
             f"tokenizer {tokenizer.describe()}"
         )
-    # parse_manifest reads a wal_position in [0, 2**63): one outside would not load back.
+    # parse_manifest refuses one outside [0, MAX_WAL_POSITION]: it would not load back.
     if (
         isinstance(wal_position, bool)
         or not isinstance(wal_position, int)
-        or not (0 <= wal_position < 2**63)
+        or not (0 <= wal_position <= MAX_WAL_POSITION)
     ):
         raise SnapshotError(f"cannot write {directory}: wal_position {wal_position!r} is invalid")
     meta = dict(metadata or {})
