@@ -276,10 +276,7 @@ void bind_datastore(nb::module_& m) {
                    [](const PyDatastore& d) -> int64_t { return d.datastore->base_count; })
       .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
       .def_prop_ro("resident_bytes",
-                   [](const PyDatastore& d) { return d.datastore->resident_bytes(); })
-      .def_prop_ro("num_sub_indices", [](const PyDatastore& d) -> int64_t {
-        return d.datastore->sub_indices.size();
-      });
+                   [](const PyDatastore& d) { return d.datastore->resident_bytes(); });
 }
 
 // Drafting without a Drafter: one retrieval, one draft.
