@@ -31,6 +31,14 @@ using Out = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 // and before its result is), so that other Python threads keep running.
 constexpr nb::call_guard<nb::gil_scoped_release> without_gil{};
 
+// Returns f() run without the GIL, for a binding whose result becomes Python objects
+// (which need the GIL) once f is done.
+template <typename F>
+auto released(F&& f) {
+  nb::gil_scoped_release release;
+  return f();
+}
+
 // Hands a vector to NumPy without copying.
 template <typename T>
 Out<T> to_numpy(std::vector<T>&& v) {
@@ -97,9 +105,7 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     bool use_input, int32_t vocab_size) {
   validate(config);
   check_budgets(&budget, 1, config);
-  Draft draft;
-  {
-    nb::gil_scoped_release release;
+  Draft draft = released([&] {
     const int32_t* ctx = context.data();
     const int64_t n = context.shape(0);
     check_tokens(ctx, n, vocab_size);
@@ -109,9 +115,11 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
       for (int64_t i = 0; i < n; ++i) trie->append(ctx[i]);
     }
     DraftScratch scratch;
+    Draft out;
     draft_one(trie.get(), ctx, n, datastore ? datastore->datastore.get() : nullptr, config,
-              budget, scratch, draft);
-  }
+              budget, scratch, out);
+    return out;
+  });
   return {to_numpy(std::move(draft.tokens)), to_numpy(std::move(draft.parents)),
           to_numpy(std::move(draft.scores))};
 }
@@ -131,12 +139,10 @@ batch_call(
                                 ") and budgets " + std::to_string(batch) + " (got " +
                                 std::to_string(budgets.shape(0)) + ")");
   }
-  BatchDrafts out;
-  {
-    nb::gil_scoped_release release;
-    out = d.draft_batch(handles.data(), batch, tokens.data(), tokens.shape(0), offsets.data(),
-                        budgets.data());
-  }
+  BatchDrafts out = released([&] {
+    return d.draft_batch(handles.data(), batch, tokens.data(), tokens.shape(0), offsets.data(),
+                         budgets.data());
+  });
   return {to_numpy(std::move(out.tokens)),      to_numpy(std::move(out.parents)),
           to_numpy(std::move(out.scores)),      to_numpy(std::move(out.offsets)),
           to_numpy(std::move(out.state_bytes)), to_numpy(std::move(out.state_headroom))};
@@ -169,12 +175,8 @@ void bind_suffix_array(nb::module_& m) {
   m.def(
       "build_suffix_array",
       [](In<int32_t> tokens, int32_t vocab_size) {
-        std::vector<int32_t> sa;
-        {
-          nb::gil_scoped_release release;
-          sa = build_suffix_array(tokens.data(), tokens.shape(0), vocab_size);
-        }
-        return to_numpy(std::move(sa));
+        return to_numpy(released(
+            [&] { return build_suffix_array(tokens.data(), tokens.shape(0), vocab_size); }));
       },
       "tokens"_a, "vocab_size"_a);
 }
@@ -241,11 +243,10 @@ void bind_sub_index(nb::module_& m) {
             }
             auto owner = std::make_shared<PyOwner>();
             owner->obj = std::move(keep);
-            const int32_t* t = tokens.data();
-            const int32_t* s = suffix_array.data();
-            const int64_t n = tokens.shape(0);
-            nb::gil_scoped_release release;
-            return PySubIndex{SubIndex::wrap(t, s, n, vocab_size, std::move(owner))};
+            return released([&] {
+              return PySubIndex{SubIndex::wrap(tokens.data(), suffix_array.data(), tokens.shape(0),
+                                               vocab_size, std::move(owner))};
+            });
           },
           "tokens"_a, "suffix_array"_a, "vocab_size"_a, "keep_alive"_a)
       .def_prop_ro("num_tokens", [](const PySubIndex& s) { return s.index->num_tokens(); })
@@ -331,11 +332,7 @@ void bind_drafter(nb::module_& m) {
       .def(
           "explain",
           [](Drafter& d, int64_t handle, int32_t budget) {
-            Draft draft;
-            {
-              nb::gil_scoped_release release;
-              draft = d.explain(handle, budget);
-            }
+            Draft draft = released([&] { return d.explain(handle, budget); });
             return std::make_tuple(to_numpy(std::move(draft.tokens)),
                                    to_numpy(std::move(draft.parents)),
                                    to_numpy(std::move(draft.scores)),
