@@ -11,15 +11,27 @@
 
 namespace drafter {
 
+SubIndex::SubIndex(const int32_t* tokens, const int32_t* suffix_array, int64_t n,
+                   int32_t vocab_size, std::shared_ptr<const void> owner)
+    : tokens_(tokens), sa_(suffix_array), n_(n), vocab_size_(vocab_size), owner_(std::move(owner)) {
+  // Counting the first token of every suffix = counting every token: token t in
+  // bucket_[t + 1], a separator in bucket_[kSeparator + 1] = bucket_[0]; then summed up.
+  static_assert(kSeparator + 1 == 0);
+  bucket_.assign(vocab_size_ + 1, 0);
+  for (int64_t i = 0; i < n_; ++i) ++bucket_[tokens_[i] + 1];
+  std::partial_sum(bucket_.begin(), bucket_.end(), bucket_.begin());
+}
+
 std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int32_t vocab_size) {
-  std::shared_ptr<SubIndex> index(new SubIndex());
-  index->owned_sa_ = build_suffix_array(tokens.data(), tokens.size(), vocab_size);
-  index->owned_tokens_ = std::move(tokens);
-  index->tokens_ = index->owned_tokens_.data();
-  index->sa_ = index->owned_sa_.data();
-  index->n_ = index->owned_tokens_.size();
-  index->vocab_size_ = vocab_size;
-  index->build_buckets();
+  struct Built {
+    std::vector<int32_t> tokens;  // the text
+    std::vector<int32_t> sa;      // its suffix array
+  };
+  auto built = std::make_shared<Built>();
+  built->sa = build_suffix_array(tokens.data(), tokens.size(), vocab_size);
+  built->tokens = std::move(tokens);
+  std::shared_ptr<const SubIndex> index(new SubIndex(
+      built->tokens.data(), built->sa.data(), built->tokens.size(), vocab_size, built));
 #if defined(__GLIBC__)
   // SA-IS frees about 5 bytes per token of temporaries; glibc keeps freed
   // blocks this size in the heap, so a long-running process would stay that
@@ -53,23 +65,8 @@ std::shared_ptr<const SubIndex> SubIndex::wrap(const int32_t* tokens, const int3
                                   ")");
     }
   }
-  std::shared_ptr<SubIndex> index(new SubIndex());
-  index->tokens_ = tokens;
-  index->sa_ = suffix_array;
-  index->n_ = n;
-  index->vocab_size_ = vocab_size;
-  index->owner_ = std::move(owner);
-  index->build_buckets();
-  return index;
-}
-
-void SubIndex::build_buckets() {
-  // Counting the first token of every suffix = counting every token: token t in
-  // bucket_[t + 1], a separator in bucket_[kSeparator + 1] = bucket_[0]; then summed up.
-  static_assert(kSeparator + 1 == 0);
-  bucket_.assign(vocab_size_ + 1, 0);
-  for (int64_t i = 0; i < n_; ++i) ++bucket_[tokens_[i] + 1];
-  std::partial_sum(bucket_.begin(), bucket_.end(), bucket_.begin());
+  return std::shared_ptr<const SubIndex>(
+      new SubIndex(tokens, suffix_array, n, vocab_size, std::move(owner)));
 }
 
 int64_t SubIndex::resident_bytes() const {

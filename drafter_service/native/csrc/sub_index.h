@@ -53,22 +53,21 @@ class SubIndex {
   int64_t position(int64_t row) const { return sa_[row]; }
 
  private:
-  SubIndex() = default;
-  void build_buckets();
+  // Over arrays `owner` keeps alive; builds the first-token table.
+  SubIndex(const int32_t* tokens, const int32_t* suffix_array, int64_t n, int32_t vocab_size,
+           std::shared_ptr<const void> owner);
   // -1 / 0 / +1: how the first `len` tokens of the suffix at `pos` compare to
   // `prefix`. A suffix that ends (text end) before `len` tokens sorts lower.
   int compare_suffix(int64_t pos, const int32_t* prefix, int32_t len) const;
 
-  const int32_t* tokens_ = nullptr;  // n_ values in [-1, vocab_size_); -1 separates documents
-  const int32_t* sa_ = nullptr;      // permutation of [0, n_) in suffix order
-  int64_t n_ = 0;                    // number of text positions (tokens + separators)
-  int32_t vocab_size_ = 0;           // exclusive upper bound of token ids
+  const int32_t* tokens_;  // n_ values in [-1, vocab_size_); -1 separates documents
+  const int32_t* sa_;      // permutation of [0, n_) in suffix order
+  int64_t n_;              // number of text positions (tokens + separators)
+  int32_t vocab_size_;     // exclusive upper bound of token ids
   // bucket_[t] .. bucket_[t + 1]: rows whose suffix starts with token t.
   // Size vocab_size_ + 1; rows before bucket_[0] start with a separator.
   std::vector<int32_t> bucket_;
-  std::vector<int32_t> owned_tokens_;  // backing store when built here; empty when wrapped
-  std::vector<int32_t> owned_sa_;      // backing store when built here; empty when wrapped
-  std::shared_ptr<const void> owner_;  // keeps wrapped memory alive; null when built here
+  std::shared_ptr<const void> owner_;  // keeps tokens_ and sa_ alive (built here or wrapped)
 };
 
 }  // namespace drafter
