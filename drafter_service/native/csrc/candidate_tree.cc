@@ -34,22 +34,23 @@ bool sample_less(const Sample& a, const Sample& b) {
 void CandidateTree::add(const Sample* samples, size_t n) {
   const size_t held = samples_.size();
   samples_.insert(samples_.end(), samples, samples + n);
-  // One pass over the new samples checks their order and counts the distinct paths
-  // they add: in sorted order a sample adds one node per token past its common prefix
-  // with the previous one (the last one held, for the first new sample).
-  bool sorted = true;
-  int64_t nodes = num_nodes_;
-  for (size_t i = held; i < samples_.size(); ++i) {
-    const Sample& cur = samples_[i];
-    const Sample* prev = i == 0 ? nullptr : &samples_[i - 1];
-    const int32_t k = prev == nullptr ? 0 : common_prefix(*prev, cur);
-    if (prev != nullptr && k < prev->len && (k == cur.len || cur.tokens[k] < prev->tokens[k])) {
-      sorted = false;  // cur sorts before prev
-      break;
+  // One pass over samples_[from, end) checks their order and counts the distinct paths
+  // they add to `nodes`: in sorted order a sample adds one node per token past its
+  // common prefix with the previous one. -1 at the first that sorts before the previous.
+  auto count_from = [&](size_t from, int64_t nodes) -> int64_t {
+    for (size_t i = from; i < samples_.size(); ++i) {
+      const Sample& cur = samples_[i];
+      const Sample* prev = i == 0 ? nullptr : &samples_[i - 1];
+      const int32_t k = prev == nullptr ? 0 : common_prefix(*prev, cur);
+      if (prev != nullptr && k < prev->len && (k == cur.len || cur.tokens[k] < prev->tokens[k])) {
+        return -1;
+      }
+      nodes += cur.len - k;  // 0 when equal to prev
     }
-    nodes += cur.len - k;  // 0 when equal to prev
-  }
-  if (!sorted) {
+    return nodes;
+  };
+  int64_t nodes = count_from(held, num_nodes_);
+  if (nodes < 0) {
     // The samples held are sorted, and so is each run of new ones from one suffix
     // array range: sort only the new samples, then merge (linear) with those held.
     const auto first_new = samples_.begin() + held;
@@ -60,10 +61,7 @@ void CandidateTree::add(const Sample* samples, size_t n) {
     std::merge(samples_.begin(), first_new, first_new, samples_.end(), std::back_inserter(merged_),
                sample_less);
     samples_.swap(merged_);
-    nodes = 1;
-    for (size_t i = 0; i < samples_.size(); ++i) {
-      nodes += samples_[i].len - (i == 0 ? 0 : common_prefix(samples_[i - 1], samples_[i]));
-    }
+    nodes = count_from(0, 1);
   }
   num_nodes_ = static_cast<int32_t>(nodes);
   nodes_.resize(1);
