@@ -294,10 +294,8 @@ void bind_drafter(nb::module_& m) {
   nb::class_<Drafter>(m, "Drafter")
       .def(nb::init<const DraftConfig&, int32_t, int32_t>(), "config"_a, "vocab_size"_a,
            "num_threads"_a)
-      .def_prop_ro("vocab_size", &Drafter::vocab_size)
       .def_prop_ro("num_threads", &Drafter::num_threads)
       .def_prop_ro("num_requests", &Drafter::num_requests)
-      .def_prop_ro("config", &Drafter::config)
       .def("set_datastore",
            [](Drafter& d, const PyDatastore& ds) { d.set_datastore(ds.datastore); },
            "datastore"_a)

@@ -90,8 +90,6 @@ class Drafter {
  public:
   Drafter(const DraftConfig& config, int32_t vocab_size, int32_t num_threads);
 
-  const DraftConfig& config() const { return config_; }
-  int32_t vocab_size() const { return vocab_size_; }
   int32_t num_threads() const { return pool_.num_threads(); }
 
   // Atomically replaces the datastore; calls in flight keep the old one.
