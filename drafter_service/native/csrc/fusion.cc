@@ -251,10 +251,7 @@ void write_breadth_first(FusionScratch& scratch, bool explain, Draft& out) {
 }  // namespace
 
 void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out) {
-  out.tokens.clear();
-  out.features.clear();
-  out.parents.clear();
-  out.scores.clear();
+  out = Draft{};
   if (in.budget <= 0) return;
   Fusion(in, scratch).run();
   write_breadth_first(scratch, in.explain, out);
