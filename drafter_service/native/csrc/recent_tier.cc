@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
-#include <string>
 
 namespace drafter {
 
@@ -88,10 +87,6 @@ void RecentTier::compact() {
 }
 
 void RecentTier::add(int64_t handle, const std::vector<int32_t>* tokens, int32_t group) {
-  if (stream_of_.count(handle) != 0) {
-    throw std::invalid_argument("recent tier: request handle " + std::to_string(handle) +
-                                " is already indexed");
-  }
   uint64_t prompt = kSeed;
   for (const int32_t t : *tokens) prompt = mix(prompt, t);
   prompt |= 1;  // never 0 (none)
@@ -220,7 +215,7 @@ void RecentTier::retrieve(int64_t own, int32_t group, const int32_t* context,
                           int64_t context_len, int32_t max_len, RecentScratch& scratch,
                           CandidateTree& tree) const {
   tree.clear();
-  if (context_len < k_ || max_len <= 0 || config_.recent_samples <= 0 || num_entries() == 0) return;
+  if (context_len < k_ || max_len <= 0 || num_entries() == 0) return;
   const auto own_it = stream_of_.find(own);
   const uint32_t own_stream =
       own_it == stream_of_.end() ? std::numeric_limits<uint32_t>::max() : own_it->second;

@@ -46,11 +46,13 @@ class RecentTier {
   // tables (4 bytes, at most 4 slots per entry, the same x2).
   static constexpr int64_t kBytesPerToken = 2 * (16 * 2 * 2 + 4 * 4 * 2);
 
+  // `config` is validated, with recent_samples > 0 (the Drafter makes a tier only then).
   explicit RecentTier(const DraftConfig& config);
 
-  // Starts indexing the stream of request `handle`, of group `group` (see the file
-  // comment); the tokens it holds now are its prompt. `tokens` must stay valid until
-  // remove(handle) and change only by appends, each followed by index(handle).
+  // Starts indexing the stream of request `handle`, not indexed yet (the Drafter starts a
+  // handle once), of group `group` (see the file comment); the tokens it holds now are its
+  // prompt. `tokens` must stay valid until remove(handle) and change only by appends, each
+  // followed by index(handle).
   void add(int64_t handle, const std::vector<int32_t>* tokens, int32_t group = 0);
   // Enters the positions the stream's tokens appended since the last call complete
   // (nothing for a request the tier does not index).
