@@ -103,7 +103,6 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
                           const int32_t* context, int64_t context_len, const DraftConfig& config,
                           int32_t max_len, RetrievalScratch& scratch, CandidateTree& tree) {
   tree.clear();
-  end = std::min(end, datastore.sub_indices.size());
   if (begin >= end || context_len <= 0 || max_len <= 0) return;
   const int32_t cont_cap = std::min(config.datastore_max_continuation, max_len);
   const auto longest =
