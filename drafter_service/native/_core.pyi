@@ -171,9 +171,6 @@ class Datastore:
     def __init__(self, sub_indices: Sequence[SubIndex], base_count: int = 0) -> None: ...
 
     @property
-    def base_count(self) -> int: ...
-
-    @property
     def num_tokens(self) -> int: ...
 
     @property

@@ -273,8 +273,6 @@ void bind_datastore(nb::module_& m) {
              new (self) PyDatastore{make_datastore(subs, base_count)};
            },
            "sub_indices"_a, "base_count"_a = 0)
-      .def_prop_ro("base_count",
-                   [](const PyDatastore& d) -> int64_t { return d.datastore->base_count; })
       .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
       .def_prop_ro("resident_bytes",
                    [](const PyDatastore& d) { return d.datastore->resident_bytes(); });
