@@ -29,7 +29,6 @@ class Fusion {
  public:
   Fusion(const FusionInputs& in, FusionScratch& scratch)
       : in_(in),
-        config_(in.config),
         view_{in.trie, in.datastore_tree, in.live_tree, in.recent_tree},
         featured_(!in.config.node_score.empty() || in.explain),
         s_(scratch) {
@@ -55,7 +54,6 @@ class Fusion {
   void push_offers(int32_t draft_parent);
 
   const FusionInputs& in_;
-  const DraftConfig& config_;
   const fusion::SourceView view_;
   const bool featured_;  // features are computed only where something reads them
   FusionScratch& s_;
@@ -68,7 +66,7 @@ class Fusion {
 // candidates are defined this way (docs/algorithm.md).
 void Fusion::offer_children(const Member& m, int32_t cap) {
   const double smoothing =
-      m.source == Source::kInput ? config_.input_smoothing : config_.datastore_smoothing;
+      m.source == Source::kInput ? in_.config.input_smoothing : in_.config.datastore_smoothing;
   const double denominator = m.denominator + smoothing;
   if (m.denominator <= 0.0 || cap <= 0) return;
   std::vector<int32_t>& kids = s_.children;
@@ -107,7 +105,7 @@ void Fusion::offer_roots() {
     if (tree == nullptr) continue;
     offer_children({CandidateTree::kRoot, source, 1.0,
                     static_cast<double>(tree->count(CandidateTree::kRoot)),
-                    config_.datastore_weight, config_.datastore_child_discount, 0.0, 0},
+                    in_.config.datastore_weight, in_.config.datastore_child_discount, 0.0, 0},
                    in_.budget);
   }
   if (in_.trie != nullptr && in_.matches != nullptr) {
@@ -116,8 +114,8 @@ void Fusion::offer_roots() {
       const InputMatch& match = matches[m - 1];
       if (match.node < 0) continue;
       const double discount =
-          config_.input_child_discount_base + config_.input_child_discount_per_match * m;
-      offer_children({match.node, Source::kInput, 1.0, match.continued, config_.input_weight,
+          in_.config.input_child_discount_base + in_.config.input_child_discount_per_match * m;
+      offer_children({match.node, Source::kInput, 1.0, match.continued, in_.config.input_weight,
                       discount, 0.0, m},
                      in_.budget);
     }
@@ -196,7 +194,7 @@ void Fusion::push_offers(int32_t draft_parent) {
   if (featured_) {
     group_features(view_, pool.data(), parent, group.data(), group.size(), s_.group_features);
   }
-  score_group(config_.node_score, parent, group.data(), group.size(),
+  score_group(in_.config.node_score, parent, group.data(), group.size(),
               featured_ ? s_.group_features.data() : nullptr);
   for (size_t i = 0; i < group.size(); ++i) {
     Candidate c = group[i];
