@@ -15,9 +15,7 @@ import numpy.typing as npt
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.chunks import Chunk
 from drafter_service.datastore.sub_indices import SubIndex
-
-MAX_SUB_INDEX_TOKENS = 2**31 - 3
-"""Largest text a sub-index can hold (``SubIndex.from_text`` refuses ``>= 2^31 - 2``)."""
+from drafter_service.snapshot.manifest import MAX_SUB_INDEX_TOKENS
 
 
 class SubIndexPacker:
