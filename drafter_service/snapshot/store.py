@@ -34,7 +34,6 @@ from drafter_service.snapshot.manifest import FORMAT_VERSION as FORMAT_VERSION
 from drafter_service.snapshot.manifest import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    MAX_WAL_POSITION,
     SubIndexEntry,
     manifest_bytes,
     parse_manifest,
@@ -70,18 +69,14 @@ def write_snapshot(
             f"cannot write {directory}: datastore vocab_size {datastore.vocab_size} differs from "
             f"tokenizer {tokenizer.describe()}"
         )
-    # parse_manifest refuses one outside [0, MAX_WAL_POSITION]: it would not load back.
-    if (
-        isinstance(wal_position, bool)
-        or not isinstance(wal_position, int)
-        or not (0 <= wal_position <= MAX_WAL_POSITION)
-    ):
-        raise SnapshotError(f"cannot write {directory}: wal_position {wal_position!r} is invalid")
     meta = dict(metadata or {})
     if any(not isinstance(k, str) for k in meta):
         raise SnapshotError(f"cannot write {directory}: metadata keys must be strings")
     info = SnapshotInfo(directory, FORMAT_VERSION, tokenizer, (), wal_position, clock(), meta)
-    manifest_bytes(info)  # refuse unserializable metadata before touching the disk
+    try:  # before touching the disk, refuse a manifest that would not load back
+        parse_manifest(manifest_bytes(info), directory)
+    except SnapshotError as exc:
+        raise SnapshotError(f"cannot write {directory}: {exc}") from None
     if not directory.name or directory.name.startswith("."):
         raise SnapshotError(f"cannot write {directory}: the name must not be empty or hidden")
     if os.path.lexists(directory):
