@@ -23,9 +23,9 @@ async def list_corpora(request: Request, name: routes.DatastoreName) -> CorpusLi
     return CorpusList(corpora=[_info(c) for c in live.corpora])
 
 
-@routes.job_route(
-    router,
+@router.post(
     "/datastores/{name}/corpora",
+    status_code=202,
     summary="build a corpus file into static sub-indices of the datastore (a job)",
     description="The file lies under the server's --corpora-dir. The corpus is kept across "
     "rebuilds (never rotated out), is written into every later snapshot, and is durable "

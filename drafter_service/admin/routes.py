@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
-from fastapi.types import DecoratedCallable
 
 from drafter_service.admin.context import AdminContext
 from drafter_service.admin.http_errors import AdminError, not_found
@@ -52,14 +50,6 @@ def context(request: Request) -> AdminContext:
     """What the routes see of the service (``create_app`` puts it on the app)."""
     ctx: AdminContext = request.app.state.admin
     return ctx
-
-
-def job_route(
-    router: APIRouter, path: str, *, summary: str, description: str | None = None, tag: str = ""
-) -> Callable[[DecoratedCallable], DecoratedCallable]:
-    """Declares ``POST path`` on ``router`` as a route that queues a job (202 with the job)."""
-    tags: list[str | Enum] = [tag] if tag else []  # []: the router's
-    return router.post(path, status_code=202, tags=tags, summary=summary, description=description)
 
 
 async def remove_or_404(remove: Callable[[str], object], item: str, missing: str) -> None:
@@ -155,10 +145,10 @@ async def content_digest(request: Request, name: DatastoreName) -> ContentDigest
     return await asyncio.to_thread(read)
 
 
-@job_route(
-    v1,
+@v1.post(
     "/datastores/{name}/rebuild",
-    tag="datastores",
+    status_code=202,
+    tags=["datastores"],
     summary="fold the waiting ingests into the sub-indices now (a job)",
 )
 async def rebuild(request: Request, response: Response, name: DatastoreName) -> JobInfo:

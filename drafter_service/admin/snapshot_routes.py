@@ -43,9 +43,9 @@ async def list_snapshots(request: Request, name: routes.DatastoreName) -> Snapsh
     return SnapshotList(snapshots=[_summary(i, i is infos[-1]) for i in infos])
 
 
-@routes.job_route(
-    router,
+@router.post(
     "/datastores/{name}/snapshots",
+    status_code=202,
     summary="write a snapshot (a job; see /v1/jobs/{job_id})",
 )
 async def create_snapshot(
@@ -87,9 +87,9 @@ async def show_snapshot(
     )
 
 
-@routes.job_route(
-    router,
+@router.post(
     "/datastores/{name}/snapshots/{snapshot}/restore",
+    status_code=202,
     summary="roll the datastore back to a snapshot (a job)",
     description="The snapshot's content (corpora included) replaces the datastore; "
     "drafting goes on during the swap. Ingests acknowledged before the restore that the "
