@@ -48,7 +48,6 @@ class TextTokenizer:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception
             raise BuildError(f"{path}: not a valid tokenizer.json: {exc}") from None
-        self.path = path
         self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
         # encode_batch_fast (tokenizers >= 0.20) gives the same ids without char offsets.
         self._encode_batch = getattr(

@@ -91,12 +91,10 @@ def build(config: BuildConfig) -> BuildReport:
     tokenizer, identity, vocab_size = _tokenizer(config, inputs)
     template = None
     if config.spec.kind == "chat" and any(i.format != "text" for i in inputs):
-        config_path = config.tokenizer_config
-        if config_path is None and tokenizer is not None:
-            config_path = tokenizer.path.parent / "tokenizer_config.json"
         from drafter_service.corpus.chat import ChatTemplate  # deferred: only chat needs jinja2
 
-        template = ChatTemplate.load(config_path, config.chat_template)
+        beside = config.tokenizer.parent / "tokenizer_config.json" if config.tokenizer else None
+        template = ChatTemplate.load(config.tokenizer_config or beside, config.chat_template)
 
     packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
     # Token-id records are read, not tokenized: the bar says which work it measures.
