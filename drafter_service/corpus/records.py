@@ -97,8 +97,7 @@ def text_parts(
     if spec.kind == "chat":
         messages = _field(record, spec.messages_field, where)
         _check_messages(messages, spec.messages_field, where)
-        if render is None:
-            raise BuildError("chat records need a chat template")
+        assert render is not None  # build loads the chat template for chat records
         return [render(messages, where)]
     parts = []
     for name in spec.fields:
