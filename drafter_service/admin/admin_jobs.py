@@ -76,8 +76,7 @@ class AdminJobs:
         """Refuses new jobs, drops queued ones, waits for the running one."""
         self._closed = True
         await asyncio.to_thread(self._executor.shutdown, True, cancel_futures=True)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _mark_running(job: JobInfo) -> None:
