@@ -84,7 +84,9 @@ def test_requests_join_and_leave_at_different_steps() -> None:
     message, sent = build(tracker, "a")
     assert (message.requests[0].known_length, list(message.requests[0].new_tokens)) == (3, [4, 4])
     state = tracker.finish("b")
-    assert state.tokens == [9, 9, 9, 8, 8] and "b" not in tracker and len(tracker) == 1
+    assert state.tokens == [9, 9, 9, 8, 8] and tracker.get("a").tokens == [1, 2, 3, 4, 4]
+    with pytest.raises(KeyError, match="'b'"):
+        tracker.get("b")
 
 
 def synced_then_sent() -> tuple[DeltaTracker, list[RequestState]]:

@@ -150,12 +150,6 @@ class DeltaTracker:
         # Counts full_resends, tokens_sent and refused (requests never sent again) here.
         self.stats = ClientStats() if stats is None else stats
 
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._states
-
-    def __len__(self) -> int:
-        return len(self._states)
-
     def get(self, request_id: str) -> RequestState:
         """The state of a live request; KeyError names unknown ids."""
         try:
