@@ -275,24 +275,21 @@ class ReplicaOwnership:
                 else:
                     client.close(0)
             gone = [r for a, r in self._replicas.items() if a not in addresses]
+        present = tuple(a for a, r in self._replicas.items() if r not in gone)
         closed = BreakerState.CLOSED
-        usable = tuple(a for a, r in self._replicas.items()
-                       if r not in gone and r.client.breaker_state is closed)  # fmt: skip
+        usable = tuple(a for a in present if self._replicas[a].client.breaker_state is closed)
         if not gone and usable == self._usable:
             return
         added = not set(usable) <= set(self._usable)
         self._usable = usable
-        present = tuple(a for a, r in self._replicas.items() if r not in gone)
         self._spread = tuple(self._replicas[a] for a in usable or present)
         for rid, owner in list(self._owner.items()):
-            if owner is not None and owner not in gone and owner.address in usable and not added:
-                continue  # its owner still wins: only the usable set's losers move
-            if usable:
-                target = self._rendezvous(rid, usable)
-            elif owner is not None and owner not in gone:
-                continue  # nowhere better to go: its breaker answers at once
-            else:
-                target = self._rendezvous(rid, present)
+            if owner is not None and owner not in gone:
+                # It stays when its owner still wins (only the usable set's losers move), or
+                # when no replica is usable (nowhere better to go: its breaker answers at once).
+                if not usable or (owner.address in usable and not added):
+                    continue
+            target = self._rendezvous(rid, usable or present)
             if target is not owner:
                 self._move(rid, owner, target)
         for replica in gone:
@@ -348,4 +345,3 @@ class ReplicaOwnership:
                 channel_options.append(("grpc.ssl_target_name_override", name[0]))
             options["channel_options"] = channel_options
         return ReplicaClient(address, **options)
-
