@@ -182,20 +182,16 @@ class DeltaTracker:
         self._check_limits(state)
         self._states[request_id] = state
 
-    def adopt_limits(
-        self,
-        max_token_id: int | None,
-        max_context_tokens: int | None,
-        max_request_id_chars: int | None,
-        datastores: frozenset[str] | None,
-    ) -> list[RequestState]:
-        """Takes the drafter's limits (None = not reported: unchanged or unchecked) and
-        refuses the live requests that break them; returns those newly refused."""
-        if max_token_id is not None:
-            self.max_token_id = max_token_id
-        self.max_context_tokens = max_context_tokens
-        self.max_request_id_chars = max_request_id_chars
-        self.datastores = datastores
+    def adopt_limits(self, info: pb.GetServiceInfoResponse) -> list[RequestState]:
+        """Takes the limits of the drafter's service info (0 or none = not reported:
+        unchanged or unchecked) and refuses the live requests that break them; returns
+        those newly refused."""
+        limits, datastores = info.limits, info.datastores
+        if info.tokenizer.vocab_size:
+            self.max_token_id = info.tokenizer.vocab_size - 1
+        self.max_context_tokens = limits.max_tokens_per_request or None
+        self.max_request_id_chars = limits.max_request_id_chars or None
+        self.datastores = frozenset({"", *(d.name for d in datastores)}) if datastores else None
         unrefused = [state for state in self._states.values() if not state.refused]
         for state in unrefused:
             self._check_limits(state)

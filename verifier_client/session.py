@@ -84,15 +84,7 @@ class DraftSession:
             raise ValueError(f"tokenizer mismatch: client {ours}, drafter {theirs}")
         self.max_budget = info.limits.max_budget or None
         self.max_per_call = info.limits.max_requests_per_call or self.max_per_call
-        vocab_size = info.tokenizer.vocab_size
-        names = frozenset({"", *(d.name for d in info.datastores)}) if info.datastores else None
-        refused = self.tracker.adopt_limits(
-            max_token_id=vocab_size - 1 if vocab_size else None,
-            max_context_tokens=info.limits.max_tokens_per_request or None,
-            max_request_id_chars=info.limits.max_request_id_chars or None,
-            datastores=names,
-        )
-        for state in refused:
+        for state in self.tracker.adopt_limits(info):
             _log_refusal(state)
         read_only = {d.name for d in info.datastores if not d.live}
         read_only |= {"" for d in info.datastores if d.is_default and not d.live}
