@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import Admission, CircuitBreaker
@@ -157,12 +157,12 @@ class DraftSession:
             # finish carries the tokens.
             stats.unsent_steps += 1
             return StepResult(stats.steps, Outcome.OK, request_ids, {}, {})
-        deadline_s = now_s + self.deadline_s
-        plan = self._plan(request_ids, request_ids, budget_of, default_budget, deadline_s, None)
-        if plan.sent:
-            return plan
+        message, sent, refused = self._build(request_ids, budget_of, default_budget)
+        if sent:
+            return StepPlan(stats.steps, message, sent, request_ids, now_s + self.deadline_s,
+                            budget_of, default_budget, refused)  # fmt: skip
         # Nothing to send: empty contexts (no draft yet) and refused requests.
-        return StepResult(stats.steps, Outcome.OK, request_ids, {}, _outcomes((), plan.refused))
+        return StepResult(stats.steps, Outcome.OK, request_ids, {}, _outcomes((), refused))
 
     def complete(
         self, plan: StepPlan, response: pb.DraftResponse, now_s: float
@@ -187,11 +187,8 @@ class DraftSession:
         left_s = plan.deadline_s - now_s
         if resynced and self.resync_retry and left_s >= _RETRY_MIN_FRACTION * self.deadline_s:
             stats.resync_retries += len(resynced)
-            retry = self._plan(
-                resynced, plan.request_ids, plan.budget_of, plan.default_budget,
-                plan.deadline_s, result,
-            )  # fmt: skip
-            return result, retry
+            message, sent, refused = self._build(resynced, plan.budget_of, plan.default_budget)
+            return result, replace(plan, message=message, sent=sent, refused=refused, base=result)
         return result, None
 
     def fail(self, plan: StepPlan, outcome: Outcome, now_s: float) -> StepResult:
@@ -208,22 +205,13 @@ class DraftSession:
         due, self._probe_due = self._probe_due, False
         return due
 
-    def _plan(
-        self,
-        send_ids: Iterable[str],
-        step_ids: tuple[str, ...],
-        budget_of: Mapping[str, int] | None,
-        default_budget: int,
-        deadline_s: float,
-        base: StepResult | None,
-    ) -> StepPlan:
+    def _build(
+        self, send_ids: Iterable[str], budget_of: Mapping[str, int] | None, default_budget: int
+    ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
+        """DeltaTracker.build with the next message sequence number."""
         self._sequence += 1
-        message, sent, refused = self.tracker.build(
-            send_ids, budget_of, default_budget,
-            step=self._sequence, tokenizer_fingerprint=self.tokenizer_fingerprint,
-        )  # fmt: skip
-        return StepPlan(self.stats.steps, message, sent, step_ids, deadline_s, budget_of,
-                        default_budget, refused, base)  # fmt: skip
+        return self.tracker.build(send_ids, budget_of, default_budget, step=self._sequence,
+                                  tokenizer_fingerprint=self.tokenizer_fingerprint)  # fmt: skip
 
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
         check_budgets(budgets)
