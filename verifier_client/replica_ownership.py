@@ -339,9 +339,8 @@ class ReplicaOwnership:
         options = self._options.copy()
         name = self._resolver.name
         if name is not None and options.get("credentials") is not None:
-            # TLS to an address of a name: the certificate is the name's.
-            channel_options = list(options.get("channel_options", ()))
-            if not any(key == "grpc.ssl_target_name_override" for key, _ in channel_options):
-                channel_options.append(("grpc.ssl_target_name_override", name[0]))
-            options["channel_options"] = channel_options
+            # TLS to an address of a name: the certificate is the name's. First, so that the
+            # caller's own override wins (a later option replaces an earlier one).
+            override = ("grpc.ssl_target_name_override", name[0])
+            options["channel_options"] = [override, *options.get("channel_options", ())]
         return ReplicaClient(address, **options)
