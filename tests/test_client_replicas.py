@@ -58,7 +58,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[DrafterP
             # replica, so the set's drafts are one drafter's (tests/test_recent_tier.py
             # covers the tier with replicas).
             servers.append(DrafterProcess(root / f"data{i}", "--snapshot", str(root / "snap"),
-                                          "--draft-config", "recent_samples=0"))
+                                          "--draft-config", "recent_samples=0"))  # fmt: skip
         yield servers
     finally:
         for server in servers:
@@ -177,7 +177,8 @@ def test_drafts_match_one_drafter_and_budgets_come_from_the_whole_batch(
                 tree = ours[rid]
                 assert tree is not None and tree == theirs["one-" + rid], (step, rid)
                 assert len(tree) == RULE.draft_budget(len(prompts)) == 3  # the batch's budget
-        assert spread.stats.steps == 6 and spread.stats.fallback_steps == 0
+        assert spread.stats.steps == spread.stats.drafted_steps == 6
+        assert spread.stats.fallback_steps == 0
         for rid in prompts:
             spread.abort(rid)
             single.abort("one-" + rid)

@@ -234,19 +234,17 @@ class ReplicaSetClient(ReplicaOwnership):
     ) -> StepResult:
         """One StepResult of the replicas' (see the module docstring)."""
         drafts: dict[str, Tree] = {}
-        answered = False
         for result in results:
             if result.ok:
                 drafts.update(result.drafts)
                 outcomes.update(result.request_outcomes)
-                answered = answered or bool(result.drafts or result.request_outcomes)
             else:
                 outcomes.update(dict.fromkeys(result.request_ids, result.outcome))
         own, step = self._own, self._own.steps
         wait_s = perf_counter() - started_s
         failed = {o for o in outcomes.values() if o in _PRECEDENCE}
         if not failed or any(r.ok for r in results):
-            own.drafted_steps += answered
+            own.drafted_steps += any(r.ok and (r.drafts or r.request_outcomes) for r in results)
             return StepResult(step, Outcome.OK, request_ids, drafts, outcomes, wait_s)
         outcome = next(o for o in _PRECEDENCE if o in failed)
         own.fallbacks[outcome] += 1
