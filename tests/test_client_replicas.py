@@ -379,6 +379,20 @@ def test_with_no_replica_requests_wait_and_steps_are_unavailable() -> None:
             client.step({"o1": [6]})
 
 
+@pytest.mark.parametrize("route", ["request", "prompt"])
+@pytest.mark.parametrize("bad", [-1, 2**31, 2**63])
+def test_a_bad_prompt_is_refused_by_name_and_leaves_nothing(route: str, bad: int) -> None:
+    with ReplicaSetClient("no-such-drafter.invalid:50051", route=route,
+                          resolve_interval_s=60) as client:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(f"prompt of 'b1': token id {bad}")):
+            client.add_request("b1", [1, bad])
+        assert "b1" not in client._keys
+        with pytest.raises(KeyError, match="'b1'"):
+            client.replica_of("b1")  # not live
+        client.add_request("b1", [1, 2])  # the id is free: nothing of the refused one is kept
+        assert client.finish("b1", tail=[3]) is False
+
+
 def test_the_engine_plugin_drafts_over_a_comma_separated_address(
     replicas: list[DrafterProcess],
 ) -> None:

@@ -27,7 +27,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
-from verifier_client.deltas import DeltaTracker, RequestState, finish_tail
+from verifier_client.deltas import DeltaTracker, RequestState, as_token_list, finish_tail
 from verifier_client.replica_targets import ReplicaResolver, replica_key, weight
 from verifier_client.results import ClientStats, StepResult
 
@@ -173,16 +173,20 @@ class ReplicaOwnership:
         self._sync()
         if self._route == "request":
             self._keys[request_id] = request_id.encode()
-        else:  # read twice: for the key and by the owner
-            prompt_ids = list(prompt_ids)
+        else:  # read twice: for the key and by the owner, checked first (the key packs them)
+            prompt_ids = as_token_list(prompt_ids, f"prompt of {request_id!r}")
             self._keys[request_id] = prompt_key(prompt_ids)
         owner = self._rendezvous(request_id, self._usable or tuple(self._replicas))
-        if owner is None:
-            self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
-        else:
-            owner.idle()
-            owner.client.add_request(request_id, prompt_ids, datastore=datastore,
-                                     prompt_length=prompt_length, store=store)  # fmt: skip
+        try:
+            if owner is None:
+                self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
+            else:
+                owner.idle()
+                owner.client.add_request(request_id, prompt_ids, datastore=datastore,
+                                         prompt_length=prompt_length, store=store)  # fmt: skip
+        except BaseException:
+            del self._keys[request_id]  # refused: nothing of it is kept
+            raise
         self._owner[request_id] = owner
 
     def finish(
