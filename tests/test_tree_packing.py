@@ -156,3 +156,9 @@ def test_a_bad_chain_length_is_named() -> None:
     tree = Tree.of([1, 2], [-1, 0], [0.5, 0.5])
     with pytest.raises(ValueError, match="max_len must be a non-negative int, got -2"):
         tree.best_chain(-2)
+
+
+def test_pack_refuses_ids_past_the_vocabulary() -> None:
+    with pytest.raises(ValueError, match=r"trees\[0\]\.tokens\[1\] = 8: token ids are in 0\.\.7"):
+        pack_trees([Tree.of([1, 8], [-1, 0], [0, 0])], [1], [0], vocab_size=8)
+    assert pack_trees([Tree.of([1, 7], [-1, 0], [0, 0])], [1], [0], vocab_size=8).width == 3

@@ -12,6 +12,7 @@ output never depends on the drafter's answers or timing.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections import deque
@@ -314,24 +315,19 @@ class DecodeWorker:
 
     def _pack(self, trees: list[Tree | None]) -> PackedTrees:
         roots = [a.context[-1] for a in self._active]
+        pack = functools.partial(pack_trees, roots=roots, cache_lens=self.kv.lens,
+                                 device=self.device, vocab_size=self.vocab_size)  # fmt: skip
         try:
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
-        except ValueError:  # a malformed tree (parents not before their node, ids < 0)
+            packed = pack(trees)
+        except ValueError:  # a malformed tree (ids the model lacks, bad parents): the
+            # drafter must not be able to crash decoding
             trees = [self._well_formed(tree, root) for tree, root in zip(trees, roots, strict=True)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
-        # A drafter must not be able to crash decoding: trees with ids the model does not
-        # have are dropped (the request decodes this step without a draft).
-        bad = ((packed.tokens < 0) | (packed.tokens >= self.vocab_size)) & packed.valid
-        if bool(bad.any()):
-            rows = set(bad.any(dim=1).nonzero().flatten().tolist())
-            self.stats.rejected_trees += len(rows)
-            trees = [None if b in rows else t for b, t in enumerate(trees)]
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+            packed = pack(trees)
         if self.chain is not None:  # each tree's best chain, as the vLLM plug-in takes it
             chains = [None if t is None else t.best_chain(self.chain) for t in trees]
             trees = [None if c is None else Tree.of(c, range(-1, len(c) - 1), [0.0] * len(c))
                      for c in chains]  # fmt: skip
-            packed = pack_trees(trees, roots, self.kv.lens, device=self.device)
+            packed = pack(trees)
         return packed
 
     def _well_formed(self, tree: Tree | None, root: int) -> Tree | None:
@@ -339,7 +335,7 @@ class DecodeWorker:
         if tree is None:
             return None
         try:
-            pack_trees([tree], [root], [0])
+            pack_trees([tree], [root], [0], vocab_size=self.vocab_size)
         except ValueError:
             self.stats.rejected_trees += 1
             return None

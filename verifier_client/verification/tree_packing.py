@@ -21,7 +21,7 @@ __all__ = ["PackedTrees", "pack_trees"]
 
 _I64 = npt.NDArray[np.int64]
 _BITS = 64  # ancestor sets fit one uint64 per node up to this many columns
-_MAX_TOKEN = 2**31 - 1  # token ids are int32 on the wire
+_TOKEN_LIMIT = 2**31  # token ids are int32 on the wire
 
 
 @dataclass(frozen=True, eq=False)  # tensors: no field-wise ==
@@ -53,13 +53,15 @@ def pack_trees(
     cache_lens: Sequence[int] | torch.Tensor,
     *,
     device: torch.device | str | None = None,
+    vocab_size: int = _TOKEN_LIMIT,
 ) -> PackedTrees:
     """Packs one tree per request (None or empty: the root alone) for one verify pass.
 
     ``roots[b]``: request b's last committed token; ``cache_lens[b]``: the tokens in its KV
     cache (its length without the root), so the root sits at position ``cache_lens[b]`` and
     a node at ``cache_lens[b] + depth``. ``device``: that of ``roots`` if a tensor, else the
-    CPU. Scores are not packed: verification never reads them.
+    CPU. Token ids must be below ``vocab_size`` (a model's, to refuse ids it lacks). Scores
+    are not packed: verification never reads them.
     """
     batch = len(trees)
     roots_np = _int_vector(roots, "roots", batch)
@@ -70,7 +72,7 @@ def pack_trees(
     offsets = np.cumsum(counts) - counts
     rows = np.repeat(np.arange(batch), counts)
     local = np.arange(len(tokens)) - np.repeat(offsets, counts)  # node index within its tree
-    _check_nodes(tokens, parents, rows, local)
+    _check_nodes(tokens, parents, rows, local, vocab_size)
 
     width = 1 + int(counts.max()) if batch else 1
     planes = np.zeros((4, batch, width), np.int64)  # tokens, parents, depth, positions
@@ -175,12 +177,13 @@ def _flat_ints(
     raise TypeError(f"tree {what} must be 1-D integer sequences, got {flat.dtype}")
 
 
-def _check_nodes(tokens: _I64, parents: _I64, rows: _I64, local: _I64) -> None:
-    bad = np.flatnonzero((tokens < 0) | (tokens > _MAX_TOKEN))
+def _check_nodes(tokens: _I64, parents: _I64, rows: _I64, local: _I64, vocab_size: int) -> None:
+    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
     if len(bad):
         k = bad[0]
         raise ValueError(
-            f"trees[{rows[k]}].tokens[{local[k]}] = {tokens[k]}: token ids are in 0..{_MAX_TOKEN}"
+            f"trees[{rows[k]}].tokens[{local[k]}] = {tokens[k]}: token ids are in "
+            f"0..{vocab_size - 1}"
         )
     bad = np.flatnonzero((parents < -1) | (parents >= local))
     if len(bad):
