@@ -274,12 +274,11 @@ class DecodeWorker:
         start = self._clock()
         contexts = [[int(t) for t in r.prompt_ids] for r in joining]
         lengths = [len(c) - 1 for c in contexts]
-        cache = None
+        cache = self.kv.new_request_cache()
         if max(lengths) > 0:
             ids = torch.zeros((len(joining), max(lengths)), dtype=torch.long)
             for row, context in enumerate(contexts):
                 ids[row, : lengths[row]] = torch.tensor(context[:-1])
-            cache = self.kv.new_request_cache()
             self.model.base_model(input_ids=ids.to(self.device), use_cache=True,
                                   **{self._base_cache_kw: cache})  # fmt: skip
         self.kv.append_rows(cache, lengths)

@@ -58,25 +58,16 @@ class BatchKVCache:
 
     def new_request_cache(self) -> DynamicCache:
         """An empty cache to prefill joining requests into (then :meth:`append_rows`)."""
-        cache = DynamicCache(config=self._config)
-        _dynamic_layers(cache)
-        return cache
+        return DynamicCache(config=self._config)
 
-    def append_rows(self, prefilled: DynamicCache | None, lengths: Sequence[int]) -> None:
+    def append_rows(self, prefilled: DynamicCache, lengths: Sequence[int]) -> None:
         """Adds one row per joining request: row ``i`` of ``prefilled`` holds
-        ``lengths[i]`` valid columns (None: nothing was prefilled, all lengths 0)."""
-        new_layers = None if prefilled is None else _dynamic_layers(prefilled)
+        ``lengths[i]`` valid columns (its layers are still empty if all lengths are 0)."""
         rows = (self.batch_size, len(lengths))
-        for i, layer in enumerate(self._layers):
-            new = None if new_layers is None else new_layers[i]
-            new_keys = new.keys if new is not None and new.is_initialized else None
-            new_values = new.values if new is not None and new.is_initialized else None
-            if new_keys is not None and new_keys.shape[0] != len(lengths):
-                raise ValueError(f"prefilled cache has {new_keys.shape[0]} rows for "
-                                 f"{len(lengths)} lengths")  # fmt: skip
-            keys = _stack_rows((layer.keys, new_keys), rows)
+        for layer, new in zip(self._layers, prefilled.layers, strict=True):
+            keys = _stack_rows((layer.keys, new.keys), rows)
             if keys is not None:
-                _set_layer(layer, keys, _stack_rows((layer.values, new_values), rows))
+                _set_layer(layer, keys, _stack_rows((layer.values, new.values), rows))
         self.lens.extend(lengths)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
