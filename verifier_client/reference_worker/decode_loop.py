@@ -29,12 +29,7 @@ from verifier_client.budget import BudgetRule
 from verifier_client.reference_worker.kv_cache import BatchKVCache, tree_attention_mask
 from verifier_client.results import Outcome, StepResult, Tree
 from verifier_client.verification.tree_packing import PackedTrees, pack_trees
-from verifier_client.verification.tree_verification import (
-    VerifyResult,
-    accept,
-    sample_targets,
-    verify_greedy,
-)
+from verifier_client.verification.tree_verification import VerifyResult, accept, sample_targets
 
 __all__ = [
     "DecodeWorker", "DraftSource", "Generation", "GenerationRequest", "SamplingParams",
@@ -343,8 +338,6 @@ class DecodeWorker:
     def _verify(self, packed: PackedTrees, logits: Tensor) -> VerifyResult:
         """Greedy rows take the argmax at every node; sampling rows draw one token per
         node from their own generator (lossless: see tree_verification.py)."""
-        if all(a.generator is None and a.teacher is None for a in self._active):
-            return verify_greedy(packed, logits)
         targets = logits.argmax(dim=-1)
         for b, a in enumerate(self._active):
             if a.teacher is not None:
