@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -102,7 +102,7 @@ class WorkerStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0  # accepted draft tokens (bonus excluded)
     request_steps: int = 0  # one per request per step
-    fallbacks: dict[str, int] = field(default_factory=dict)  # drafter steps without trees
+    fallbacks: Counter[str] = field(default_factory=Counter)  # drafter steps without trees
     rejected_trees: int = 0  # trees holding ids outside the model's vocabulary (ignored)
     timings: StepTimings = field(default_factory=StepTimings)
 
@@ -303,8 +303,7 @@ class DecodeWorker:
         round_trip_s = time.perf_counter() - start
         self.stats.timings.draft_s += round_trip_s
         if drafts.outcome is not Outcome.OK:
-            reason = drafts.outcome.value
-            self.stats.fallbacks[reason] = self.stats.fallbacks.get(reason, 0) + 1
+            self.stats.fallbacks[drafts.outcome.value] += 1
         return drafts, round_trip_s
 
     def _pack(self, trees: list[Tree | None]) -> PackedTrees:
