@@ -280,8 +280,7 @@ class DecodeWorker:
         for request, context in zip(joining, contexts, strict=True):
             generator = None
             if not request.sampling.greedy:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(request.sampling.seed)
+                generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
             teacher = None
             if request.teacher_ids is not None:
                 teacher = torch.tensor(list(request.teacher_ids), dtype=torch.long,
