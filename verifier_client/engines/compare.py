@@ -157,11 +157,7 @@ def run_vllm(
             m.name.removeprefix(_SPEC_PREFIX): m.values if hasattr(m, "values") else m.value
             for m in llm.get_metrics() if m.name.startswith(_SPEC_PREFIX)
         }  # fmt: skip
-        plugin = None
-        if drafter is not None:
-            from verifier_client.engines.vllm import worker_stats
-
-            plugin = _settled_stats(llm, worker_stats)
+        plugin = _settled_stats(llm) if drafter is not None else None
         if on_done is not None:
             on_done()
         return EngineRun([outputs.get(i, []) for i in range(len(prompts))], step_ms, counters,
@@ -172,15 +168,15 @@ def run_vllm(
         gc.collect()
 
 
-def _settled_stats(
-    llm: Any, stats: Callable[[Any], dict[str, Any]], timeout_s: float = 10.0
-) -> dict[str, Any]:
-    """The plug-in's counters once the runner has heard of the last finished requests:
-    vLLM sends them with the *next* scheduler output, which our ``stats`` request can
-    overtake, so poll until none is live (a leak still shows, after ``timeout_s``)."""
+def _settled_stats(llm: Any, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The plug-in's counters (``worker_stats``) once the runner has heard of the last
+    finished requests: vLLM sends them with the *next* scheduler output, which our request
+    can overtake, so poll until none is live (a leak still shows, after ``timeout_s``)."""
+    from verifier_client.engines.vllm import worker_stats
+
     deadline = perf_counter() + timeout_s
     while True:
-        plugin: dict[str, Any] = llm.collective_rpc(stats)[0]
+        plugin: dict[str, Any] = llm.collective_rpc(worker_stats)[0]
         if plugin.get("live_requests", 0) == 0 or perf_counter() >= deadline:
             return plugin
         sleep(0.01)
