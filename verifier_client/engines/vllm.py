@@ -179,10 +179,9 @@ class SssdProposer:
         """The runner dropped a finished or aborted request: finish it on the drafter."""
         if self.drafter is None:
             return
-        store = _stores(req_state)
         prompt = getattr(req_state, "prompt_token_ids", None) or []
         output = getattr(req_state, "output_token_ids", None) or []
-        self.drafter.release(req_id, store=store, context=[*prompt, *output])
+        self.drafter.release(req_id, store=_stores(req_state), context=[*prompt, *output])
 
     def stats(self) -> dict[str, Any]:
         """Counters of this proposer (see :func:`worker_stats`)."""
