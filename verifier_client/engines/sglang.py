@@ -62,15 +62,13 @@ def register() -> None:
     algorithm = importlib.import_module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
     try:
         algorithm.from_string(ALGORITHM)
-        return  # already registered in this process
-    except ValueError:
-        pass
-    algorithm.register(
-        ALGORITHM,
-        supports_overlap=True,  # NGRAMWorker's V2 path; False would refuse overlap scheduling
-        validate_server_args=validate_server_args,
-        spec_class=_spec_class(),
-    )(worker_class)
+    except ValueError:  # not registered in this process yet
+        algorithm.register(
+            ALGORITHM,
+            supports_overlap=True,  # NGRAMWorker's V2 path; False would refuse overlap scheduling
+            validate_server_args=validate_server_args,
+            spec_class=_spec_class(),
+        )(worker_class)
 
 
 def validate_server_args(server_args: Any) -> None:
