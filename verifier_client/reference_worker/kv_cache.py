@@ -78,9 +78,7 @@ class BatchKVCache:
             self._layers = _dynamic_layers(self.cache)
             return
         new_len = max(self.lens)  # the longest row may have left: trim to the longest kept
-        for layer in self._layers:
-            if layer.keys is None or layer.values is None:
-                continue
+        for layer in self._layers:  # all filled: the step's forward ran before
             index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
             keys = layer.keys[:, :, :new_len].index_select(0, index)
             values = layer.values[:, :, :new_len].index_select(0, index)
