@@ -11,7 +11,7 @@ several parts takes their locks in this order, never the reverse:
    ingests wait for each other but never for a rebuild or a snapshot write;
 3. the stream cursor's lock;
 4. the index set's lock: bookkeeping only (drafting's reads take it);
-5. leaves: the last error's, the policy's (writes).
+5. a leaf: the policy's (writes).
 
 The only other nestings: accepting a document holds the buffer's lock while asking the
 cursor (duplicate?) and the index set (room?), so the memory bound and exactly-once hold;

@@ -10,10 +10,10 @@ replayed. Operators may add *corpora*, static sub-indices kept before the learne
 The parts, each owning its state and lock (lock order: the package docstring):
 ``PendingBuffer`` (the log, the documents waiting for a rebuild, the ingest counters),
 ``IndexSet`` (corpora, sub-indices, the current datastore and what it covers, the
-structural-change lock), ``StreamCursor`` (the shared stream's position) and
-``LastError``. ``drafter_service.replication`` follows a shared stream through the methods
-under "for a shared-stream follower". Layout: ``snapshots/<name>/``
-(docs/snapshot-format.md) and ``wal/``.
+structural-change lock) and ``StreamCursor`` (the shared stream's position).
+``drafter_service.replication`` follows a shared stream through the methods under "for a
+shared-stream follower". Layout: ``snapshots/<name>/`` (docs/snapshot-format.md) and
+``wal/``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,6 @@ from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.live.index_set import ChangeCorpora, Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
-from drafter_service.live.live_stats import LastError, LiveStats
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
@@ -65,6 +64,33 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class LiveStats:
+    """A view of the live datastore for metrics and admin (consistency: ``LiveDatastore.stats``)."""
+
+    num_tokens: int  # text positions in the sub-indices (separators included)
+    pending_tokens: int  # ingested, durable, not yet in a sub-index
+    sub_indices: int
+    resident_bytes: int
+    rebuilds: int
+    rebuild_seconds_total: float
+    last_rebuild_seconds: float
+    wal_position: int  # newest acknowledged ingest
+    covered_position: int  # newest ingest folded into the sub-indices
+    wal_bytes: int
+    last_snapshot_unix: float | None
+    last_error: str | None
+    ingested_sequences: int  # acknowledged since this open (the replayed log excluded)
+    ingested_tokens: int
+    shared_log: bool  # a shared ingest stream feeds this datastore
+    consumed_offset: StreamId | None  # newest shared-stream entry in the log
+    covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
+    stream_skipped: int
+    stream_errors: int
+    stream_lost: int
+    stream_delay_s: float
+
+
 class LiveDatastore:
     """The live datastore under ``directory``. Thread-safe."""
 
@@ -85,8 +111,9 @@ class LiveDatastore:
         self.tokenizer = tokenizer
         parts = open_live_parts(self.directory, tokenizer, on_swap, salvage, unfolded)
         self._buffer, self._index, self._cursor = parts.buffer, parts.index, parts.cursor
-        self._errors = LastError()
-        self._policy = policy or LivePolicy()  # replaced whole, so a read needs no lock
+        # Each replaced whole, so a read needs no lock.
+        self._last_error: str | None = None  # the newest failed rebuild, snapshot, stream read
+        self._policy = policy or LivePolicy()
         self._policy_lock = threading.Lock()  # serialises update_policy (a leaf lock)
         self._snapshots = LiveSnapshots(
             self._index, self._buffer, tokenizer, lambda: self._policy, self.directory / "snapshots"
@@ -177,12 +204,12 @@ class LiveDatastore:
     def note_stream_error(self, message: str) -> None:
         """Counts a failed read of the stream or local write of an entry."""
         self._cursor.count_error()
-        self._errors.note(message)
+        self._last_error = message
 
     def note_stream_loss(self, message: str) -> None:
         """Counts entries found trimmed from the stream before they were taken."""
         self._cursor.count_loss()
-        self._errors.note(message)
+        self._last_error = message
 
     def note_stream_delay(self, seconds: float) -> None:
         """Append to taken, for the newest entry taken."""
@@ -192,7 +219,11 @@ class LiveDatastore:
 
     def rebuild(self) -> bool:
         """Folds the waiting documents in now; False when none were waiting."""
-        return fold_pending(self._index, self._buffer, self._errors, self._policy)
+        try:
+            return fold_pending(self._index, self._buffer, self._policy)
+        except BaseException as exc:
+            self._last_error = f"rebuild failed: {exc!r}"
+            raise
 
     def run_maintenance_once(
         self, now_s: float | None = None, now_unix: float | None = None
@@ -215,7 +246,7 @@ class LiveDatastore:
                 self.snapshot()
         except Exception as exc:  # keep serving; retried at the next wake-up
             _maintenance_log.error("live datastore maintenance failed: %s", exc, error=exc)
-            self._errors.note(repr(exc))
+            self._last_error = repr(exc)
         return due
 
     def _run_background(self, nice: int) -> None:
@@ -304,7 +335,7 @@ class LiveDatastore:
         ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
         both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
         index, cursor, buffer = self._index.stats(), self._cursor.stats(), self._buffer.stats()
-        error = self._errors.message
+        error = self._last_error
         return LiveStats(**index, **cursor, **buffer, last_error=error, shared_log=False)
 
     def content_digest(self) -> str:

@@ -17,13 +17,10 @@ import numpy.typing as npt
 from drafter_service.datastore.sub_indices import SubIndex, join_documents
 from drafter_service.live.index_set import IndexProgress, IndexSet
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
-from drafter_service.live.live_stats import LastError
 from drafter_service.live.pending_buffer import PendingBuffer
 
 
-def fold_pending(
-    index: IndexSet, buffer: PendingBuffer, errors: LastError, policy: LivePolicy
-) -> bool:
+def fold_pending(index: IndexSet, buffer: PendingBuffer, policy: LivePolicy) -> bool:
     """Folds the waiting documents in now and swaps in the result; False when none."""
     with index.changing():
         batch = buffer.take()
@@ -39,9 +36,8 @@ def fold_pending(
             learned = fold_documents(
                 base, [r.tokens for r in batch], static, policy, index.vocab_size
             )
-        except BaseException as exc:
+        except BaseException:
             buffer.put_back(batch)  # keep the documents for the next attempt
-            errors.note(f"rebuild failed: {exc!r}")
             raise
         elapsed = time.perf_counter() - start
         datastore, listeners = index.install_rebuild(
