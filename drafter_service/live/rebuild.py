@@ -78,14 +78,19 @@ def fold_documents(
     if it fits, else starts one, as if folded one at a time: the result never depends on
     batching, so replicas taking the same stream in different rebuilds stay identical."""
     subs = list(base)
-    for extends, group in place_documents(
-        subs[-1].num_tokens if subs else None, docs, policy.max_sub_index_tokens
-    ):
-        chunk = join_documents(group)
-        if extends:
-            subs[-1] = subs[-1].extended(chunk)  # the newest grows
+    size = subs[-1].num_tokens if subs else None  # the newest's, a separator before each
+    extending: list[npt.NDArray[np.int32]] = []  # into the newest of ``base``
+    starting: list[list[npt.NDArray[np.int32]]] = []  # a new sub-index each
+    for doc in docs:
+        if size is not None and size + 1 + len(doc) <= policy.max_sub_index_tokens:
+            size += 1 + len(doc)
+            (starting[-1] if starting else extending).append(doc)
         else:
-            subs.append(SubIndex.from_text(chunk, vocab_size))
+            size = len(doc)
+            starting.append([doc])
+    if extending:
+        subs[-1] = subs[-1].extended(join_documents(extending))  # the newest grows
+    subs += [SubIndex.from_text(join_documents(group), vocab_size) for group in starting]
     while len(subs) > policy.max_sub_indices:
         subs.pop(0)
     bound = policy.max_resident_bytes
@@ -96,26 +101,6 @@ def fold_documents(
     ):
         subs.pop(0)
     return tuple(subs)
-
-
-def place_documents(
-    newest: int | None, docs: list[npt.NDArray[np.int32]], limit: int
-) -> list[tuple[bool, list[npt.NDArray[np.int32]]]]:
-    """Groups ``docs`` by the sub-index each lands in: the newest (``newest`` positions;
-    None: none) while it stays within ``limit`` with a separator before each, else a new
-    one. Returns (extends the existing newest, documents) per group; none is split."""
-    groups: list[tuple[bool, list[npt.NDArray[np.int32]]]] = []
-    size = newest
-    for doc in docs:
-        if size is not None and size + 1 + len(doc) <= limit:
-            size += 1 + len(doc)
-            if not groups:
-                groups.append((True, []))
-            groups[-1][1].append(doc)
-        else:
-            size = len(doc)
-            groups.append((False, [doc]))
-    return groups
 
 
 def maintenance_due(
