@@ -45,14 +45,8 @@ class ReplicatedDatastore(LiveDatastore):
             directory, tokenizer, policy, on_swap=on_swap, background=background,
             salvage=salvage, background_nice=background_nice, unfolded=unfolded,
         )  # fmt: skip
-        self._stream = shared_log
+        self.shared_log = shared_log  # the shared ingest stream this datastore follows
         self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
-        self._follower.start()
-
-    @property
-    def shared_log(self) -> RedisStream:
-        """The shared ingest stream this datastore follows."""
-        return self._stream
 
     def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
         """Appends one document to the stream and waits briefly for this replica to take
@@ -60,7 +54,7 @@ class ReplicatedDatastore(LiveDatastore):
         or ``LogError`` when the log server does not take it (nothing is stored)."""
         doc = checked_document(tokens, self.policy, self.tokenizer.vocab_size)
         self.check_room(len(doc))
-        self.wait_consumed(self._stream.append(doc), _READ_YOUR_WRITE_S)
+        self.wait_consumed(self.shared_log.append(doc), _READ_YOUR_WRITE_S)
         return self.wal_position
 
     def restore(self, name: str) -> SnapshotInfo:
@@ -77,4 +71,4 @@ class ReplicatedDatastore(LiveDatastore):
         """Stops the stream follower, then the datastore, then closes the stream."""
         self._follower.stop()
         super().close()
-        self._stream.close()
+        self.shared_log.close()

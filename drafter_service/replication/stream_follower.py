@@ -40,7 +40,8 @@ _MAX_BACKOFF_S = 5.0
 
 
 class StreamFollower:
-    """Takes the entries of ``stream`` into the live datastore ``live``."""
+    """Takes the entries of ``stream`` into the live datastore ``live``, on a thread of its
+    own from construction until :meth:`stop`."""
 
     def __init__(
         self, live: LiveDatastore, stream: RedisStream, name: str, background_nice: int = 0
@@ -55,15 +56,12 @@ class StreamFollower:
         self._thread = threading.Thread(
             target=self._run, name=f"stream-follower-{name}", daemon=True
         )
-
-    def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (a blocked read returns within about a second)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        self._thread.join(timeout_s)
 
     def _run(self) -> None:
         lower_thread_priority(self._nice)
