@@ -39,10 +39,6 @@ class Unfolded(Protocol):
         ...
 
 
-ChangeCorpora = Callable[[tuple[Corpus, ...], Datastore], tuple[Corpus, ...]]
-"""Makes the new corpora of the current ones and datastore (it may refuse by raising)."""
-
-
 @dataclass(frozen=True, slots=True)
 class IndexProgress:
     """What the maintenance schedule weighs: the sub-indices' coverage and timings."""
@@ -189,11 +185,10 @@ class IndexSet:
                 self._rebuild_tokens_per_s = work_tokens / elapsed_s
             return datastore, self._listeners
 
-    def install_corpora(self, change: ChangeCorpora) -> Datastore:
-        """Makes what ``change`` (called under the lock) makes of the corpora current;
-        returns the datastore to :meth:`publish`."""
+    def install_corpora(self, corpora: tuple[Corpus, ...]) -> Datastore:
+        """Makes ``corpora`` current; returns the datastore to :meth:`publish`."""
         with self._lock:
-            return self._install(change(self._corpora, self._datastore), self._learned)
+            return self._install(corpora, self._learned)
 
     def install_restored(
         self,

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.index_set import ChangeCorpora, Unfolded
+from drafter_service.live.index_set import Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.pinned_corpora import (
@@ -296,19 +296,20 @@ class LiveDatastore:
     def add_corpus(self, corpus: Corpus) -> SnapshotInfo:
         """Adds ``corpus`` after the others and writes a snapshot. Raises ValueError for
         a name in use or another vocabulary, DatastoreFull past ``max_resident_bytes``."""
-        bound = self._policy.max_resident_bytes
-        return self._change_corpora(lambda corpora, ds: with_corpus(corpora, corpus, ds, bound))
+        with self._index.changing():
+            index, bound = self._index, self._policy.max_resident_bytes
+            return self._swap_corpora(with_corpus(index.corpora, corpus, index.datastore, bound))
 
     def remove_corpus(self, name: str) -> SnapshotInfo:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""
-        return self._change_corpora(lambda corpora, _: without_corpus(corpora, name))
-
-    def _change_corpora(self, change: ChangeCorpora) -> SnapshotInfo:
-        """Swaps in what ``change`` (which may raise) makes of the corpora, then snapshots;
-        under the structural-change lock, so swaps reach ``on_swap`` in order."""
         with self._index.changing():
-            self._index.publish(self._index.install_corpora(change))
-            return self._snapshots.write(None, {})
+            return self._swap_corpora(without_corpus(self._index.corpora, name))
+
+    def _swap_corpora(self, corpora: tuple[Corpus, ...]) -> SnapshotInfo:
+        """Swaps in ``corpora``, then snapshots. The caller holds the structural-change lock
+        from reading the corpora it changed, so swaps reach ``on_swap`` in order."""
+        self._index.publish(self._index.install_corpora(corpora))
+        return self._snapshots.write(None, {})
 
     # -- live settings ---------------------------------------------------------------------
 
