@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -91,20 +92,13 @@ class RedisStream:
         password = config.password_file.read_text().strip() if config.password_file else None
         self.key = key
         self.config = config
-        self._redis = redis.Redis.from_url(
-            config.url,
-            password=password,
-            socket_timeout=config.timeout_s,
-            socket_connect_timeout=config.timeout_s,
-            health_check_interval=30,
+        timeout = config.timeout_s
+        connect = partial(
+            redis.Redis.from_url, config.url, password=password, socket_connect_timeout=timeout
         )
+        self._redis = connect(socket_timeout=timeout, health_check_interval=30)
         # XREAD BLOCK needs a socket timeout longer than the block.
-        self._reader = redis.Redis.from_url(
-            config.url,
-            password=password,
-            socket_timeout=config.timeout_s + 5.0,
-            socket_connect_timeout=config.timeout_s,
-        )
+        self._reader = connect(socket_timeout=timeout + 5.0)
 
     def append(self, tokens: npt.NDArray[np.int32]) -> StreamId:
         """Appends one document; returns its entry id once the server has it."""
