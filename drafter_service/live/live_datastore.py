@@ -22,7 +22,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.live.index_set import Unfolded
-from drafter_service.live.ingestion import checked_document, generation_document
+from drafter_service.live.ingestion import TokenIds, checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
@@ -138,7 +138,7 @@ class LiveDatastore:
 
     # -- ingest ----------------------------------------------------------------------------
 
-    def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
+    def ingest(self, tokens: TokenIds) -> int:
         """Stores one document, fsynced when this returns; returns its log sequence number.
         Raises ValueError for bad ids, DatastoreFull past the bound."""
         doc = checked_document(tokens, self._policy, self.tokenizer.vocab_size)
@@ -149,11 +149,7 @@ class LiveDatastore:
             self.rebuild()
         return seq
 
-    def ingest_generation(
-        self,
-        prompt_ids: Sequence[int] | npt.NDArray[np.integer],
-        output_ids: Sequence[int] | npt.NDArray[np.integer],
-    ) -> int:
+    def ingest_generation(self, prompt_ids: TokenIds, output_ids: TokenIds) -> int:
         """Stores a finished generation as the policy's ``store`` says."""
         vocab_size = self.tokenizer.vocab_size
         return self.ingest(generation_document(prompt_ids, output_ids, self._policy, vocab_size))

@@ -8,15 +8,12 @@ not share one replica's rollback (docs/scale-out.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.ingestion import checked_document
+from drafter_service.live.ingestion import TokenIds, checked_document
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats, Unfolded
 from drafter_service.replication.shared_log import RedisStream
 from drafter_service.replication.stream_follower import StreamFollower
@@ -48,7 +45,7 @@ class ReplicatedDatastore(LiveDatastore):
         self.shared_log = shared_log  # the shared ingest stream this datastore follows
         self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
 
-    def ingest(self, tokens: Sequence[int] | npt.NDArray[np.integer]) -> int:
+    def ingest(self, tokens: TokenIds) -> int:
         """Appends one document to the stream and waits briefly for this replica to take
         it; returns the log's newest sequence number. Raises as :meth:`LiveDatastore.ingest`,
         or ``LogError`` when the log server does not take it (nothing is stored)."""
