@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from drafter_service import Drafter
-from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore, LivePolicy
+from drafter_service.datastore.sub_indices import SubIndex
+from drafter_service.live.live_datastore import Corpus, DatastoreFull, LiveDatastore, LivePolicy
 from drafter_service.live.rebuild import early_rebuild_due
 from drafter_service.snapshot.store import (
     SnapshotError,
@@ -183,6 +184,23 @@ def test_an_expensive_rebuild_waits_for_its_share(tmp_path: Path) -> None:
         assert not early_rebuild_due(progress, waiting, policy, 0.5)  # never under 1 s apart
         assert early_rebuild_due(progress, waiting, policy, 1.0)
         assert not early_rebuild_due(progress, waiting, replace(policy, rebuild_max_share=0), 10**6)
+
+
+def test_a_restore_swaps_in_its_corpora_as_the_base_as_a_restart_would(tmp_path: Path) -> None:
+    """The restored datastore drafts from its corpora as a source of their own (the base),
+    as the same snapshot opened at a restart does, not as one source with the learned."""
+    corpus = Corpus("c", (SubIndex.from_text(doc(9), VOCAB),))
+    swapped: list[int] = []
+    with LiveDatastore(tmp_path, TOKENIZER, LivePolicy(rebuild_min_tokens=1), background=False,
+                       on_swap=lambda ds: swapped.append(ds.base_count)) as store:  # fmt: skip
+        store.ingest(doc(1))
+        info = store.add_corpus(corpus)
+        store.ingest(doc(2))
+        store.restore(info.path.name)
+        assert [len(store.datastore.sub_indices), store.datastore.base_count] == [2, 1]
+        assert swapped[-1] == 1
+    with LiveDatastore(tmp_path, TOKENIZER, background=False) as again:
+        assert [len(again.datastore.sub_indices), again.datastore.base_count] == [2, 1]
 
 
 CHILD = r"""

@@ -192,7 +192,6 @@ class IndexSet:
 
     def install_restored(
         self,
-        datastore: Datastore,
         corpora: tuple[Corpus, ...],
         learned: tuple[SubIndex, ...],
         position: int,
@@ -200,7 +199,7 @@ class IndexSet:
     ) -> None:
         """Makes a restored snapshot current, covering (with its new snapshot) ``position``."""
         with self._lock:
-            self._datastore, self._corpora, self._learned = datastore, corpora, learned
+            self._install(corpora, learned)
             self._covered = self._snapshot_covered = position
             self._last_snapshot_unix = snapshot_unix
 

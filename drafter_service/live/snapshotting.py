@@ -110,10 +110,10 @@ class LiveSnapshots:
             self._buffer.discard_through(
                 position,
                 alongside=lambda: index.install_restored(
-                    loaded, corpora, learned, position, info.created_unix
+                    corpora, learned, position, info.created_unix
                 ),
             )
-            index.publish(loaded)
+            index.publish(index.datastore)
             log.info("restored snapshot %s (log through %d discarded)", name, position)
             return info
 
