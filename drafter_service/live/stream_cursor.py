@@ -69,16 +69,12 @@ class StreamCursor:
 
     def wait_for(self, entry: StreamId, timeout_s: float) -> bool:
         """Waits until ``entry`` (or later) is taken; False on timeout or once closed."""
+
+        def done() -> bool:
+            return self._closed or (self._consumed is not None and self._consumed >= entry)
+
         with self._lock:
-            return (
-                self._changed.wait_for(
-                    lambda: (
-                        self._closed or (self._consumed is not None and self._consumed >= entry)
-                    ),
-                    timeout=timeout_s,
-                )
-                and not self._closed
-            )
+            return self._changed.wait_for(done, timeout=timeout_s) and not self._closed
 
     def close(self) -> None:
         """Wakes every waiter (they return False)."""
