@@ -51,10 +51,7 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
 
 
 def status_code(error: ServiceError) -> grpc.StatusCode:
-    for cls in type(error).__mro__:
-        if cls in _CODES:
-            return _CODES[cls]
-    return grpc.StatusCode.INTERNAL
+    return _CODES.get(type(error), grpc.StatusCode.INTERNAL)
 
 
 class DrafterServicer(pb_grpc.DrafterServiceServicer):
