@@ -50,6 +50,10 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
 }
 
 
+ANSWERED_CODES = (*(code.name for code in _CODES.values()), "INTERNAL", "CANCELLED")
+"""Every status name a call is counted as failing with (``DrafterMetrics``' error codes)."""
+
+
 def status_code(error: ServiceError) -> grpc.StatusCode:
     return _CODES.get(type(error), grpc.StatusCode.INTERNAL)
 

@@ -12,7 +12,7 @@ import copy
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -33,19 +33,6 @@ from drafter_service.metrics.histograms import Buckets, SizeCounts
 BATCH_METHODS = ("Draft", "DraftStream")
 RPC_METHODS = ("Draft", "DraftStream", "Finish", "Ingest", "GetServiceInfo")
 RESYNC_REASONS = ("unknown", "length_mismatch")
-# Status names the servicer can answer with (see servicer._CODES), pre-created at zero
-# so that rate() and alert rules see a series before the first failure.
-ERROR_CODES = (
-    "INVALID_ARGUMENT",
-    "FAILED_PRECONDITION",
-    "NOT_FOUND",
-    "RESOURCE_EXHAUSTED",
-    "UNAVAILABLE",
-    "INTERNAL",
-    "CANCELLED",
-    "UNAUTHENTICATED",
-)
-
 # Bucket upper bounds. A decode step's drafting budget is about 1 ms, so batch latency
 # is resolved finely below 10 ms; per-request time is that divided by up to ~1000.
 BATCH_SECONDS: tuple[float, ...] = (
@@ -65,7 +52,7 @@ class DrafterMetrics(Collector):
     the event loop (``record_rebuild`` from a rebuild thread); ``collect`` from the
     HTTP exporter's threads. One lock guards the recorded numbers."""
 
-    def __init__(self, version: str = "unknown") -> None:
+    def __init__(self, version: str = "unknown", error_codes: Iterable[str] = ()) -> None:
         self._version = version
         self._started_unix = time.time()
         self._lock = threading.Lock()
@@ -74,7 +61,9 @@ class DrafterMetrics(Collector):
             batch_requests={m: Buckets(BATCH_REQUESTS) for m in BATCH_METHODS},
             datastores={},
             resyncs=dict.fromkeys(RESYNC_REASONS, 0),
-            errors={(m, c): 0 for m in RPC_METHODS for c in ERROR_CODES},
+            # At zero from the start, so that rate() and alert rules see a series of each
+            # code calls can fail with before the first failure.
+            errors={(m, c): 0 for m in RPC_METHODS for c in error_codes},
             rebuilds={},
         )
         # Where scrape-time values are read from; set once the datastores are open.

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from drafter_service.edge.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
-from drafter_service.edge.servicer import DrafterServicer, status_code
+from drafter_service.edge.servicer import ANSWERED_CODES, DrafterServicer, status_code
 from drafter_service.edge.wire import SERVICE_NAME, LoadGate, add_drafter_service
 from drafter_service.engine.calls import CallLimits
 from drafter_service.engine.catalog import Catalog
@@ -125,7 +125,7 @@ class DrafterServer:
         self._admin: Sidecar | None = None
         self.health = health.aio.HealthServicer()
         version = package_version()
-        self.metrics = DrafterMetrics(version)
+        self.metrics = DrafterMetrics(version, ANSWERED_CODES)
         self.registry = CollectorRegistry(auto_describe=False)  # this server's metrics only
         self.registry.register(self.metrics)
         self.auth = client_auth(config)
