@@ -78,20 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = ServeConfig.from_namespace(args)
         if config.admin_port >= 0 or config.bootstrap_peers:  # checked before anything starts
             load_token(config.admin_token_file, os.environ)
-    except ValueError as exc:
-        print(f"drafter serve: error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
+        logging.basicConfig(
+            level=config.log_level.upper(),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
         asyncio.run(serve(config))
     except DamagedDataError as exc:  # refuses rather than serve less than it acknowledged
         print(f"drafter serve: error: damaged data: {exc}", file=sys.stderr)
         return 3
-    except ValueError as exc:  # SnapshotError included
+    except ValueError as exc:  # a bad setting, SnapshotError included
         print(f"drafter serve: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
