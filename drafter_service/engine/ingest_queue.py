@@ -35,11 +35,10 @@ class _Generation:
 
 
 class GenerationIngester:
-    """Bounded queue + one worker thread. Counters are for logs and metrics."""
+    """Bounded queue (``max_queued`` >= 1: the settings check it) + one worker thread.
+    Counters are for logs and metrics."""
 
     def __init__(self, max_queued: int, background_nice: int = 0) -> None:
-        if max_queued < 1:
-            raise ValueError(f"max_queued {max_queued} must be at least 1")
         self._nice = check_nice(background_nice)
         self._queue: queue.Queue[_Generation | None] = queue.Queue(maxsize=max_queued)
         self.queued = 0
@@ -93,7 +92,7 @@ class GenerationIngester:
     def _run(self) -> None:
         lower_thread_priority(self._nice)
         while (item := self._queue.get()) is not None:
-            tokens = np.concatenate(item.chunks) if item.chunks else np.zeros(0, np.int32)
+            tokens = np.concatenate(item.chunks)
             p = item.prompt_length
             durable = False
             try:
