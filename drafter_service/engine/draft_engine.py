@@ -238,16 +238,14 @@ class DraftEngine:
         future.add_done_callback(_retrieve)
         return await asyncio.shield(future)  # once started, an ingest completes
 
-    def expire_idle(self) -> int:
+    def expire_idle(self) -> None:
         """Drops request states idle past the TTL (also done at every call)."""
         jobs: Jobs = defaultdict(DrafterJob)
-        expired = self.table.expire(self.table.clock())
-        self._stop_all(expired, jobs)
+        self._stop_all(self.table.expire(self.table.clock()), jobs)
         if jobs:
             self._inflight += 1  # released when settled, like a call's
             settled = self._runner.run(jobs, functools.partial(self._settled, jobs))
             settled.add_done_callback(_retrieve)
-        return len(expired)
 
     async def close(self) -> None:
         """Waits for the work in flight, then stores the queued generations."""
