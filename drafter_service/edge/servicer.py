@@ -19,7 +19,7 @@ from drafter_service.edge.validation import (
     parse_finish_request,
     parse_ingest_request,
 )
-from drafter_service.edge.wire import Shed, Undecodable
+from drafter_service.edge.wire import Unparsed
 from drafter_service.engine.call_errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -85,32 +85,28 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
             return exc
         return None
 
-    async def Draft(self, request: pb.DraftRequest | Undecodable, context: Any) -> pb.DraftResponse:
+    async def Draft(self, request: pb.DraftRequest | Unparsed, context: Any) -> pb.DraftResponse:
         remaining = context.time_remaining()  # None without a deadline
         deadline = time.monotonic() + remaining if remaining is not None else None
         draft = partial(self._draft, "Draft", deadline_s=deadline)
         return await self._guard("Draft", context, request, draft)
 
     async def DraftStream(
-        self, request_iterator: AsyncIterator[pb.DraftRequest | Undecodable | Shed], context: Any
+        self, request_iterator: AsyncIterator[pb.DraftRequest | Unparsed], context: Any
     ) -> AsyncIterator[pb.DraftResponse]:
         # One step at a time, in order; a refused message ends the stream with its code.
         draft = partial(self._draft, "DraftStream")
         async for request in request_iterator:
             yield await self._guard("DraftStream", context, request, draft)
 
-    async def Finish(
-        self, request: pb.FinishRequest | Undecodable, context: Any
-    ) -> pb.FinishResponse:
+    async def Finish(self, request: pb.FinishRequest | Unparsed, context: Any) -> pb.FinishResponse:
         return await self._guard("Finish", context, request, self._finish)
 
-    async def Ingest(
-        self, request: pb.IngestRequest | Undecodable, context: Any
-    ) -> pb.IngestResponse:
+    async def Ingest(self, request: pb.IngestRequest | Unparsed, context: Any) -> pb.IngestResponse:
         return await self._guard("Ingest", context, request, self._ingest)
 
     async def GetServiceInfo(
-        self, request: pb.GetServiceInfoRequest | Undecodable, context: Any
+        self, request: pb.GetServiceInfoRequest | Unparsed, context: Any
     ) -> pb.GetServiceInfoResponse:
         return await self._guard("GetServiceInfo", context, request, self._service_info)
 
@@ -118,7 +114,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self,
         method: str,
         context: Any,
-        request: M | Undecodable | Shed,
+        request: M | Unparsed,
         call: Callable[[DraftEngine, M, str], Awaitable[T]],
     ) -> T:
         """Runs ``call`` with the engine; a refusal becomes its status code, a bug INTERNAL
@@ -126,10 +122,10 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         start = time.perf_counter()
         try:
             namespace = self._auth.namespace(context)  # first: strangers learn nothing
-            if isinstance(request, Undecodable):
-                self._undecodable_log.warning("refused an undecodable request: %s", request.refusal)
-                raise request.refusal
-            if isinstance(request, Shed):
+            if isinstance(request, Unparsed):
+                if request.undecodable:
+                    log_line = "refused an undecodable request: %s"
+                    self._undecodable_log.warning(log_line, request.refusal)
                 raise request.refusal
             if self._engine is None:
                 raise Unavailable("the drafter is loading its datastores; retry shortly")

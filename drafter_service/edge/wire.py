@@ -3,13 +3,13 @@ shedding under load before a message is parsed or even received.
 
 The generated ``add_DrafterServiceServicer_to_server`` parses with ``FromString`` inside
 gRPC, which answers bad bytes with UNKNOWN and a traceback per call (a flood of garbage
-became megabytes of log). Here they become :class:`Undecodable`, refused INVALID_ARGUMENT
+became megabytes of log). Here they become an :class:`Unparsed` refused INVALID_ARGUMENT
 in one rate-limited line. Under a flood, receiving and parsing decide how much of the
 core is left for the calls it can answer (a heavy Draft call, 368 KB: ~1 ms to receive,
 1.6 ms to parse), so while the service would refuse any call for its load, a DraftStream
-step is not parsed but becomes a :class:`Shed`, and a unary Draft call is refused by
-:class:`LoadGate` when gRPC looks up its handler (flow control leaves the message with
-the caller).
+step is not parsed but becomes an :class:`Unparsed` refused for it, and a unary Draft
+call is refused by :class:`LoadGate` when gRPC looks up its handler (flow control leaves
+the message with the caller).
 """
 
 from __future__ import annotations
@@ -28,18 +28,13 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["DrafterService"].full_name
 
 
 @dataclass(frozen=True, slots=True)
-class Undecodable:
-    """Request bytes that are not a valid message of the method's type, and their refusal
-    (INVALID_ARGUMENT naming the type and the size)."""
-
-    refusal: InvalidArgument
-
-
-@dataclass(frozen=True, slots=True)
-class Shed:
-    """A request refused for the service's load before its bytes were parsed."""
+class Unparsed:
+    """A request refused as bytes: not a valid message of the method's type
+    (``undecodable``; INVALID_ARGUMENT naming the type and the size), or shed for the
+    service's load before they were parsed."""
 
     refusal: ServiceError
+    undecodable: bool = False
 
 
 Overloaded = Callable[[], ServiceError | None]
@@ -48,16 +43,17 @@ Overloaded = Callable[[], ServiceError | None]
 
 def _tolerant(
     message: type[Message], overloaded: Overloaded | None = None
-) -> Callable[[bytes], Message | Undecodable | Shed]:
+) -> Callable[[bytes], Message | Unparsed]:
     name = message.DESCRIPTOR.full_name
 
-    def parse(data: bytes) -> Message | Undecodable | Shed:
+    def parse(data: bytes) -> Message | Unparsed:
         if overloaded is not None and (refusal := overloaded()) is not None:
-            return Shed(refusal)
+            return Unparsed(refusal)
         try:
             return message.FromString(data)
         except DecodeError as exc:
-            return Undecodable(InvalidArgument(f"{len(data)} bytes are not a valid {name} ({exc})"))
+            refusal = InvalidArgument(f"{len(data)} bytes are not a valid {name} ({exc})")
+            return Unparsed(refusal, undecodable=True)
 
     return parse
 
