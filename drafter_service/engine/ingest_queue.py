@@ -36,16 +36,14 @@ class _Generation:
 
 class GenerationIngester:
     """Bounded queue (``max_queued`` >= 1: the settings check it) + one worker thread.
-    Counters are for logs and metrics."""
+    Counters of what was not stored are for logs and metrics."""
 
     def __init__(self, max_queued: int, background_nice: int = 0) -> None:
         self._nice = check_nice(background_nice)
         self._queue: queue.Queue[_Generation | None] = queue.Queue(maxsize=max_queued)
-        self.queued = 0
         # Each counter is written by one thread only (dropped: the caller of offer; the
         # others: the worker), so metrics may read them from any thread.
         self.dropped = 0  # queue full
-        self.stored = 0
         self.refused_full = 0  # the datastore is at its memory bound
         self.failed = 0  # any other refusal (bad tokens, closed datastore, disk)
         self._closed = False
@@ -78,7 +76,6 @@ class GenerationIngester:
                 "ingest queue full: dropped a finished generation (%d so far)", self.dropped
             )
             return None
-        self.queued += 1
         return item.stored
 
     def close(self) -> None:
@@ -115,6 +112,5 @@ class GenerationIngester:
                 self.failed += 1
                 self._failed_log.error("finished generation not stored: %r", exc, error=exc)
             else:
-                self.stored += 1
                 durable = True  # ingest_generation fsynced the log
             item.stored.set_result(durable)
