@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.datastore.tokens import as_token_array
+from drafter_service.datastore.tokens import as_token_array, check_vocab_size
 from drafter_service.native import _core
 
 SEPARATOR = -1
@@ -70,13 +70,13 @@ class SubIndex(_NativeHolder):
         cls, documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
     ) -> SubIndex:
         """Builds the suffix array (SA-IS, linear time) over ``documents``."""
-        _check_vocab_size(vocab_size)
+        check_vocab_size(vocab_size)
         return cls.from_text(concat_documents(documents, vocab_size), vocab_size)
 
     @classmethod
     def from_text(cls, text: npt.NDArray[np.int32], vocab_size: int) -> SubIndex:
         """Builds the suffix array over a joined text (:func:`join_documents`); copies it."""
-        _check_vocab_size(vocab_size)
+        check_vocab_size(vocab_size)
         _check_text(text, 0)
         return cls(_core.SubIndex.build(np.ascontiguousarray(text), vocab_size))
 
@@ -94,7 +94,7 @@ class SubIndex(_NativeHolder):
         vocab_size: int,
     ) -> SubIndex:
         """Wraps existing arrays (e.g. memory-mapped snapshot files) without copying."""
-        _check_vocab_size(vocab_size)
+        check_vocab_size(vocab_size)
         for name, arr in (("tokens", tokens), ("suffix_array", suffix_array)):
             if not isinstance(arr, np.ndarray) or arr.dtype != np.int32 or arr.ndim != 1:
                 raise ValueError(f"{name} must be a 1-D int32 array, got {_describe(arr)}")
@@ -133,7 +133,7 @@ class Datastore(_NativeHolder):
     def __init__(
         self, sub_indices: Sequence[SubIndex], vocab_size: int, base_count: int = 0
     ) -> None:
-        _check_vocab_size(vocab_size)
+        check_vocab_size(vocab_size)
         if not 0 <= base_count <= len(sub_indices):
             raise ValueError(f"base_count must be in [0, {len(sub_indices)}], got {base_count}")
         for i, s in enumerate(sub_indices):
@@ -158,13 +158,6 @@ class Datastore(_NativeHolder):
     ) -> Datastore:
         """One sub-index over all ``documents``."""
         return cls([SubIndex.build(documents, vocab_size)], vocab_size)
-
-
-def _check_vocab_size(vocab_size: int) -> None:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
-    if not 1 <= vocab_size <= 2**30:
-        raise ValueError(f"vocab_size {vocab_size} is outside [1, 2^30]")
 
 
 def _check_text(text: object, base_tokens: int) -> None:

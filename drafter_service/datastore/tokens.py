@@ -1,4 +1,4 @@
-"""Validation of token-id inputs at the Python boundary."""
+"""Validation of token-id inputs (and the vocabulary size) at the Python boundary."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def _check_range(arr: npt.NDArray[np.integer], vocab_size: int, what: str) -> No
             f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
             f"[0, {vocab_size})"
         )
+
+
+def check_vocab_size(vocab_size: object) -> None:
+    check_count("vocab_size", vocab_size, 2**30, "2^30")
+
+
+def check_count(name: str, value: object, most: int, shown: str) -> None:
+    """An int in [1, ``most``] (written ``shown``): TypeError or ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not 1 <= value <= most:
+        raise ValueError(f"{name} {value} is outside [1, {shown}]")

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.datastore.tokens import as_token_array
+from drafter_service.datastore.tokens import as_token_array, check_count, check_vocab_size
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.native import _core
 
@@ -99,8 +99,8 @@ class Drafter:
         datastore: Datastore | None = None,
         num_threads: int = 1,
     ) -> None:
-        _check_int("vocab_size", vocab_size, 2**30, "2^30")
-        _check_int("num_threads", num_threads, 1024, "1024")
+        check_vocab_size(vocab_size)
+        check_count("num_threads", num_threads, 1024, "1024")
         self.config = config if config is not None else DraftConfig()
         self.vocab_size = vocab_size
         self._native = _core.Drafter(self.config.to_native(), vocab_size, num_threads)
@@ -294,13 +294,6 @@ class Drafter:
         if handle is None:
             raise KeyError(f"unknown request {request_id!r}")
         return handle
-
-
-def _check_int(name: str, value: object, most: int, shown: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if not 1 <= value <= most:
-        raise ValueError(f"{name} {value} is outside [1, {shown}]")
 
 
 def _position(position: object) -> int:
