@@ -260,10 +260,6 @@ class DrafterServer:
             return "stopping"
         return "loading" if self.engine is None else "ok"
 
-    async def wait_for_termination(self) -> None:
-        if self._server is not None:
-            await self._server.wait_for_termination()
-
     async def _sweep(self) -> None:
         # Idle requests are also dropped at every call; this frees memory when calls stop.
         interval_s = min(max(self.config.request_ttl_s / 4, 0.05), 10.0)
