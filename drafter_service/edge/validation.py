@@ -213,10 +213,10 @@ def _check_fingerprint(fingerprint: str, limits: CallLimits) -> None:
 def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[Finished]:
     items = request.requests
     _check_count(len(items), "requests", limits)
-    seen: set[str] = set()
+    ids = [item.request_id for item in items]
+    _check_request_ids(ids)
     final_tokens = _TokenLists()
-    for i, item in enumerate(items):
-        request_id = _check_request_id(item.request_id, i, seen)
+    for request_id, item in zip(ids, items, strict=True):
         if item.reason not in (pb.FINISH_REASON_FINISHED, pb.FINISH_REASON_ABORTED):
             raise InvalidArgument(
                 f"request {request_id!r}: reason {item.reason} is neither FINISHED nor ABORTED"
@@ -228,7 +228,7 @@ def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[
                 f"({limits.max_tokens_per_request})"
             )
         final_tokens.add(item.final_tokens, n)
-    lists = final_tokens.checked_lists(limits.vocab_size, [it.request_id for it in items])
+    lists = final_tokens.checked_lists(limits.vocab_size, ids)
     return [
         Finished(
             request_id=item.request_id,
@@ -277,21 +277,16 @@ def _check_request_ids(ids: list[str]) -> None:
         return
     seen: set[str] = set()
     for i, request_id in enumerate(ids):
-        _check_request_id(request_id, i, seen)
-
-
-def _check_request_id(request_id: str, index: int, seen: set[str]) -> str:
-    if not request_id:
-        raise InvalidArgument(f"requests[{index}]: request_id is empty")
-    if len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidArgument(
-            f"requests[{index}]: request_id of {len(request_id)} characters is over "
-            f"{MAX_REQUEST_ID_CHARS}"
-        )
-    if request_id in seen:
-        raise InvalidArgument(f"requests[{index}]: request_id {request_id!r} appears twice")
-    seen.add(request_id)
-    return request_id
+        if not request_id:
+            raise InvalidArgument(f"requests[{i}]: request_id is empty")
+        if len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidArgument(
+                f"requests[{i}]: request_id of {len(request_id)} characters is over "
+                f"{MAX_REQUEST_ID_CHARS}"
+            )
+        if request_id in seen:
+            raise InvalidArgument(f"requests[{i}]: request_id {request_id!r} appears twice")
+        seen.add(request_id)
 
 
 def _resolve_datastore(name: str, limits: CallLimits, where: str) -> str:
