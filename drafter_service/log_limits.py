@@ -28,8 +28,6 @@ class RateLimitedLog:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if interval_s < 0:
-            raise ValueError(f"interval_s must be >= 0, got {interval_s}")
         self._logger = logger
         self._interval_s = interval_s
         self._clock = clock
