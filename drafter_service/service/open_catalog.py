@@ -172,7 +172,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
     settings = config.draft_settings()
     slots: dict[str, DatastoreSlot] = {}
 
-    def new_slot(name: str, snapshot: SnapshotInfo | None) -> tuple[Drafter, ThreadPoolExecutor]:
+    def new_slot(name: str, snapshot: SnapshotInfo | None) -> DatastoreSlot:
         # Each datastore drafts with the node score its snapshot carries (or the default).
         where = str(snapshot.path) if snapshot is not None else name
         score = resolve_node_score(
@@ -180,7 +180,8 @@ def open_catalog(config: ServeConfig) -> Catalog:
         )
         draft_config = replace(settings, node_score=score)
         drafter = Drafter(tokenizer.vocab_size, draft_config, num_threads=config.draft_threads)
-        return drafter, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"draft-{name}")
+        return DatastoreSlot(name, drafter, None, executor)
 
     shared = config.shared_log_config()
     # One connection to the datastore's stream: checked at start, then the datastore's
@@ -198,24 +199,22 @@ def open_catalog(config: ServeConfig) -> Catalog:
         if config.snapshot is not None:
             seed_snapshot(config.snapshot, config.data_dir, tokenizer)
         seed = read_manifest(config.snapshot) if config.snapshot is not None else None
-        drafter, executor = new_slot(DEFAULT_DATASTORE, seed)
-        slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, None, executor)
+        slot = slots[DEFAULT_DATASTORE] = new_slot(DEFAULT_DATASTORE, seed)
         policy, nice = config.live_policy(), config.background_nice
         # With the recent tier, stored generations are drafted from before their rebuild.
-        unfolded = drafter if drafter.config.recent_samples > 0 else None
+        unfolded = slot.drafter if slot.drafter.config.recent_samples > 0 else None
         # A ReplicatedDatastore takes every replica's ingests from the stream, and closes it.
         kind = LiveDatastore if stream is None else partial(ReplicatedDatastore, shared_log=stream)
         live = kind(
-            config.data_dir, tokenizer, policy, on_swap=drafter.set_datastore,
+            config.data_dir, tokenizer, policy, on_swap=slot.drafter.set_datastore,
             salvage=config.salvage, background_nice=nice, unfolded=unfolded,
         )  # fmt: skip
-        slots[DEFAULT_DATASTORE] = DatastoreSlot(DEFAULT_DATASTORE, drafter, live, executor)
+        slots[DEFAULT_DATASTORE] = replace(slot, live=live)
         write_tokenizer_record(config.data_dir, tokenizer)
         for name, directory in config.datastores:
             datastore, info = load_snapshot(directory, expect_tokenizer=tokenizer)
-            drafter, executor = new_slot(name, info)
-            drafter.set_datastore(datastore)
-            slots[name] = DatastoreSlot(name, drafter, None, executor)
+            slots[name] = new_slot(name, info)
+            slots[name].drafter.set_datastore(datastore)
             log.info("datastore %r: %s (%d positions)", name, directory, datastore.num_tokens)
     except BaseException:
         Catalog(tokenizer, slots).close()
