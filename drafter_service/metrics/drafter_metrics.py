@@ -101,11 +101,10 @@ class DrafterMetrics(Collector):
     def record_trees(
         self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
     ) -> None:
-        """One datastore's native batch: tree ``i`` has ``offsets[i + 1] - offsets[i]``
-        nodes; ``job_seconds``, the job's time, is shared equally by its requests."""
+        """One datastore's native batch (of at least one request): tree ``i`` has
+        ``offsets[i + 1] - offsets[i]`` nodes; ``job_seconds``, the job's time, is shared
+        equally by its requests."""
         n = len(offsets) - 1
-        if n <= 0:
-            return
         sizes = offsets[1:] - offsets[:-1]  # cheaper than np.diff
         with self._lock:
             counts = self._datastore(datastore)
