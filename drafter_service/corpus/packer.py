@@ -14,8 +14,7 @@ import numpy.typing as npt
 
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.corpus.chunks import Chunk
-from drafter_service.datastore.sub_indices import SubIndex
-from drafter_service.snapshot.manifest import MAX_SUB_INDEX_TOKENS
+from drafter_service.datastore.sub_indices import MAX_SUB_INDEX_TOKENS, SubIndex
 
 
 class SubIndexPacker:

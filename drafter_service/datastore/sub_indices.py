@@ -8,15 +8,18 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.datastore.tokens import as_token_array, check_vocab_size
+from drafter_service.datastore.tokens import TokenIds, as_token_array, check_vocab_size
 from drafter_service.native import _core
+
+MAX_SUB_INDEX_TOKENS = 2**31 - 3
+"""The most tokens one sub-index holds (the native suffix array needs length < 2^31 - 2)."""
 
 SEPARATOR = -1
 """Token value between documents in a sub-index; sorts below every token id."""
 
 
 def concat_documents(
-    documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
+    documents: Iterable[TokenIds], vocab_size: int
 ) -> npt.NDArray[np.int32]:
     """Checks ``documents`` and joins them (:func:`join_documents`)."""
     return join_documents(
@@ -67,7 +70,7 @@ class SubIndex(_NativeHolder):
 
     @classmethod
     def build(
-        cls, documents: Iterable[Sequence[int] | npt.NDArray[np.integer]], vocab_size: int
+        cls, documents: Iterable[TokenIds], vocab_size: int
     ) -> SubIndex:
         """Builds the suffix array (SA-IS, linear time) over ``documents``."""
         check_vocab_size(vocab_size)
@@ -114,7 +117,7 @@ class SubIndex(_NativeHolder):
         """Read-only view of the suffix array (no copy)."""
         return self.native.suffix_array()
 
-    def find_range(self, prefix: Sequence[int] | npt.NDArray[np.integer]) -> tuple[int, int]:
+    def find_range(self, prefix: TokenIds) -> tuple[int, int]:
         """Rows ``[begin, end)`` of the suffix array whose suffixes start with ``prefix``."""
         arr = as_token_array(prefix, self.vocab_size, what="prefix")
         return self.native.find_range(arr)
@@ -153,7 +156,7 @@ class Datastore(_NativeHolder):
     @classmethod
     def from_documents(
         cls,
-        documents: Iterable[Sequence[int] | npt.NDArray[np.integer]],
+        documents: Iterable[TokenIds],
         vocab_size: int,
     ) -> Datastore:
         """One sub-index over all ``documents``."""
@@ -161,10 +164,10 @@ class Datastore(_NativeHolder):
 
 
 def _check_text(text: object, base_tokens: int) -> None:
-    """``text`` is 1-D int32 and ``base_tokens`` + its length stay under 2^31 - 2."""
+    """``text`` is 1-D int32 and ``base_tokens`` + its length fit one sub-index."""
     if not isinstance(text, np.ndarray) or text.dtype != np.int32 or text.ndim != 1:
         raise ValueError(f"text must be a 1-D int32 array, got {_describe(text)}")
-    if base_tokens + len(text) >= 2**31 - 2:
+    if base_tokens + len(text) > MAX_SUB_INDEX_TOKENS:
         raise ValueError(
             f"sub-index of {base_tokens + len(text)} tokens exceeds the 2^31 - 2 limit"
         )

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+"""Token ids as the Python API takes them: a sequence of ints or an integer array."""
+
 
 def as_token_array(
-    tokens: Sequence[int] | npt.NDArray[np.integer],
+    tokens: TokenIds,
     vocab_size: int,
     *,
     what: str = "tokens",

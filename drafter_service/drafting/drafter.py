@@ -17,11 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.datastore.tokens import as_token_array, check_count, check_vocab_size
+from drafter_service.datastore.tokens import TokenIds, as_token_array, check_count, check_vocab_size
 from drafter_service.drafting.draft_config import DraftConfig
 from drafter_service.native import _core
 
-TokenIds = Sequence[int] | npt.NDArray[np.integer]
 T = TypeVar("T")
 
 

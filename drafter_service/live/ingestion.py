@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.datastore.tokens import as_token_array
+from drafter_service.datastore.tokens import TokenIds, as_token_array
 from drafter_service.live.live_policy import DatastoreFull, LivePolicy
 from drafter_service.log_limits import RateLimitedLog
 
-TokenIds = Sequence[int] | npt.NDArray[np.integer]
 log = logging.getLogger(__name__)
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _volume_full_log = RateLimitedLog(log)

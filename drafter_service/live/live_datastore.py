@@ -30,8 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.datastore.tokens import TokenIds
 from drafter_service.live.index_set import Unfolded
-from drafter_service.live.ingestion import TokenIds, checked_document, generation_document
+from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from drafter_service.datastore.sub_indices import MAX_SUB_INDEX_TOKENS
+
 LIVE_SETTINGS = (
     "rebuild_min_tokens",
     "rebuild_interval_s",
@@ -60,7 +62,7 @@ class LivePolicy:
     def __post_init__(self) -> None:
         checks = {
             "max_sub_indices": self.max_sub_indices >= 1,
-            "max_sub_index_tokens": 1 <= self.max_sub_index_tokens < 2**31 - 2,
+            "max_sub_index_tokens": 1 <= self.max_sub_index_tokens <= MAX_SUB_INDEX_TOKENS,
             "rebuild_min_tokens": self.rebuild_min_tokens >= 1,
             "rebuild_interval_s": self.rebuild_interval_s > 0,
             "rebuild_max_share": 0 <= self.rebuild_max_share < 1,

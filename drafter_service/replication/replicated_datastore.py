@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.live.ingestion import TokenIds, checked_document
+from drafter_service.datastore.tokens import TokenIds
+from drafter_service.live.ingestion import checked_document
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats, Unfolded
 from drafter_service.replication.shared_log import RedisStream
 from drafter_service.replication.stream_follower import StreamFollower

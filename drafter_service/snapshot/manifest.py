@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from drafter_service.datastore.sub_indices import MAX_SUB_INDEX_TOKENS
+
 FORMAT_VERSION: int = 1
 """Version of the on-disk layout written by this module; loaders refuse any other."""
 
@@ -18,7 +20,6 @@ MANIFEST_NAME = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
 """Key of the sha256 of the rest (:func:`manifest_checksum`); older manifests lack it."""
 MAX_MANIFEST_BYTES = 64 << 20
-MAX_SUB_INDEX_TOKENS = 2**31 - 3  # SubIndex limit: length < 2^31 - 2
 MAX_WAL_POSITION = 2**63 - 1  # an ingest-log sequence number (int64)
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
