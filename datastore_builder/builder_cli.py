@@ -34,7 +34,8 @@ from drafter_service.snapshot.manifest import SnapshotError
 PROG = "datastore-builder"
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """The argparse type of a count: an integer >= 1 (``1_000_000`` accepted)."""
     try:
         value = int(text.replace("_", ""))
     except ValueError:
@@ -137,7 +138,7 @@ def add_build_parser(subparsers: Any) -> None:
     )
     tok.add_argument(
         "--vocab-size",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="vocabulary size (default: the tokenizer's, added tokens included; "
         "required for token-ids records without --tokenizer)",
@@ -145,14 +146,14 @@ def add_build_parser(subparsers: Any) -> None:
     run = p.add_argument_group("build")
     run.add_argument(
         "--max-sub-index-tokens",
-        type=_positive,
+        type=positive,
         metavar="N",
         default=DEFAULT_MAX_SUB_INDEX_TOKENS,
         help="most text positions per sub-index (default %(default)s)",
     )
     run.add_argument(
         "--batch-docs",
-        type=_positive,
+        type=positive,
         metavar="N",
         default=DEFAULT_BATCH_DOCS,
         help="documents per tokenizer batch (default %(default)s)",
@@ -201,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_build_parser(subparsers)
-    add_train_score_parser(subparsers, _positive)
+    add_train_score_parser(subparsers, positive)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (status 2) and --help (status 0)

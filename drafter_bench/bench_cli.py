@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from datastore_builder.builder_cli import positive
 from drafter_bench.engine_bench import add_engine_parser
 from drafter_bench.gpu_bench import add_gpu_parser
 from drafter_bench.live_replay import LIVE_BASE_LAYOUTS
@@ -42,13 +43,6 @@ REPORT_KEYS = (
 """Keys of every JSON report line (null where a value does not apply)."""
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_replay_parser(subparsers: Any) -> None:
     """Registers ``replay`` (greedy replay of recorded outputs)."""
     p = subparsers.add_parser(
@@ -63,7 +57,7 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--budget",
-        type=_positive,
+        type=positive,
         action="append",
         metavar="N",
         help="draft budget (tree nodes); repeatable (default 16)",
@@ -81,8 +75,8 @@ def add_replay_parser(subparsers: Any) -> None:
         default=True,
         help="also run the PLD (vLLM ngram) baseline (default on)",
     )
-    p.add_argument("--pld-min", type=_positive, default=1, help="shortest n-gram (default 1)")
-    p.add_argument("--pld-max", type=_positive, default=4, help="longest n-gram (default 4)")
+    p.add_argument("--pld-min", type=positive, default=1, help="shortest n-gram (default 1)")
+    p.add_argument("--pld-max", type=positive, default=4, help="longest n-gram (default 4)")
     p.add_argument(
         "--snapshot",
         metavar="DIR",
@@ -95,7 +89,7 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--live-rebuild-tokens",
-        type=_positive,
+        type=positive,
         default=1,
         metavar="N",
         help="live policy: rebuild once N tokens wait (default 1: every finished record "
@@ -103,7 +97,7 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--live-sub-index-tokens",
-        type=_positive,
+        type=positive,
         default=512_000_000,
         metavar="N",
         help="live policy: text positions per sub-index (default 512M)",
@@ -118,10 +112,10 @@ def add_replay_parser(subparsers: Any) -> None:
         "corpus; default); seed = its initial learned snapshot, finished records fold into "
         "its newest sub-index and share its samples (one index)",
     )
-    p.add_argument("--batch", type=_positive, default=1, help="records in lockstep (default 1)")
+    p.add_argument("--batch", type=positive, default=1, help="records in lockstep (default 1)")
     p.add_argument(
         "--siblings",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="replay groups of N records that answer one prompt, each group in N lanes at "
         "once (parallel sampling, RL rollouts): the first N answers of every prompt with at "
@@ -138,13 +132,13 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--curve",
-        type=_positive,
+        type=positive,
         metavar="N",
         help="also report tau over each window of N finished records (tau_curve)",
     )
-    p.add_argument("--limit", type=_positive,
+    p.add_argument("--limit", type=positive,
                    help="replay only the first N records (with --siblings: of the groups)")
-    p.add_argument("--threads", type=_positive, default=1, help="drafter threads (default 1)")
+    p.add_argument("--threads", type=positive, default=1, help="drafter threads (default 1)")
     p.add_argument(
         "--config",
         type=config_pair_argument,
@@ -162,7 +156,7 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--ceiling",
-        type=_positive,
+        type=positive,
         metavar="C",
         help="recall ceiling instead of tau: draft C-node trees and accept at most --budget "
         "tokens of each; what the best --budget-node choice among each step's C candidates "
@@ -171,7 +165,7 @@ def add_replay_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--chain",
-        type=_positive,
+        type=positive,
         metavar="K",
         help="verify chains as vLLM does: each step's --budget-node tree becomes its best "
         "chain of at most K tokens (drafter methods); rows add drafted_per_step",
@@ -199,7 +193,7 @@ def add_replay_parser(subparsers: Any) -> None:
         "the package, what drafter serve drafts with (the default), hand = the hand-set "
         "SSSD fusion, FILE = a node score's JSON (datastore-builder train-score --score-out)",
     )
-    p.add_argument("--vocab-size", type=_positive, default=LLAMA3_VOCAB_SIZE)
+    p.add_argument("--vocab-size", type=positive, default=LLAMA3_VOCAB_SIZE)
     p.add_argument("--json", action="store_true", help="one JSON object per configuration")
     p.set_defaults(func=run_replay)
 

@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
 from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, decode_loop
 from drafter_bench.redis_server import RedisServer, free_port
@@ -105,14 +106,14 @@ def add_scale_parser(subparsers: Any) -> None:
         help="step time and visibility: every replica is seeded with a datastore "
         "prebuilt from these records' output_ids",
     )
-    p.add_argument("--batch", type=_positive, default=64, help="concurrent requests (default 64)")
+    p.add_argument("--batch", type=positive, default=64, help="concurrent requests (default 64)")
     p.add_argument(
         "--budget",
-        type=_positive,
+        type=positive,
         default=16,
         help="draft budget per request, every part (default 16)",
     )
-    p.add_argument("--steps", type=_positive, default=2000, help="measured steps (default 2000)")
+    p.add_argument("--steps", type=positive, default=2000, help="measured steps (default 2000)")
     p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
     p.add_argument(
         "--deadline-ms",
@@ -130,7 +131,7 @@ def add_scale_parser(subparsers: Any) -> None:
     p.add_argument("--mode", choices=("stream", "unary"), default="stream")
     p.add_argument(
         "--visible-samples",
-        type=_positive,
+        type=positive,
         default=50,
         help="documents timed from ingest to visible on every replica (default 50)",
     )
@@ -146,21 +147,21 @@ def add_scale_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--tau-records",
-        type=_positive,
+        type=positive,
         default=150,
         help="records replayed by the τ part (default 150)",
     )
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=positive,
         default=3,
         help="τ part: worker threads, one client each (default 3)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the visibility documents")
-    p.add_argument("--vocab-size", type=_positive, default=128256)
+    p.add_argument("--vocab-size", type=positive, default=128256)
     p.add_argument(
         "--draft-threads",
-        type=_positive,
+        type=positive,
         help="each replica's --draft-threads (default: serve's, or the number of --server-cpus)",
     )
     p.add_argument(
@@ -179,13 +180,6 @@ def add_scale_parser(subparsers: Any) -> None:
         p.add_argument(f"--skip-{part}", action="store_true", help=f"skip the {part} part")
     p.add_argument("--json", action="store_true", help="one JSON object per replica count")
     p.set_defaults(func=run_scale)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _counts(text: str) -> tuple[int, ...]:

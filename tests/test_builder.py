@@ -369,6 +369,9 @@ def test_command_line_usage_errors_and_progress(
 ) -> None:
     assert main(["build", "--output", str(tmp_path / "o")]) == 2  # --input is required
     assert "--input" in capsys.readouterr().err
+    for bad, why in (("0", "must be >= 1, got 0"), ("x", "expected an integer, got 'x'")):
+        assert main(["build", "--input", "a", "--output", "o", "--batch-docs", bad]) == 2
+        assert why in capsys.readouterr().err
     src = write_jsonl(tmp_path / "a.jsonl", [{"text": s} for s in SENTENCES])
     tokenizer = str(tok_dir / "tokenizer.json")
     code = main(["build", "--input", str(src), "--tokenizer", tokenizer, "--output", f"{src}.o"])
