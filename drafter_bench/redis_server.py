@@ -1,7 +1,8 @@
 """A real ``redis-server`` (the Debian package, installed by ``make setup``) as a
 process on loopback: the shared ingest log for ``drafter-bench scale`` and the
 scale-out tests. Durable (append-only file, fsynced as ``appendfsync`` says),
-restartable on the same port and data directory."""
+restartable on the same port and data directory. :func:`free_port` and
+:func:`stop_process` serve the benchmarks' other subprocesses too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -19,6 +21,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:
+    """Stops ``proc`` if it still runs: SIGTERM, then SIGKILL after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class RedisServer:
@@ -73,10 +86,5 @@ class RedisServer:
     def stop(self) -> None:
         """Stops it (SIGTERM, then SIGKILL after 30 s); the port and files are kept."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc)

@@ -65,7 +65,7 @@ import numpy as np
 from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
 from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, decode_loop
-from drafter_bench.redis_server import RedisServer, free_port
+from drafter_bench.redis_server import RedisServer, free_port, stop_process
 from drafter_bench.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.replication.shared_log import SharedLogConfig
@@ -213,16 +213,6 @@ def _command(args: argparse.Namespace) -> str:
 # --- the processes
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @dataclass(slots=True)
 class _Replica:
     proc: subprocess.Popen[str]
@@ -287,7 +277,7 @@ def _replicas(
         yield started
     finally:
         for replica in started:
-            _stop(replica.proc)
+            stop_process(replica.proc)
 
 
 def _converged(

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from drafter_bench.redis_server import stop_process
 from drafter_bench.token_records import LLAMA3_VOCAB_SIZE, read_records
 
 # torch, transformers and the worker are imported when the subcommand runs: the other
@@ -126,12 +127,7 @@ def drafter_for(args: argparse.Namespace, prefix: str) -> Iterator[str]:
             try:
                 yield _address(proc, log_path)
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_process(proc, timeout_s=20)
 
 
 def _address(proc: subprocess.Popen[str], log: Path, timeout_s: float = 60.0) -> str:
