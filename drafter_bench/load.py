@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
 from drafter_bench.replay import sibling_groups
 from drafter_bench.token_records import Record, iter_documents, read_records
@@ -60,15 +61,7 @@ def add_load_parser(subparsers: Any) -> None:
                    help="replay the records in groups of N answers to one prompt, one after "
                         "another (the first N of each prompt with at least N), so siblings "
                         "run together as parallel samples do (default 0: file order)")
-    p.add_argument("--budget", type=int, default=16, help="draft budget per request (default 16)")
-    p.add_argument("--steps", type=int, default=2000, help="measured steps (default 2000)")
-    p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
-    p.add_argument("--deadline-ms", type=float, default=3.0,
-                   help="a step slower than this counts as a fallback (default 3)")
-    p.add_argument("--client-deadline-ms", type=float, default=1000.0,
-                   help="the client's own step deadline; large by default so that the "
-                        "measured latency is the real one (default 1000)")
-    p.add_argument("--mode", choices=("stream", "unary"), default="stream")
+    add_step_options(p)
     p.add_argument("--vocab-size", type=int, default=128256)
     p.add_argument("--server-cpus", type=_cpu_list, metavar="LIST",
                    help="without --target: pin the started service to these CPUs (e.g. 1 or "
@@ -88,6 +81,21 @@ def add_load_parser(subparsers: Any) -> None:
                         "datastore_min_tree_nodes=50); repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_load)
+
+
+def add_step_options(p: argparse.ArgumentParser) -> None:
+    """The options of :func:`decode_loop`'s steps, the same in ``load`` and ``scale``."""
+    p.add_argument("--budget", type=positive, default=16,
+                   help="draft budget per request (default 16)")
+    p.add_argument("--steps", type=positive, default=2000, help="measured steps (default 2000)")
+    p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
+    p.add_argument("--deadline-ms", type=float, default=3.0,
+                   help="a step slower than this counts as a fallback (default 3)")
+    p.add_argument("--client-deadline-ms", type=float, default=1000.0,
+                   help="the client's own step deadline; large by default so that the "
+                        "measured latency is the real one and no step loses its tree "
+                        "(default 1000)")
+    p.add_argument("--mode", choices=("stream", "unary"), default="stream")
 
 
 def _cpu_list(text: str) -> frozenset[int]:

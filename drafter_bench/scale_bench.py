@@ -64,7 +64,7 @@ import numpy as np
 
 from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
-from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, decode_loop
+from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, add_step_options, decode_loop
 from drafter_bench.redis_server import RedisServer, free_port, stop_process
 from drafter_bench.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
@@ -107,28 +107,7 @@ def add_scale_parser(subparsers: Any) -> None:
         "prebuilt from these records' output_ids",
     )
     p.add_argument("--batch", type=positive, default=64, help="concurrent requests (default 64)")
-    p.add_argument(
-        "--budget",
-        type=positive,
-        default=16,
-        help="draft budget per request, every part (default 16)",
-    )
-    p.add_argument("--steps", type=positive, default=2000, help="measured steps (default 2000)")
-    p.add_argument("--warmup", type=int, default=100, help="unmeasured first steps (default 100)")
-    p.add_argument(
-        "--deadline-ms",
-        type=float,
-        default=3.0,
-        help="a step slower than this counts as a fallback (default 3)",
-    )
-    p.add_argument(
-        "--client-deadline-ms",
-        type=float,
-        default=1000.0,
-        help="the client's own step deadline; large so that the measured latency "
-        "is the real one and no τ step loses its tree (default 1000)",
-    )
-    p.add_argument("--mode", choices=("stream", "unary"), default="stream")
+    add_step_options(p)  # --budget also in the visibility and τ parts
     p.add_argument(
         "--visible-samples",
         type=positive,
