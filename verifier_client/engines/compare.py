@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import gzip
 import json
 import os
 import statistics
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter, sleep
 from typing import Any
+
+from verifier_client.prompts import read_prompts as read_file_prompts
 
 __all__ = ["EngineRun", "build_tiny_llama", "compare", "main", "read_prompts", "run_vllm"]
 
@@ -76,19 +77,9 @@ def _bundled_tokenizer() -> Path:
 
 
 def read_prompts(path: Path, limit: int, max_prompt_tokens: int) -> list[list[int]]:
-    """The first ``limit`` prompts (``prompt_ids``) of a JSONL(.gz) file, each cut to
-    its last ``max_prompt_tokens`` tokens."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    prompts: list[list[int]] = []
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if len(prompts) == limit:
-                break
-            try:
-                ids = json.loads(line)["prompt_ids"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{number}: no prompt_ids ({err})") from None
-            prompts.append([int(t) for t in ids][-max_prompt_tokens:])
+    """The first ``limit`` prompts of a JSONL(.gz) file (see prompts.read_prompts), each
+    cut to its last ``max_prompt_tokens`` tokens."""
+    prompts = [ids[-max_prompt_tokens:] for _, ids in read_file_prompts(path, limit=limit)]
     if len(prompts) < limit:
         raise ValueError(f"{path}: {len(prompts)} prompts, fewer than --limit {limit}")
     return prompts

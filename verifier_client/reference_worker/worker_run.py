@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import itertools
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +17,7 @@ from transformers import PreTrainedModel
 from verifier_client.acceptance_metrics import WorkerMetrics
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
+from verifier_client.prompts import read_prompts
 from verifier_client.reference_worker.decode_loop import (
     DecodeWorker,
     Generation,
@@ -32,7 +31,7 @@ from verifier_client.reference_worker.target_models import (
     tiny_model,
 )
 
-__all__ = ["make_model", "read_prompts", "run", "summary"]
+__all__ = ["make_model", "run", "summary"]
 
 
 def make_model(args: argparse.Namespace) -> PreTrainedModel:
@@ -125,48 +124,4 @@ def run(args: argparse.Namespace) -> int:
     if server is not None:
         server.shutdown()
     return 0
-
-
-def read_prompts(
-    path: str | Path, *, vocab_size: int, limit: int | None = None
-) -> list[tuple[str, list[int]]]:
-    """The first ``limit`` prompts (all when None) of a JSONL(.gz) file as (request id, token
-    ids): each line a JSON list of ids in [0, vocab_size), or an object with ``prompt_ids``
-    (the dev data format of ``../shared/data``) and optionally ``id``, the request's name.
-    Errors name the file and line."""
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"prompt file {str(path)!r} does not exist")
-    with open(file, "rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    prompts: list[tuple[str, list[int]]] = []
-    opener = gzip.open if gzipped else open
-    with opener(file, "rt", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if limit is not None and len(prompts) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{file}:{number}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not JSON ({err.msg})") from None
-            request_id = f"{file.name}:{number}"
-            if isinstance(value, dict):
-                request_id = str(value.get("id", request_id))
-                value = value.get("prompt_ids")
-            prompts.append((request_id, _token_ids(value, vocab_size, where)))
-    return prompts
-
-
-def _token_ids(value: object, vocab_size: int, where: str) -> list[int]:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: expected a non-empty list of token ids (or an object with "
-                         f"'prompt_ids'), got {type(value).__name__}")  # fmt: skip
-    for i, token in enumerate(value):
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
-            raise ValueError(f"{where}: token {token!r} at index {i} is not an id in "
-                             f"[0, {vocab_size})")  # fmt: skip
-    return value
 
