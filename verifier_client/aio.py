@@ -17,11 +17,11 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.background_sender import AioBackgroundSender
 from verifier_client.channel import (
     CAUSE_TIMEOUT_S,
-    UNREACHABLE_CODES,
     CallFailed,
     DrafterUnreachable,
     aio_channel,
     failure_of,
+    raise_unless_unreachable,
 )
 from verifier_client.client_core import ClientCore
 from verifier_client.results import Outcome, StepResult
@@ -51,13 +51,11 @@ class AioDrafterClient(ClientCore[AioStream]):
                 request, timeout=timeout_s, wait_for_ready=True
             )
         except grpc.RpcError as e:
-            if e.code() not in UNREACHABLE_CODES:
-                raise
+            raise_unless_unreachable(e)
             try:  # once more without waiting: gRPC then says why it cannot connect
                 info = await self._stub.GetServiceInfo(request, timeout=CAUSE_TIMEOUT_S)
             except grpc.RpcError as last:
-                if last.code() not in UNREACHABLE_CODES:
-                    raise
+                raise_unless_unreachable(last)
                 raise DrafterUnreachable(self.target, timeout_s, str(last.details())) from None
         self._adopt(info)
         return info

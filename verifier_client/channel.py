@@ -11,9 +11,9 @@ import grpc
 
 from verifier_client.results import Outcome
 
-__all__ = ["CAUSE_TIMEOUT_S", "UNREACHABLE_CODES", "CallFailed", "ChannelOptions",
-           "DrafterUnreachable", "Unavailable", "aio_channel", "channel_options", "failure_of",
-           "sync_channel", "unreachable_cause"]  # fmt: skip
+__all__ = ["CAUSE_TIMEOUT_S", "CallFailed", "ChannelOptions", "DrafterUnreachable",
+           "Unavailable", "aio_channel", "channel_options", "failure_of",
+           "raise_unless_unreachable", "sync_channel", "unreachable_cause"]  # fmt: skip
 
 ChannelOptions = Sequence[tuple[str, Any]]
 
@@ -62,8 +62,15 @@ def failure_of(error: grpc.RpcError) -> CallFailed:
 
 # wait_ready: the codes of a drafter that cannot be reached, and how long the last,
 # fail-fast attempt that asks gRPC for the cause may take.
-UNREACHABLE_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+_UNREACHABLE_CODES = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 CAUSE_TIMEOUT_S = 2.0
+
+
+def raise_unless_unreachable(error: grpc.RpcError) -> None:
+    """wait_ready's check of a failed attempt: raises ``error`` unless its code is one of a
+    drafter that cannot be reached."""
+    if error.code() not in _UNREACHABLE_CODES:
+        raise error
 
 
 class Unavailable(grpc.RpcError):  # type: ignore[misc]
