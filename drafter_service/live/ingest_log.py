@@ -22,6 +22,7 @@ keeps a copy of every readable record.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -265,7 +266,9 @@ class IngestLog:
         written = os.write(self._file, record)
         if written != len(record):  # a short write on a full disk: undo and fail
             os.ftruncate(self._file, os.fstat(self._file).st_size - written)
-            raise OSError(f"ingest log: short write ({written} of {len(record)} bytes)")
+            raise OSError(
+                errno.ENOSPC, f"ingest log: short write ({written} of {len(record)} bytes)"
+            )
         os.fsync(self._file)
         return self._took(LogRecord(seq, tokens, origin)).seq
 

@@ -31,12 +31,10 @@ class VolumeFull(OSError, DatastoreFull):
     with the errno (``ENOSPC`` for a short write)."""
 
     def __init__(self, directory: Path, cause: OSError) -> None:
-        code = cause.errno if cause.errno in _FULL_ERRNOS else errno.ENOSPC
-        why = cause.strerror or str(cause)
         super().__init__(
-            code,
-            f"the volume holding {directory} is full ({why}); free space there (or raise "
-            "its quota), then send again what was not stored",
+            cause.errno,
+            f"the volume holding {directory} is full ({cause.strerror}); free space there "
+            "(or raise its quota), then send again what was not stored",
         )
         self.directory = directory
 
@@ -46,10 +44,9 @@ class VolumeFull(OSError, DatastoreFull):
 
 def volume_full(directory: Path, error: OSError) -> VolumeFull | None:
     """``error``, from appending to the log in ``directory``, as :class:`VolumeFull` (and
-    logged) when it says the volume has no room: ENOSPC, EDQUOT, EFBIG (a file-size
-    limit) or the log's short write (no errno); None for another error."""
-    short_write = error.errno is None and "short write" in str(error)
-    if error.errno not in _FULL_ERRNOS and not short_write:
+    logged) when it says the volume has no room: ENOSPC (also the log's short write),
+    EDQUOT or EFBIG (a file-size limit); None for another error."""
+    if error.errno not in _FULL_ERRNOS:
         return None
     full = VolumeFull(directory, error)
     _volume_full_log.warning("ingest refused: %s", full)
