@@ -42,15 +42,14 @@ class VolumeFull(OSError, DatastoreFull):
         return str(self.strerror)
 
 
-def volume_full(directory: Path, error: OSError) -> VolumeFull | None:
-    """``error``, from appending to the log in ``directory``, as :class:`VolumeFull` (and
-    logged) when it says the volume has no room: ENOSPC (also the log's short write),
-    EDQUOT or EFBIG (a file-size limit); None for another error."""
-    if error.errno not in _FULL_ERRNOS:
-        return None
-    full = VolumeFull(directory, error)
-    _volume_full_log.warning("ingest refused: %s", full)
-    return full
+def raise_if_volume_full(directory: Path, error: OSError) -> None:
+    """Raises ``error``, from appending to the log in ``directory``, as :class:`VolumeFull`
+    (and logs it) when it says the volume has no room: ENOSPC (also the log's short
+    write), EDQUOT or EFBIG (a file-size limit); returns for another error."""
+    if error.errno in _FULL_ERRNOS:
+        full = VolumeFull(directory, error)
+        _volume_full_log.warning("ingest refused: %s", full)
+        raise full from None
 
 
 def checked_document(

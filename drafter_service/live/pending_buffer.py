@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from drafter_service.live.index_set import IndexSet
 from drafter_service.live.ingest_log import IngestLog, LogRecord
-from drafter_service.live.ingestion import volume_full
+from drafter_service.live.ingestion import raise_if_volume_full
 from drafter_service.live.live_policy import LivePolicy
 from drafter_service.live.stream_cursor import StreamCursor
 from drafter_service.live.stream_ids import StreamId
@@ -61,10 +61,8 @@ class PendingBuffer:
             try:
                 seq = self._log.append(doc, origin)
             except OSError as exc:
-                full = volume_full(self._log.directory, exc)
-                if full is None:
-                    raise
-                raise full from None
+                raise_if_volume_full(self._log.directory, exc)
+                raise
             self._records.append(LogRecord(seq, doc, origin))
             if origin is not None:
                 cursor.advance(origin)
