@@ -184,3 +184,13 @@ def wait_until_taken(s: Running) -> None:
     while engine.inflight_calls == 0:
         assert time.monotonic() < end, "the service never took the call"
         time.sleep(0.01)
+
+
+@contextmanager
+def draft_held(s: Running, *deltas: pb.RequestDelta) -> Iterator[grpc.Future]:
+    """A Draft call of ``deltas`` that the service has taken, held on the default
+    datastore's worker thread until the block ends: the call's future."""
+    with datastore_held(s):
+        call = s.stub.Draft.future(pb.DraftRequest(requests=deltas))
+        wait_until_taken(s)
+        yield call

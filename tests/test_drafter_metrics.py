@@ -26,6 +26,7 @@ from service_support import (
     config,
     datastore_held,
     delta,
+    draft_held,
     rpc_error,
     serving,
     wait_until_taken,
@@ -368,10 +369,7 @@ def test_a_unary_call_given_up_while_the_service_works_on_it_is_counted_cancelle
     is cancelled only once the service holds it, so no deadline races the machine's speed
     (one that expires before the call arrives is DEADLINE_EXCEEDED instead)."""
     with serving(loop_thread, _handing_off(tmp_path)) as s:
-        with datastore_held(s):
-            request = pb.DraftRequest(step=0, requests=[delta("held", PATTERN, budget=8)])
-            call = s.stub.Draft.future(request)
-            wait_until_taken(s)
+        with draft_held(s, delta("held", PATTERN)) as call:
             call.cancel()
             got = wait_for(s, lambda m: m.value("sssd_drafter_rpc_errors_total",
                                                 method="Draft", code="CANCELLED") >= 1)  # fmt: skip

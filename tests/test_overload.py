@@ -18,11 +18,10 @@ import pytest
 from service_support import (
     LoopThread,
     config,
-    datastore_held,
     delta,
+    draft_held,
     rpc_error,
     serving,
-    wait_until_taken,
 )
 
 from drafter_service import Drafter
@@ -218,9 +217,7 @@ def test_past_max_concurrent_rpcs_grpc_refuses_before_the_service_sees_the_call(
     """``max_concurrent_rpcs``: with one call open (held on the drafting thread), the next
     is RESOURCE_EXHAUSTED by gRPC itself, without a message parsed or an engine call."""
     with serving(loop_thread, config(tmp_path, max_concurrent_rpcs=1, inline_max_work=0)) as s:
-        with datastore_held(s):
-            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("a", [1, 2, 3])]))
-            wait_until_taken(s)
+        with draft_held(s, delta("a", [1, 2, 3])) as first:
             refused = rpc_error(s.draft, delta("b", [1, 2, 3]))
             assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
             assert s.server.engine is not None and s.server.engine.inflight_calls == 1
@@ -244,9 +241,7 @@ def test_an_overloaded_service_refuses_before_parsing_the_message(
             return rpc_error(lambda: list(raw_stream(iter([message]), timeout=60)))
 
         gate = s.server.load_gate
-        with datastore_held(s):
-            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("a", [1, 2, 3])]))
-            wait_until_taken(s)
+        with draft_held(s, delta("a", [1, 2, 3])) as first:
             unary = (rpc_error(s.draft, bad), rpc_error(raw, b"\xff" * 6))
             assert gate.refused_unread == 2  # neither message was read
             for refused in (*unary, stream_error(b"\xff" * 6)):

@@ -19,11 +19,10 @@ from service_support import (
     LoopThread,
     Running,
     config,
-    datastore_held,
     delta,
+    draft_held,
     rpc_error,
     serving,
-    wait_until_taken,
 )
 
 from drafter_service import Datastore
@@ -238,10 +237,7 @@ def test_overload_is_resource_exhausted(loop_thread: LoopThread, tmp_path: Path)
     # queued-work bound (--max-queue-ms) is out of the way: this is about calls in flight.
     cfg = config(tmp_path, max_inflight_calls=1, inline_max_work=0, max_queue_ms=600_000)
     with serving(loop_thread, cfg) as s:
-        with datastore_held(s):
-            first = s.stub.Draft.future(pb.DraftRequest(requests=[delta("big", [1, 2, 3])]),
-                                        timeout=60)  # fmt: skip
-            wait_until_taken(s)
+        with draft_held(s, delta("big", [1, 2, 3])) as first:
             err = rpc_error(s.draft, delta("small", [1, 2]))
             assert err.code() == Code.RESOURCE_EXHAUSTED, err
             assert "max_inflight_calls (1)" in err.details()
