@@ -67,14 +67,17 @@ class DrafterProcess:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        return [*drafter_command(), "--host", "127.0.0.1", "--port", str(self.port),
+                "--data-dir", str(self.data_dir), "--vocab-size", str(VOCAB_SIZE),
+                "--grace-period-s", "0.5", "--metrics-port", "0", "--admin-port", "0",
+                *self.extra]  # fmt: skip
+
     def start(self) -> None:
         assert self.proc is None, "already running"
-        cmd = [*drafter_command(), "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--vocab-size", str(VOCAB_SIZE),
-               "--grace-period-s", "0.5", "--metrics-port", "0", "--admin-port", "0",
-               *self.extra]  # fmt: skip
         log = (self.data_dir.parent / f"{self.data_dir.name}.log").open("a")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log,
+                                     text=True)  # fmt: skip
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()),  # type: ignore[union-attr]
                          daemon=True).start()  # fmt: skip

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import shutil
-import signal
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from client_servers import VOCAB_SIZE, drafter_command
+from client_servers import VOCAB_SIZE, DrafterProcess
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
@@ -48,35 +45,15 @@ def _namespaces_work(tmp_path: Path) -> bool:
     return done.returncode == 0
 
 
-class FullDiskDrafter:
+class FullDiskDrafter(DrafterProcess):
     """`drafter serve` whose data directory is a ``size`` tmpfs only it sees."""
 
     def __init__(self, tmp_path: Path, size: str = "2m") -> None:
-        self.data_dir = tmp_path / "data"
-        self.data_dir.mkdir()
-        self.log_path = tmp_path / "drafter.log"
-        cmd = [*drafter_command(), "--host", "127.0.0.1", "--port", "0",
-               "--data-dir", str(self.data_dir), "--vocab-size", str(VOCAB_SIZE),
-               "--grace-period-s", "0.5", "--metrics-port", "0", "--admin-port", "0",
-               "--snapshot-interval-s", "0"]  # fmt: skip
-        with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(
-                ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _MOUNT, "sh",
-                 size, str(self.data_dir), *cmd],
-                stdout=subprocess.PIPE, stderr=log, text=True,
-            )  # fmt: skip
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.proc.stdout.readline()),  # type: ignore[union-attr]
-                         daemon=True).start()  # fmt: skip
-        try:
-            line = lines.get(timeout=60)
-        except queue.Empty:
-            line = ""
-        if not line.startswith("drafter listening on "):
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"drafter did not start: {line!r}\n{self.log_path.read_text()}")
-        self.target = line.removeprefix("drafter listening on ").strip()
+        self.size = size
+        self.log_path = tmp_path / "data.log"
+        (tmp_path / "data").mkdir()
+        super().__init__(tmp_path / "data", "--snapshot-interval-s", "0")
+        assert self.proc is not None
         # The tmpfs as this process sees it: through the server's own root.
         self.volume = Path(f"/proc/{self.proc.pid}/root") / str(self.data_dir).lstrip("/")
         self.ballast = self.volume / "ballast"
@@ -108,15 +85,9 @@ class FullDiskDrafter:
     def log_lines(self) -> list[str]:
         return self.log_path.read_text().splitlines()
 
-    def stop(self) -> str:
-        self.channel.close()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.log_path.read_text()
+    def command(self) -> list[str]:
+        return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _MOUNT, "sh",
+                self.size, str(self.data_dir), *super().command()]  # fmt: skip
 
 
 @pytest.fixture
@@ -127,6 +98,7 @@ def drafter(tmp_path: Path) -> Iterator[FullDiskDrafter]:
     try:
         yield server
     finally:
+        server.channel.close()
         server.stop()
 
 
