@@ -123,6 +123,21 @@ class DrafterProcess:
             return info
 
 
+def finish_durable(stub: pb_grpc.DrafterServiceStub, request_id: str) -> pb.FinishResponse:
+    """Starts ``request_id`` with a prompt, then finishes it with output, waiting for the
+    generation to be stored (or refused)."""
+    prompt = [(3 * j + len(request_id)) % VOCAB_SIZE for j in range(40)]
+    delta = pb.RequestDelta(request_id=request_id, new_tokens=prompt, budget=4)
+    stub.Draft(pb.DraftRequest(requests=[delta]), timeout=30)
+    done = pb.FinishedRequest(
+        request_id=request_id, reason=pb.FINISH_REASON_FINISHED, final_tokens=list(range(1, 30))
+    )
+    response: pb.FinishResponse = stub.Finish(
+        pb.FinishRequest(requests=[done], wait_durable=True), timeout=60
+    )
+    return response
+
+
 class SlowDrafter(pb_grpc.DrafterServiceServicer):  # type: ignore[misc]
     """Answers every request OK with a one-node tree; records what it got. ``hold()``
     keeps every Draft and Ingest answer back until ``release()``: a step that returns while

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from client_servers import VOCAB_SIZE, DrafterProcess
+from client_servers import VOCAB_SIZE, DrafterProcess, finish_durable
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
@@ -119,21 +119,6 @@ def refused(stub: pb_grpc.DrafterServiceStub, *sizes: int, seed: int = 0) -> grp
     raise AssertionError("Ingest succeeded on a full volume")
 
 
-def finish(stub: pb_grpc.DrafterServiceStub, request_id: str) -> pb.FinishResponse:
-    """Starts ``request_id`` with a prompt, then finishes it with output, waiting for the
-    generation to be stored (or refused)."""
-    prompt = [(3 * j + len(request_id)) % VOCAB_SIZE for j in range(40)]
-    delta = pb.RequestDelta(request_id=request_id, new_tokens=prompt, budget=4)
-    stub.Draft(pb.DraftRequest(requests=[delta]), timeout=30)
-    done = pb.FinishedRequest(
-        request_id=request_id, reason=pb.FINISH_REASON_FINISHED, final_tokens=list(range(1, 30))
-    )
-    response: pb.FinishResponse = stub.Finish(
-        pb.FinishRequest(requests=[done], wait_durable=True), timeout=30
-    )
-    return response
-
-
 def test_a_full_volume_is_resource_exhausted_naming_it_with_few_log_lines(
     drafter: FullDiskDrafter,
 ) -> None:
@@ -146,7 +131,7 @@ def test_a_full_volume_is_resource_exhausted_naming_it_with_few_log_lines(
         assert str(drafter.data_dir) in details and "is full" in details, details
         assert "after 0 of 1 sequences" in details, details
     for i in range(30):  # finished generations hit the same disk, in the background
-        answer = finish(drafter.stub, f"req-{i}")
+        answer = finish_durable(drafter.stub, f"req-{i}")
         assert (answer.ingested, answer.durable) == (1, 0)
     flood = drafter.log_lines()[before:]
     assert "Traceback" not in "\n".join(flood)
@@ -155,7 +140,7 @@ def test_a_full_volume_is_resource_exhausted_naming_it_with_few_log_lines(
     assert str(drafter.data_dir) in flood[0] and "full" in flood[0], flood
     drafter.free()
     assert ingest(drafter.stub, 50, seed=999).wal_position == 1  # none of the refused stored
-    assert finish(drafter.stub, "after").durable == 1
+    assert finish_durable(drafter.stub, "after").durable == 1
 
 
 def test_a_partly_stored_ingest_says_which_sequences_were_stored(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from client_servers import VOCAB_SIZE, DrafterProcess
+from client_servers import DrafterProcess, finish_durable
 from log_server import RedisServer
 
 from drafter_service.log_limits import DEFAULT_INTERVAL_S, RateLimitedLog
@@ -67,20 +67,6 @@ def test_a_traceback_only_the_first_time_an_error_type_is_seen(
     ]  # fmt: skip
 
 
-def _finish(stub: pb_grpc.DrafterServiceStub, request_id: str) -> pb.FinishResponse:
-    """Starts ``request_id``, then finishes it waiting for its generation's outcome."""
-    prompt = [(5 * j + len(request_id)) % VOCAB_SIZE for j in range(30)]
-    delta = pb.RequestDelta(request_id=request_id, new_tokens=prompt, budget=4)
-    stub.Draft(pb.DraftRequest(requests=[delta]), timeout=30)
-    done = pb.FinishedRequest(
-        request_id=request_id, reason=pb.FINISH_REASON_FINISHED, final_tokens=list(range(2, 22))
-    )
-    response: pb.FinishResponse = stub.Finish(
-        pb.FinishRequest(requests=[done], wait_durable=True), timeout=60
-    )
-    return response
-
-
 def test_shared_log_down_finish_logs_a_handful_of_lines_not_tracebacks(tmp_path: Path) -> None:
     redis = RedisServer(tmp_path / "redis")
     log_path = tmp_path / "data.log"
@@ -92,12 +78,12 @@ def test_shared_log_down_finish_logs_a_handful_of_lines_not_tracebacks(tmp_path:
         )  # fmt: skip
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.DrafterServiceStub(channel)
-            assert _finish(stub, "up").durable == 1
+            assert finish_durable(stub, "up").durable == 1
             redis.stop()
             before = len(log_path.read_text().splitlines())
             start = time.monotonic()
             for i in range(100):
-                answer = _finish(stub, f"down-{i}")
+                answer = finish_durable(stub, f"down-{i}")
                 assert (answer.ingested, answer.durable) == (1, 0)
             for _ in range(20):  # Ingest says so to its caller, and logs nothing
                 with pytest.raises(grpc.RpcError) as err:
@@ -107,7 +93,7 @@ def test_shared_log_down_finish_logs_a_handful_of_lines_not_tracebacks(tmp_path:
             flood = log_path.read_text().splitlines()[before:]
             windows = int((time.monotonic() - start) // DEFAULT_INTERVAL_S) + 1
             redis.start()
-            assert _finish(stub, "back").durable == 1
+            assert finish_durable(stub, "back").durable == 1
     finally:
         if server is not None:
             server.stop()
