@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from drafter_service.datastore.sub_indices import SEPARATOR
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
@@ -24,22 +25,27 @@ TOKENIZER = TokenizerIdentity("test-vocab", VOCAB_SIZE)
 _HEADER = struct.Struct("<IQII")  # WAL1: magic, seq, n_tokens, crc32
 
 
-def acknowledged_data_dir(data_dir: Path) -> list[tuple[int, ...]]:
-    """30 ingests in snapshot s1, 30 more in s2 (the log they were in is discarded), then
-    10 waiting in the log: 70 acknowledged documents, returned."""
-    rng = np.random.default_rng(29)
-    written = [tuple(rng.integers(0, VOCAB_SIZE, int(rng.integers(3, 12))).tolist())
-               for _ in range(70)]  # fmt: skip
+_rng = np.random.default_rng(29)
+WRITTEN = [tuple(_rng.integers(0, VOCAB_SIZE, int(_rng.integers(3, 12))).tolist())
+           for _ in range(70)]  # fmt: skip
+"""The 70 acknowledged documents of the ``data_dir`` fixture."""
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """WRITTEN[:30] ingested in snapshot s1, 30 more in s2 (the log they were in is
+    discarded), then the last 10 waiting in the log."""
+    data_dir = tmp_path / "data"
     live = LiveDatastore(data_dir, TOKENIZER, LivePolicy(keep_snapshots=5), background=False)
-    for name, batch in (("s1", written[:30]), ("s2", written[30:60])):
+    for name, batch in (("s1", WRITTEN[:30]), ("s2", WRITTEN[30:60])):
         for doc in batch:
             live.ingest(doc)
         live.rebuild()
         live.snapshot(name)
-    for doc in written[60:]:
+    for doc in WRITTEN[60:]:
         live.ingest(doc)
     live.close()
-    return written
+    return data_dir
 
 
 def held(parts: LiveParts) -> Counter[tuple[int, ...]]:
@@ -66,13 +72,12 @@ def put_byte(path: Path, at: int, value: int) -> None:
 
 
 def sweep(
-    path: Path, lo: int, hi: int, data_dir: Path, written: list[tuple[int, ...]],
-    restore: Callable[[], None],
-) -> Counter[str]:  # fmt: skip
+    path: Path, lo: int, hi: int, data_dir: Path, restore: Callable[[], None]
+) -> Counter[str]:
     """Flips every bit of ``path``'s bytes [lo, hi) in turn and opens the datastore:
     counts each outcome; a start with an acknowledged document missing is "silent loss"."""
     original = path.read_bytes()
-    everything = Counter(written)
+    everything = Counter(WRITTEN)
     outcomes: Counter[str] = Counter()
     for bit in range(8 * lo, 8 * hi):
         at = bit // 8
@@ -99,13 +104,11 @@ def sweep(
 
 
 def test_every_bit_flip_of_the_newest_manifest_refuses_or_keeps_everything(
-    tmp_path: Path,
+    data_dir: Path,
 ) -> None:
-    data_dir = tmp_path / "data"
-    written = acknowledged_data_dir(data_dir)
     manifest = data_dir / "snapshots" / "s2" / "manifest.json"
     size = manifest.stat().st_size
-    outcomes = sweep(manifest, 0, size, data_dir, written, lambda: None)
+    outcomes = sweep(manifest, 0, size, data_dir, lambda: None)
     assert sum(outcomes.values()) == 8 * size
     assert set(outcomes) <= {"refused as damage", "started, all present"}, outcomes
     assert outcomes["refused as damage"] > 0.9 * 8 * size, outcomes
@@ -122,10 +125,8 @@ def last_record_offset(segment: Path) -> int:
 
 
 def test_every_bit_flip_of_the_last_log_record_refuses_or_keeps_everything(
-    tmp_path: Path,
+    data_dir: Path,
 ) -> None:
-    data_dir = tmp_path / "data"
-    written = acknowledged_data_dir(data_dir)
     wal = data_dir / "wal"
     segment = max(wal.glob("*.log"))
     start = last_record_offset(segment)
@@ -134,5 +135,5 @@ def test_every_bit_flip_of_the_last_log_record_refuses_or_keeps_everything(
         for torn in wal.glob("*.torn-*"):
             torn.unlink()
 
-    outcomes = sweep(segment, start, segment.stat().st_size, data_dir, written, remove_torn_tails)
+    outcomes = sweep(segment, start, segment.stat().st_size, data_dir, remove_torn_tails)
     assert outcomes == {"refused as damage": 8 * (segment.stat().st_size - start)}, outcomes
