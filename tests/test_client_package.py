@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 import tomllib
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from wheel_build import build_wheel
 
 pytestmark = pytest.mark.system
 
@@ -38,16 +38,7 @@ SERVER_ONLY = {"pyarrow", "fastapi", "uvicorn", "tokenizers", "jinja2", "tqdm", 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("hatchling", reason="builds the client wheel (pip install '.[test]')")
-    out = tmp_path_factory.mktemp("client-wheel")
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(out), str(CLIENT_PROJECT)],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (built,) = out.glob("*.whl")
-    return built
+    return build_wheel(CLIENT_PROJECT, tmp_path_factory.mktemp("client-wheel"), 300)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ The wheel installs packages of this project's names alone (no top-level ``benchm
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tomllib
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from wheel_build import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -64,16 +64,8 @@ def test_the_wheel_packages_only_names_of_its_own() -> None:
 
 @pytest.mark.system
 def test_the_built_wheel_has_no_generic_top_level_name(tmp_path: Path) -> None:
-    """The real wheel, built offline from this checkout (the build directory `make setup`
-    left makes it incremental)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (wheel,) = tmp_path.glob("*.whl")
+    """The real wheel, built offline from this checkout."""
+    wheel = build_wheel(ROOT, tmp_path, 900)
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/")[0] for name in archive.namelist() if ".dist-info/" not in name}
     assert top == WHEEL_PACKAGES
