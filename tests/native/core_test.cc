@@ -1152,6 +1152,38 @@ TEST(Drafter, BadInputIsRejectedAndChangesNothing) {
   expect_unchanged("restart");
 }
 
+// A churner thread of the concurrency tests: starts, grows, now and then drafts, and stops
+// requests of its own (handles apart from every caller's), at least min_iters of them and
+// on until the callers are done (at most max_iters); each failed check counts in errors.
+struct Churn {
+  uint32_t seed;
+  int min_iters, max_iters;
+  int32_t max_prompt, grow, draft_every, max_budget;
+
+  void run(Drafter& d, const MarkovSource& src, int id, const std::atomic<int>& callers_done,
+           int callers, std::atomic<int64_t>& errors) const {
+    try {
+      std::mt19937 rng(seed + static_cast<uint32_t>(id));
+      for (int it = 0; it < min_iters || callers_done.load() < callers; ++it) {
+        if (it > max_iters) break;
+        const int64_t h = 100000 + id * 100000 + it;
+        const Tokens prompt = src.stream(rng, uniform(rng, 0, max_prompt));
+        d.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
+        const Tokens more = src.stream(rng, grow);
+        d.add(h, more.data(), grow);
+        if (d.num_tokens(h) != static_cast<int64_t>(prompt.size()) + grow) errors.fetch_add(1);
+        if (d.request_bytes(h) <= 0) errors.fetch_add(1);
+        if (it % draft_every == 0) (void)run_step(d, random_step(rng, src, {h}, max_budget));
+        (void)d.num_requests();
+        if (!d.stop(h) || d.stop(h)) errors.fetch_add(1);
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "churn thread: " << e.what();
+      errors.fetch_add(1);
+    }
+  }
+};
+
 // Several caller threads drafting on disjoint requests while others start, add, draft
 // and stop their own handles and one swaps in an equal datastore; then each caller's
 // drafts are replayed on a fresh single-threaded drafter.
@@ -1197,31 +1229,9 @@ TEST(Drafter, ConcurrentCallersChurnAndDatastoreSwaps) {
       callers_done.fetch_add(1);
     });
   }
+  const Churn churn{5000, kChurnIters, 10000, 100, 5, 3, config.max_budget};
   for (int id = 0; id < kChurners; ++id) {
-    threads.emplace_back([&, id] {
-      try {
-        std::mt19937 rng(static_cast<uint32_t>(5000 + id));
-        for (int it = 0; it < kChurnIters || callers_done.load() < kCallers; ++it) {
-          if (it > 10000) break;
-          const int64_t h = 100000 + id * 100000 + it;
-          const Tokens prompt = src.stream(rng, uniform(rng, 0, 100));
-          shared.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
-          const Tokens more = src.stream(rng, 5);
-          shared.add(h, more.data(), 5);
-          if (shared.num_tokens(h) != static_cast<int64_t>(prompt.size()) + 5) errors.fetch_add(1);
-          if (shared.request_bytes(h) <= 0) errors.fetch_add(1);
-          if (it % 3 == 0) {
-            const std::vector<int64_t> hs{h};
-            (void)run_step(shared, random_step(rng, src, hs, config.max_budget));
-          }
-          (void)shared.num_requests();
-          if (!shared.stop(h) || shared.stop(h)) errors.fetch_add(1);
-        }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "churn thread: " << e.what();
-        errors.fetch_add(1);
-      }
-    });
+    threads.emplace_back([&, id] { churn.run(shared, src, id, callers_done, kCallers, errors); });
   }
   threads.emplace_back([&] {  // swaps in equal datastores while calls are in flight
     for (int it = 0; it < 200 && callers_done.load() < kCallers; ++it) {
@@ -1314,25 +1324,9 @@ TEST(Drafter, RecentTierUnderConcurrentCallersAndChurn) {
       callers_done.fetch_add(1);
     });
   }
+  const Churn churn{700, 400, 20000, 60, 3, 4, config.max_budget};
   for (int id = 0; id < kChurners; ++id) {
-    threads.emplace_back([&, id] {
-      try {
-        std::mt19937 rng(static_cast<uint32_t>(700 + id));
-        for (int it = 0; it < 400 || callers_done.load() < kCallers; ++it) {
-          if (it > 20000) break;
-          const int64_t h = 100000 + id * 100000 + it;
-          const Tokens prompt = src.stream(rng, uniform(rng, 0, 60));
-          shared.start(h, prompt.data(), static_cast<int64_t>(prompt.size()));
-          const Tokens more = src.stream(rng, 3);
-          shared.add(h, more.data(), 3);
-          if (it % 4 == 0) (void)run_step(shared, random_step(rng, src, {h}, config.max_budget));
-          if (!shared.stop(h)) errors.fetch_add(1);
-        }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "churn thread: " << e.what();
-        errors.fetch_add(1);
-      }
-    });
+    threads.emplace_back([&, id] { churn.run(shared, src, id, callers_done, kCallers, errors); });
   }
   threads.emplace_back([&] {  // stored generations held, then released as if folded
     try {
