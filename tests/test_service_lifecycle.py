@@ -4,6 +4,7 @@ ingest across kill -9, clean exit on SIGTERM)."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import re
 import signal
@@ -64,16 +65,23 @@ def test_health_goes_not_serving_serving_not_serving(
         loop_thread.run(server.stop(0))
 
 
-def test_an_ipv6_host_listens_and_serves(loop_thread: LoopThread, tmp_path: Path) -> None:
+def test_an_ipv6_host_listens_and_serves(
+    loop_thread: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # --host ::1 used to reach gRPC as "::1:0", which it reads as a host without a port
     # (it tried port 443 and failed): the listen target brackets an IPv6 host. The metrics
-    # and admin endpoints listen on the same host.
+    # endpoint listens on the same host; the admin API on its own --admin-host.
     try:
         socket.socket(socket.AF_INET6).close()
     except OSError:
         pytest.skip("this machine has no IPv6")
-    with serving(loop_thread, config(tmp_path, host="::1")) as s:
+    with caplog.at_level(logging.INFO), serving(
+        loop_thread, config(tmp_path, host="::1", admin_host="::1")
+    ) as s:
         assert re.fullmatch(r"\[::1\]:\d+", s.server.address)
+        # The URLs they log are ones a browser or curl opens: the host in brackets.
+        assert re.search(r"metrics on http://\[::1\]:\d+/metrics", caplog.text)
+        assert re.search(r"admin API on http://\[::1\]:\d+ ", caplog.text)
         assert health_status(s.channel) == Status.SERVING
         answer = s.stub.Draft(pb.DraftRequest(requests=[delta("a", [1, 2])]), timeout=5)
         assert [d.request_id for d in answer.drafts] == ["a"]

@@ -19,7 +19,7 @@ from drafter_service.admin.app import create_app
 from drafter_service.admin.context import AdminContext
 from drafter_service.engine.catalog import Catalog
 from drafter_service.service.admin_token import load_token
-from drafter_service.service.grpc_server import Phase
+from drafter_service.service.grpc_server import Phase, host_port
 from drafter_service.service.settings import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,11 @@ class AdminServer:
         while not self._server.started:  # startup takes one loop turn or two
             if self._task.done():
                 self._task.result()  # raises what stopped it
-                raise OSError(f"admin API on {host}:{bound} stopped during startup")
+                raise OSError(f"admin API on {host_port(host, bound)} stopped during startup")
             await asyncio.sleep(0.005)
         log.info(
-            "admin API on http://%s:%d (token %s)",
-            host,
-            bound,
+            "admin API on http://%s (token %s)",
+            host_port(host, bound),
             "configured" if token is not None else "not configured: read-only",
         )
         return bound

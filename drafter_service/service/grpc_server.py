@@ -147,7 +147,7 @@ class DrafterServer:
 
     @property
     def address(self) -> str:
-        return _host_port(self.config.host, self.port)
+        return host_port(self.config.host, self.port)
 
     async def listen(self) -> None:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
@@ -164,7 +164,7 @@ class DrafterServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         self._server = server
-        target = _host_port(self.config.host, self.config.port)  # port 0: the kernel picks one
+        target = host_port(self.config.host, self.config.port)  # port 0: the kernel picks one
         try:
             credentials = server_credentials(self.config)
             if credentials is None:
@@ -182,7 +182,7 @@ class DrafterServer:
                 serve_metrics, self.registry, host, self.config.metrics_port
             )
             self.metrics_port = self._metrics_endpoint[0].server_port
-            log.info("metrics on http://%s/metrics", _host_port(host, self.metrics_port))
+            log.info("metrics on http://%s/metrics", host_port(host, self.metrics_port))
         if self._admin_factory is not None:
             self._admin = self._admin_factory(lambda: self._catalog, self._phase)
             self.admin_port = await self._admin.start()
@@ -269,6 +269,6 @@ class DrafterServer:
                 self.engine.expire_idle()
 
 
-def _host_port(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 host in brackets (gRPC reads ``::1:50051`` as a host alone)."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
