@@ -163,14 +163,9 @@ class ClientAuth:
     def namespace(self, context: Any) -> str:
         """The calling client's request-id prefix ("" when authentication is off);
         raises :class:`Unauthenticated`."""
-        if self.tokens is not None:
-            return self._by_token(context.invocation_metadata() or ()) + "/"
-        if self.mutual_tls:
-            return certificate_name(context.auth_context()) + "/"
-        return ""
-
-    def _by_token(self, metadata: Sequence[Any]) -> str:
-        assert self.tokens is not None
+        if self.tokens is None:
+            return certificate_name(context.auth_context()) + "/" if self.mutual_tls else ""
+        metadata = context.invocation_metadata() or ()
         header = next((value for key, value in metadata if key == "authorization"), None)
         if header is None:
             raise Unauthenticated("missing 'authorization: Bearer TOKEN' metadata")
@@ -183,7 +178,7 @@ class ClientAuth:
                 found = name
         if found is None:
             raise Unauthenticated("unknown bearer token")
-        return found
+        return found + "/"
 
 
 _COMMON_NAME = "x509_common_name"  # gRPC's auth-context property of the peer's CN
@@ -241,14 +236,6 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         await context.abort(code, why)
         raise AssertionError("context.abort returned")
 
-    async def _one(self, method: str, requests: AsyncIterator[Any], context: Any) -> Any:
-        """The single request of a unary call (never None), read once admitted."""
-        request = await anext(aiter(requests), None)
-        if request is None:
-            await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
-                               "the call carried no request message")  # fmt: skip
-        return request
-
     def _gate(self, method: str, handler: Any) -> Any:
         """The service's methods are unary-unary or, DraftStream, stream-stream."""
         parse = handler.request_deserializer
@@ -270,6 +257,10 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
             await self._admit(method, context)
-            return await handler.unary_unary(await self._one(method, requests, context), context)
+            request = await anext(aiter(requests), None)  # read once admitted
+            if request is None:
+                await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
+                                   "the call carried no request message")  # fmt: skip
+            return await handler.unary_unary(request, context)
 
         return grpc.stream_unary_rpc_method_handler(unary, **options)

@@ -103,11 +103,8 @@ class LoadGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.refused_unread = 0
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        if details.method == self._draft and (refusal := self._overloaded()) is not None:
-            return grpc.stream_unary_rpc_method_handler(self._refusing(refusal))
-        return await continuation(details)
-
-    def _refusing(self, refusal: ServiceError) -> Callable[[AsyncIterator[Any], Any], Any]:
+        if details.method != self._draft or (refusal := self._overloaded()) is None:
+            return await continuation(details)
         code = self._code_of(refusal)
 
         async def refuse(_: AsyncIterator[Any], context: Any) -> Any:
@@ -115,4 +112,4 @@ class LoadGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._refused("Draft", code.name)
             await context.abort(code, str(refusal))
 
-        return refuse
+        return grpc.stream_unary_rpc_method_handler(refuse)
