@@ -6,7 +6,7 @@ Nothing is read at import, nor when a ``ServeConfig`` is built directly (only it
 arguments count). The flags stay with argparse, not pydantic-settings' CLI source:
 ``serve`` is a subcommand, two flags repeat under another name, and a bad value must
 name the flag, variable or file that gave it, so the layers stay apart until validation
-(``settings_layers``).
+(``setting_values``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from drafter_service.live.live_datastore import LivePolicy
 from drafter_service.live.thread_priority import MAX_NICE
 from drafter_service.replication.shared_log import SharedLogConfig
 from drafter_service.service.setting_values import (
+    CONFIG_FILE_ENV,
     DEFAULT_VOCAB_SIZE,
+    ENV_PREFIX,
+    REPEATED_FLAGS,
     AtLeastOne,
     Bool,
     Host,
@@ -36,22 +39,17 @@ from drafter_service.service.setting_values import (
     Port,
     PositiveSeconds,
     Seconds,
+    SettingLayers,
     bounds,
     check_live_store,
     check_log_level,
     cpu_count,
+    env_name,
+    flag_name,
     none_text,
     pairs,
     unique_datastore_names,
     urls,
-)
-from drafter_service.service.settings_layers import (
-    CONFIG_FILE_ENV,
-    ENV_PREFIX,
-    REPEATED_FLAGS,
-    SettingLayers,
-    env_name,
-    flag_name,
 )
 
 
