@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +33,6 @@ from drafter_service.engine.draft_jobs import (
     JobRunner,
     RequestsDropped,
 )
-from drafter_service.engine.engine_metrics import EngineMetrics
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import HeldRequest, RequestTable
 from drafter_service.live.live_datastore import DatastoreFull, LiveDatastore
@@ -42,6 +41,18 @@ from drafter_service.replication.shared_log import LogError
 Place = tuple[str, int]  # (datastore, row in its batch)
 Jobs = defaultdict[str, DrafterJob]  # a call's, by datastore
 HOPELESS = 2.0  # a call is refused at once when the queued work is this many times its time
+
+
+class EngineMetrics(Protocol):
+    """What the engine reports, as a protocol: the service's Prometheus collector
+    (``drafter_service.metrics.drafter_metrics.DrafterMetrics``) is one, and the engine
+    needs nothing of Prometheus."""
+
+    def count_resync(self, reason: str, n: int = 1) -> None: ...
+
+    def record_trees(
+        self, datastore: str, offsets: npt.NDArray[np.int64], job_seconds: float
+    ) -> None: ...
 
 
 class DraftEngine:
