@@ -82,6 +82,7 @@ class _Reloading:
 
     def __init__(self, paths: Sequence[Path], read: Callable[[], Any]) -> None:
         self._paths = list(paths)
+        self._names = ", ".join(str(p) for p in paths)  # for the log
         self._read = read
         self._stamp = _stamp(self._paths)
         self.value = read()  # the first read raises: a bad file at startup refuses to start
@@ -90,23 +91,15 @@ class _Reloading:
         """Reads the files again if they changed; True when the value did."""
         try:
             stamp = _stamp(self._paths)
-        except OSError as exc:
-            return self._keep(stamp=None, why=str(exc))
-        if stamp == self._stamp:
-            return False
-        try:
-            value = self._read()
+            if stamp == self._stamp:
+                return False
+            self._stamp = stamp  # a change that cannot be read: one error, not one per call
+            self.value = self._read()
         except (OSError, ValueError) as exc:
-            return self._keep(stamp, str(exc))
-        self.value, self._stamp = value, stamp
-        log.info("reloaded %s", ", ".join(str(p) for p in self._paths))
+            log.error("kept the previous %s: %s", self._names, exc)
+            return False
+        log.info("reloaded %s", self._names)
         return True
-
-    def _keep(self, stamp: tuple[tuple[int, int], ...] | None, why: str) -> bool:
-        if stamp is not None:
-            self._stamp = stamp  # one error per change, not per call
-        log.error("kept the previous %s: %s", ", ".join(str(p) for p in self._paths), why)
-        return False
 
 
 class TokenFile:
