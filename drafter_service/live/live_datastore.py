@@ -86,10 +86,11 @@ class LiveStats:
     shared_log: bool  # a shared ingest stream feeds this datastore
     consumed_offset: StreamId | None  # newest shared-stream entry in the log
     covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
-    stream_skipped: int
-    stream_errors: int
-    stream_lost: int
-    stream_delay_s: float
+    # The stream follower's counters (``StreamFollower``); 0 without a shared stream.
+    stream_skipped: int = 0
+    stream_errors: int = 0
+    stream_lost: int = 0
+    stream_delay_s: float = 0.0
 
 
 class LiveDatastore:
@@ -193,24 +194,15 @@ class LiveDatastore:
         """The newest acknowledged ingest's log sequence number."""
         return self._buffer.last_seq
 
-    def note_stream_skip(self, entry: StreamId) -> int:
+    def note_stream_skip(self, entry: StreamId) -> None:
         """Moves past ``entry``, which can never be stored (unlogged: a restart skips it
-        again); returns how many were skipped so far."""
-        return self._cursor.skip(entry)
+        again)."""
+        self._cursor.advance(entry)
 
     def note_stream_error(self, message: str) -> None:
-        """Counts a failed read of the stream or local write of an entry."""
-        self._cursor.count_error()
+        """Records a failed read of the stream, local write of an entry, or entries found
+        trimmed from the stream before they were taken, as the last error."""
         self._last_error = message
-
-    def note_stream_loss(self, message: str) -> None:
-        """Counts entries found trimmed from the stream before they were taken."""
-        self._cursor.count_loss()
-        self._last_error = message
-
-    def note_stream_delay(self, seconds: float) -> None:
-        """Append to taken, for the newest entry taken."""
-        self._cursor.note_delay(seconds)
 
     # -- rebuild ---------------------------------------------------------------------------
 
@@ -332,9 +324,11 @@ class LiveDatastore:
         only follows what was logged before, so ``covered_position`` never passes
         ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
         both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
-        index, cursor, buffer = self._index.stats(), self._cursor.stats(), self._buffer.stats()
+        index, consumed, buffer = self._index.stats(), self._cursor.consumed, self._buffer.stats()
         error = self._last_error
-        return LiveStats(**index, **cursor, **buffer, last_error=error, shared_log=False)
+        return LiveStats(
+            **index, **buffer, consumed_offset=consumed, last_error=error, shared_log=False
+        )
 
     def content_digest(self) -> str:
         """SHA-256 over each learned sub-index's tokens: equal on replicas that folded the

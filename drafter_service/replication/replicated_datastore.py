@@ -63,7 +63,11 @@ class ReplicatedDatastore(LiveDatastore):
         )
 
     def stats(self) -> LiveStats:
-        return replace(super().stats(), shared_log=True)
+        f = self._follower
+        return replace(
+            super().stats(), shared_log=True, stream_skipped=f.skipped, stream_errors=f.errors,
+            stream_lost=f.lost, stream_delay_s=f.delay_s,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Stops the stream follower, then the datastore, then closes the stream."""

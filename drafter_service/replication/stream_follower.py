@@ -10,7 +10,8 @@ It never gives up: an unreachable log server is retried with backoff, a full dat
 waits for a rebuild to make room. An entry that can never be stored (another format, a
 bad checksum, bad ids) is skipped on every replica alike; entries trimmed by retention
 before they were taken are reported lost (``--bootstrap-peers`` avoids that). Repeating
-errors and skips are counted every time and logged rate-limited.
+errors and skips are counted every time (the ``stream_*`` fields of ``LiveStats``) and
+logged rate-limited.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class StreamFollower:
         self._stream = stream
         self._stop = threading.Event()
         self._checked_loss = False
+        # Written only on the follower thread, so ReplicatedDatastore.stats reads them unlocked.
+        self.skipped = 0  # entries that can never be stored
+        self.errors = 0  # failed reads of the log server or local log writes
+        self.lost = 0  # times entries were found trimmed before they were taken
+        self.delay_s = 0.0  # append to taken, for the newest entry taken
         self._error_log = RateLimitedLog(log)
         self._skip_log = RateLimitedLog(log)
         self._thread = threading.Thread(
@@ -96,7 +102,8 @@ class StreamFollower:
             "--shared-log-retention"
         )
         log.error("%s", message)
-        self._live.note_stream_loss(message)
+        self.lost += 1
+        self._live.note_stream_error(message)
 
     def _take(self, entry_id: StreamId, payload: bytes | BadEntry) -> bool:
         """Stores one entry; False once the datastore is closed or the follower stops."""
@@ -106,9 +113,10 @@ class StreamFollower:
                 raise payload
             doc = checked_document(decode_tokens(payload), live.policy, live.tokenizer.vocab_size)
         except ValueError as exc:
-            skipped = live.note_stream_skip(entry_id)
+            self.skipped += 1
+            live.note_stream_skip(entry_id)
             self._skip_log.error("shared log %s: entry %s skipped on every replica (%d so far): "
-                                 "%s", self._stream.key, entry_id, skipped, exc)  # fmt: skip
+                                 "%s", self._stream.key, entry_id, self.skipped, exc)  # fmt: skip
             return True
         waited = False
         while True:
@@ -127,11 +135,12 @@ class StreamFollower:
             except RuntimeError:  # closed
                 return False
             else:
-                live.note_stream_delay(max(0.0, time.time() - entry_id.ms / 1000))
+                self.delay_s = max(0.0, time.time() - entry_id.ms / 1000)
                 return True
             if self._stop.wait(1.0):
                 return False
 
     def _count_error(self, message: str) -> None:
         self._error_log.warning("%s", message)
+        self.errors += 1
         self._live.note_stream_error(message)
