@@ -3,7 +3,7 @@
 :class:`IndexSet` owns the corpora, the learned sub-indices, the current immutable
 :class:`Datastore` of them, the log position and stream entry they cover, the newest
 snapshot's coverage, rebuild statistics and listeners, ``on_swap`` and ``unfolded``. Its
-structural-change lock (:meth:`IndexSet.changing`) admits one rebuild, snapshot, restore
+structural-change lock (:attr:`IndexSet.changing`) admits one rebuild, snapshot, restore
 or corpus change at a time and is held around every swap, so swaps reach ``on_swap`` in
 order; its other lock guards the fields for bookkeeping only, so drafting never waits.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,12 +66,11 @@ class IndexSet:
     ) -> None:
         self.vocab_size = vocab_size
         self.unfolded = unfolded
-        self._changing = threading.Lock()  # one structural change at a time
+        # The structural-change lock (first in the package's lock order).
+        self.changing = threading.Lock()
         self._lock = threading.Lock()
         self._on_swap = on_swap
-        self._corpora = corpora
-        self._learned = learned
-        self._datastore = joined_datastore(corpora, learned, vocab_size)
+        self._install(corpora, learned)
         self._covered = covered
         # The newest shared-stream entry in the sub-indices (what a snapshot records).
         self._covered_origin = covered_origin
@@ -84,10 +82,6 @@ class IndexSet:
         self._last_rebuild_monotonic = time.monotonic()
         self._rebuild_tokens_per_s = 0.0
         self._listeners: tuple[Callable[[float], None], ...] = ()
-
-    def changing(self) -> AbstractContextManager[bool]:
-        """The structural-change lock (first in the package's lock order)."""
-        return self._changing
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -257,7 +257,7 @@ class LiveDatastore:
     def snapshot(self, name: str | None = None, *, pinned: bool = False) -> SnapshotInfo:
         """Writes the sub-indices as a snapshot and discards the log they cover; waiting
         documents stay in the log. ``pinned``: never rotated out by ``keep_snapshots``."""
-        with self._index.changing():
+        with self._index.changing:
             return self._snapshots.write(name, {PINNED_KEY: True} if pinned else {})
 
     def snapshots(self) -> list[SnapshotInfo]:
@@ -285,13 +285,13 @@ class LiveDatastore:
     def add_corpus(self, corpus: Corpus) -> SnapshotInfo:
         """Adds ``corpus`` after the others and writes a snapshot. Raises ValueError for
         a name in use or another vocabulary, DatastoreFull past ``max_resident_bytes``."""
-        with self._index.changing():
+        with self._index.changing:
             index, bound = self._index, self._policy.max_resident_bytes
             return self._swap_corpora(with_corpus(index.corpora, corpus, index.datastore, bound))
 
     def remove_corpus(self, name: str) -> SnapshotInfo:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""
-        with self._index.changing():
+        with self._index.changing:
             return self._swap_corpora(without_corpus(self._index.corpora, name))
 
     def _swap_corpora(self, corpora: tuple[Corpus, ...]) -> SnapshotInfo:

@@ -22,7 +22,7 @@ from drafter_service.live.pending_buffer import PendingBuffer
 
 def fold_pending(index: IndexSet, buffer: PendingBuffer, policy: LivePolicy) -> bool:
     """Folds the waiting documents in now and swaps in the result; False when none."""
-    with index.changing():
+    with index.changing:
         batch = buffer.take()
         if not batch:
             return False

@@ -83,7 +83,7 @@ class LiveSnapshots:
         return info
 
     def delete(self, name: str) -> None:
-        with self._index.changing():
+        with self._index.changing:
             names = [s.path.name for s in list_snapshots(self.root)]
             if name not in names:
                 raise KeyError(f"no snapshot {name!r}")
@@ -96,7 +96,7 @@ class LiveSnapshots:
 
     def restore(self, name: str) -> SnapshotInfo:
         index = self._index
-        with index.changing():
+        with index.changing:
             if name not in {s.path.name for s in list_snapshots(self.root)}:
                 raise KeyError(f"no snapshot {name!r}")
             loaded, source = load_snapshot(self.root / name, expect_tokenizer=self._tokenizer)
