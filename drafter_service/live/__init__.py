@@ -7,14 +7,15 @@ several parts takes their locks in this order, never the reverse:
 1. the index set's structural-change lock (``IndexSet.changing``): one rebuild, snapshot,
    deletion, restore or corpus change at a time, held while building and writing, so
    swaps reach ``on_swap`` in the order they were made;
-2. the pending buffer's lock (it guards the log too): held for the fsynced append, so
-   ingests wait for each other but never for a rebuild or a snapshot write;
-3. the stream cursor's lock;
-4. the index set's lock: bookkeeping only (drafting's reads take it);
-5. a leaf: the policy's (writes).
+2. the pending buffer's lock (it guards the log and the shared stream's position too):
+   held for the fsynced append, so ingests wait for each other but never for a rebuild or
+   a snapshot write;
+3. the index set's lock: bookkeeping only (drafting's reads take it);
+4. a leaf: the policy's (writes).
 
 The only other nestings: accepting a document holds the buffer's lock while asking the
-cursor (duplicate?) and the index set (room?), so the memory bound and exactly-once hold;
+index set (room?), so the memory bound holds (and, the position being the buffer's,
+exactly-once);
 a snapshot or restore holds it while the index set records the new coverage, so buffer,
 log and coverage change at once. ``LiveDatastore.stats`` takes the locks one at a time.
 """

@@ -8,9 +8,9 @@ until a swap folds it in. On open the newest snapshot is restored and the log af
 replayed. Operators may add *corpora*, static sub-indices kept before the learned ones.
 
 The parts, each owning its state and lock (lock order: the package docstring):
-``PendingBuffer`` (the log, the documents waiting for a rebuild, the ingest counters),
-``IndexSet`` (corpora, sub-indices, the current datastore and what it covers, the
-structural-change lock) and ``StreamCursor`` (the shared stream's position).
+``PendingBuffer`` (the log, the documents waiting for a rebuild, the ingest counters, the
+shared stream's position) and ``IndexSet`` (corpora, sub-indices, the current datastore
+and what it covers, the structural-change lock).
 ``drafter_service.replication`` follows a shared stream through the methods under "for a
 shared-stream follower". Layout: ``snapshots/<name>/`` (docs/snapshot-format.md) and
 ``wal/``.
@@ -112,7 +112,7 @@ class LiveDatastore:
         self.directory = Path(directory)
         self.tokenizer = tokenizer
         parts = open_live_parts(self.directory, tokenizer, on_swap, salvage, unfolded)
-        self._buffer, self._index, self._cursor = parts.buffer, parts.index, parts.cursor
+        self._buffer, self._index = parts.buffer, parts.index
         # Each replaced whole, so a read needs no lock.
         self._last_error: str | None = None  # the newest failed rebuild, snapshot, stream read
         self._policy = policy or LivePolicy()
@@ -144,7 +144,7 @@ class LiveDatastore:
         """Stores one document, fsynced when this returns; returns its log sequence number.
         Raises ValueError for bad ids, DatastoreFull past the bound."""
         doc = checked_document(tokens, self._policy, self.tokenizer.vocab_size)
-        seq, due = self._buffer.accept(doc, self._policy, self._index, self._cursor)
+        seq, due = self._buffer.accept(doc, self._policy, self._index)
         assert seq is not None  # only an entry of the stream can be a duplicate
         self._hold(seq, doc)
         if due and self._thread is None:
@@ -162,7 +162,7 @@ class LiveDatastore:
         """Stores checked ``doc``, stream entry ``origin``, in one fsynced log record with
         the id; None for a duplicate (at or before :attr:`consumed_offset`). Raises as
         :meth:`ingest`, RuntimeError once closed, OSError (``VolumeFull``) from the log."""
-        seq = self._buffer.accept(doc, self._policy, self._index, self._cursor, origin)[0]
+        seq = self._buffer.accept(doc, self._policy, self._index, origin)[0]
         if seq is not None:
             self._hold(seq, doc)
         return seq
@@ -175,11 +175,11 @@ class LiveDatastore:
     @property
     def consumed_offset(self) -> StreamId | None:
         """The newest shared-stream entry taken (logged or skipped); None: none."""
-        return self._cursor.consumed
+        return self._buffer.consumed
 
     def wait_consumed(self, entry: StreamId, timeout_s: float) -> bool:
         """Waits until stream ``entry`` (or later) is logged; False on timeout or close."""
-        return self._cursor.wait_for(entry, timeout_s)
+        return self._buffer.wait_consumed(entry, timeout_s)
 
     def check_room(self, n_tokens: int) -> None:
         """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
@@ -197,7 +197,7 @@ class LiveDatastore:
     def note_stream_skip(self, entry: StreamId) -> None:
         """Moves past ``entry``, which can never be stored (unlogged: a restart skips it
         again)."""
-        self._cursor.advance(entry)
+        self._buffer.skip(entry)
 
     def note_stream_error(self, message: str) -> None:
         """Records a failed read of the stream, local write of an entry, or entries found
@@ -319,16 +319,13 @@ class LiveDatastore:
         return self._index.datastore
 
     def stats(self) -> LiveStats:
-        """The parts' views as one, read in this order (index set, cursor, buffer), each under
+        """The parts' views as one, read in this order (index set, buffer), each under
         its own lock, so each part is consistent and later parts are slightly newer. Coverage
         only follows what was logged before, so ``covered_position`` never passes
         ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
         both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
-        index, consumed, buffer = self._index.stats(), self._cursor.consumed, self._buffer.stats()
-        error = self._last_error
-        return LiveStats(
-            **index, **buffer, consumed_offset=consumed, last_error=error, shared_log=False
-        )
+        index, buffer, error = self._index.stats(), self._buffer.stats(), self._last_error
+        return LiveStats(**index, **buffer, last_error=error, shared_log=False)
 
     def content_digest(self) -> str:
         """SHA-256 over each learned sub-index's tokens: equal on replicas that folded the
@@ -343,7 +340,6 @@ class LiveDatastore:
     def close(self) -> None:
         """Stops the background thread. Waiting documents stay in the log."""
         self._buffer.close()
-        self._cursor.close()
         if self._thread is not None:
             self._thread.join()
         self._buffer.close_log()

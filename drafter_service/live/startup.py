@@ -21,7 +21,6 @@ from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.pending_buffer import PendingBuffer
 from drafter_service.live.pinned_corpora import Corpus, split_corpora
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY
-from drafter_service.live.stream_cursor import StreamCursor
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
 from drafter_service.snapshot.store import (
@@ -43,7 +42,6 @@ class LiveParts:
 
     buffer: PendingBuffer
     index: IndexSet
-    cursor: StreamCursor
 
 
 def open_live_parts(
@@ -80,7 +78,7 @@ def open_live_parts(
         ingest_log.close()
         raise
     known = [o for o in (ingest_log.last_origin, newest.offset) if o is not None]
-    return LiveParts(PendingBuffer(ingest_log), index, StreamCursor(max(known, default=None)))
+    return LiveParts(PendingBuffer(ingest_log, max(known, default=None)), index)
 
 
 class _Loaded(NamedTuple):
