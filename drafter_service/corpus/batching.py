@@ -5,9 +5,9 @@ GIL, tokenization and suffix-array builds do not, so the two overlap.
 
 from __future__ import annotations
 
-import queue
-import threading
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -98,43 +98,17 @@ def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
     """Yields ``items`` produced on a background thread, at most ``depth`` ahead.
 
     An exception in the producer is re-raised in the consumer; when the consumer
-    stops early (or fails), the producer is told to stop and is joined.
+    stops early (or fails), the producer is stopped (its step in progress finished).
     """
-    slots: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(value: object) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(value, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # handed to the consumer, re-raised there
-            put(exc)
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # stops a chained prefetch's thread too
-
-    thread = threading.Thread(target=produce, name="builder-reader", daemon=True)
-    thread.start()
+    # One worker advances ``items``: a generator never runs on two threads at once.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="builder-reader")
+    ahead = deque(pool.submit(next, items, _DONE) for _ in range(depth))
     try:
-        while True:
-            value = slots.get()
-            if value is _DONE:
-                return
-            if isinstance(value, BaseException):
-                raise value
+        while (value := ahead.popleft().result()) is not _DONE:
+            ahead.append(pool.submit(next, items, _DONE))
             yield cast(T, value)
     finally:
-        stop.set()
-        thread.join()
+        pool.shutdown(wait=True, cancel_futures=True)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()  # stops a chained prefetch's thread too
