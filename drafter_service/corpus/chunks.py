@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from drafter_service.corpus.batching import Batch
 from drafter_service.corpus.build_errors import BuildError
 from drafter_service.datastore.sub_indices import SEPARATOR
 
@@ -25,6 +26,7 @@ class Chunk:
     ends: npt.NDArray[np.int64]  # offset just past each document's separator
     wheres: list[str]  # file and line of each document
     empty: int  # documents of the batch dropped because they had no tokens
+    consumed: int  # input bytes read since the previous batch
 
     @property
     def num_documents(self) -> int:
@@ -60,14 +62,14 @@ class TextTokenizer:
         return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
 
 
-def make_chunk(
-    parts: Sequence[Sequence[int] | npt.NDArray[np.int32]],
-    parts_per_doc: int,
-    wheres: list[str],
-    vocab_size: int,
-) -> Chunk:
-    """Joins each document's ``parts_per_doc`` consecutive parts and lays the
-    documents out with a separator after each; checks ids against ``vocab_size``."""
+def make_chunk(batch: Batch, tokenizer: TextTokenizer | None, vocab_size: int) -> Chunk:
+    """Tokenizes ``batch`` (unless it holds token ids), joins each document's parts and
+    lays the documents out with a separator after each; checks ids against ``vocab_size``."""
+    parts: Sequence[Sequence[int] | npt.NDArray[np.int32]] = batch.parts
+    if not batch.ids:
+        assert tokenizer is not None  # pipeline._tokenizer ensures it for text inputs
+        parts = tokenizer.encode(batch.parts)
+    parts_per_doc, wheres = batch.parts_per_doc, batch.wheres
     pieces: list[npt.NDArray[np.int32] | Sequence[int]] = []
     lengths: list[int] = []
     kept: list[str] = []
@@ -83,7 +85,7 @@ def make_chunk(
         lengths.append(n + 1)
         kept.append(where)
     if not pieces:
-        return Chunk(np.zeros(0, np.int32), np.zeros(0, np.int64), [], empty)
+        return Chunk(np.zeros(0, np.int32), np.zeros(0, np.int64), [], empty, batch.consumed)
     tokens = np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
     ends = np.cumsum(np.array(lengths, dtype=np.int64))
     if int(tokens.max()) >= vocab_size:
@@ -93,4 +95,4 @@ def make_chunk(
             f"{kept[bad]}: token id {int(tokens[i])} is outside [0, {vocab_size}) "
             "(--vocab-size is smaller than the tokenizer's vocabulary)"
         )
-    return Chunk(tokens, ends, kept, empty)
+    return Chunk(tokens, ends, kept, empty, batch.consumed)

@@ -107,11 +107,11 @@ def build(config: BuildConfig) -> BuildReport:
             inputs, config.spec, config.text_split, render, vocab_size, batch_docs=config.batch_docs
         )
         # Stages on their own threads: read/parse -> tokenize (x2) -> pack (+ SA builds).
-        for batch, chunk in _chunks(prefetch(batches), tokenizer, vocab_size):
+        for chunk in _chunks(prefetch(batches), tokenizer, vocab_size):
             packer.add(chunk)
             documents += chunk.num_documents
             empty += chunk.empty
-            progress.update(batch.consumed, chunk.num_tokens)
+            progress.update(chunk.consumed, chunk.num_tokens)
         records = sum(i.records for i in inputs)
         if progress.tokens == 0:
             raise BuildError(
@@ -155,29 +155,19 @@ def _check_output(path: Path) -> None:
 
 def _chunks(
     batches: Iterator[Batch], tokenizer: TextTokenizer | None, vocab_size: int, workers: int = 2
-) -> Iterator[tuple[Batch, Chunk]]:
-    """Each batch with its documents as a token chunk, in order. ``workers`` batches are
+) -> Iterator[Chunk]:
+    """Each batch's documents as a token chunk, in order. ``workers`` batches are
     tokenized at once, so the tokenizer's thread pool always has work queued while a
     finished batch's ids are converted (which needs the GIL)."""
-
-    def work(batch: Batch) -> Chunk:
-        parts = batch.parts
-        if not batch.ids:
-            assert tokenizer is not None  # _tokenizer ensures it for text inputs
-            parts = tokenizer.encode(parts)
-        return make_chunk(parts, batch.parts_per_doc, batch.wheres, vocab_size)
-
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tokenize")
-    pending: deque[tuple[Batch, Future[Chunk]]] = deque()
+    pending: deque[Future[Chunk]] = deque()
     try:
         for batch in batches:
-            pending.append((batch, pool.submit(work, batch)))
+            pending.append(pool.submit(make_chunk, batch, tokenizer, vocab_size))
             if len(pending) > workers:
-                done, future = pending.popleft()
-                yield done, future.result()
+                yield pending.popleft().result()
         while pending:
-            done, future = pending.popleft()
-            yield done, future.result()
+            yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
