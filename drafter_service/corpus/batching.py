@@ -6,7 +6,7 @@ GIL, tokenization and suffix-array builds do not, so the two overlap.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +50,7 @@ def iter_batches(
     *,
     batch_docs: int,
     batch_chars: int = 32 << 20,
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Batches of at most ``batch_docs`` documents (and about ``batch_chars`` characters
     of text), in input order. A batch never mixes parts-per-document shapes."""
     parts: list[Any] = []  # texts, or token-id arrays (a batch holds one kind)
@@ -94,7 +94,7 @@ def iter_batches(
 _DONE = object()
 
 
-def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+def prefetch(items: Generator[T, None, None], depth: int = 2) -> Generator[T, None, None]:
     """Yields ``items`` produced on a background thread, at most ``depth`` ahead.
 
     An exception in the producer is re-raised in the consumer; when the consumer
@@ -109,6 +109,4 @@ def prefetch(items: Iterator[T], depth: int = 2) -> Iterator[T]:
             yield cast(T, value)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()  # stops a chained prefetch's thread too
+        items.close()  # stops a chained prefetch's thread too
