@@ -16,8 +16,8 @@ from starlette.types import ASGIApp
 from drafter_service.admin import corpus_routes, routes, snapshot_routes
 from drafter_service.admin.bearer_auth import DOCS_ASSETS_PATH, BearerAuth
 from drafter_service.admin.body_limit import BodyLimit
-from drafter_service.admin.context import AdminContext
 from drafter_service.admin.http_errors import AdminError, error_response
+from drafter_service.admin.routes import AdminContext
 from drafter_service.admin.schemas import ErrorBody
 
 log = logging.getLogger(__name__)

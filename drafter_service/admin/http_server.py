@@ -16,7 +16,7 @@ import uvicorn
 
 from drafter_service.admin.admin_jobs import AdminJobs
 from drafter_service.admin.app import create_app
-from drafter_service.admin.context import AdminContext
+from drafter_service.admin.routes import AdminContext
 from drafter_service.engine.catalog import Catalog
 from drafter_service.service.admin_token import load_token
 from drafter_service.service.grpc_server import Phase, host_port

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
 
-from drafter_service.admin.context import AdminContext
-from drafter_service.admin.http_errors import AdminError, not_found
+from drafter_service.admin.admin_jobs import AdminJobs
+from drafter_service.admin.http_errors import AdminError, conflict, not_found, unavailable
 from drafter_service.admin.schemas import (
     ContentDigest,
     DatastoreDetail,
@@ -25,16 +25,53 @@ from drafter_service.admin.schemas import (
     SettingsPatch,
     SharedLogDetail,
 )
-from drafter_service.engine.catalog import DatastoreSlot
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
 from drafter_service.replication.replicated_datastore import ReplicatedDatastore
+from drafter_service.service.grpc_server import Phase
 from drafter_service.service.setting_values import DATASTORE_NAME
+from drafter_service.service.settings import ServeConfig
 
 BEARER = HTTPBearer(auto_error=False, description="the admin token (see --admin-token-file)")
 """Declares the scheme in the OpenAPI schema; ``bearer_auth.BearerAuth`` enforces it."""
 DatastoreName = Annotated[
     str, Path(pattern=f"^{DATASTORE_NAME.pattern}$", description="datastore name")
 ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdminContext:
+    """What the routes see of the running service: its settings, its datastores once
+    loaded, and the job runner."""
+
+    config: ServeConfig
+    catalog: Callable[[], Catalog | None]  # None until the datastores are loaded
+    phase: Callable[[], Phase]
+    jobs: AdminJobs
+
+    def loaded(self) -> Catalog:
+        """The datastores, or 503 while loading or stopping."""
+        catalog = self.catalog()
+        phase = self.phase()
+        if catalog is None or phase != "ok":
+            raise unavailable(f"the datastores are not available ({phase})")
+        return catalog
+
+    def slot(self, name: str) -> DatastoreSlot:
+        slot = self.loaded().slots.get(name)
+        if slot is None:
+            raise not_found(f"no datastore {name!r}")
+        return slot
+
+    def live(self, name: str) -> LiveDatastore:
+        """The live datastore ``name``; 409 for a read-only one."""
+        slot = self.slot(name)
+        if slot.live is None:
+            raise conflict(
+                f"datastore {name!r} is read-only (a --datastore snapshot): snapshots, "
+                "rebuilds, corpora and settings apply to live datastores"
+            )
+        return slot.live
 
 
 def v1_router(*tags: str) -> APIRouter:
