@@ -82,22 +82,13 @@ def add_build_parser(subparsers: Any) -> None:
         help="what a record holds (default: chat with --messages-field, "
         "prompt-output with --prompt-field/--output-field, else text)",
     )
-    rec.add_argument("--text-field", metavar="NAME", help="text field (default 'text')")
-    rec.add_argument(
-        "--prompt-field",
-        metavar="NAME",
-        help="prompt field (default 'prompt', or 'prompt_ids' for token-ids)",
-    )
-    rec.add_argument(
-        "--output-field",
-        metavar="NAME",
-        help="output field (default 'output', or 'output_ids' for token-ids)",
-    )
-    rec.add_argument(
-        "--messages-field",
-        metavar="NAME",
-        help="chat messages field, a list of {role, content} (default 'messages')",
-    )
+    for field, what in (
+        ("text", "text field (default 'text')"),
+        ("prompt", "prompt field (default 'prompt', or 'prompt_ids' for token-ids)"),
+        ("output", "output field (default 'output', or 'output_ids' for token-ids)"),
+        ("messages", "chat messages field, a list of {role, content} (default 'messages')"),
+    ):
+        rec.add_argument(f"--{field}-field", metavar="NAME", help=what)
     rec.add_argument(
         "--store",
         choices=STORES,
@@ -112,25 +103,16 @@ def add_build_parser(subparsers: Any) -> None:
         "(blank-line) or per line",
     )
     tok = p.add_argument_group("tokenizer")
-    tok.add_argument(
-        "--tokenizer",
-        type=Path,
-        metavar="PATH",
-        help="a local Hugging Face tokenizer.json (never downloaded)",
-    )
-    tok.add_argument(
-        "--tokenizer-config",
-        type=Path,
-        metavar="PATH",
-        help="tokenizer_config.json with the chat template and special tokens "
-        "(default: beside --tokenizer)",
-    )
-    tok.add_argument(
-        "--chat-template",
-        type=Path,
-        metavar="PATH",
-        help="a Jinja chat template file (overrides the config's)",
-    )
+    for flag, what in (
+        ("--tokenizer", "a local Hugging Face tokenizer.json (never downloaded)"),
+        (
+            "--tokenizer-config",
+            "tokenizer_config.json with the chat template and special tokens "
+            "(default: beside --tokenizer)",
+        ),
+        ("--chat-template", "a Jinja chat template file (overrides the config's)"),
+    ):
+        tok.add_argument(flag, type=Path, metavar="PATH", help=what)
     tok.add_argument(
         "--tokenizer-name",
         metavar="NAME",
