@@ -88,7 +88,7 @@ def build(config: BuildConfig) -> BuildReport:
                 f"{item.path}: a plain-text input cannot hold token ids "
                 "(--records token-ids needs JSONL or Parquet inputs)"
             )
-    tokenizer, identity, vocab_size = _tokenizer(config, inputs)
+    tokenizer, identity, vocab_size = _tokenizer(config)
     template = None
     if config.spec.kind == "chat" and any(i.format != "text" for i in inputs):
         from drafter_service.corpus.chat import ChatTemplate  # deferred: only chat needs jinja2
@@ -98,7 +98,7 @@ def build(config: BuildConfig) -> BuildReport:
 
     packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
     # Token-id records are read, not tokenized: the bar says which work it measures.
-    first_stage = "reading token ids" if _ids_only(config, inputs) else "tokenizing"
+    first_stage = "reading token ids" if config.spec.kind == "token-ids" else "tokenizing"
     progress = Progress(sum(i.bytes for i in inputs), config.quiet, first_stage)
     documents = empty = 0
     try:
@@ -172,19 +172,11 @@ def _chunks(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ids_only(config: BuildConfig, inputs: list[InputFile]) -> bool:
-    """Whether every input holds token ids (nothing to tokenize: plain text files are
-    text whatever the record kind)."""
-    return config.spec.kind == "token-ids" and all(i.format != "text" for i in inputs)
-
-
-def _tokenizer(
-    config: BuildConfig, inputs: list[InputFile]
-) -> tuple[TextTokenizer | None, TokenizerIdentity, int]:
-    """The text tokenizer (None when every input holds token ids), the identity written
-    to the snapshot, and the vocabulary size."""
+def _tokenizer(config: BuildConfig) -> tuple[TextTokenizer | None, TokenizerIdentity, int]:
+    """The text tokenizer (None for token-id records: build refuses them in text files),
+    the identity written to the snapshot, and the vocabulary size."""
     if config.tokenizer is None:
-        if not _ids_only(config, inputs):
+        if config.spec.kind != "token-ids":
             raise BuildError("text records need a tokenizer: give --tokenizer PATH/tokenizer.json")
         if config.vocab_size is None:
             raise BuildError("token-id records without --tokenizer need --vocab-size")
