@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train-score":
             return run_train_score(args)
         report = build(_config(args))
-    except (BuildError, SnapshotError) as exc:  # train-score's snapshots: SnapshotError
+    except (BuildError, SnapshotError) as exc:  # SnapshotError: a snapshot or tokenizer file
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,12 +25,7 @@ from drafter_service.corpus.packer import SubIndexPacker
 from drafter_service.corpus.readers import Format, TextSplit, detect_format, input_size
 from drafter_service.corpus.records import RecordSpec
 from drafter_service.datastore.sub_indices import Datastore
-from drafter_service.snapshot.store import (
-    SnapshotError,
-    SnapshotInfo,
-    TokenizerIdentity,
-    write_snapshot,
-)
+from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, write_snapshot
 
 if TYPE_CHECKING:
     from drafter_service.corpus.chat import ChatTemplate
@@ -71,7 +66,8 @@ class BuildReport:
 
 
 def build(config: BuildConfig) -> BuildReport:
-    """Runs one build; raises :class:`BuildError` naming the file, line or field at fault."""
+    """Runs one build; raises :class:`BuildError` naming the file, line or field at fault
+    (``SnapshotError`` for the tokenizer identity and the snapshot written)."""
     start = time.perf_counter()
     _check_output(config.output)
     inputs = [
@@ -126,8 +122,6 @@ def build(config: BuildConfig) -> BuildReport:
         info = write_snapshot(
             config.output, Datastore(sub_indices, vocab_size), identity, metadata=meta
         )
-    except SnapshotError as exc:
-        raise BuildError(str(exc)) from None
     finally:
         progress.close()
     seconds = time.perf_counter() - start
@@ -180,12 +174,9 @@ def _tokenizer(config: BuildConfig) -> tuple[TextTokenizer | None, TokenizerIden
         return None, TokenizerIdentity(name, config.vocab_size), config.vocab_size
     tokenizer = TextTokenizer(config.tokenizer)
     vocab_size = config.vocab_size or tokenizer.vocab_size
-    try:
-        identity = TokenizerIdentity.from_file(
-            config.tokenizer, name=config.tokenizer_name, vocab_size=vocab_size
-        )
-    except SnapshotError as exc:
-        raise BuildError(str(exc)) from None
+    identity = TokenizerIdentity.from_file(
+        config.tokenizer, name=config.tokenizer_name, vocab_size=vocab_size
+    )
     return tokenizer, identity, vocab_size
 
 
