@@ -259,27 +259,19 @@ def _is_temporary(name: str) -> bool:
     return name.startswith(".") and ".tmp" in name
 
 
-def _link_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry | None:
-    """Hardlinks an earlier snapshot's (immutable) files of ``sub``; None when impossible."""
-    if sub.origin is None:
-        return None
-    source, entry = sub.origin
-    if not isinstance(entry, SubIndexEntry) or entry.num_tokens != sub.num_tokens:
-        return None
-    linked = replace(entry, name=name)
-    try:
-        os.link(source / entry.tokens_file, directory / linked.tokens_file)
-        os.link(source / entry.sa_file, directory / linked.sa_file)
-    except OSError:  # gone, another filesystem, no hardlinks: write instead
-        (directory / linked.tokens_file).unlink(missing_ok=True)
-        return None
-    return linked
-
-
 def _write_sub_index(directory: Path, name: str, sub: SubIndex) -> SubIndexEntry:
-    reused = _link_sub_index(directory, name, sub)
-    if reused is not None:
-        return reused
+    """The files of ``sub`` in ``directory``: hardlinked from the earlier snapshot that
+    holds them (immutable) when there is one, else written."""
+    if sub.origin is not None:
+        source, entry = sub.origin
+        if isinstance(entry, SubIndexEntry) and entry.num_tokens == sub.num_tokens:
+            linked = replace(entry, name=name)
+            try:
+                os.link(source / entry.tokens_file, directory / linked.tokens_file)
+                os.link(source / entry.sa_file, directory / linked.sa_file)
+                return linked
+            except OSError:  # gone, another filesystem, no hardlinks: write instead
+                (directory / linked.tokens_file).unlink(missing_ok=True)
     tokens, sa = sub.tokens(), sub.suffix_array()
     return SubIndexEntry(
         name=name,
