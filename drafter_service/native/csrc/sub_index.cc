@@ -44,20 +44,8 @@ std::shared_ptr<const SubIndex> SubIndex::build(std::vector<int32_t> tokens, int
 std::shared_ptr<const SubIndex> SubIndex::wrap(const int32_t* tokens, const int32_t* suffix_array,
                                                int64_t n, int32_t vocab_size,
                                                std::shared_ptr<const void> owner) {
-  if (n < 0 || n >= (int64_t{1} << 31) - 2) {
-    throw std::invalid_argument("sub-index: length " + std::to_string(n) +
-                                " is outside [0, 2^31 - 2)");
-  }
-  if (vocab_size <= 0) {
-    throw std::invalid_argument("sub-index: vocab_size " + std::to_string(vocab_size) +
-                                " must be positive");
-  }
+  check_text(tokens, n, vocab_size, "sub-index");
   for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < kSeparator || tokens[i] >= vocab_size) {
-      throw std::invalid_argument("sub-index: token " + std::to_string(tokens[i]) +
-                                  " at position " + std::to_string(i) + " is outside [-1, " +
-                                  std::to_string(vocab_size) + ")");
-    }
     if (suffix_array[i] < 0 || suffix_array[i] >= n) {
       throw std::invalid_argument("sub-index: suffix array entry " +
                                   std::to_string(suffix_array[i]) + " at row " +

@@ -17,6 +17,10 @@ inline constexpr int32_t kSeparator = -1;
 // SubIndex::find_range assumes. Linear time and about 9n bytes of extra memory.
 std::vector<int32_t> build_suffix_array(const int32_t* text, int64_t n, int32_t vocab_size);
 
+// Throws std::invalid_argument (its message starting with `what`) unless text[0, n) is a
+// sub-index's text: n in [0, 2^31 - 2), vocab_size in (0, 2^30], values in [-1, vocab_size).
+void check_text(const int32_t* text, int64_t n, int32_t vocab_size, const char* what);
+
 // Half-open range [begin, end) of suffix-array rows whose suffixes start with a
 // given prefix.
 struct SaRange {

@@ -130,29 +130,33 @@ void sais(const Index* s, Index* sa, Index n, Index k) {
 
 }  // namespace
 
-std::vector<int32_t> build_suffix_array(const int32_t* text, int64_t n, int32_t vocab_size) {
+void check_text(const int32_t* text, int64_t n, int32_t vocab_size, const char* what) {
+  const std::string prefix = std::string(what) + ": ";
   if (n < 0 || n >= (int64_t{1} << 31) - 2) {
-    throw std::invalid_argument("suffix array: text length " + std::to_string(n) +
+    throw std::invalid_argument(prefix + "text length " + std::to_string(n) +
                                 " is outside [0, 2^31 - 2)");
   }
   if (vocab_size <= 0 || vocab_size > (1 << 30)) {
-    throw std::invalid_argument("suffix array: vocab_size " + std::to_string(vocab_size) +
+    throw std::invalid_argument(prefix + "vocab_size " + std::to_string(vocab_size) +
                                 " is outside (0, 2^30]");
   }
+  for (int64_t i = 0; i < n; ++i) {
+    if (text[i] < kSeparator || text[i] >= vocab_size) {
+      throw std::invalid_argument(prefix + "token " + std::to_string(text[i]) + " at position " +
+                                  std::to_string(i) + " is outside [-1, " +
+                                  std::to_string(vocab_size) + ")");
+    }
+  }
+}
+
+std::vector<int32_t> build_suffix_array(const int32_t* text, int64_t n, int32_t vocab_size) {
+  check_text(text, n, vocab_size, "suffix array");
   if (n == 0) return {};
   // Shift symbols so that the appended sentinel (0) is unique and smallest:
   // separator -1 -> 1, token t -> t + 2.
   const Index len = static_cast<Index>(n) + 1;
   std::vector<Index> s(len);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t v = text[i];
-    if (v < -1 || v >= vocab_size) {
-      throw std::invalid_argument("suffix array: token " + std::to_string(v) + " at position " +
-                                  std::to_string(i) + " is outside [-1, " +
-                                  std::to_string(vocab_size) + ")");
-    }
-    s[i] = v + 2;
-  }
+  for (int64_t i = 0; i < n; ++i) s[i] = text[i] + 2;
   s[n] = 0;
   std::vector<Index> sa(len);
   sais(s.data(), sa.data(), len, vocab_size + 2);
