@@ -749,7 +749,8 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     const auto n = static_cast<int64_t>(ctx.size());
 
     DraftScratch scratch;
-    drafter::retrieve_datastore(ds.datastore, ctx.data(), n, config, budget, scratch);
+    drafter::retrieve_sub_indices(ds.datastore, 0, ds.datastore.sub_indices.size(), ctx.data(),
+                                  n, config, budget, scratch.retrieval, scratch.datastore_tree);
     const CandidateTree tree = scratch.datastore_tree;
     ASSERT_EQ(tree_problem(tree), "");
     const CandidateTree* tree_ptr = ds.datastore.sub_indices.empty() ? nullptr : &tree;
@@ -840,12 +841,14 @@ TEST(Draft, DegenerateInputs) {
   EXPECT_TRUE(d.tokens.empty());
   Datastore one;
   one.sub_indices.push_back(SubIndex::build({1, 2, 3, 4, -1, 2, 3, 5}, 8));
-  drafter::retrieve_datastore(one, ctx.data(), 3, c, 0, scratch);  // max_len 0
-  EXPECT_EQ(scratch.datastore_tree.num_nodes(), 1);
-  drafter::retrieve_datastore(one, ctx.data(), 0, c, 5, scratch);  // empty context
-  EXPECT_EQ(scratch.datastore_tree.num_nodes(), 1);
-  drafter::retrieve_datastore(one, ctx.data(), 3, c, 5, scratch);
-  EXPECT_GT(scratch.datastore_tree.num_nodes(), 1);
+  auto retrieve = [&](int64_t context_len, int32_t max_len) {
+    drafter::retrieve_sub_indices(one, 0, 1, ctx.data(), context_len, c, max_len,
+                                  scratch.retrieval, scratch.datastore_tree);
+    return scratch.datastore_tree.num_nodes();
+  };
+  EXPECT_EQ(retrieve(3, 0), 1);  // max_len 0
+  EXPECT_EQ(retrieve(0, 5), 1);  // empty context
+  EXPECT_GT(retrieve(3, 5), 1);
   DraftConfig bad;
   bad.input_max_depth = 2;  // < input_max_prefix
   EXPECT_THROW(drafter::validate(bad), std::invalid_argument);

@@ -154,9 +154,11 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatas
                                                                   const DraftConfig& config,
                                                                   int32_t max_len) {
   validate(config);
-  DraftScratch scratch;
-  retrieve_datastore(*ds.datastore, context.data(), context.shape(0), config, max_len, scratch);
-  const CandidateTree& tree = scratch.datastore_tree;
+  const Datastore& datastore = *ds.datastore;
+  RetrievalScratch scratch;
+  CandidateTree tree;
+  retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context.data(),
+                       context.shape(0), config, max_len, scratch, tree);
   // Flatten as (token, parent, count) rows in node-creation order; row 0 is the root.
   // A node is made when its parent's children are listed, before its own row.
   std::vector<int32_t> tokens(tree.num_nodes()), parents(tree.num_nodes(), -1);

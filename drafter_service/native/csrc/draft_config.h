@@ -45,7 +45,7 @@ void validate(const DraftConfig& config);
 // [0, config.max_budget] (and its index when n > 1). The native core's one budget
 // check, run by both of its entry points (Drafter::draft_batch and the bindings'
 // draft_context) before any state changes. It is not what keeps memory safe:
-// fuse() and retrieve_datastore() never index by the budget (<= 0 drafts
+// fuse() and retrieve_sub_indices() never index by the budget (<= 0 drafts
 // nothing; a large one is bounded by the candidates found). It keeps a call's
 // work under max_budget and is the library API's error; behind the service,
 // which refuses bad budgets at its own boundary, it never fires.

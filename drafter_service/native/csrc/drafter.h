@@ -37,14 +37,6 @@ struct DraftScratch {
   FusionScratch fusion;
 };
 
-// Fills scratch.datastore_tree from every sub-index of the datastore (retrieve_sub_indices).
-inline void retrieve_datastore(const Datastore& datastore, const int32_t* context,
-                               int64_t context_len, const DraftConfig& config, int32_t max_len,
-                               DraftScratch& scratch) {
-  retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context, context_len, config,
-                       max_len, scratch.retrieval, scratch.datastore_tree);
-}
-
 // Drafts for one request (without a Drafter: tests and tools; a Drafter drafts its
 // requests with it): the input trie's matches (trie may be null), the datastore's trees
 // (may be null), `recent` (the recent tier's, may be null), fused. `explain`: with
