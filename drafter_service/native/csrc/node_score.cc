@@ -63,27 +63,22 @@ void member_features(const LogTable& logs, const Member* begin, const Member* en
   f[kFeatBasePrefix] = view.tree != nullptr ? view.tree->matched_prefix() : 0;
   f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
   f[kFeatRecentPrefix] = view.recent != nullptr ? view.recent->matched_prefix() : 0;
+  // Each source's four columns, from its present column on, in Source order; the input's
+  // are its longest-match member's, written after the loop.
+  constexpr int32_t kFirstColumn[] = {kFeatBasePresent, kFeatInputPresent, kFeatLivePresent,
+                                      kFeatRecentPresent};
   double input_count = 0.0, input_parent = 0.0;
   for (const Member* m = begin; m != end; ++m) {
-    const double count = m->denominator;
-    switch (m->source) {
-      case Source::kInput:
-        f[kFeatInputMembers] += 1.0;
-        if (m->match > f[kFeatInputMatch]) {
-          f[kFeatInputMatch] = m->match;
-          input_count = count;
-          input_parent = m->parent_count;
-        }
-        break;
-      case Source::kDatastore:
-        source_features(logs, count, m->parent_count, f + kFeatBasePresent);
-        break;
-      case Source::kLive:
-        source_features(logs, count, m->parent_count, f + kFeatLivePresent);
-        break;
-      case Source::kRecent:
-        source_features(logs, count, m->parent_count, f + kFeatRecentPresent);
-        break;
+    if (m->source != Source::kInput) {
+      const auto column = kFirstColumn[static_cast<size_t>(m->source)];
+      source_features(logs, m->denominator, m->parent_count, f + column);
+      continue;
+    }
+    f[kFeatInputMembers] += 1.0;
+    if (m->match > f[kFeatInputMatch]) {
+      f[kFeatInputMatch] = m->match;
+      input_count = m->denominator;
+      input_parent = m->parent_count;
     }
   }
   source_features(logs, input_count, input_parent, f + kFeatInputPresent);
