@@ -76,28 +76,27 @@ nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>> view(nb::handle self,
 }
 
 struct PyDatastore {
+  PyDatastore(const std::vector<const PySubIndex*>& subs, int64_t base_count) {
+    if (base_count < 0 || base_count > static_cast<int64_t>(subs.size())) {
+      throw std::invalid_argument("base_count must be in [0, " + std::to_string(subs.size()) +
+                                  "], got " + std::to_string(base_count));
+    }
+    auto ds = std::make_shared<Datastore>();
+    ds->base_count = base_count;
+    for (const PySubIndex* s : subs) {
+      if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
+      if (!ds->sub_indices.empty() &&
+          s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
+        throw std::invalid_argument("sub-indices disagree on vocab_size: " +
+                                    std::to_string(s->index->vocab_size()) + " vs " +
+                                    std::to_string(ds->sub_indices[0]->vocab_size()));
+      }
+      ds->sub_indices.push_back(s->index);
+    }
+    datastore = std::move(ds);
+  }
   std::shared_ptr<const Datastore> datastore;
 };
-
-std::shared_ptr<const Datastore> make_datastore(const std::vector<const PySubIndex*>& subs,
-                                                int64_t base_count) {
-  if (base_count < 0 || base_count > static_cast<int64_t>(subs.size())) {
-    throw std::invalid_argument("base_count must be in [0, " + std::to_string(subs.size()) +
-                                "], got " + std::to_string(base_count));
-  }
-  auto ds = std::make_shared<Datastore>();
-  ds->base_count = base_count;
-  for (const PySubIndex* s : subs) {
-    if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
-    if (!ds->sub_indices.empty() && s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
-      throw std::invalid_argument("sub-indices disagree on vocab_size: " +
-                                  std::to_string(s->index->vocab_size()) + " vs " +
-                                  std::to_string(ds->sub_indices[0]->vocab_size()));
-    }
-    ds->sub_indices.push_back(s->index);
-  }
-  return ds;
-}
 
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
 std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
@@ -270,11 +269,8 @@ void bind_sub_index(nb::module_& m) {
 // Datastore: a set of sub-indices (the first base_count of them the base).
 void bind_datastore(nb::module_& m) {
   nb::class_<PyDatastore>(m, "Datastore")
-      .def("__init__",
-           [](PyDatastore* self, const std::vector<const PySubIndex*>& subs, int64_t base_count) {
-             new (self) PyDatastore{make_datastore(subs, base_count)};
-           },
-           "sub_indices"_a, "base_count"_a = 0)
+      .def(nb::init<const std::vector<const PySubIndex*>&, int64_t>(), "sub_indices"_a,
+           "base_count"_a = 0)
       .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
       .def_prop_ro("resident_bytes",
                    [](const PyDatastore& d) { return d.datastore->resident_bytes(); });
