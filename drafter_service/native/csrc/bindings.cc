@@ -171,8 +171,9 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatas
                          to_numpy(std::move(counts)));
 }
 
-// build_suffix_array: SA-IS over a token array, without the GIL.
-void bind_suffix_array(nb::module_& m) {
+// The module's functions: SA-IS over a token array (without the GIL), and drafting
+// without a Drafter (one retrieval, one draft).
+void bind_functions(nb::module_& m) {
   m.def(
       "build_suffix_array",
       [](In<int32_t> tokens, int32_t vocab_size) {
@@ -180,6 +181,10 @@ void bind_suffix_array(nb::module_& m) {
             [&] { return build_suffix_array(tokens.data(), tokens.shape(0), vocab_size); }));
       },
       "tokens"_a, "vocab_size"_a);
+  m.def("retrieve_datastore", &retrieve_tree, "datastore"_a, "context"_a, "config"_a,
+        "max_len"_a);
+  m.def("draft_context", &draft_context, "context"_a, "datastore"_a.none(), "config"_a,
+        "budget"_a, "use_input"_a, "vocab_size"_a);
 }
 
 // DraftConfig: every knob, read-write, and its validation.
@@ -276,15 +281,6 @@ void bind_datastore(nb::module_& m) {
                    [](const PyDatastore& d) { return d.datastore->resident_bytes(); });
 }
 
-// Drafting without a Drafter: one retrieval, one draft.
-void bind_drafting(nb::module_& m) {
-  m.def("retrieve_datastore", &retrieve_tree, "datastore"_a, "context"_a, "config"_a,
-        "max_len"_a);
-
-  m.def("draft_context", &draft_context, "context"_a, "datastore"_a.none(), "config"_a,
-        "budget"_a, "use_input"_a, "vocab_size"_a);
-}
-
 // Drafter: request states, batched drafting and explain.
 void bind_drafter(nb::module_& m) {
   nb::class_<Drafter>(m, "Drafter")
@@ -341,11 +337,10 @@ void bind_drafter(nb::module_& m) {
 NB_MODULE(_core, m) {
   using namespace drafter;
   m.doc() = "Native SSSD drafting core: suffix-array sub-indices, input tries, tree fusion.";
-  bind_suffix_array(m);
+  bind_functions(m);
   bind_config(m);
   bind_sub_index(m);
   bind_datastore(m);
-  bind_drafting(m);
   bind_drafter(m);
   const int32_t feature_count = kScoreFeatures;  // an int, not the (unbound) enum
   m.attr("SCORE_FEATURE_COUNT") = feature_count;
