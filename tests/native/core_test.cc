@@ -761,7 +761,7 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     drafter::committed_matches(trie, config, matches);
 
     Draft datastore_only;
-    drafter::FusionInputs from_datastore(config, budget);
+    drafter::FusionInputs from_datastore{config, budget};
     from_datastore.datastore_tree = tree_ptr;
     from_datastore.context = ctx.data();
     from_datastore.context_len = n;
@@ -770,7 +770,7 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     nonempty_datastore += !datastore_only.tokens.empty();
 
     Draft input_only;
-    drafter::FusionInputs from_input(config, budget);
+    drafter::FusionInputs from_input{config, budget};
     from_input.trie = &trie;
     from_input.matches = &matches;
     from_input.context = ctx.data();

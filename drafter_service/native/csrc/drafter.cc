@@ -192,7 +192,7 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
   } else {
     scratch.matches.clear();
   }
-  FusionInputs in(config, budget);
+  FusionInputs in{config, budget, trie, &scratch.matches};
   if (datastore != nullptr && !datastore->sub_indices.empty()) {
     // A split datastore's base and live parts are two sources, each with its own tree.
     const size_t all = datastore->sub_indices.size();
@@ -206,8 +206,6 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
       in.live_tree = &scratch.live_tree;
     }
   }
-  in.trie = trie;
-  in.matches = &scratch.matches;
   in.recent_tree = recent;
   in.context = context;
   in.context_len = context_len;

@@ -12,11 +12,9 @@
 
 namespace drafter {
 
-// What one fuse() call drafts from. The config and the budget are required; each
-// source is optional (null: absent).
+// What one fuse() call drafts from (an aggregate: {config, budget, ...}). The config and
+// the budget are required; each source is optional (null: absent).
 struct FusionInputs {
-  FusionInputs(const DraftConfig& draft_config, int32_t draft_budget)
-      : config(draft_config), budget(draft_budget) {}
   const DraftConfig& config;
   int32_t budget;  // at most this many draft nodes; <= 0 drafts nothing
   // The input source: the request's trie, and the context's matches in it
