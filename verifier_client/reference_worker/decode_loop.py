@@ -22,11 +22,11 @@ from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from verifier_client.acceptance_metrics import WorkerMetrics
 from verifier_client.budget import BudgetRule
-from verifier_client.reference_worker.kv_cache import BatchKVCache, tree_attention_mask
+from verifier_client.reference_worker.kv_cache import BatchKVCache
 from verifier_client.results import Outcome, StepResult, Tree
 from verifier_client.verification.tree_packing import PackedTrees, pack_trees
 from verifier_client.verification.tree_verification import VerifyResult, accept, sample_targets
@@ -232,9 +232,7 @@ class DecodeWorker:
         start = self._clock()
         packed = self._pack([None if drafts is None else drafts[a.request.request_id]
                              for a in active])  # fmt: skip
-        tree_start = self.kv.physical_len
-        mask = tree_attention_mask(torch.tensor(self.kv.lens, device=self.device), tree_start,
-                                   packed.attention_mask, self.dtype)  # fmt: skip
+        mask = self.kv.attention_mask(packed.attention_mask, self.dtype)
         packed_at = self._clock()
         logits = self.model(input_ids=packed.tokens, position_ids=packed.positions,
                             attention_mask=mask, use_cache=True,
@@ -242,7 +240,7 @@ class DecodeWorker:
         forward_at = self._clock()
         result = self._verify(packed, logits)
         verified_at = self._clock()
-        self.kv.keep_accepted(tree_start, result.accepted_nodes, result.accept_lengths + 1)
+        self.kv.keep_accepted(result.accepted_nodes, result.accept_lengths + 1)
         kept_at = self._clock()
         timings.pack_s += packed_at - start
         timings.forward_s += forward_at - packed_at
@@ -269,7 +267,7 @@ class DecodeWorker:
         start = self._clock()
         contexts = [[int(t) for t in r.prompt_ids] for r in joining]
         lengths = [len(c) - 1 for c in contexts]
-        cache = self.kv.new_request_cache()
+        cache = DynamicCache(config=self.model.config)
         if max(lengths) > 0:
             ids = torch.zeros((len(joining), max(lengths)), dtype=torch.long)
             for row, context in enumerate(contexts):

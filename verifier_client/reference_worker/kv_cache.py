@@ -18,23 +18,7 @@ from torch import Tensor
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["BatchKVCache", "tree_attention_mask"]
-
-
-def tree_attention_mask(
-    cache_lens: Tensor, physical_len: int, tree_mask: Tensor, dtype: torch.dtype
-) -> Tensor:
-    """Additive 4D mask ``[B, 1, T, L + T]``: node ``i`` of row ``b`` sees the cache
-    columns ``j < cache_lens[b]`` and its tree ancestors (``tree_mask[b, i]``); the rest gets
-    the dtype's minimum (exp() of it is 0). Eager and SDPA attention both take it."""
-    batch, width, _ = tree_mask.shape
-    device = tree_mask.device
-    cache_visible = torch.arange(physical_len, device=device) < cache_lens.to(device)[:, None]
-    visible = torch.cat([cache_visible[:, None, :].expand(batch, width, physical_len), tree_mask],
-                        dim=2)  # fmt: skip
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[:, None, :, :]
+__all__ = ["BatchKVCache"]
 
 
 class BatchKVCache:
@@ -56,9 +40,20 @@ class BatchKVCache:
         keys = self._layers[0].keys
         return 0 if keys is None else int(keys.shape[-2])
 
-    def new_request_cache(self) -> DynamicCache:
-        """An empty cache to prefill joining requests into (then :meth:`append_rows`)."""
-        return DynamicCache(config=self._config)
+    def attention_mask(self, tree_mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """Additive 4D mask ``[B, 1, T, L + T]`` of a tree forward: node ``i`` of row ``b``
+        sees the cache columns ``j < lens[b]`` and its tree ancestors (``tree_mask[b, i]``);
+        the rest gets the dtype's minimum (exp() of it is 0). Eager and SDPA attention both
+        take it."""
+        batch, width, _ = tree_mask.shape
+        device, length = tree_mask.device, self.physical_len
+        lens = torch.tensor(self.lens, device=device)
+        cache_visible = torch.arange(length, device=device) < lens[:, None]
+        visible = torch.cat([cache_visible[:, None, :].expand(batch, width, length), tree_mask],
+                            dim=2)  # fmt: skip
+        mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        return mask[:, None, :, :]
 
     def append_rows(self, prefilled: DynamicCache, lengths: Sequence[int]) -> None:
         """Adds one row per joining request: row ``i`` of ``prefilled`` holds
@@ -84,12 +79,13 @@ class BatchKVCache:
             values = layer.values[:, :, :new_len].index_select(0, index)
             _set_layer(layer, keys, values)
 
-    def keep_accepted(self, tree_start: int, accepted_nodes: Tensor, kept: Tensor) -> None:
+    def keep_accepted(self, accepted_nodes: Tensor, kept: Tensor) -> None:
         """After a tree forward: moves each row's first ``kept[b]`` accepted tree columns
-        (``accepted_nodes[b, :kept[b]]``, root first; the trees start at column
-        ``tree_start``) to its committed end, then trims."""
+        (``accepted_nodes[b, :kept[b]]``, root first; the trees are the last ``T`` columns,
+        ``T = accepted_nodes.shape[1]``) to its committed end, then trims."""
         device = accepted_nodes.device
         width = accepted_nodes.shape[1]
+        tree_start = self.physical_len - width
         kept = kept.to(device)
         lens = torch.tensor(self.lens, dtype=torch.long, device=device)
         # Entry (b, k) with k < kept[b]: column tree_start + accepted_nodes[b, k] goes to
