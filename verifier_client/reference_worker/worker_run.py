@@ -69,11 +69,8 @@ def summary(worker: DecodeWorker, wall_s: float, client: DrafterClient | None) -
         "drafts": s.drafts, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
         "fallbacks": dict(s.fallbacks), "fallback_steps": sum(s.fallbacks.values()),
         "rejected_trees": s.rejected_trees,
-        "draft_ms_per_step": round(1e3 * t.draft_s / steps, 3),
-        "pack_ms_per_step": round(1e3 * t.pack_s / steps, 3),
-        "forward_ms_per_step": round(1e3 * t.forward_s / steps, 3),
-        "verify_ms_per_step": round(1e3 * t.verify_s / steps, 3),
-        "kv_ms_per_step": round(1e3 * t.kv_s / steps, 3),
+        **{f"{phase}_ms_per_step": round(1e3 * getattr(t, f"{phase}_s") / steps, 3)
+           for phase in ("draft", "pack", "forward", "verify", "kv")},
         "prefill_s": round(t.prefill_s, 3),
         # packing + verification as a share of the forward pass
         "verify_overhead": round((t.pack_s + t.verify_s) / t.forward_s, 4) if t.forward_s else None,
