@@ -269,13 +269,40 @@ class EngineDrafter:
         storage (said when first sent, so the drafter never shares it).
         """
         self.last_result = None  # set again only if this call's answer arrives
+        commits: dict[str, Sequence[int]] = {}  # each row's tokens past what the client holds
+        lengths, client = self._lengths, self.client
+        failed = False
         try:
-            commits = self._commits(request_ids, num_tokens, prompt_lengths, tokens, stores)
+            for row, request_id in enumerate(request_ids):
+                key = self.namespace + request_id
+                length = int(num_tokens[row])
+                known = lengths.get(key)
+                try:
+                    if known is not None and length >= known:
+                        commits[key] = tokens(row, known, length) if length > known else ()
+                    else:
+                        context = tokens(row, 0, length)
+                        if known is not None:
+                            # The engine's context shrank (the id was reused for a new
+                            # request, or its tokens were rolled back): start over rather
+                            # than draft from a context the engine no longer has.
+                            del lengths[key]
+                            client.abort(key)
+                        client.add_request(key, context, datastore=self.settings.datastore,
+                                           prompt_length=min(int(prompt_lengths[row]), length),
+                                           store=stores is None or stores[row])  # fmt: skip
+                        commits[key] = ()
+                except Exception:  # left out, unrecorded: the next step finds it as it was
+                    if not failed:  # once a step: logged (once ever) and counted
+                        self._failed("reading a row's tokens")
+                    failed = True
+                    continue
+                lengths[key] = length
             if not commits:
                 return [None] * len(request_ids)
             start = perf_counter()
             budgets = None if budget is None else dict.fromkeys(commits, budget)
-            result = self.client.step(commits, budgets)
+            result = client.step(commits, budgets)
             self.round_trips_ms.append((perf_counter() - start) * 1e3)
             self.last_result = result
             return [result.drafts.get(self.namespace + r) for r in request_ids]
@@ -302,47 +329,6 @@ class EngineDrafter:
     def close(self, timeout_s: float = 5.0) -> None:
         """Sends queued finishes (up to ``timeout_s``) and closes the client."""
         self.client.close(timeout_s)
-
-    def _commits(
-        self,
-        request_ids: Sequence[str],
-        num_tokens: Sequence[int],
-        prompt_lengths: Sequence[int],
-        tokens: TokenSlice,
-        stores: Sequence[bool] | None = None,
-    ) -> dict[str, Sequence[int]]:
-        """Each row's tokens past what the client holds; a row whose tokens cannot be read
-        or that the client refuses is left out, unrecorded: the next step finds it as it was."""
-        commits: dict[str, Sequence[int]] = {}
-        lengths, client = self._lengths, self.client
-        failed = False
-        for row, request_id in enumerate(request_ids):
-            key = self.namespace + request_id
-            length = int(num_tokens[row])
-            known = lengths.get(key)
-            try:
-                if known is not None and length >= known:
-                    commits[key] = tokens(row, known, length) if length > known else ()
-                    lengths[key] = length
-                    continue
-                context = tokens(row, 0, length)
-                if known is not None:
-                    # The engine's context shrank (the id was reused for a new request,
-                    # or its tokens were rolled back): start over rather than draft from
-                    # a context the engine no longer has.
-                    del lengths[key]
-                    client.abort(key)
-                client.add_request(key, context, datastore=self.settings.datastore,
-                                   prompt_length=min(int(prompt_lengths[row]), length),
-                                   store=stores is None or stores[row])  # fmt: skip
-            except Exception:
-                if not failed:  # once a step: logged (once ever) and counted
-                    self._failed("reading a row's tokens")
-                failed = True
-                continue
-            commits[key] = ()
-            lengths[key] = length
-        return commits
 
     def _connect(self, timeout_s: float) -> None:
         try:
