@@ -10,13 +10,10 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     GPTNeoXConfig,
-    GPTNeoXForCausalLM,
     LlamaConfig,
-    LlamaForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
-    Qwen2ForCausalLM,
 )
 
 from verifier_client.reference_worker.model_choices import DTYPE_NAMES, TINY_ARCHITECTURES
@@ -56,19 +53,16 @@ def tiny_model(
     config: PretrainedConfig
     if architecture == "llama":
         config = LlamaConfig(num_key_value_heads=max(1, num_heads // 2), **common)
-        model_class: type[PreTrainedModel] = LlamaForCausalLM
     elif architecture == "qwen2":
         config = Qwen2Config(num_key_value_heads=num_heads, use_sliding_window=False, **common)
-        model_class = Qwen2ForCausalLM
     elif architecture == "gpt-neox":
         config = GPTNeoXConfig(use_parallel_residual=True, **common)  # rotates 1/4 of a head
-        model_class = GPTNeoXForCausalLM
     else:
         raise ValueError(f"unknown tiny architecture {architecture!r} "
                          f"(known: {', '.join(TINY_ARCHITECTURES)})")  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_class(config)
+        model: PreTrainedModel = AutoModelForCausalLM.from_config(config)
     return on_device(model, dtype=dtype)
 
 
