@@ -246,20 +246,12 @@ class DeltaTracker:
         """One DraftRequest for ``request_ids`` (``budget_of`` overrides ``default_budget``),
         marked in flight; the message, the states sent and the ids refused. Requests with
         an empty context are left out too (nothing to match yet)."""
-        ids: list[str] = []
-        knowns: list[int] = []
-        counts: list[int] = []
         flat: list[int] = []
-        budgets: list[int] = []
-        prompts: list[int] = []
-        datastores: list[str] = []  # sent only when some request names one
-        private: list[int] = []  # do_not_store per request, sent when some request has it
         sent: list[RequestState] = []
         refused: list[str] = []
-        states = self._states
         max_context = self.max_context_tokens or _INT32_MAX
         for rid in request_ids:
-            state = states[rid]
+            state = self._states[rid]
             tokens = state.tokens
             if state.refused or len(tokens) > max_context:
                 self._refuse(state, f"its context of {len(tokens)} tokens is over the "
@@ -268,36 +260,27 @@ class DeltaTracker:
                 continue
             if not tokens:
                 continue
-            ids.append(rid)
             known = state.known_length
-            knowns.append(known)
-            if known:
-                flat.extend(tokens[known:])
-                prompts.append(0)
-            else:
-                flat.extend(tokens)
-                prompts.append(state.prompt_length)
-                if state.sent:
-                    self.stats.full_resends += 1
-            counts.append(len(tokens) - known)
-            budgets.append(
-                default_budget if budget_of is None else budget_of.get(rid, default_budget)
-            )
-            datastores.append(state.datastore)
-            private.append(0 if state.store else 1)
+            flat.extend(tokens[known:] if known else tokens)
+            if not known and state.sent:
+                self.stats.full_resends += 1
             state.pending_length = len(tokens)
             state.sent = state.in_flight = True
             sent.append(state)
         self.stats.tokens_sent += len(flat)
+        # The columns, one entry per request sent; a whole context carries its prompt length.
+        budgets = budget_of or {}
+        datastores = [s.datastore for s in sent]  # sent only when some request names one
+        private = bytes(0 if s.store else 1 for s in sent)  # do_not_store, sent when some has it
         packed = pb.PackedDeltas(
-            request_ids=ids,
-            known_lengths=_le("I", knowns),
-            new_token_counts=_le("I", counts),
+            request_ids=[s.request_id for s in sent],
+            known_lengths=_le("I", [s.known_length for s in sent]),
+            new_token_counts=_le("I", [s.pending_length - s.known_length for s in sent]),
             new_tokens=_le("i", flat),
-            budgets=_le("I", budgets),
-            prompt_lengths=_le("I", prompts),
+            budgets=_le("I", [budgets.get(s.request_id, default_budget) for s in sent]),
+            prompt_lengths=_le("I", [0 if s.known_length else s.prompt_length for s in sent]),
             datastores=datastores if any(datastores) else (),
-            do_not_store=bytes(private) if any(private) else b"",
+            do_not_store=private if any(private) else b"",
         )
         message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint,
                                   packed=packed)  # fmt: skip
