@@ -7,7 +7,9 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
+import grpc
 import pytest
 from client_servers import DrafterProcess, SlowDrafter
 
@@ -124,6 +126,32 @@ def test_aio_outage_opens_the_breaker_and_a_restart_resyncs(tmp_path: Path) -> N
             await step_until_drafted(client, 22)
             assert client.breaker_state is BreakerState.CLOSED
             assert client.stats.full_resends + client.stats.resyncs >= len(ids)
+
+    try:
+        asyncio.run(flow())
+    finally:
+        server.stop()
+
+
+def test_aio_sends_its_token_on_every_kind_of_call(tmp_path: Path) -> None:
+    token = "aio-token-0123456789"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"aio {token}\n")
+    server = DrafterProcess(tmp_path / "data", "--grpc-tokens-file", str(tokens))
+
+    async def flow() -> None:
+        modes: tuple[Literal["stream", "unary"], ...] = ("stream", "unary")
+        for mode in modes:
+            async with AioDrafterClient(server.target, deadline_ms=60_000, mode=mode, token=token,
+                                        budget=BudgetRule.fixed(4)) as client:  # fmt: skip
+                await client.wait_ready()
+                client.add_request(mode, PATTERN * 3)
+                assert (await client.step({mode: [PATTERN[0]]})).ok
+                assert client.finish(mode, tail=[PATTERN[1]]) and await client.flush(timeout_s=60)
+        async with AioDrafterClient(server.target, token="wrong-token-0123456789") as client:
+            with pytest.raises(grpc.RpcError) as refused:
+                await client.wait_ready(timeout_s=30)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
     try:
         asyncio.run(flow())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
@@ -149,34 +148,25 @@ def aio_channel(
     return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
-class _CallDetails(
-    namedtuple(
-        "_CallDetails",
-        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
-    ),
-    grpc.ClientCallDetails,  # type: ignore[misc]
-):
-    pass
-
-
-def _authorization(metadata: Any, token: str) -> list[tuple[str, str]]:
-    return [*(metadata or ()), ("authorization", f"Bearer {token}")]
-
-
-class _BearerToken(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds the bearer token to every call of a sync channel (the service's methods are
-    unary-unary and one stream-stream)."""
+class _Token:
+    """Adds the bearer token to a call's metadata. Interceptors get gRPC's call details as
+    namedtuples (grpc.aio.ClientCallDetails, and the sync API's own), so ``_replace``."""
 
     def __init__(self, token: str) -> None:
         self._token = token
 
-    def _details(self, d: Any) -> _CallDetails:
-        return _CallDetails(d.method, d.timeout, _authorization(d.metadata, self._token),
-                            d.credentials, getattr(d, "wait_for_ready", None),
-                            getattr(d, "compression", None))  # fmt: skip
+    def _details(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), ("authorization", f"Bearer {self._token}")]
+        return details._replace(metadata=metadata)
+
+
+class _BearerToken(
+    _Token,
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """The token on every call of a sync channel (the service's methods are unary-unary
+    and one stream-stream)."""
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
@@ -185,26 +175,15 @@ class _BearerToken(
         return continuation(self._details(details), requests)
 
 
-def _aio_details(d: Any, token: str) -> grpc.aio.ClientCallDetails:
-    return grpc.aio.ClientCallDetails(
-        d.method, d.timeout, _authorization(d.metadata, token), d.credentials, d.wait_for_ready
-    )
-
-
-class _AioToken:
-    # grpc.aio files each interceptor under the first kind it is an instance of, so one
-    # object cannot serve both kinds: one class per kind, sharing this.
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-
-class _AioBearerToken(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+# grpc.aio files each interceptor under the first kind it is an instance of, so one
+# object cannot serve both kinds: one class per kind.
+class _AioBearerToken(_Token, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_aio_details(details, self._token), request)
+        return await continuation(self._details(details), request)
 
 
-class _AioStreamBearerToken(_AioToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+class _AioStreamBearerToken(_Token, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_stream(
         self, continuation: Any, details: Any, requests: Any
     ) -> Any:
-        return await continuation(_aio_details(details, self._token), requests)
+        return await continuation(self._details(details), requests)
