@@ -167,11 +167,10 @@ class BackgroundSender(WorkSenderCore):
     def flush(self, timeout_s: float) -> bool:
         """Waits until everything queued so far is sent; False on timeout, or when a call
         made since the previous flush that carried something to store failed (it is lost)."""
-        end_s = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() >= end_s:
+        done = self._queue.all_tasks_done  # what Queue.join() waits on, here with a timeout
+        with done:
+            if not done.wait_for(lambda: not self._queue.unfinished_tasks, timeout_s):
                 return False
-            time.sleep(0.001)
         return self._flushed()
 
     def close(self, timeout_s: float) -> bool:
