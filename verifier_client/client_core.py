@@ -127,7 +127,7 @@ class ClientCore(ABC, Generic[StreamT]):
         ``store=False``: it opted out of storage from the start, so the drafter never
         shares its tokens with other requests while it runs either (its ``finish`` stores
         nothing whatever it says)."""
-        self._session.add(request_id, prompt_ids, datastore, prompt_length, store)
+        self._session.tracker.add(request_id, prompt_ids, datastore, prompt_length, store)
 
     def finish(
         self,

@@ -10,9 +10,9 @@ right both ways). A request missing from a step stays alive; its commits accumul
 
 A request holding what the drafter would refuse (a token past its vocabulary, a context
 past its limit, an id too long, an unknown datastore) is never sent again: the drafter
-rejects a whole call for one bad request. The limits come from its service info (requests
-added earlier are checked again then). Ids no vocabulary has (negative, >= 2^31) are the
-caller's bug: ValueError.
+rejects a whole call for one bad request. A warning names it and why, once. The limits come
+from its service info (requests added earlier are checked again then). Ids no vocabulary
+has (negative, >= 2^31) are the caller's bug: ValueError.
 
 Pure (builds and reads the packed messages, see PackedDeltas in the .proto); not
 thread-safe: one decode loop owns it.
@@ -20,6 +20,7 @@ thread-safe: one decode loop owns it.
 
 from __future__ import annotations
 
+import logging
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +33,8 @@ from verifier_client.results import ClientStats, Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_commit", "as_token_list",
            "check_budgets", "check_live", "read_column"]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 _INT32_MAX = 2**31 - 1
 _STATUS_OK = pb.DRAFT_STATUS_OK
@@ -131,7 +134,6 @@ class RequestState:
     sent: bool = False  # was in a sent DraftRequest: the drafter may hold state for it
     in_flight: bool = False  # in a DraftRequest whose answer is not applied yet
     refused: bool = False  # holds what the drafter would refuse: never sent again
-    refusal: str = ""  # why, for logs
     store: bool = True  # False: opted out of storage, so its tokens are never shared either
 
 
@@ -182,20 +184,18 @@ class DeltaTracker:
         self._check_limits(state)
         self._states[request_id] = state
 
-    def adopt_limits(self, info: pb.GetServiceInfoResponse) -> list[RequestState]:
+    def adopt_limits(self, info: pb.GetServiceInfoResponse) -> None:
         """Takes the limits of the drafter's service info (0 or none = not reported:
-        unchanged or unchecked) and refuses the live requests that break them; returns
-        those newly refused."""
+        unchanged or unchecked) and refuses the live requests that break them."""
         limits, datastores = info.limits, info.datastores
         if info.tokenizer.vocab_size:
             self.max_token_id = info.tokenizer.vocab_size - 1
         self.max_context_tokens = limits.max_tokens_per_request or None
         self.max_request_id_chars = limits.max_request_id_chars or None
         self.datastores = frozenset({"", *(d.name for d in datastores)}) if datastores else None
-        unrefused = [state for state in self._states.values() if not state.refused]
-        for state in unrefused:
-            self._check_limits(state)
-        return [state for state in unrefused if state.refused]
+        for state in self._states.values():
+            if not state.refused:
+                self._check_limits(state)
 
     def _check_limits(self, state: RequestState) -> None:
         """Refuses a request whose tokens, id or datastore the drafter would reject
@@ -226,8 +226,8 @@ class DeltaTracker:
     def _refuse(self, state: RequestState, reason: str) -> None:
         if not state.refused:
             state.refused = True
-            state.refusal = reason
             self.stats.refused += 1
+            log.warning("request %.80r gets no drafts: %s", state.request_id, reason)
 
     def finish(self, request_id: str) -> RequestState:
         """Stops tracking a request and returns its last state."""

@@ -10,7 +10,6 @@ every request resyncs at once. Otherwise, or if that resend fails, they go with 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -27,8 +26,6 @@ from verifier_client.deltas import (
 )
 from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
 from verifier_client.results import ClientStats, Outcome, StepResult
-
-log = logging.getLogger(__name__)
 
 __all__ = ["DraftSession", "StepPlan"]
 
@@ -84,27 +81,12 @@ class DraftSession:
             raise ValueError(f"tokenizer mismatch: client {ours}, drafter {theirs}")
         self.max_budget = info.limits.max_budget or None
         self.max_per_call = info.limits.max_requests_per_call or self.max_per_call
-        for state in self.tracker.adopt_limits(info):
-            _log_refusal(state)
+        self.tracker.adopt_limits(info)
         read_only = {d.name for d in info.datastores if not d.live}
         read_only |= {"" for d in info.datastores if d.is_default and not d.live}
         self._read_only = frozenset(read_only)
 
     # --- lifecycle (planning only; the clients send the work in the background)
-
-    def add(
-        self,
-        request_id: str,
-        prompt_ids: Iterable[int],
-        datastore: str,
-        prompt_length: int | None,
-        store: bool = True,
-    ) -> None:
-        """Starts tracking a request (see DeltaTracker.add)."""
-        self.tracker.add(request_id, prompt_ids, datastore, prompt_length, store)
-        state = self.tracker.get(request_id)
-        if state.refused:
-            _log_refusal(state)
 
     def finish(
         self,
@@ -227,6 +209,3 @@ def _outcomes(resynced: Iterable[str], refused: Iterable[str]) -> dict[str, Outc
     outcomes.update(dict.fromkeys(resynced, Outcome.RESYNC))
     return outcomes
 
-
-def _log_refusal(state: RequestState) -> None:
-    log.warning("request %.80r gets no drafts: %s", state.request_id, state.refusal)
