@@ -33,9 +33,9 @@ class Built:
 
 
 def build(tracker: DeltaTracker, *ids: str) -> tuple[Built, list[RequestState]]:
-    message, sent, refused = tracker.build(ids, None, 4, step=1)
+    packed, sent, refused = tracker.build(ids, None, 4)
     assert refused == []
-    return Built(message), sent
+    return Built(pb.DraftRequest(step=1, packed=packed)), sent
 
 
 OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
@@ -192,8 +192,8 @@ def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
     tracker.add("long", [1, 2, 3])
     tracker.add("later", [1])
     tracker.commit_many({"long": [4, 5, 6], "later": [150], "ok": [3]})
-    message, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4, step=1)
-    assert [d.request_id for d in unpack_deltas(message)] == ["ok"] and len(sent) == 1
+    packed, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4)
+    assert list(packed.request_ids) == ["ok"] and len(sent) == 1
     assert refused == ["vocab", "long", "later"] and tracker.stats.refused == 3
     assert tracker.get("later").tokens == [1, 150]  # still tracked: finish/abort stay explicit
 

@@ -239,13 +239,10 @@ class DeltaTracker:
         request_ids: Iterable[str],
         budget_of: Mapping[str, int] | None,
         default_budget: int,
-        *,
-        step: int,
-        tokenizer_fingerprint: str = "",
-    ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
-        """One DraftRequest for ``request_ids`` (``budget_of`` overrides ``default_budget``),
-        marked in flight; the message, the states sent and the ids refused. Requests with
-        an empty context are left out too (nothing to match yet)."""
+    ) -> tuple[pb.PackedDeltas, list[RequestState], list[str]]:
+        """The deltas of ``request_ids`` (``budget_of`` overrides ``default_budget``), marked
+        in flight; the deltas, the states sent and the ids refused. Requests with an empty
+        context are left out too (nothing to match yet)."""
         flat: list[int] = []
         sent: list[RequestState] = []
         refused: list[str] = []
@@ -282,9 +279,7 @@ class DeltaTracker:
             datastores=datastores if any(datastores) else (),
             do_not_store=private if any(private) else b"",
         )
-        message = pb.DraftRequest(step=step, tokenizer_fingerprint=tokenizer_fingerprint,
-                                  packed=packed)  # fmt: skip
-        return message, sent, refused
+        return packed, sent, refused
 
     @staticmethod
     def apply(

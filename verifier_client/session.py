@@ -190,10 +190,12 @@ class DraftSession:
     def _build(
         self, send_ids: Iterable[str], budget_of: Mapping[str, int] | None, default_budget: int
     ) -> tuple[pb.DraftRequest, list[RequestState], list[str]]:
-        """DeltaTracker.build with the next message sequence number."""
+        """DeltaTracker.build's deltas in a message with the next sequence number."""
         self._sequence += 1
-        return self.tracker.build(send_ids, budget_of, default_budget, step=self._sequence,
+        packed, sent, refused = self.tracker.build(send_ids, budget_of, default_budget)
+        message = pb.DraftRequest(step=self._sequence, packed=packed,
                                   tokenizer_fingerprint=self.tokenizer_fingerprint)  # fmt: skip
+        return message, sent, refused
 
     def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
         check_budgets(budgets)
