@@ -38,6 +38,7 @@ import numpy as np
 
 from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
+from drafter_bench.redis_server import listening_address
 from drafter_bench.replay import sibling_groups
 from drafter_bench.token_records import Record, iter_documents, read_records
 from drafter_bench.unauth_flood import cpu_s
@@ -203,12 +204,7 @@ def _start_server(args: argparse.Namespace, tmp: Path) -> tuple[subprocess.Popen
         cmd += ["--draft-threads", str(len(args.server_cpus))]
         pin = functools.partial(os.sched_setaffinity, 0, args.server_cpus)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("drafter listening on "):
-        proc.kill()
-        raise RuntimeError(f"drafter serve did not start: {line!r}")
-    return proc, line.split()[-1]
+    return proc, listening_address(proc)
 
 
 def write_corpus_snapshot(corpus: str | Path, vocab_size: int, path: Path) -> Path:

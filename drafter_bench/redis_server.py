@@ -1,8 +1,9 @@
 """A real ``redis-server`` (the Debian package, installed by ``make setup``) as a
 process on loopback: the shared ingest log for ``drafter-bench scale`` and the
 scale-out tests. Durable (append-only file, fsynced as ``appendfsync`` says),
-restartable on the same port and data directory. :func:`free_port` and
-:func:`stop_process` serve the benchmarks' other subprocesses too."""
+restartable on the same port and data directory. :func:`free_port`,
+:func:`listening_address` and :func:`stop_process` serve the benchmarks' other
+subprocesses too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def listening_address(proc: subprocess.Popen[str], log_path: Path | None = None) -> str:
+    """The HOST:PORT of ``drafter serve`` ``proc`` (started with ``stdout=PIPE``), from the
+    first line it prints; kills it and raises RuntimeError, with the tail of its log at
+    ``log_path`` if given, when that line is anything else."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("drafter listening on "):
+        proc.kill()
+        tail = "" if log_path is None else "\n" + log_path.read_text()[-2000:]
+        raise RuntimeError(f"drafter serve did not start: {line!r}{tail}")
+    return line.removeprefix("drafter listening on ").strip()
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30.0) -> None:

@@ -65,7 +65,7 @@ import numpy as np
 from datastore_builder.builder_cli import positive
 from drafter_bench.acceptance import accepted_length
 from drafter_bench.load import _cpu_list, _cpus_text, _pin_process, add_step_options, decode_loop
-from drafter_bench.redis_server import RedisServer, free_port, stop_process
+from drafter_bench.redis_server import RedisServer, free_port, listening_address, stop_process
 from drafter_bench.token_records import Record, data_name, iter_documents, read_records
 from drafter_service.datastore.sub_indices import Datastore, SubIndex
 from drafter_service.replication.shared_log import SharedLogConfig
@@ -247,12 +247,7 @@ def _replicas(
                                         preexec_fn=pin)  # fmt: skip
             started.append(_Replica(proc, "", admin_port, log_path))
         for replica in started:
-            assert replica.proc.stdout is not None
-            line = replica.proc.stdout.readline()
-            if not line.startswith("drafter listening on "):
-                tail = replica.log_path.read_text()[-2000:]
-                raise RuntimeError(f"drafter serve did not start: {line!r}\n{tail}")
-            replica.target = line.split()[-1]
+            replica.target = listening_address(replica.proc, replica.log_path)
         yield started
     finally:
         for replica in started:

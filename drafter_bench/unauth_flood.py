@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from drafter_bench.redis_server import listening_address
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
@@ -57,12 +58,7 @@ def start_server(root: Path) -> tuple[subprocess.Popen[str], str]:
          "1000", "--metrics-port", "-1", "--admin-port", "-1", "--grpc-tokens-file", str(tokens)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("drafter listening on "):
-        proc.kill()
-        raise RuntimeError(f"unexpected first line: {line!r}")
-    return proc, line.removeprefix("drafter listening on ").strip()
+    return proc, listening_address(proc)
 
 
 def draft_ms(stub: pb_grpc.DrafterServiceStub, seconds: float) -> list[float]:
