@@ -115,8 +115,8 @@ def test_resync_sends_the_whole_context_next_time() -> None:
 
 def test_a_lost_answer_means_a_whole_resend() -> None:
     tracker, sent = synced_then_sent()
-    assert sent[0].in_flight
-    tracker.mark_unsynced(sent)  # deadline: the drafter may or may not have applied it
+    # Its answer is out, and never applied (a deadline): the drafter may or may not hold it.
+    assert sent[0].known_length == 0
     message, _ = build(tracker, "a")
     assert message.requests[0].known_length == 0 and len(message.requests[0].new_tokens) == 4
 
@@ -137,13 +137,13 @@ def test_an_answer_of_another_shape_is_a_protocol_error() -> None:
     _, sent = build(tracker, "a", "b")
     with pytest.raises(ProtocolError, match="does not match the 2 requests sent: 1 statuses"):
         tracker.apply(answer(1, ("b", OK, 1)), sent)
-    assert all(s.known_length == 0 and not s.in_flight for s in sent)
+    assert all(s.known_length == 0 for s in sent)
     _, sent = build(tracker, "a", "b")
     torn = answer(2, ("a", OK, 1), ("b", OK, 1))
     torn.packed.scores = torn.packed.scores[:-2]  # not a whole float32
     with pytest.raises(ProtocolError, match="6 bytes of tokens/parents/scores"):
         tracker.apply(torn, sent)
-    assert all(s.known_length == 0 and not s.in_flight for s in sent)
+    assert all(s.known_length == 0 for s in sent)
 
 
 def test_empty_contexts_are_not_sent() -> None:

@@ -5,8 +5,9 @@ RESYNC, a lost answer or a restarted drafter means resending all of it. ``known_
 is how much of it the drafter holds by its last OK answer (``answer.length``, which must
 lie in ``1..tokens sent``, else it counts as a RESYNC); a step sends ``tokens[known_length:]``,
 or the whole context with ``known_length = 0`` for a new request, a RESYNC, or a step whose
-answer never came (the drafter may or may not have applied it: only a whole resend is
-right both ways). A request missing from a step stays alive; its commits accumulate.
+answer never came: a send sets it to 0 until its answer is applied (the drafter may or may
+not have applied a lost one: only a whole resend is right both ways). A request missing
+from a step stays alive; its commits accumulate.
 
 A request holding what the drafter would refuse (a token past its vocabulary, a context
 past its limit, an id too long, an unknown datastore) is never sent again: the drafter
@@ -129,10 +130,10 @@ class RequestState:
     datastore: str  # datastore to draft from ("" = the drafter's default)
     prompt_length: int  # leading tokens that are the prompt (sent with whole contexts)
     tokens: list[int]  # committed context the drafter should hold: prompt + accepted output
-    known_length: int = 0  # drafter holds tokens[:known_length]; 0 = send whole. <= len(tokens)
-    pending_length: int = 0  # len(tokens) when last sent; meaningful while in_flight
+    # drafter holds tokens[:known_length]; 0 = send whole, also while an answer is out
+    known_length: int = 0  # <= len(tokens)
+    pending_length: int = 0  # len(tokens) when last sent
     sent: bool = False  # was in a sent DraftRequest: the drafter may hold state for it
-    in_flight: bool = False  # in a DraftRequest whose answer is not applied yet
     refused: bool = False  # holds what the drafter would refuse: never sent again
     store: bool = True  # False: opted out of storage, so its tokens are never shared either
 
@@ -240,9 +241,9 @@ class DeltaTracker:
         budget_of: Mapping[str, int] | None,
         default_budget: int,
     ) -> tuple[pb.PackedDeltas, list[RequestState], list[str]]:
-        """The deltas of ``request_ids`` (``budget_of`` overrides ``default_budget``), marked
-        in flight; the deltas, the states sent and the ids refused. Requests with an empty
-        context are left out too (nothing to match yet)."""
+        """The deltas of ``request_ids`` (``budget_of`` overrides ``default_budget``); the
+        deltas, the states sent (known to hold nothing until the answer is applied) and the
+        ids refused. Requests with an empty context are left out too (nothing to match yet)."""
         flat: list[int] = []
         sent: list[RequestState] = []
         refused: list[str] = []
@@ -262,7 +263,7 @@ class DeltaTracker:
             if not known and state.sent:
                 self.stats.full_resends += 1
             state.pending_length = len(tokens)
-            state.sent = state.in_flight = True
+            state.sent = True
             sent.append(state)
         self.stats.tokens_sent += len(flat)
         # The columns, one entry per request sent; a whole context carries its prompt length.
@@ -279,6 +280,8 @@ class DeltaTracker:
             datastores=datastores if any(datastores) else (),
             do_not_store=private if any(private) else b"",
         )
+        for state in sent:  # until apply(): a lost answer means a whole resend
+            state.known_length = 0
         return packed, sent, refused
 
     @staticmethod
@@ -286,7 +289,7 @@ class DeltaTracker:
         response: pb.DraftResponse, sent: Sequence[RequestState]
     ) -> tuple[dict[str, Tree], list[str]]:
         """Applies an answer to the requests it answers; returns (trees, resynced ids).
-        ProtocolError (every request marked for a whole resend) when it does not list the
+        ProtocolError (every request left for a whole resend) when it does not list the
         sent requests in order."""
         packed = response.packed
         n = len(sent)
@@ -308,20 +311,17 @@ class DeltaTracker:
         resynced: list[str] = []
         for i, state in enumerate(sent):
             rid = state.request_id
-            state.in_flight = False
             length = lengths[i]
             if statuses[i] == _STATUS_OK and 0 < length <= state.pending_length:
                 state.known_length = length
                 lo, hi = bounds[i], bounds[i + 1]
                 answered[rid] = Tree(tokens[lo:hi], parents[lo:hi], scores[lo:hi])
             else:  # RESYNC, an unknown status, or a length the client never sent
-                state.known_length = 0
                 resynced.append(rid)
         return answered, resynced
 
     @staticmethod
     def _mismatch(response: pb.DraftResponse, sent: Sequence[RequestState]) -> NoReturn:
-        DeltaTracker.mark_unsynced(sent)
         packed = response.packed
         raise ProtocolError(
             f"answer to step {response.step} does not match the {len(sent)} requests sent: "
@@ -330,10 +330,3 @@ class DeltaTracker:
             f"{len(packed.tokens)}/{len(packed.parents)}/{len(packed.scores)} bytes of "
             f"tokens/parents/scores"
         )
-
-    @staticmethod
-    def mark_unsynced(sent: Iterable[RequestState]) -> None:
-        """The answer for these requests is lost: resend them whole next time."""
-        for state in sent:
-            state.in_flight = False
-            state.known_length = 0

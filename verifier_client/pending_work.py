@@ -71,7 +71,7 @@ def plan_finish(
     if state.refused:  # the drafter would reject its tokens (and the whole call with them)
         return plan_abort(state)
     generation = _generation(state, final_tokens) if store else None
-    if state.known_length > 0 and not state.in_flight:  # synced
+    if state.known_length > 0:  # synced (0 while an answer is out too)
         tail = [*state.tokens[state.known_length :], *final_tokens]
         return [FinishWork(state.request_id, False, not store, tail, state.datastore, generation,
                            wait_durable)]  # fmt: skip

@@ -174,8 +174,7 @@ class DraftSession:
         return result, None
 
     def fail(self, plan: StepPlan, outcome: Outcome, now_s: float) -> StepResult:
-        """The answer did not come: resend the step's requests whole next time."""
-        self.tracker.mark_unsynced(plan.sent)
+        """The answer did not come: the step's requests go whole next time (as built)."""
         if plan.base is not None:  # a failed resync resend: the step itself succeeded
             return plan.base
         self.breaker.record_failure(now_s)
