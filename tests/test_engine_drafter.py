@@ -4,6 +4,8 @@ service (`drafter serve` as a subprocess). The engines themselves: tests/engines
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -139,6 +141,30 @@ def test_a_shrunk_context_starts_the_request_over(drafter: DrafterProcess) -> No
         assert trees[0] is not None and trees[0].best_chain(2) == [8, 9]
     finally:
         engine.close()
+
+
+def test_metrics_record_each_drafter_call_and_a_taken_port_only_warns(
+    drafter: DrafterProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The budget gauge shows the engine's own rule (SGLang's plug-in caps the settings').
+    engine = EngineDrafter(settings_for(drafter.target, metrics_port=0), budget=BudgetRule.fixed(5))
+    with socket.socket() as taken, caplog.at_level(logging.WARNING):
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        unserved = EngineDrafter(settings_for(drafter.target, metrics_port=port,
+                                              connect_timeout_s=0))  # fmt: skip
+    try:
+        assert unserved.metrics is None and f"not served on port {port}" in caplog.text
+        rows = Rows([*PATTERN, *PATTERN])
+        engine.draft(["m"], [12], [12], rows.tokens)
+        assert engine.metrics is not None
+        sample = engine.metrics.registry.get_sample_value
+        assert sample("sssd:draft_budget") == 5
+        assert sample("sssd:drafter_round_trip_seconds_count") == 1
+    finally:
+        engine.close()
+        unserved.close()
 
 
 def _stored_tokens(client: DrafterClient) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import grpc
 
+from verifier_client.acceptance_metrics import WorkerMetrics
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
 from verifier_client.replica_ownership import Route, check_route
@@ -202,7 +203,9 @@ class EngineDrafter:
     One thread (the decode loop) calls :meth:`draft` each step, :meth:`release` when the
     engine drops a request and :meth:`close` at shutdown. A drafter whose tokenizer is not
     ``tokenizer_fingerprint`` (sha256 of tokenizer.json) is refused at startup (ValueError).
-    ``budget`` replaces the settings' rule (an engine whose verify width caps it).
+    ``budget`` replaces the settings' rule (an engine whose verify width caps it). With a
+    ``metrics_port`` in the settings, :attr:`metrics` (served there) records every drafter
+    call; the engine may record its acceptance there too.
     """
 
     def __init__(
@@ -214,11 +217,11 @@ class EngineDrafter:
         budget: BudgetRule | None = None,
     ) -> None:
         self.settings = settings
+        self._budget = budget or settings.budget_rule()
         if client is None:
             tls, token = settings.credentials()
             options = ClientOptions(
-                deadline_ms=settings.deadline_ms, mode=settings.mode,
-                budget=budget or settings.budget_rule(),
+                deadline_ms=settings.deadline_ms, mode=settings.mode, budget=self._budget,
                 tokenizer_fingerprint=tokenizer_fingerprint, credentials=tls, token=token,
             )  # fmt: skip
             targets = settings.targets()
@@ -233,6 +236,9 @@ class EngineDrafter:
         self.round_trips_ms: deque[float] = deque(maxlen=65536)  # recent steps' drafter calls
         self.last_result: StepResult | None = None  # the last draft()'s, None if it failed
         self._error_logged = False
+        self.metrics: WorkerMetrics | None = None
+        if settings.metrics_port is not None:
+            self.metrics = _served_metrics(settings.metrics_port)
         if settings.connect_timeout_s > 0:
             self._connect(settings.connect_timeout_s)
 
@@ -240,11 +246,6 @@ class EngineDrafter:
     def stats(self) -> ClientStats:
         """The client's counters (steps, fallbacks by reason, resyncs, ...)."""
         return self.client.stats
-
-    @property
-    def last_round_trip_s(self) -> float:
-        """The last drafter call's duration (0 before the first)."""
-        return self.round_trips_ms[-1] / 1e3 if self.round_trips_ms else 0.0
 
     @property
     def live_requests(self) -> int:
@@ -303,8 +304,12 @@ class EngineDrafter:
             start = perf_counter()
             budgets = None if budget is None else dict.fromkeys(commits, budget)
             result = client.step(commits, budgets)
-            self.round_trips_ms.append((perf_counter() - start) * 1e3)
+            round_trip_s = perf_counter() - start
+            self.round_trips_ms.append(round_trip_s * 1e3)
             self.last_result = result
+            if self.metrics is not None:
+                budget_now = self._budget.draft_budget(len(request_ids))
+                self.metrics.record_drafter_call(result, round_trip_s, budget_now)
             return [result.drafts.get(self.namespace + r) for r in request_ids]
         except Exception:  # never into the decode loop: this step has no drafts
             self._failed("drafting")
@@ -353,6 +358,18 @@ class EngineDrafter:
         if not self._error_logged:  # once: a broken drafter must not flood the engine's log
             self._error_logged = True
             log.exception("sssd drafter: %s failed; continuing without drafts", what)
+
+
+def _served_metrics(port: int) -> WorkerMetrics | None:
+    """The worker's metrics, served on ``port``; None (logged) when it cannot bind, e.g.
+    for a second data-parallel engine on this host: the engine runs on without them."""
+    metrics = WorkerMetrics()
+    try:
+        metrics.serve(port)
+    except OSError as err:
+        log.warning("sssd metrics not served on port %d: %s", port, err)
+        return None
+    return metrics
 
 
 def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:

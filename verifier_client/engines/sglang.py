@@ -25,7 +25,6 @@ import atexit
 import dataclasses
 import functools
 import importlib
-import logging
 from typing import Any
 
 import numpy as np
@@ -46,8 +45,6 @@ __all__ = [
     "validate_server_args",
     "worker_class",
 ]
-
-log = logging.getLogger(__name__)
 
 ALGORITHM = "SSSD"
 """The ``--speculative-algorithm`` name."""
@@ -201,19 +198,9 @@ def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
     settings = DrafterSettings.resolve(None, where=_WHERE)
     # The verify width holds D - 1 draft nodes: never ask the drafter for more.
     budget = capped_budget(settings.budget_rule(), num_draft_tokens - 1)
-    drafter = EngineDrafter(settings, budget=budget)
+    drafter = EngineDrafter(settings, budget=budget)  # serves the metrics, if asked to
     atexit.register(drafter.close, 2.0)  # send the last finishes
-    metrics = None
-    if settings.metrics_port is not None:
-        from verifier_client.acceptance_metrics import WorkerMetrics
-
-        metrics = WorkerMetrics()
-        try:
-            metrics.serve(settings.metrics_port)
-        except OSError as err:  # e.g. a second data-parallel scheduler on this host
-            log.warning("sssd metrics not served on port %d: %s", settings.metrics_port, err)
-            metrics = None
-    return DraftCorpus(drafter, num_draft_tokens, metrics=metrics)
+    return DraftCorpus(drafter, num_draft_tokens)
 
 
 def capped_budget(rule: BudgetRule, max_nodes: int) -> BudgetRule:

@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from verifier_client.engines.batch import EngineDrafter, may_store
 from verifier_client.results import Tree
-
-if TYPE_CHECKING:  # prometheus_client only where metrics are served
-    from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = ["CorpusLayout", "DraftCorpus", "corpus_layout", "store_verdict"]
 
@@ -91,16 +88,9 @@ class DraftCorpus:
     batch's ``Req`` objects before each ``batch_get`` and :meth:`release` when SGLang
     reports a request finished."""
 
-    def __init__(
-        self,
-        drafter: EngineDrafter | None,
-        num_draft_tokens: int,
-        *,
-        metrics: WorkerMetrics | None = None,
-    ) -> None:
+    def __init__(self, drafter: EngineDrafter | None, num_draft_tokens: int) -> None:
         self.drafter = drafter
         self.draft_token_num = num_draft_tokens  # SGLang's name for D
-        self.metrics = metrics  # records each drafter call
         self._bound: list[Any] = []  # this step's Req objects, in batch order
         self._live: dict[str, Any] = {}  # request id -> Req, for requests sent to the drafter
         self._parked: set[str] = set()  # left the batch unfinished (retracted, or overlap lag)
@@ -145,9 +135,6 @@ class DraftCorpus:
                                    stores=stores)  # fmt: skip
             for i, tree in zip(rows, drafts, strict=True):
                 trees[i] = tree
-            metrics = self.metrics
-            if metrics is not None and drafter.last_result is not None:  # None: the call failed
-                metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, None)
         try:
             return corpus_layout(trees, roots, self.draft_token_num)
         except ValueError:

@@ -99,7 +99,6 @@ class SssdProposer:
             ours, where=f"--additional-config {ADDITIONAL_CONFIG_KEY!r}"
         )
         install_hooks(sys.modules[_RUNNER_MODULE].GPUModelRunner)
-        self._budget_rule = self.settings.budget_rule()
         self._chain_rule = self.settings.chain_budget_rule()
         self._runner: Any = None
         self._verified: Mapping[str, Sequence[int]] = {}  # this step's scheduled drafts
@@ -116,9 +115,7 @@ class SssdProposer:
                 self.settings, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer)
             )
             atexit.register(self.drafter.close, 2.0)  # send the last finishes
-            if self.settings.metrics_port is not None:
-                self.metrics = WorkerMetrics()
-                self.metrics.serve(self.settings.metrics_port)
+            self.metrics = self.drafter.metrics  # records the drafter calls itself
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """vLLM calls this on every proposer; there is no model to load."""
@@ -170,9 +167,6 @@ class SssdProposer:
             if tree is not None and len(tree):
                 room = min(longest, self.max_model_len - length)
                 drafts[row] = tree.best_chain(room, min_score)
-        if self.metrics is not None and drafter.last_result is not None:
-            budget = self._budget_rule.draft_budget(len(rows))
-            self.metrics.record_drafter_call(drafter.last_result, drafter.last_round_trip_s, budget)
         return drafts
 
     def release(self, req_id: str, req_state: Any) -> None:
