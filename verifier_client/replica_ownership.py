@@ -17,9 +17,8 @@ import logging
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, Unpack
 
 import grpc
 
@@ -28,7 +27,7 @@ from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
 from verifier_client.deltas import DeltaTracker, RequestState, as_token_list, finish_tail
-from verifier_client.replica_targets import ReplicaResolver, replica_key, weight
+from verifier_client.replica_targets import ReplicaResolver, rendezvous_owner
 from verifier_client.results import ClientStats, StepResult
 
 log = logging.getLogger(__name__)
@@ -68,8 +67,16 @@ def prompt_key(prompt: Sequence[int]) -> bytes:
 
 
 class ReplicaClient(DrafterClient):
-    """A DrafterClient whose steps also end by a deadline shared with the other replicas',
-    and that hands a request's context over when it moves."""
+    """A replica's DrafterClient, with the one worker thread its calls run on during a step;
+    its steps also end by a deadline shared with the other replicas', and it hands a
+    request's context over when it moves."""
+
+    def __init__(self, target: str, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(target, **options)
+        # One thread: this replica's steps, in order.
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{target}")
+        self.busy: Future[Any] | None = None  # its last work on the worker, until seen done
+        self.held: dict[str, list[int]] = {}  # commits of a step it missed
 
     def step_by(
         self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
@@ -87,22 +94,6 @@ class ReplicaClient(DrafterClient):
         self.abort(request_id)
         return state
 
-    def record(self, commits: Mapping[str, list[int]]) -> None:
-        """Records commits without drafting (ones held while a step ran late)."""
-        self._session.tracker.commit_many(commits)
-
-
-@dataclass(eq=False, slots=True)
-class ReplicaMember:
-    """A present replica, with the one worker thread its client's calls run on."""
-
-    address: str
-    key: bytes  # replica_key(address)
-    client: ReplicaClient
-    worker: ThreadPoolExecutor  # one thread: this replica's steps, in order
-    busy: Future[Any] | None = None  # its last work on the worker, until seen done
-    held: dict[str, list[int]] = field(default_factory=dict)  # commits of a step it missed
-
     def idle(self, until_s: float | None = None) -> bool:
         """Waits (until ``until_s``, perf_counter; None: never past its step's deadline) for
         the worker to be done with the client, then records the commits held for it; False
@@ -114,10 +105,10 @@ class ReplicaMember:
                 return False
             self.busy = None
             if (error := busy.exception()) is not None:
-                log.error("drafter replica %s: a late step failed: %r", self.address, error)
-        if self.held:
+                log.error("drafter replica %s: a late step failed: %r", self.target, error)
+        if self.held:  # recorded without drafting
             held, self.held = self.held, {}
-            self.client.record(held)
+            self._session.tracker.commit_many(held)
         return True
 
 
@@ -132,10 +123,10 @@ class ReplicaOwnership:
         self._route = check_route(route)
         self._keys: dict[str, bytes] = {}  # live request -> its routing key
         self._options = options
-        self._replicas: dict[str, ReplicaMember] = {}  # by address
+        self._replicas: dict[str, ReplicaClient] = {}  # by address
         self._usable: tuple[str, ...] = ()  # addresses usable at the last sync
-        self._spread: tuple[ReplicaMember, ...] = ()  # where ingest goes (read from any thread)
-        self._owner: dict[str, ReplicaMember | None] = {}  # live request -> its replica, or none
+        self._spread: tuple[ReplicaClient, ...] = ()  # where ingest goes (read from any thread)
+        self._owner: dict[str, ReplicaClient | None] = {}  # live request -> its replica, or none
         self._orphans = DeltaTracker()  # requests while no replica exists
         self._retired = ClientStats()  # the counters of replicas gone
         # This client's steps, and the finishes and ingests dropped for want of a replica.
@@ -145,7 +136,7 @@ class ReplicaOwnership:
         self._resolver = ReplicaResolver(targets, self._new_client, resolve_interval_s,
                                          options.get("probe_timeout_s", 1.0))  # fmt: skip
         for address in self._resolver.addresses:
-            self._add_replica(address, self._new_client(address))
+            self._replicas[address] = self._new_client(address)
         self._sync()
         self._resolver.start()
 
@@ -154,7 +145,7 @@ class ReplicaOwnership:
     def replica_of(self, request_id: str) -> str | None:
         """The address of the replica that holds ``request_id`` (None: no replica yet)."""
         owner = self._owner_of(request_id)
-        return None if owner is None else owner.address
+        return None if owner is None else owner.target
 
     def add_request(
         self,
@@ -182,8 +173,8 @@ class ReplicaOwnership:
                 self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
             else:
                 owner.idle()
-                owner.client.add_request(request_id, prompt_ids, datastore=datastore,
-                                         prompt_length=prompt_length, store=store)  # fmt: skip
+                owner.add_request(request_id, prompt_ids, datastore=datastore,
+                                  prompt_length=prompt_length, store=store)  # fmt: skip
         except BaseException:
             del self._keys[request_id]  # refused: nothing of it is kept
             raise
@@ -208,7 +199,7 @@ class ReplicaOwnership:
             self._own.ingest_drops += store
             return not store
         owner.idle()
-        sent = owner.client.finish(
+        sent = owner.finish(
             request_id, tail=tail, output=output, store=store, durable=durable
         )
         self._forget(request_id)
@@ -222,7 +213,7 @@ class ReplicaOwnership:
             self._orphans.finish(request_id)
         else:
             owner.idle()
-            sent = owner.client.abort(request_id)
+            sent = owner.abort(request_id)
         self._forget(request_id)
         return sent
 
@@ -233,12 +224,12 @@ class ReplicaOwnership:
             return
         self._closed = True
         self._resolver.close()
-        closing = [r.worker.submit(r.client.close, timeout_s) for r in self._replicas.values()]
+        closing = [r.worker.submit(r.close, timeout_s) for r in self._replicas.values()]
         wait(closing)
         for replica in self._replicas.values():
             replica.worker.shutdown()
 
-    def _owner_of(self, request_id: str) -> ReplicaMember | None:
+    def _owner_of(self, request_id: str) -> ReplicaClient | None:
         """The replica that holds ``request_id``, None for none; KeyError unless live."""
         try:
             return self._owner[request_id]
@@ -247,10 +238,10 @@ class ReplicaOwnership:
 
     def _by_owner(
         self, commits: Mapping[str, list[int]]
-    ) -> tuple[dict[ReplicaMember, dict[str, list[int]]], list[str]]:
+    ) -> tuple[dict[ReplicaClient, dict[str, list[int]]], list[str]]:
         """The commits of live requests split by owner, and the requests with no replica
         (their commits are recorded here)."""
-        work: dict[ReplicaMember, dict[str, list[int]]] = {}
+        work: dict[ReplicaClient, dict[str, list[int]]] = {}
         orphaned: dict[str, list[int]] = {}
         for rid, tokens in commits.items():
             owner = self._owner[rid]
@@ -270,18 +261,18 @@ class ReplicaOwnership:
     def _sync(self) -> None:
         """Takes the resolver's news and the breakers' states; moves the requests whose
         owner changed, and retires the replicas gone."""
-        gone: list[ReplicaMember] = []
+        gone: list[ReplicaClient] = []
         if (news := self._resolver.news()) is not None:
             addresses, offered = news
             for address, client in offered.items():
                 if address in addresses and address not in self._replicas:
-                    self._add_replica(address, client)
+                    self._replicas[address] = client
                 else:
                     client.close(0)
             gone = [r for a, r in self._replicas.items() if a not in addresses]
         present = tuple(a for a, r in self._replicas.items() if r not in gone)
         closed = BreakerState.CLOSED
-        usable = tuple(a for a in present if self._replicas[a].client.breaker_state is closed)
+        usable = tuple(a for a in present if self._replicas[a].breaker_state is closed)
         if not gone and usable == self._usable:
             return
         added = not set(usable) <= set(self._usable)
@@ -291,7 +282,7 @@ class ReplicaOwnership:
             if owner is not None and owner not in gone:
                 # It stays when its owner still wins (only the usable set's losers move), or
                 # when no replica is usable (nowhere better to go: its breaker answers at once).
-                if not usable or (owner.address in usable and not added):
+                if not usable or (owner.target in usable and not added):
                     continue
             target = self._rendezvous(rid, usable or present)
             if target is not owner:
@@ -299,45 +290,40 @@ class ReplicaOwnership:
         for replica in gone:
             self._remove_replica(replica)
 
-    def _rendezvous(self, request_id: str, addresses: Iterable[str]) -> ReplicaMember | None:
+    def _rendezvous(self, request_id: str, addresses: Iterable[str]) -> ReplicaClient | None:
         """The owner of ``request_id`` among ``addresses`` (see rendezvous_owner)."""
-        key, replicas = self._keys[request_id], self._replicas
-        best = max(((weight(key, replicas[a].key), a) for a in addresses), default=None)
-        return None if best is None else replicas[best[1]]
+        address = rendezvous_owner(self._keys[request_id], addresses)
+        return None if address is None else self._replicas[address]
 
     def _move(
-        self, request_id: str, source: ReplicaMember | None, target: ReplicaMember | None
+        self, request_id: str, source: ReplicaClient | None, target: ReplicaClient | None
     ) -> None:
         """Hands a request, its whole context, from one replica (or none) to another."""
         if source is None:
             state = self._orphans.finish(request_id)
         else:
             source.idle()
-            state = source.client.hand_over(request_id)
+            state = source.hand_over(request_id)
         if target is None:
             self._orphans.add(request_id, state.tokens, state.datastore, state.prompt_length,
                               state.store)  # fmt: skip
         else:
             target.idle()
-            target.client.add_request(request_id, state.tokens, datastore=state.datastore,
-                                      prompt_length=state.prompt_length,
-                                      store=state.store)  # fmt: skip
+            target.add_request(request_id, state.tokens, datastore=state.datastore,
+                               prompt_length=state.prompt_length,
+                               store=state.store)  # fmt: skip
         self._owner[request_id] = target
         self.moves += 1
 
-    def _add_replica(self, address: str, client: ReplicaClient) -> None:
-        worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{address}")
-        self._replicas[address] = ReplicaMember(address, replica_key(address), client, worker)
-
-    def _remove_replica(self, replica: ReplicaMember) -> None:
+    def _remove_replica(self, replica: ReplicaClient) -> None:
         """Drops a replica whose requests have moved; it closes on its own worker."""
         replica.idle()
-        del self._replicas[replica.address]
-        self._retired.add(replica.client.stats)
+        del self._replicas[replica.target]
+        self._retired.add(replica.stats)
         timeout_s = self._options.get("background_timeout_s", 5.0)
-        replica.worker.submit(replica.client.close, timeout_s)
+        replica.worker.submit(replica.close, timeout_s)
         replica.worker.shutdown(wait=False)
-        log.info("drafter replica %s left", replica.address)
+        log.info("drafter replica %s left", replica.target)
 
     def _new_client(self, address: str) -> ReplicaClient:
         options = self._options.copy()

@@ -27,7 +27,7 @@ from verifier_client.breaker import BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import Unavailable
 from verifier_client.deltas import as_commit, as_token_list, check_budgets, check_live
-from verifier_client.replica_ownership import ClientOptions, ReplicaMember, ReplicaOwnership, Route
+from verifier_client.replica_ownership import ClientOptions, ReplicaClient, ReplicaOwnership, Route
 from verifier_client.replica_targets import parse_target, rendezvous_owner
 from verifier_client.results import ClientStats, Outcome, StepResult, Tree
 
@@ -80,7 +80,7 @@ class ReplicaSetClient(ReplicaOwnership):
     @property
     def breaker_state(self) -> dict[str, BreakerState]:
         """Each replica's circuit breaker state, by address."""
-        return {a: r.client.breaker_state for a, r in self._replicas.items()}
+        return {a: r.breaker_state for a, r in self._replicas.items()}
 
     @property
     def stats(self) -> ClientStats:
@@ -88,7 +88,7 @@ class ReplicaSetClient(ReplicaOwnership):
         ``steps``, ``drafted_steps`` and ``fallbacks``, which count this client's steps
         (a step is drafted when some replica answered). A fresh object on each read."""
         total = ClientStats()
-        for stats in (self._retired, *(r.client.stats for r in tuple(self._replicas.values()))):
+        for stats in (self._retired, *(r.stats for r in tuple(self._replicas.values()))):
             total.add(stats)
         total.steps, total.drafted_steps = self._own.steps, self._own.drafted_steps
         total.fallbacks = dict(self._own.fallbacks)
@@ -107,7 +107,7 @@ class ReplicaSetClient(ReplicaOwnership):
         for replica in self._replicas.values():
             replica.idle()
             left_s = max(0.0, end_s - perf_counter())
-            calls.append(replica.worker.submit(replica.client.wait_ready, left_s))
+            calls.append(replica.worker.submit(replica.wait_ready, left_s))
         if not calls:
             host, port = name or ("", 0)
             raise Unavailable(f"no drafter replica: {host}:{port} resolves to no address")
@@ -135,7 +135,7 @@ class ReplicaSetClient(ReplicaOwnership):
         self._own.steps += 1
         work, orphaned = self._by_owner(checked)
         outcomes = dict.fromkeys(orphaned, Outcome.UNAVAILABLE)
-        calls: list[tuple[ReplicaMember, dict[str, list[int]]]] = []
+        calls: list[tuple[ReplicaClient, dict[str, list[int]]]] = []
         for replica, sub in work.items():
             if replica.idle(deadline_s):
                 calls.append((replica, sub))
@@ -156,14 +156,14 @@ class ReplicaSetClient(ReplicaOwnership):
                 as_token_list(sequence, "ingested sequence")  # bad input still raises
             self._own.ingest_drops += 1
             return False
-        return spread[next(self._ingest_turn) % len(spread)].client.ingest(sequences, datastore)
+        return spread[next(self._ingest_turn) % len(spread)].ingest(sequences, datastore)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Waits until every replica sent its queued background work; False on timeout or
         when a call failed since the previous flush (see DrafterClient.flush)."""
         end_s = perf_counter() + timeout_s
         replicas = tuple(self._replicas.values())
-        return all([r.client.flush(max(0.0, end_s - perf_counter())) for r in replicas])
+        return all([r.flush(max(0.0, end_s - perf_counter())) for r in replicas])
 
     def __enter__(self) -> ReplicaSetClient:
         return self
@@ -190,17 +190,17 @@ class ReplicaSetClient(ReplicaOwnership):
         check_budgets(budgets)
         return {rid: budgets.get(rid, default) for rid in checked}
 
-    def _let_breakers_probe(self, work: Mapping[ReplicaMember, object]) -> None:
+    def _let_breakers_probe(self, work: Mapping[ReplicaClient, object]) -> None:
         """An open breaker probes only from a step: a replica left without requests gets
         an empty one (no I/O but the probe it may start)."""
         for replica in self._replicas.values():
-            if (replica not in work and replica.client.breaker_state is not BreakerState.CLOSED
+            if (replica not in work and replica.breaker_state is not BreakerState.CLOSED
                     and replica.idle(0.0)):  # fmt: skip
-                replica.client.step({})
+                replica.step({})
 
     def _run(
         self,
-        calls: list[tuple[ReplicaMember, dict[str, list[int]]]],
+        calls: list[tuple[ReplicaClient, dict[str, list[int]]]],
         budget_of: Mapping[str, int],
         deadline_s: float,
         outcomes: dict[str, Outcome],
@@ -212,9 +212,9 @@ class ReplicaSetClient(ReplicaOwnership):
         *others, (largest, its_commits) = sorted(calls, key=lambda call: len(call[1]))
         futures = []
         for replica, sub in others:
-            replica.busy = replica.worker.submit(replica.client.step_by, sub, budget_of, deadline_s)
+            replica.busy = replica.worker.submit(replica.step_by, sub, budget_of, deadline_s)
             futures.append(replica.busy)
-        results = [largest.client.step_by(its_commits, budget_of, deadline_s)]
+        results = [largest.step_by(its_commits, budget_of, deadline_s)]
         wait(futures, timeout=max(0.0, deadline_s + _MARGIN_S - perf_counter()))
         for replica, sub in others:
             future = replica.busy

@@ -64,10 +64,11 @@ def weight(request_id: bytes, key: bytes) -> bytes:
     return hashlib.blake2b(request_id, digest_size=8, key=key).digest()
 
 
-def rendezvous_owner(request_id: str, replicas: Iterable[str]) -> str | None:
+def rendezvous_owner(request_id: str | bytes, replicas: Iterable[str]) -> str | None:
     """The replica (address) among ``replicas`` whose key weighs most with ``request_id``
-    (ties to the larger address; None for none), whatever the order or process."""
-    rid = request_id.encode()
+    (or a routing key as bytes; ties to the larger address; None for none), whatever the
+    order or process."""
+    rid = request_id.encode() if isinstance(request_id, str) else request_id
     best = max(((weight(rid, replica_key(a)), a) for a in replicas), default=None)
     return None if best is None else best[1]
 
