@@ -25,7 +25,6 @@ class BatchKVCache:
     """KV of the requests in a decode batch; rows follow the batch order."""
 
     def __init__(self, config: PretrainedConfig) -> None:
-        self._config = config
         self.cache = DynamicCache(config=config)
         self.lens: list[int] = []  # committed tokens with KV per row (context minus the root)
         self._layers = _dynamic_layers(self.cache)
@@ -68,11 +67,8 @@ class BatchKVCache:
     def keep_rows(self, rows: Sequence[int]) -> None:
         """Keeps only ``rows`` (in that order): requests that left the batch are dropped."""
         self.lens = [self.lens[r] for r in rows]
-        if not rows:
-            self.cache = DynamicCache(config=self._config)
-            self._layers = _dynamic_layers(self.cache)
-            return
-        new_len = max(self.lens)  # the longest row may have left: trim to the longest kept
+        # The longest row may have left: trim to the longest kept (none kept: no columns).
+        new_len = max(self.lens, default=0)
         for layer in self._layers:  # all filled: the step's forward ran before
             index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
             keys = layer.keys[:, :, :new_len].index_select(0, index)
