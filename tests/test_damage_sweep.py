@@ -51,7 +51,7 @@ def data_dir(tmp_path: Path) -> Path:
 def held(parts: LiveParts) -> Counter[tuple[int, ...]]:
     """Every document the opened parts hold: in their sub-indices or waiting in the log."""
     docs: Counter[tuple[int, ...]] = Counter()
-    index = parts.index
+    index = parts.index.state
     for sub in (*(s for c in index.corpora for s in c.sub_indices), *index.learned):
         doc: list[int] = []
         for token in [*np.asarray(sub.tokens()).tolist(), SEPARATOR]:

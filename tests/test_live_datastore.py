@@ -141,7 +141,7 @@ def test_cheap_rebuilds_are_brought_forward(tmp_path: Path) -> None:
     with LiveDatastore(tmp_path / "off", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0),
                        background=False) as store:  # fmt: skip
         store.ingest(doc(1))
-        last = store._index.progress().last_rebuild_monotonic
+        last = store._index.state.last_rebuild_monotonic
         for since_s in (0.5, 1.0, 2.5, 60.0, 3599.0):
             assert store.run_maintenance_once(last + since_s) == (False, False), since_s
         assert store.stats().rebuilds == 0 and not contains(store, doc(1))
@@ -151,7 +151,7 @@ def test_cheap_rebuilds_are_brought_forward(tmp_path: Path) -> None:
     with LiveDatastore(tmp_path / "on", TOKENIZER, LivePolicy(**hourly, rebuild_max_share=0.05),
                        background=False) as store:  # fmt: skip
         store.ingest(doc(1))
-        last = store._index.progress().last_rebuild_monotonic
+        last = store._index.state.last_rebuild_monotonic
         assert store.run_maintenance_once(last + 0.5) == (False, False)  # never under 1 s apart
         assert store.stats().rebuilds == 0
         assert store.run_maintenance_once(last + 1.001) == (True, False)  # cheap: brought forward
@@ -174,7 +174,7 @@ def test_an_expensive_rebuild_waits_for_its_share(tmp_path: Path) -> None:
         store.ingest(doc(1, 100_000))  # rebuilt at once: the newest sub-index
         store.update_policy(rebuild_min_tokens=10**9)
         store.ingest(doc(2, 99_999))  # waits: with the newest, 200,000 tokens to re-sort
-        progress, stats = store._index.progress(), store.stats()
+        progress, stats = store._index.state, store.stats()
         assert stats.rebuilds == 1 and progress.rebuild_tokens_per_s > 0  # measured
         progress = replace(progress, rebuild_tokens_per_s=1e6)  # fix the rate: 0.2 s of sorting
         policy, waiting = store.policy, stats.pending_tokens

@@ -10,8 +10,10 @@ several parts takes their locks in this order, never the reverse:
 2. the pending buffer's lock (it guards the log and the shared stream's position too):
    held for the fsynced append, so ingests wait for each other but never for a rebuild or
    a snapshot write;
-3. the index set's lock: bookkeeping only (drafting's reads take it);
-4. a leaf: the policy's (writes).
+3. a leaf: the policy's (writes).
+
+The index set takes no lock of its own: its state is replaced whole under (1), so a read
+(drafting's, a stats view) sees one state without waiting.
 
 The only other nestings: accepting a document holds the buffer's lock while asking the
 index set (room?), so the memory bound holds (and, the position being the buffer's,

@@ -1,11 +1,13 @@
 """What the live datastore drafts from: its sub-indices and what they cover.
 
-:class:`IndexSet` owns the corpora, the learned sub-indices, the current immutable
-:class:`Datastore` of them, the log position and stream entry they cover, the newest
-snapshot's coverage, rebuild statistics and listeners, ``on_swap`` and ``unfolded``. Its
-structural-change lock (:attr:`IndexSet.changing`) admits one rebuild, snapshot, restore
-or corpus change at a time and is held around every swap, so swaps reach ``on_swap`` in
-order; its other lock guards the fields for bookkeeping only, so drafting never waits.
+:class:`IndexSet` holds an :class:`IndexState` (the corpora, the learned sub-indices, the
+current immutable :class:`Datastore` of them, the log position and stream entry they
+cover, the newest snapshot's coverage, rebuild statistics), replaced whole at each change,
+so a read takes no lock and sees one consistent state; beside it the rebuild listeners,
+``on_swap`` and ``unfolded``. Its structural-change lock (:attr:`IndexSet.changing`)
+admits one rebuild, snapshot, restore or corpus change at a time and is held around every
+change and swap, so states are replaced one after another and swaps reach ``on_swap`` in
+order; drafting never waits for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,15 +41,29 @@ class Unfolded(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class IndexProgress:
-    """What the maintenance schedule weighs: the sub-indices' coverage and timings."""
+class IndexState:
+    """The sub-indices and what they cover (what the maintenance schedule weighs, and
+    what a snapshot's manifest describes), as of one change."""
 
+    corpora: tuple[Corpus, ...]
     learned: tuple[SubIndex, ...]
+    datastore: Datastore  # the corpora's sub-indices (its base), then the learned ones
     covered: int  # newest log record folded into the sub-indices
+    covered_origin: StreamId | None  # newest shared-stream entry in them (a snapshot records it)
     snapshot_covered: int  # newest log record the newest snapshot holds
     last_snapshot_unix: float | None
-    last_rebuild_monotonic: float
-    rebuild_tokens_per_s: float  # measured by the last rebuild; 0: none yet
+    last_rebuild_monotonic: float = field(default_factory=time.monotonic)
+    rebuild_tokens_per_s: float = 0.0  # measured by the last rebuild; 0: none yet
+    rebuilds: int = 0
+    rebuild_seconds_total: float = 0.0
+    last_rebuild_seconds: float = 0.0
+
+    def with_indices(
+        self, corpora: tuple[Corpus, ...], learned: tuple[SubIndex, ...]
+    ) -> IndexState:
+        """This state with ``corpora`` and ``learned`` (and their datastore) current."""
+        datastore = joined_datastore(corpora, learned, self.datastore.vocab_size)
+        return replace(self, corpora=corpora, learned=learned, datastore=datastore)
 
 
 class IndexSet:
@@ -68,70 +84,31 @@ class IndexSet:
         self.unfolded = unfolded
         # The structural-change lock (first in the package's lock order).
         self.changing = threading.Lock()
-        self._lock = threading.Lock()
         self._on_swap = on_swap
-        self._install(corpora, learned)
-        self._covered = covered
-        # The newest shared-stream entry in the sub-indices (what a snapshot records).
-        self._covered_origin = covered_origin
-        self._snapshot_covered = covered
-        self._last_snapshot_unix = last_snapshot_unix
-        self._rebuilds = 0
-        self._rebuild_seconds = 0.0
-        self._last_rebuild_seconds = 0.0
-        self._last_rebuild_monotonic = time.monotonic()
-        self._rebuild_tokens_per_s = 0.0
+        datastore = joined_datastore(corpora, learned, vocab_size)
+        # Replaced whole, under the structural-change lock, so a read needs no lock.
+        self.state = IndexState(
+            corpora, learned, datastore, covered, covered_origin, covered, last_snapshot_unix
+        )
         self._listeners: tuple[Callable[[float], None], ...] = ()
 
     # -- reads -----------------------------------------------------------------------------
 
-    @property
-    def datastore(self) -> Datastore:
-        with self._lock:
-            return self._datastore
-
-    @property
-    def corpora(self) -> tuple[Corpus, ...]:
-        with self._lock:
-            return self._corpora
-
-    @property
-    def learned(self) -> tuple[SubIndex, ...]:
-        with self._lock:
-            return self._learned
-
-    def snapshot_content(self) -> tuple[Datastore, int, tuple[Corpus, ...], StreamId | None]:
-        """(datastore, covered position, corpora, newest stream entry), read together so
-        a manifest written from them describes exactly that content."""
-        with self._lock:
-            return self._datastore, self._covered, self._corpora, self._covered_origin
-
-    def progress(self) -> IndexProgress:
-        with self._lock:
-            return IndexProgress(
-                self._learned,
-                self._covered,
-                self._snapshot_covered,
-                self._last_snapshot_unix,
-                self._last_rebuild_monotonic,
-                self._rebuild_tokens_per_s,
-            )
-
     def stats(self) -> dict[str, Any]:
-        """Its ``LiveStats`` fields, read together."""
-        with self._lock:
-            ds = self._datastore
-            return {
-                "num_tokens": ds.num_tokens,
-                "sub_indices": len(ds.sub_indices),
-                "resident_bytes": ds.resident_bytes,
-                "rebuilds": self._rebuilds,
-                "rebuild_seconds_total": self._rebuild_seconds,
-                "last_rebuild_seconds": self._last_rebuild_seconds,
-                "covered_position": self._covered,
-                "covered_offset": self._covered_origin,
-                "last_snapshot_unix": self._last_snapshot_unix,
-            }
+        """Its ``LiveStats`` fields, of one state."""
+        state = self.state
+        datastore = state.datastore
+        return {
+            "num_tokens": datastore.num_tokens,
+            "sub_indices": len(datastore.sub_indices),
+            "resident_bytes": datastore.resident_bytes,
+            "rebuilds": state.rebuilds,
+            "rebuild_seconds_total": state.rebuild_seconds_total,
+            "last_rebuild_seconds": state.last_rebuild_seconds,
+            "covered_position": state.covered,
+            "covered_offset": state.covered_origin,
+            "last_snapshot_unix": state.last_snapshot_unix,
+        }
 
     def check_room(self, waiting_tokens: int, n_tokens: int, policy: LivePolicy) -> None:
         """Raises DatastoreFull when ``n_tokens`` more (``waiting_tokens`` waiting
@@ -139,15 +116,15 @@ class IndexSet:
         bound = policy.max_resident_bytes
         if bound is None:
             return
-        with self._lock:
-            subs, corpora = self._learned, self._corpora
+        state = self.state
+        subs = state.learned
         # What stays resident after the next rebuild drops every older sub-index: the one
         # the waiting documents land in.
         waiting = waiting_tokens + n_tokens
         if subs and subs[-1].num_tokens + 1 + waiting <= policy.max_sub_index_tokens:
             waiting += subs[-1].num_tokens + 1  # they extend the newest
         needed = 8 * waiting + 4 * (self.vocab_size + 1)  # text + SA + token table
-        needed += sum(c.resident_bytes for c in corpora)  # never dropped
+        needed += sum(c.resident_bytes for c in state.corpora)  # never dropped
         if needed > bound:
             raise DatastoreFull(
                 f"ingest of {n_tokens} tokens refused: it needs {needed} bytes, over the "
@@ -166,23 +143,25 @@ class IndexSet:
     ) -> tuple[Datastore, tuple[Callable[[float], None], ...]]:
         """Makes a rebuild's ``learned`` (the log through ``through``, newest stream entry
         ``origin``) current; returns the datastore to :meth:`publish` and the listeners."""
-        with self._lock:
-            datastore = self._install(self._corpora, learned)
-            self._covered = through
-            if origin is not None:
-                self._covered_origin = origin
-            self._rebuilds += 1
-            self._rebuild_seconds += elapsed_s
-            self._last_rebuild_seconds = elapsed_s
-            self._last_rebuild_monotonic = time.monotonic()
-            if elapsed_s > 0:
-                self._rebuild_tokens_per_s = work_tokens / elapsed_s
-            return datastore, self._listeners
+        state = self.state
+        self.state = replace(
+            state.with_indices(state.corpora, learned),
+            covered=through,
+            covered_origin=state.covered_origin if origin is None else origin,
+            rebuilds=state.rebuilds + 1,
+            rebuild_seconds_total=state.rebuild_seconds_total + elapsed_s,
+            last_rebuild_seconds=elapsed_s,
+            last_rebuild_monotonic=time.monotonic(),
+            rebuild_tokens_per_s=(
+                work_tokens / elapsed_s if elapsed_s > 0 else state.rebuild_tokens_per_s
+            ),
+        )
+        return self.state.datastore, self._listeners
 
     def install_corpora(self, corpora: tuple[Corpus, ...]) -> Datastore:
         """Makes ``corpora`` current; returns the datastore to :meth:`publish`."""
-        with self._lock:
-            return self._install(corpora, self._learned)
+        self.state = self.state.with_indices(corpora, self.state.learned)
+        return self.state.datastore
 
     def install_restored(
         self,
@@ -192,33 +171,26 @@ class IndexSet:
         snapshot_unix: float,
     ) -> None:
         """Makes a restored snapshot current, covering (with its new snapshot) ``position``."""
-        with self._lock:
-            self._install(corpora, learned)
-            self._covered = self._snapshot_covered = position
-            self._last_snapshot_unix = snapshot_unix
+        self.state = replace(
+            self.state.with_indices(corpora, learned),
+            covered=position,
+            snapshot_covered=position,
+            last_snapshot_unix=snapshot_unix,
+        )
 
     def note_snapshot(self, covered: int, snapshot_unix: float) -> None:
         """Records that a snapshot now holds the log through ``covered``."""
-        with self._lock:
-            self._snapshot_covered = covered
-            self._last_snapshot_unix = snapshot_unix
-
-    def _install(self, corpora: tuple[Corpus, ...], learned: tuple[SubIndex, ...]) -> Datastore:
-        datastore = joined_datastore(corpora, learned, self.vocab_size)
-        self._datastore, self._corpora, self._learned = datastore, corpora, learned
-        return datastore
+        self.state = replace(self.state, snapshot_covered=covered, last_snapshot_unix=snapshot_unix)
 
     def publish(self, datastore: Datastore) -> None:
-        """Hands ``datastore`` to ``on_swap``, then tells ``unfolded`` what it covers
-        (without the lock)."""
+        """Hands ``datastore`` to ``on_swap``, then tells ``unfolded`` what it covers."""
         if self._on_swap is not None:
             self._on_swap(datastore)
         if self.unfolded is not None:
-            with self._lock:
-                covered = self._covered
-            self.unfolded.release_through(covered)
+            self.unfolded.release_through(self.state.covered)
 
     def add_listener(self, listener: Callable[[float], None]) -> None:
-        """Calls ``listener(seconds)`` after every later successful rebuild."""
-        with self._lock:
+        """Calls ``listener(seconds)`` after every later successful rebuild (waits for a
+        structural change under way)."""
+        with self.changing:
             self._listeners = (*self._listeners, listener)

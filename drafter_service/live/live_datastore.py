@@ -7,10 +7,10 @@ for a rebuild. ``unfolded`` (the drafter's recent tier) drafts from each stored 
 until a swap folds it in. On open the newest snapshot is restored and the log after it
 replayed. Operators may add *corpora*, static sub-indices kept before the learned ones.
 
-The parts, each owning its state and lock (lock order: the package docstring):
-``PendingBuffer`` (the log, the documents waiting for a rebuild, the ingest counters, the
-shared stream's position) and ``IndexSet`` (corpora, sub-indices, the current datastore
-and what it covers, the structural-change lock).
+The parts, each owning its state (lock order: the package docstring): ``PendingBuffer``
+(the log, the documents waiting for a rebuild, the ingest counters, the shared stream's
+position; its lock) and ``IndexSet`` (corpora, sub-indices, the current datastore and what
+it covers, replaced whole as one ``IndexState``; the structural-change lock).
 ``drafter_service.replication`` follows a shared stream through the methods under "for a
 shared-stream follower". Layout: ``snapshots/<name>/`` (docs/snapshot-format.md) and
 ``wal/``.
@@ -120,7 +120,7 @@ class LiveDatastore:
         self._snapshots = LiveSnapshots(
             self._index, self._buffer, tokenizer, lambda: self._policy, self.directory / "snapshots"
         )
-        self._index.publish(self._index.datastore)
+        self._index.publish(self._index.state.datastore)
         if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
         self._thread: threading.Thread | None = None
@@ -221,7 +221,7 @@ class LiveDatastore:
         ``now_unix`` (default: now); returns (rebuild due, snapshot due). Tests step it."""
         records, tokens = self._buffer.pending()
         due = maintenance_due(
-            self._index.progress(),
+            self._index.state,
             records,
             tokens,
             self._policy,
@@ -280,19 +280,19 @@ class LiveDatastore:
 
     @property
     def corpora(self) -> tuple[Corpus, ...]:
-        return self._index.corpora
+        return self._index.state.corpora
 
     def add_corpus(self, corpus: Corpus) -> SnapshotInfo:
         """Adds ``corpus`` after the others and writes a snapshot. Raises ValueError for
         a name in use or another vocabulary, DatastoreFull past ``max_resident_bytes``."""
         with self._index.changing:
-            index, bound = self._index, self._policy.max_resident_bytes
-            return self._swap_corpora(with_corpus(index.corpora, corpus, index.datastore, bound))
+            state, bound = self._index.state, self._policy.max_resident_bytes
+            return self._swap_corpora(with_corpus(state.corpora, corpus, state.datastore, bound))
 
     def remove_corpus(self, name: str) -> SnapshotInfo:
         """Removes corpus ``name`` (KeyError when absent) and writes a snapshot."""
         with self._index.changing:
-            return self._swap_corpora(without_corpus(self._index.corpora, name))
+            return self._swap_corpora(without_corpus(self._index.state.corpora, name))
 
     def _swap_corpora(self, corpora: tuple[Corpus, ...]) -> SnapshotInfo:
         """Swaps in ``corpora``, then snapshots. The caller holds the structural-change lock
@@ -316,14 +316,15 @@ class LiveDatastore:
 
     @property
     def datastore(self) -> Datastore:
-        return self._index.datastore
+        return self._index.state.datastore
 
     def stats(self) -> LiveStats:
-        """The parts' views as one, read in this order (index set, buffer), each under
-        its own lock, so each part is consistent and later parts are slightly newer. Coverage
-        only follows what was logged before, so ``covered_position`` never passes
-        ``wal_position`` (nor ``covered_offset`` ``consumed_offset``) and no document counts in
-        both ``num_tokens`` and ``pending_tokens``; one a rebuild is folding is in neither."""
+        """The parts' views as one, read in this order (index set, buffer), each of one
+        state (the buffer's under its lock), so each part is consistent and the buffer's is
+        slightly newer. Coverage only follows what was logged before, so
+        ``covered_position`` never passes ``wal_position`` (nor ``covered_offset``
+        ``consumed_offset``) and no document counts in both ``num_tokens`` and
+        ``pending_tokens``; one a rebuild is folding is in neither."""
         index, buffer, error = self._index.stats(), self._buffer.stats(), self._last_error
         return LiveStats(**index, **buffer, last_error=error, shared_log=False)
 
@@ -331,7 +332,7 @@ class LiveDatastore:
         """SHA-256 over each learned sub-index's tokens: equal on replicas that folded the
         same stream entries (about 10 ms per 6M tokens)."""
         digest = hashlib.sha256()
-        for sub in self._index.learned:
+        for sub in self._index.state.learned:
             tokens = np.ascontiguousarray(sub.tokens(), dtype="<i4")
             digest.update(len(tokens).to_bytes(8, "little"))
             digest.update(tokens.tobytes())

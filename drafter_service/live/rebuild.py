@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.datastore.sub_indices import SubIndex, join_documents
-from drafter_service.live.index_set import IndexProgress, IndexSet
+from drafter_service.live.index_set import IndexSet, IndexState
 from drafter_service.live.live_policy import MIN_REBUILD_GAP_S, REBUILD_TOKENS_PER_S, LivePolicy
 from drafter_service.live.pending_buffer import PendingBuffer
 
@@ -27,8 +27,8 @@ def fold_pending(index: IndexSet, buffer: PendingBuffer, policy: LivePolicy) -> 
         if not batch:
             return False
         # Corpora and sub-indices change only under the structural-change lock, held here.
-        base = index.learned
-        static = sum(c.resident_bytes for c in index.corpora)
+        base = index.state.learned
+        static = sum(c.resident_bytes for c in index.state.corpora)
         work = rebuild_work(base, sum(len(r.tokens) for r in batch))
         origins = [record.origin for record in batch if record.origin is not None]
         start = time.perf_counter()
@@ -55,7 +55,7 @@ def rebuild_work(learned: tuple[SubIndex, ...], pending_tokens: int) -> int:
 
 
 def early_rebuild_due(
-    progress: IndexProgress, pending_tokens: int, policy: LivePolicy, since_s: float
+    progress: IndexState, pending_tokens: int, policy: LivePolicy, since_s: float
 ) -> bool:
     """Whether ``rebuild_max_share`` brings the next rebuild forward, ``since_s`` after the
     last: its expected duration is at most that share of the time since."""
@@ -104,7 +104,7 @@ def fold_documents(
 
 
 def maintenance_due(
-    progress: IndexProgress,
+    progress: IndexState,
     pending_records: int,
     pending_tokens: int,
     policy: LivePolicy,

@@ -68,12 +68,13 @@ class LiveSnapshots:
         log they cover, rotates unpinned snapshots past ``keep_snapshots``. The caller
         holds the structural-change lock."""
         index = self._index
-        # Read together: the manifest describes exactly this content.
-        datastore, covered, corpora, origin = index.snapshot_content()
-        if origin is not None:
-            extra = {**extra, LOG_OFFSET_KEY: str(origin)}
+        state = index.state  # one state: the manifest describes exactly this content
+        covered = state.covered
+        if state.covered_origin is not None:
+            extra = {**extra, LOG_OFFSET_KEY: str(state.covered_origin)}
         name = name or _stamped("snapshot", covered)
-        info = self._write_covering(name, datastore, covered, manifest_metadata(corpora, extra))
+        metadata = manifest_metadata(state.corpora, extra)
+        info = self._write_covering(name, state.datastore, covered, metadata)
         self._buffer.discard_through(
             covered, alongside=lambda: index.note_snapshot(covered, info.created_unix)
         )
@@ -113,7 +114,7 @@ class LiveSnapshots:
                     corpora, learned, position, info.created_unix
                 ),
             )
-            index.publish(index.datastore)
+            index.publish(index.state.datastore)
             log.info("restored snapshot %s (log through %d discarded)", name, position)
             return info
 
