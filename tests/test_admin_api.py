@@ -4,14 +4,16 @@ real gRPC client (verifier_client)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import re
 import signal
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ import numpy as np
 import pytest
 from service_support import VOCAB, LoopThread, Subprocess, config
 
+from drafter_service.admin.admin_jobs import AdminJobs
+from drafter_service.admin.http_errors import AdminError
+from drafter_service.admin.schemas import JobInfo
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.service import DrafterServer, ServeConfig
 from drafter_service.serving import drafter_server, start_server
@@ -629,6 +634,49 @@ def test_snapshot_and_corpus_names_are_validated(admin: Admin) -> None:
             assert r.status_code == 422, r.text
     assert sorted(p.name for p in data_dir.rglob("*")) == before
     assert (data_dir / "snapshots" / "keep" / "manifest.json").is_file()
+
+
+def test_jobs_run_one_at_a_time_in_order_and_close_drops_the_queued_ones() -> None:
+    release = threading.Event()
+    alone = threading.Lock()  # held by the job running
+    ran: list[str] = []
+
+    def work(name: str) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
+            assert alone.acquire(blocking=False), "two jobs ran at once"
+            try:
+                ran.append(name)
+                if name == "held":
+                    assert release.wait(60)
+            finally:
+                alone.release()
+            return {"name": name}
+
+        return run
+
+    async def scenario() -> tuple[list[JobInfo], list[JobInfo]]:
+        jobs = AdminJobs()
+        done = [jobs.submit("rebuild", "default", work(f"job{i}")) for i in range(3)]
+        while any(j.state in ("queued", "running") for j in done):
+            await asyncio.sleep(0)
+        held = jobs.submit("snapshot", "default", work("held"))
+        queued = [jobs.submit("snapshot", "default", work(f"queued{i}")) for i in range(2)]
+        while held.state != "running":
+            await asyncio.sleep(0)
+        closing = asyncio.ensure_future(jobs.close())
+        await asyncio.sleep(0)  # close has begun: the queued jobs are dropped
+        release.set()
+        await closing
+        with pytest.raises(AdminError, match="shutting down"):
+            jobs.submit("rebuild", "default", work("late"))
+        return done, [held, *queued]
+
+    done, closed = asyncio.run(scenario())
+    assert ran == ["job0", "job1", "job2", "held"]
+    assert [j.result for j in done] == [{"name": f"job{i}"} for i in range(3)]
+    assert [j.state for j in closed] == ["succeeded", "failed", "failed"]
+    assert [j.error for j in closed[1:]] == ["cancelled at shutdown"] * 2
+    assert all(j.started_unix is None for j in closed[1:])
 
 
 # -- errors ------------------------------------------------------------------------------

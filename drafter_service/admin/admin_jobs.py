@@ -8,7 +8,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from drafter_service.admin.http_errors import AdminError
@@ -20,12 +19,12 @@ MAX_JOBS = 256
 
 
 class AdminJobs:
-    """Runs jobs in submission order on one worker thread."""
+    """Runs jobs in submission order, one at a time, each on a worker thread."""
 
     def __init__(self) -> None:
         self.by_id: dict[str, JobInfo] = {}  # in submission order; changed on the event loop
         self._ids = itertools.count(1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="admin-job")
+        self._turn = asyncio.Lock()  # taken in submission order: one job at a time
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -54,14 +53,12 @@ class AdminJobs:
         return job
 
     async def _run(self, job: JobInfo, work: Callable[[], dict[str, Any]]) -> None:
-        loop = asyncio.get_running_loop()
-
-        def run() -> dict[str, Any]:
-            loop.call_soon_threadsafe(_mark_running, job)
-            return work()
-
         try:
-            job.result = await loop.run_in_executor(self._executor, run)
+            async with self._turn:
+                if self._closed:  # still queued when close was called
+                    raise asyncio.CancelledError
+                job.state, job.started_unix = "running", time.time()
+                job.result = await asyncio.to_thread(work)
             job.state = "succeeded"
         except asyncio.CancelledError:
             job.state, job.error = "failed", "cancelled at shutdown"
@@ -75,11 +72,4 @@ class AdminJobs:
     async def close(self) -> None:
         """Refuses new jobs, drops queued ones, waits for the running one."""
         self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, True, cancel_futures=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _mark_running(job: JobInfo) -> None:
-    if job.state == "queued":
-        job.state = "running"
-        job.started_unix = time.time()
