@@ -757,8 +757,6 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
 
     InputTrie trie(config.input_max_depth);
     for (int32_t v : ctx) trie.append(v);
-    std::vector<drafter::InputMatch> matches;
-    drafter::committed_matches(trie, config, matches);
 
     Draft datastore_only;
     drafter::FusionInputs from_datastore{config, budget};
@@ -772,7 +770,6 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     Draft input_only;
     drafter::FusionInputs from_input{config, budget};
     from_input.trie = &trie;
-    from_input.matches = &matches;
     from_input.context = ctx.data();
     from_input.context_len = n;
     from_input.explain = coin(rng, 0.5);

@@ -187,12 +187,7 @@ int64_t Drafter::num_requests() const {
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
                DraftScratch& scratch, Draft& out, bool explain, const CandidateTree* recent) {
-  if (trie != nullptr) {
-    committed_matches(*trie, config, scratch.matches);
-  } else {
-    scratch.matches.clear();
-  }
-  FusionInputs in{config, budget, trie, &scratch.matches};
+  FusionInputs in{config, budget, trie};
   if (datastore != nullptr && !datastore->sub_indices.empty()) {
     // A split datastore's base and live parts are two sources, each with its own tree.
     const size_t all = datastore->sub_indices.size();

@@ -32,15 +32,14 @@ struct DraftScratch {
   CandidateTree live_tree;          // a split datastore's live sub-indices
   CandidateTree recent_tree;        // the recent tier's continuations
   RecentScratch recent;
-  std::vector<InputMatch> matches;  // input-trie matches of the context, m = 1..P
   RetrievalScratch retrieval;
   FusionScratch fusion;
 };
 
 // Drafts for one request (without a Drafter: tests and tools; a Drafter drafts its
-// requests with it): the input trie's matches (trie may be null), the datastore's trees
-// (may be null), `recent` (the recent tier's, may be null), fused. `explain`: with
-// out.features.
+// requests with it): the input trie's suffix nodes (trie may be null), the datastore's
+// trees (may be null), `recent` (the recent tier's, may be null), fused. `explain`:
+// with out.features.
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
                DraftScratch& scratch, Draft& out, bool explain = false,

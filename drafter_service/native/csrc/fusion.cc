@@ -108,17 +108,19 @@ void Fusion::offer_roots() {
                     in_.config.datastore_weight, in_.config.datastore_child_discount, 0.0, 0},
                    in_.budget);
   }
-  if (in_.trie != nullptr && in_.matches != nullptr) {
-    const std::vector<InputMatch>& matches = *in_.matches;
-    for (auto m = static_cast<int32_t>(matches.size()); m >= 1; --m) {
-      const InputMatch& match = matches[m - 1];
-      if (match.node < 0) continue;
-      const double discount =
-          in_.config.input_child_discount_base + in_.config.input_child_discount_per_match * m;
-      offer_children({match.node, Source::kInput, 1.0, match.continued, in_.config.input_weight,
-                      discount, 0.0, m},
-                     in_.budget);
-    }
+  if (in_.trie == nullptr) return;
+  for (int32_t m = in_.config.input_max_prefix; m >= 1; --m) {
+    // The trie node of the context's last m tokens (-1: the input is shorter), and the
+    // occurrences of that m-gram with a continuation, the denominator of its children's
+    // probabilities: all but the one at the very end of the input.
+    const int32_t node = in_.trie->suffix_node(m);
+    if (node < 0) continue;
+    const double continued = in_.trie->count(node) - 1.0;
+    const double discount =
+        in_.config.input_child_discount_base + in_.config.input_child_discount_per_match * m;
+    offer_children({node, Source::kInput, 1.0, continued, in_.config.input_weight, discount,
+                    0.0, m},
+                   in_.budget);
   }
 }
 

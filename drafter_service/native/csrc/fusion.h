@@ -8,7 +8,6 @@
 #include "draft_config.h"
 #include "fusion_records.h"
 #include "input_trie.h"
-#include "retrieval.h"
 
 namespace drafter {
 
@@ -17,11 +16,10 @@ namespace drafter {
 struct FusionInputs {
   const DraftConfig& config;
   int32_t budget;  // at most this many draft nodes; <= 0 drafts nothing
-  // The input source: the request's trie, and the context's matches in it
-  // (committed_matches), offered from the longest suffix to the shortest. The trie
-  // also answers the n-gram features.
+  // The input source: the request's trie over the context, whose suffix nodes (the
+  // context's last m tokens, m = input_max_prefix..1) offer their children, from the
+  // longest suffix to the shortest. The trie also answers the n-gram features.
   const InputTrie* trie = nullptr;
-  const std::vector<InputMatch>* matches = nullptr;
   const CandidateTree* datastore_tree = nullptr;  // the datastore, or a split one's base
   const CandidateTree* live_tree = nullptr;       // a split datastore's live sub-indices
   const CandidateTree* recent_tree = nullptr;     // the recent tier's continuations

@@ -124,14 +124,4 @@ void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
   }
 }
 
-void committed_matches(const InputTrie& trie, const DraftConfig& config,
-                       std::vector<InputMatch>& out) {
-  out.assign(config.input_max_prefix, InputMatch{-1, 0.0});
-  for (int32_t m = 1; m <= config.input_max_prefix; ++m) {
-    const int32_t u = trie.suffix_node(m);
-    if (u < 0) continue;
-    out[m - 1] = {u, trie.count(u) - 1.0};  // the occurrence at the end has no continuation
-  }
-}
-
 }  // namespace drafter

@@ -1,6 +1,6 @@
-// Retrieval: each source's candidates for one context. The datastore's are a
-// CandidateTree of sampled continuations (SSSD Algorithm 2); the input's are the
-// context's matches in the request's input trie.
+// Retrieval: the datastore's candidates for one context, a CandidateTree of sampled
+// continuations (SSSD Algorithm 2). (The input's are the suffix nodes of the request's
+// input trie, which fusion reads itself: fusion.h.)
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,6 @@
 
 #include "candidate_tree.h"
 #include "draft_config.h"
-#include "input_trie.h"
 #include "sub_index.h"
 
 namespace drafter {
@@ -48,18 +47,5 @@ struct RetrievalScratch {
 void retrieve_sub_indices(const Datastore& datastore, size_t begin, size_t end,
                           const int32_t* context, int64_t context_len, const DraftConfig& config,
                           int32_t max_len, RetrievalScratch& scratch, CandidateTree& tree);
-
-// Where the context's last m tokens occur in a request's input trie (m = 1..P, at
-// index m - 1): the trie node of that m-gram and how many of its occurrences have a
-// continuation in the trie (the denominator of its children's probabilities).
-struct InputMatch {
-  int32_t node;      // -1: the m-gram does not occur (with a continuation) in the trie
-  double continued;  // occurrences followed by at least one more token, >= 0
-};
-
-// The committed context's matches: the trie's own suffix nodes, leaving out the
-// occurrence at the very end of the input, which has no continuation yet.
-void committed_matches(const InputTrie& trie, const DraftConfig& config,
-                       std::vector<InputMatch>& out);
 
 }  // namespace drafter
