@@ -36,7 +36,8 @@ from operator_schemas import OPERATOR_SCHEMAS
 from drafter_service.admin.bearer_auth import PUBLIC_PATHS
 from drafter_service.admin.routes import probes
 from drafter_service.service.grpc_server import SERVICE_NAME
-from drafter_service.service.settings import ENV_PREFIX, ServeConfig
+from drafter_service.service.setting_values import ENV_PREFIX
+from drafter_service.service.settings import ServeConfig
 from verifier_client.engines import DrafterSettings, EngineDrafter
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -56,6 +56,12 @@ def test_flag_wins_over_environment_over_default() -> None:
     assert config.datastores == (("code", Path("/srv/code")), ("chat", Path("/srv/chat")))
 
 
+def test_a_variable_is_matched_in_any_case_and_unset_when_empty() -> None:
+    environ = {"drafter_port": "7002", "DRAFTER_MAX_BUDGET": "", "DRAFTER_NOT_A_SETTING": "1"}
+    config = ServeConfig.from_env_and_args([], environ)
+    assert config.port == 7002 and config.max_budget == 256
+
+
 def test_every_setting_has_a_flag_and_a_variable() -> None:
     parser = argparse.ArgumentParser()
     ServeConfig.add_arguments(parser)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Mapping
+import tomllib
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, TomlConfigSettingsSource
 
 from drafter_service.live.live_datastore import LivePolicy
 
@@ -175,23 +175,26 @@ class SettingLayers:
     @classmethod
     def read(
         cls,
-        settings_cls: type[BaseSettings],
+        fields: Collection[str],
         namespace: argparse.Namespace,
         environ: Mapping[str, str],
     ) -> SettingLayers:
-        """Flags (unset: None) over variables over the settings file (``--config-file``, else
-        ``DRAFTER_CONFIG_FILE``); ValueError for a file that is missing or not TOML."""
-        flags = {name: value for name in settings_cls.model_fields
+        """Flags (unset: None) over variables (empty: unset; names in any case) over the
+        settings file (``--config-file``, else ``DRAFTER_CONFIG_FILE``); ValueError for a
+        file that is missing or not TOML."""
+        flags = {name: value for name in fields
                  if (value := getattr(namespace, name, None)) is not None}  # fmt: skip
+        variables = {key.upper(): value for key, value in environ.items() if value != ""}
+        env = {name: variables[env_name(name)] for name in fields if env_name(name) in variables}
         layers: list[tuple[Callable[[str], str], dict[str, Any]]] = [
             (flag_name, flags),
-            (env_name, _EnvironSource(settings_cls, environ)()),
+            (env_name, env),
         ]
         file_flag = getattr(namespace, "config_file", None)
         config_file = file_flag or environ.get(CONFIG_FILE_ENV, "")
         if config_file:
             origin = "--config-file" if file_flag else CONFIG_FILE_ENV
-            settings = _settings_file(settings_cls, Path(config_file), origin)
+            settings = _settings_file(Path(config_file), origin)
             layers.append((lambda name: f"{config_file}: {name}", settings))
         values: dict[str, Any] = {}
         origins: dict[str, tuple[str, Any]] = {}
@@ -221,23 +224,12 @@ class SettingLayers:
         return "; ".join(lines)
 
 
-class _EnvironSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping, not ``os.environ``."""
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # Keys lower-cased as the base class matches them; an empty variable is unset.
-        return {key.lower(): value for key, value in self._environ.items() if value != ""}
-
-
-def _settings_file(settings_cls: type[BaseSettings], path: Path, origin: str) -> dict[str, Any]:
+def _settings_file(path: Path, origin: str) -> dict[str, Any]:
     """The TOML settings file's keys and values (checked by the model, not here)."""
     if not path.is_file():
         raise ValueError(f"{origin}: {str(path)!r} is not a file")
     try:
-        return TomlConfigSettingsSource(settings_cls, toml_file=path)()
+        with path.open("rb") as file:
+            return tomllib.load(file)
     except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
         raise ValueError(f"{origin}: cannot read {str(path)!r}: {exc}") from None

@@ -1,12 +1,12 @@
-"""Settings of ``drafter serve``: one frozen pydantic-settings model whose every field is a
-flag, a ``DRAFTER_*`` variable and a key of an optional TOML file (``--config-file``). A
-flag wins over the variable, the variable over the file, each as a whole value.
+"""Settings of ``drafter serve``: one frozen pydantic model whose every field is a flag, a
+``DRAFTER_*`` variable and a key of an optional TOML file (``--config-file``). A flag wins
+over the variable, the variable over the file, each as a whole value.
 
 Nothing is read at import, nor when a ``ServeConfig`` is built directly (only its
-arguments count). The flags stay with argparse, not pydantic-settings' CLI source:
-``serve`` is a subcommand, two flags repeat under another name, and a bad value must
-name the flag, variable or file that gave it, so the layers stay apart until validation
-(``setting_values``).
+arguments count). The three layers are read by ``setting_values.SettingLayers`` (argparse,
+a lookup of each field's variable, ``tomllib``), not by pydantic-settings' sources: a bad
+value must name the flag, variable or file that gave it, so the layers stay apart until
+validation.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from drafter_service.drafting.draft_config import DraftConfig, config_field_value
 from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
@@ -29,7 +36,6 @@ from drafter_service.replication.shared_log import SharedLogConfig
 from drafter_service.service.setting_values import (
     CONFIG_FILE_ENV,
     DEFAULT_VOCAB_SIZE,
-    ENV_PREFIX,
     REPEATED_FLAGS,
     AtLeastOne,
     Bool,
@@ -53,11 +59,11 @@ from drafter_service.service.setting_values import (
 )
 
 
-class ServeConfig(BaseSettings):
+class ServeConfig(BaseModel):
     """Everything ``drafter serve`` needs; the defaults run an empty live datastore in
     ./drafter-data with the Llama-3 vocabulary (``DEFAULT_VOCAB_SIZE``). Frozen."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     host: Host = Field("127.0.0.1", description="address to listen on")
     port: Port = Field(50051, description="port to listen on (0 = pick a free port)")
@@ -74,11 +80,10 @@ class ServeConfig(BaseSettings):
     )
     datastores: Annotated[
         tuple[tuple[str, Path], ...],
-        NoDecode,
         pairs("NAME=DIR"),
         AfterValidator(unique_datastore_names),
     ] = Field((), description="extra read-only datastore NAME=DIR (a snapshot); repeatable")
-    draft_config: Annotated[Pairs, NoDecode, pairs("KEY=VALUE")] = Field(
+    draft_config: Annotated[Pairs, pairs("KEY=VALUE")] = Field(
         (),
         description="drafting knob KEY=VALUE, a DraftConfig field (docs/algorithm.md), e.g. "
         "datastore_smoothing=1; repeatable",
@@ -256,25 +261,12 @@ class ServeConfig(BaseSettings):
     shared_log_retention: Annotated[int, bounds(0)] = Field(
         1_000_000, description="shared log entries kept per stream, about (0 = all)"
     )
-    bootstrap_peers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(urls)] = Field(
+    bootstrap_peers: Annotated[tuple[str, ...], BeforeValidator(urls)] = Field(
         (),
         description="admin API URLs of peers (http[s]://host:port, comma-separated; a host of "
         "several addresses counts as each): with no snapshot of its own, the live datastore "
         "starts from the newest peer snapshot, then the shared log after it",
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Built directly, a ServeConfig is its arguments: no variable is read behind the
-        caller's back (``from_namespace`` reads them)."""
-        return (init_settings,)
 
     @model_validator(mode="after")
     def _check_together(self) -> ServeConfig:
@@ -348,7 +340,8 @@ class ServeConfig(BaseSettings):
     ) -> ServeConfig:
         """Flags over ``DRAFTER_*`` variables (default ``os.environ``) over the settings file
         over defaults; ValueError names the flag, variable or file entry and its value."""
-        layers = SettingLayers.read(cls, namespace, os.environ if environ is None else environ)
+        environ = os.environ if environ is None else environ
+        layers = SettingLayers.read(cls.model_fields, namespace, environ)
         try:
             return cls.model_validate(layers.values)
         except ValidationError as exc:
