@@ -11,9 +11,8 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo
@@ -165,63 +164,62 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
-@dataclass(frozen=True, slots=True)
-class SettingLayers:
-    """The values to validate, and for each one where it came from and as what text."""
+Validated = TypeVar("Validated")
 
-    values: dict[str, Any]
-    origins: dict[str, tuple[str, Any]]
 
-    @classmethod
-    def read(
-        cls,
-        fields: Collection[str],
-        namespace: argparse.Namespace,
-        environ: Mapping[str, str],
-    ) -> SettingLayers:
-        """Flags (unset: None) over variables (empty: unset; names in any case) over the
-        settings file (``--config-file``, else ``DRAFTER_CONFIG_FILE``); ValueError for a
-        file that is missing or not TOML."""
-        flags = {name: value for name in fields
-                 if (value := getattr(namespace, name, None)) is not None}  # fmt: skip
-        variables = {key.upper(): value for key, value in environ.items() if value != ""}
-        env = {name: variables[env_name(name)] for name in fields if env_name(name) in variables}
-        layers: list[tuple[Callable[[str], str], dict[str, Any]]] = [
-            (flag_name, flags),
-            (env_name, env),
-        ]
-        file_flag = getattr(namespace, "config_file", None)
-        config_file = file_flag or environ.get(CONFIG_FILE_ENV, "")
-        if config_file:
-            origin = "--config-file" if file_flag else CONFIG_FILE_ENV
-            settings = _settings_file(Path(config_file), origin)
-            layers.append((lambda name: f"{config_file}: {name}", settings))
-        values: dict[str, Any] = {}
-        origins: dict[str, tuple[str, Any]] = {}
-        for describe, layer in layers:  # the first layer that sets a field wins
-            for name, value in layer.items():
-                if name not in values:
-                    values[name] = value
-                    shown = ",".join(value) if isinstance(value, list) else value  # repeated flag
-                    origins[name] = (describe(name), shown)
-        return cls(values, origins)
+def read_settings(
+    validate: Callable[[dict[str, Any]], Validated],
+    fields: Collection[str],
+    namespace: argparse.Namespace,
+    environ: Mapping[str, str],
+) -> Validated:
+    """``validate`` of flags (unset: None) over variables (empty: unset; names in any case)
+    over the settings file (``--config-file``, else ``DRAFTER_CONFIG_FILE``); ValueError for
+    a file that is missing or not TOML, and for each bad setting with where its value came
+    from: ``--port: bad value 'http': ...``."""
+    flags = {name: value for name in fields
+             if (value := getattr(namespace, name, None)) is not None}  # fmt: skip
+    variables = {key.upper(): value for key, value in environ.items() if value != ""}
+    env = {name: variables[env_name(name)] for name in fields if env_name(name) in variables}
+    layers: list[tuple[Callable[[str], str], dict[str, Any]]] = [
+        (flag_name, flags),
+        (env_name, env),
+    ]
+    file_flag = getattr(namespace, "config_file", None)
+    config_file = file_flag or environ.get(CONFIG_FILE_ENV, "")
+    if config_file:
+        origin = "--config-file" if file_flag else CONFIG_FILE_ENV
+        settings = _settings_file(Path(config_file), origin)
+        layers.append((lambda name: f"{config_file}: {name}", settings))
+    values: dict[str, Any] = {}
+    origins: dict[str, tuple[str, Any]] = {}  # where each value came from, as what text
+    for describe, layer in layers:  # the first layer that sets a field wins
+        for name, value in layer.items():
+            if name not in values:
+                values[name] = value
+                shown = ",".join(value) if isinstance(value, list) else value  # repeated flag
+                origins[name] = (describe(name), shown)
+    try:
+        return validate(values)
+    except ValidationError as error:
+        raise ValueError(_explain(error, origins)) from None
 
-    def explain(self, error: ValidationError) -> str:
-        """Each bad setting with where its value came from: ``--port: bad value 'http': ...``."""
-        lines = []
-        for item in error.errors():
-            context = item.get("ctx", {})
-            reason = str(context["error"]) if "error" in context else item["msg"]
-            if not item["loc"]:  # a check spanning settings: its message names them
-                lines.append(reason)
-                continue
-            name = str(item["loc"][0])
-            where, value = self.origins.get(name, (name, item["input"]))
-            if item["type"] == "extra_forbidden":
-                lines.append(f"{where}: not a setting of drafter serve")
-            else:
-                lines.append(f"{where}: bad value {value!r}: {reason}")
-        return "; ".join(lines)
+
+def _explain(error: ValidationError, origins: Mapping[str, tuple[str, Any]]) -> str:
+    lines = []
+    for item in error.errors():
+        context = item.get("ctx", {})
+        reason = str(context["error"]) if "error" in context else item["msg"]
+        if not item["loc"]:  # a check spanning settings: its message names them
+            lines.append(reason)
+            continue
+        name = str(item["loc"][0])
+        where, value = origins.get(name, (name, item["input"]))
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: not a setting of drafter serve")
+        else:
+            lines.append(f"{where}: bad value {value!r}: {reason}")
+    return "; ".join(lines)
 
 
 def _settings_file(path: Path, origin: str) -> dict[str, Any]:

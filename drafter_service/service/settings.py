@@ -3,10 +3,10 @@
 over the variable, the variable over the file, each as a whole value.
 
 Nothing is read at import, nor when a ``ServeConfig`` is built directly (only its
-arguments count). The three layers are read by ``setting_values.SettingLayers`` (argparse,
-a lookup of each field's variable, ``tomllib``), not by pydantic-settings' sources: a bad
-value must name the flag, variable or file that gave it, so the layers stay apart until
-validation.
+arguments count). ``setting_values.read_settings`` reads the three layers (the parsed
+flags, each field's variable, the file by ``tomllib``), not pydantic-settings' sources: a
+bad value must name the flag, variable or file that gave it, so the layers stay apart
+until validation.
 """
 
 from __future__ import annotations
@@ -18,15 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from drafter_service.drafting.draft_config import DraftConfig, config_field_value
 from drafter_service.drafting.node_score import NODE_SCORE_CHOICES, read_node_score
@@ -45,7 +37,6 @@ from drafter_service.service.setting_values import (
     Port,
     PositiveSeconds,
     Seconds,
-    SettingLayers,
     bounds,
     check_live_store,
     check_log_level,
@@ -54,6 +45,7 @@ from drafter_service.service.setting_values import (
     flag_name,
     none_text,
     pairs,
+    read_settings,
     unique_datastore_names,
     urls,
 )
@@ -341,11 +333,7 @@ class ServeConfig(BaseModel):
         """Flags over ``DRAFTER_*`` variables (default ``os.environ``) over the settings file
         over defaults; ValueError names the flag, variable or file entry and its value."""
         environ = os.environ if environ is None else environ
-        layers = SettingLayers.read(cls.model_fields, namespace, environ)
-        try:
-            return cls.model_validate(layers.values)
-        except ValidationError as exc:
-            raise ValueError(layers.explain(exc)) from None
+        return read_settings(cls.model_validate, cls.model_fields, namespace, environ)
 
     @classmethod
     def from_env_and_args(
