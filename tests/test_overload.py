@@ -94,7 +94,7 @@ def test_a_call_whose_deadline_passed_in_the_queue_is_skipped(engine: DraftEngin
         assert "late" not in engine.table and engine.table.bytes == 0
         # The next call is served as usual.
         answer = await engine.draft(parse_draft_request(call("next", 100), engine.limits))
-        assert answer.trees[0] is not None
+        assert answer.places[0] is not None
         await engine.close()
 
     asyncio.run(go())
@@ -119,12 +119,12 @@ def test_a_call_that_cannot_be_answered_in_time_is_refused_at_once(engine: Draft
         assert "patient" not in engine.table
         gate.set()
         for answer in await asyncio.gather(*queued):  # no deadline: all answered
-            assert answer.trees[0] is not None
+            assert answer.places[0] is not None
         # The queue drained: the next call is taken, whatever its deadline.
         assert engine._runner.expected_wait_s() == 0
         answer = await engine.draft(parse_draft_request(call("after", 10), engine.limits),
                                     NOW[0] + 5)  # fmt: skip
-        assert answer.trees[0] is not None
+        assert answer.places[0] is not None
         await engine.close()
 
     asyncio.run(go())
@@ -168,10 +168,10 @@ def test_an_expired_call_leaves_a_later_restart_of_its_request_alone(
         gate.set()
         with pytest.raises(DeadlineExceeded):
             await first
-        assert (await second).trees[0] is not None
+        assert (await second).places[0] is not None
         assert "r" in engine.table and "r" in engine.catalog.slots[NAME].drafter
         again = await engine.draft(parse_draft_request(call("r", 500), engine.limits))
-        assert again.trees[0] is not None and again.lengths == [500]
+        assert again.places[0] is not None and again.lengths == [500]
         await engine.close()
 
     asyncio.run(go())
@@ -198,11 +198,11 @@ def test_an_append_to_a_request_an_expired_call_dropped_answers_resync(
         with pytest.raises(DeadlineExceeded):
             await first
         answer = await second
-        assert answer.trees == [None] and answer.lengths == [0]  # RESYNC
+        assert answer.places == [None] and answer.lengths == [0]  # RESYNC
         assert "r" not in engine.table and "r" not in engine.catalog.slots[NAME].drafter
         again = await engine.draft(parse_draft_request(step("r", 0, [1, 2, 3, 4, 5]),
                                                        engine.limits))  # fmt: skip
-        assert again.trees[0] is not None and again.lengths == [5]
+        assert again.places[0] is not None and again.lengths == [5]
         await engine.close()
 
     asyncio.run(go())

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.drafting.drafter import DraftBatch
 from drafter_service.edge.validation import MAX_REQUEST_ID_CHARS
 from drafter_service.engine.calls import CallLimits, DraftAnswer
 from drafter_service.engine.catalog import Catalog
 from sssd_drafter.v1 import drafter_pb2 as pb
 
 
-def draft_response(answer: DraftAnswer, step: int, packed: bool) -> pb.DraftResponse:
+def draft_response(
+    request_ids: list[str], answer: DraftAnswer, step: int, packed: bool
+) -> pb.DraftResponse:
     """The answer in the form the call came in (``packed`` columns, else one RequestDraft
-    per request), both from the same columns."""
+    per request), both from the same columns; ``request_ids`` are the call's."""
     columns = _draft_columns(answer)
     if packed:
         return pb.DraftResponse(step=step, packed=columns.packed())
@@ -31,7 +31,7 @@ def draft_response(answer: DraftAnswer, step: int, packed: bool) -> pb.DraftResp
     scores = columns.scores.tolist()
     lo = 0
     for request_id, status, length, hi in zip(
-        answer.request_ids,
+        request_ids,
         columns.statuses.tolist(),
         columns.lengths.tolist(),
         np.cumsum(columns.node_counts, dtype=np.int64).tolist(),
@@ -80,36 +80,35 @@ _RESYNC: int = pb.DRAFT_STATUS_RESYNC
 
 
 def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
-    """The batches' arrays as they are when the trees lie in request order (the usual case:
-    one datastore, rows in call order); otherwise gathered per request."""
-    n = len(answer.request_ids)
-    trees = answer.trees
-    if (batch := _in_order(trees)) is not None:
-        return _DraftColumns(
-            np.full(n, _OK, dtype=np.uint8),
-            np.array(answer.lengths, dtype=np.uint32),
-            np.diff(batch.offsets).astype(np.uint32),
-            batch.tokens,
-            batch.parents,
-            batch.scores,
-        )
+    """The batches' arrays as they are when one batch holds every request (the usual case:
+    one datastore; its rows are in call order, as the engine adds them); otherwise
+    gathered per request."""
+    n = len(answer.places)
+    for batch in answer.batches.values():
+        if len(batch) == n:
+            return _DraftColumns(
+                np.full(n, _OK, dtype=np.uint8),
+                np.array(answer.lengths, dtype=np.uint32),
+                np.diff(batch.offsets).astype(np.uint32),
+                batch.tokens,
+                batch.parents,
+                batch.scores,
+            )
     # Python lists and one tolist() per batch: per-row NumPy scalar access costs more.
     statuses: list[int] = []
     counts: list[int] = []
     lengths = list(answer.lengths)
-    row_bounds: dict[int, list[int]] = {}  # id(batch) -> batch.offsets as a list
+    bounds = {name: batch.offsets.tolist() for name, batch in answer.batches.items()}
     pieces: list[list[Any]] = []  # [batch, lo, hi]: runs of nodes to copy, in order
-    for i, where in enumerate(trees):
-        if where is None:
+    for i, place in enumerate(answer.places):
+        if place is None:
             statuses.append(_RESYNC)
             counts.append(0)
             lengths[i] = 0
             continue
-        batch, row = where
-        bounds = row_bounds.get(id(batch))
-        if bounds is None:
-            bounds = row_bounds[id(batch)] = batch.offsets.tolist()
-        lo, hi = bounds[row], bounds[row + 1]
+        name, row = place
+        batch = answer.batches[name]
+        lo, hi = bounds[name][row], bounds[name][row + 1]
         statuses.append(_OK)
         counts.append(hi - lo)
         if hi == lo:
@@ -126,15 +125,6 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
         _gather([b.parents[lo:hi] for b, lo, hi in pieces], np.int32),
         _gather([b.scores[lo:hi] for b, lo, hi in pieces], np.float32),
     )
-
-
-def _in_order(trees: Sequence[tuple[DraftBatch, int] | None]) -> DraftBatch | None:
-    """The one batch of a row per request holding request i's tree at row i, if there is one."""
-    batch = trees[0][0] if trees and trees[0] is not None else None
-    if batch is None or len(batch) != len(trees):
-        return None
-    in_order = all(w is not None and w[0] is batch and w[1] == i for i, w in enumerate(trees))
-    return batch if in_order else None
 
 
 def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArray[Any]:

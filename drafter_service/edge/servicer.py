@@ -157,14 +157,12 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         """``deadline_s`` (monotonic): the call's gRPC deadline; a stream's steps have none."""
         engine.check_admission(deadline_s)
         call = parse_draft_request(request, engine.limits)
+        ids = call.request_ids
         if namespace:  # the engine sees the client's ids under its own prefix
-            ids = call.request_ids
             call = replace(call, request_ids=[namespace + r for r in ids], client=namespace)
-            answer = replace(await engine.draft(call, deadline_s), request_ids=ids)
-        else:
-            answer = await engine.draft(call, deadline_s)
-        self._metrics.record_batch(method, len(answer.request_ids))
-        return draft_response(answer, request.step, packed=request.HasField("packed"))
+        answer = await engine.draft(call, deadline_s)
+        self._metrics.record_batch(method, len(ids))
+        return draft_response(ids, answer, request.step, packed=request.HasField("packed"))
 
     async def _finish(
         self, engine: DraftEngine, request: pb.FinishRequest, namespace: str

@@ -55,9 +55,10 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class DraftAnswer:
-    """The answer to a DraftCall: per request, the tokens now held and where its tree
-    is (a batch and its row), or None for RESYNC."""
+    """The answer to a DraftCall, in its request order: per request, the tokens now held
+    and where its tree is (a datastore of ``batches`` and the row in its batch), or None
+    for RESYNC. The batches are the native calls' as they came."""
 
-    request_ids: list[str]
     lengths: list[int]
-    trees: list[tuple[DraftBatch, int] | None]
+    places: list[tuple[str, int] | None]
+    batches: dict[str, DraftBatch]  # by datastore: each one that drafted

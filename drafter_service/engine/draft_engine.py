@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from drafter_service.drafting.drafter import DraftBatch
 from drafter_service.engine.call_errors import (
     DeadlineExceeded,
     ResourceExhausted,
@@ -133,16 +132,12 @@ class DraftEngine:
             if isinstance(exc.__cause__, RequestsDropped):  # every request starts over
                 n = len(call.request_ids)
                 self.metrics.count_resync("unknown", n)
-                return DraftAnswer(call.request_ids, [0] * n, [None] * n)
+                return DraftAnswer([0] * n, [None] * n, {})
             raise
-        for name, batch in batches.items():
-            if batch is not None:
-                self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
-        trees: list[tuple[DraftBatch, int] | None] = [None] * len(planned)
-        for i, (place, _) in enumerate(planned):
-            if place is not None and (batch := batches[place[0]]) is not None:
-                trees[i] = (batch, place[1])
-        return DraftAnswer(call.request_ids, [length for _, length in planned], trees)
+        drafted = {name: batch for name, batch in batches.items() if batch is not None}
+        for name, batch in drafted.items():
+            self.metrics.record_trees(name, batch.offsets, jobs[name].seconds)
+        return DraftAnswer([length for _, length in planned], [p for p, _ in planned], drafted)
 
     def _group(self, client: str) -> int:
         """``client``'s recent-tier group: 0 (seen by all) unless clients are kept apart."""
