@@ -58,6 +58,21 @@ class IndexState:
     rebuild_seconds_total: float = 0.0
     last_rebuild_seconds: float = 0.0
 
+    @classmethod
+    def loaded(
+        cls,
+        corpora: tuple[Corpus, ...],
+        learned: tuple[SubIndex, ...],
+        vocab_size: int,
+        covered: int,
+        covered_origin: StreamId | None,
+        snapshot_unix: float | None,
+    ) -> IndexState:
+        """The state a start begins from: a snapshot's content (none: empty), covering the
+        log through ``covered`` (0: none), before any rebuild."""
+        datastore = joined_datastore(corpora, learned, vocab_size)
+        return cls(corpora, learned, datastore, covered, covered_origin, covered, snapshot_unix)
+
     def with_indices(
         self, corpora: tuple[Corpus, ...], learned: tuple[SubIndex, ...]
     ) -> IndexState:
@@ -71,25 +86,16 @@ class IndexSet:
 
     def __init__(
         self,
-        vocab_size: int,
-        corpora: tuple[Corpus, ...],
-        learned: tuple[SubIndex, ...],
-        covered: int,
-        covered_origin: StreamId | None,
-        last_snapshot_unix: float | None,
+        state: IndexState,
         on_swap: Callable[[Datastore], None] | None,
         unfolded: Unfolded | None = None,
     ) -> None:
-        self.vocab_size = vocab_size
+        self.vocab_size = state.datastore.vocab_size
         self.unfolded = unfolded
         # The structural-change lock (first in the package's lock order).
         self.changing = threading.Lock()
         self._on_swap = on_swap
-        datastore = joined_datastore(corpora, learned, vocab_size)
-        # Replaced whole, under the structural-change lock, so a read needs no lock.
-        self.state = IndexState(
-            corpora, learned, datastore, covered, covered_origin, covered, last_snapshot_unix
-        )
+        self.state = state  # replaced whole, under the structural-change lock: reads need none
         self._listeners: tuple[Callable[[float], None], ...] = ()
 
     # -- reads -----------------------------------------------------------------------------

@@ -13,13 +13,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
-from drafter_service.datastore.sub_indices import Datastore, SubIndex
-from drafter_service.live.index_set import IndexSet, Unfolded
+from drafter_service.datastore.sub_indices import Datastore
+from drafter_service.live.index_set import IndexSet, IndexState, Unfolded
 from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.pending_buffer import PendingBuffer
-from drafter_service.live.pinned_corpora import Corpus, split_corpora
+from drafter_service.live.pinned_corpora import split_corpora
 from drafter_service.live.snapshotting import LOG_OFFSET_KEY
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
@@ -57,45 +56,27 @@ def open_live_parts(
     snapshots.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(snapshots)
     complete, damaged = scan_snapshots(snapshots)
-    newest = _load_newest_readable(complete, tokenizer, damaged)
-    info = newest.info
-    covered = info.wal_position if info is not None else 0
-    ingest_log = IngestLog(directory / "wal", covered_seq=covered, salvage=salvage)
+    info, state = _load_newest_readable(complete, tokenizer, damaged)
+    ingest_log = IngestLog(directory / "wal", covered_seq=state.covered, salvage=salvage)
     try:
         check_damaged_snapshots(damaged, info, ingest_log, directory, salvage)
         check_log_continues(info, ingest_log, salvage)
-        index = IndexSet(
-            tokenizer.vocab_size,
-            newest.corpora,
-            newest.learned,
-            covered,
-            newest.offset,
-            info.created_unix if info is not None else None,
-            on_swap,
-            unfolded,
-        )
     except BaseException:
         ingest_log.close()
         raise
-    known = [o for o in (ingest_log.last_origin, newest.offset) if o is not None]
-    return LiveParts(PendingBuffer(ingest_log, max(known, default=None)), index)
-
-
-class _Loaded(NamedTuple):
-    """The snapshot a start begins from (``info`` None: none, an empty datastore)."""
-
-    info: SnapshotInfo | None
-    corpora: tuple[Corpus, ...] = ()
-    learned: tuple[SubIndex, ...] = ()
-    offset: StreamId | None = None
+    known = [o for o in (ingest_log.last_origin, state.covered_origin) if o is not None]
+    buffer = PendingBuffer(ingest_log, max(known, default=None))
+    return LiveParts(buffer, IndexSet(state, on_swap, unfolded))
 
 
 def _load_newest_readable(
     complete: list[SnapshotInfo], tokenizer: TokenizerIdentity, damaged: list[tuple[Path, str]]
-) -> _Loaded:
-    """The newest intact snapshot of ``complete``; each newer damaged one (file missing,
+) -> tuple[SnapshotInfo | None, IndexState]:
+    """The newest intact snapshot of ``complete`` (None: none) and the index state it
+    holds (an empty datastore without one); each newer damaged one (file missing,
     truncated or failing its checksum, manifest not describing its files, bad metadata)
     is added to ``damaged`` with why. Another tokenizer is a setting error: refused."""
+    vocab_size = tokenizer.vocab_size
     for candidate in reversed(complete):
         check_tokenizer(candidate, tokenizer)
         try:
@@ -105,8 +86,10 @@ def _load_newest_readable(
         except (SnapshotError, DamagedDataError) as exc:
             damaged.append((candidate.path, str(exc)))
             continue
-        return _Loaded(info, corpora, learned, offset)
-    return _Loaded(None)
+        return info, IndexState.loaded(
+            corpora, learned, vocab_size, info.wal_position, offset, info.created_unix
+        )
+    return None, IndexState.loaded((), (), vocab_size, 0, None, None)
 
 
 def snapshot_offset(info: SnapshotInfo) -> StreamId | None:
