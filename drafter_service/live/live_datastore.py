@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -93,6 +94,16 @@ class LiveStats:
     stream_delay_s: float = 0.0
 
 
+class LiveOptions(TypedDict, total=False):
+    """The keyword options of :class:`LiveDatastore` (a subclass passes them on as they are)."""
+
+    on_swap: Callable[[Datastore], None] | None  # given each swapped-in datastore (None)
+    background: bool  # rebuild and snapshot on a thread of its own (True), else when asked
+    salvage: bool  # keep what is readable of damaged data instead of refusing (False)
+    background_nice: int  # the background threads' nice value (0: unchanged)
+    unfolded: Unfolded | None  # drafts from each stored document until it is folded in (None)
+
+
 class LiveDatastore:
     """The live datastore under ``directory``. Thread-safe."""
 
@@ -101,16 +112,13 @@ class LiveDatastore:
         directory: str | Path,
         tokenizer: TokenizerIdentity,
         policy: LivePolicy | None = None,
-        *,
-        on_swap: Callable[[Datastore], None] | None = None,
-        background: bool = True,
-        salvage: bool = False,
-        background_nice: int = 0,
-        unfolded: Unfolded | None = None,
+        **options: Unpack[LiveOptions],
     ) -> None:
-        check_nice(background_nice)
+        self.background_nice = check_nice(options.get("background_nice", 0))
         self.directory = Path(directory)
         self.tokenizer = tokenizer
+        on_swap, unfolded = options.get("on_swap"), options.get("unfolded")
+        salvage = options.get("salvage", False)
         parts = open_live_parts(self.directory, tokenizer, on_swap, salvage, unfolded)
         self._buffer, self._index = parts.buffer, parts.index
         # Each replaced whole, so a read needs no lock.
@@ -124,12 +132,9 @@ class LiveDatastore:
         if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
         self._thread: threading.Thread | None = None
-        if background:
+        if options.get("background", True):
             self._thread = threading.Thread(
-                target=self._run_background,
-                args=(background_nice,),
-                name="live-datastore",
-                daemon=True,
+                target=self._run_background, name="live-datastore", daemon=True
             )
             self._thread.start()
 
@@ -238,10 +243,10 @@ class LiveDatastore:
             self._last_error = repr(exc)
         return due
 
-    def _run_background(self, nice: int) -> None:
-        """The background thread, at ``nice``: wakes at least once a second (or on a full
-        buffer, a policy change, close) and does what is due, until closed."""
-        lower_thread_priority(nice)
+    def _run_background(self) -> None:
+        """The background thread, at ``background_nice``: wakes at least once a second (or
+        on a full buffer, a policy change, close) and does what is due, until closed."""
+        lower_thread_priority(self.background_nice)
         # The policy is read under the buffer's lock, which update_policy's wake-up takes,
         # so no change is missed.
         while self._buffer.wait_for_work(lambda: min(self._policy.rebuild_interval_s, 1.0)):

@@ -8,14 +8,13 @@ not share one replica's rollback (docs/scale-out.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Unpack
 
-from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.datastore.tokens import TokenIds
 from drafter_service.live.ingestion import checked_document
-from drafter_service.live.live_datastore import LiveDatastore, LivePolicy, LiveStats, Unfolded
+from drafter_service.live.live_datastore import LiveDatastore, LiveOptions, LivePolicy, LiveStats
 from drafter_service.replication.shared_log import RedisStream
 from drafter_service.replication.stream_follower import StreamFollower
 from drafter_service.snapshot.store import SnapshotError, SnapshotInfo, TokenizerIdentity
@@ -33,18 +32,11 @@ class ReplicatedDatastore(LiveDatastore):
         policy: LivePolicy | None = None,
         *,
         shared_log: RedisStream,
-        on_swap: Callable[[Datastore], None] | None = None,
-        background: bool = True,
-        salvage: bool = False,
-        background_nice: int = 0,
-        unfolded: Unfolded | None = None,
+        **options: Unpack[LiveOptions],
     ) -> None:
-        super().__init__(
-            directory, tokenizer, policy, on_swap=on_swap, background=background,
-            salvage=salvage, background_nice=background_nice, unfolded=unfolded,
-        )  # fmt: skip
+        super().__init__(directory, tokenizer, policy, **options)
         self.shared_log = shared_log  # the shared ingest stream this datastore follows
-        self._follower = StreamFollower(self, shared_log, self.directory.name, background_nice)
+        self._follower = StreamFollower(self, shared_log, self.directory.name)
 
     def ingest(self, tokens: TokenIds) -> int:
         """Appends one document to the stream and waits briefly for this replica to take

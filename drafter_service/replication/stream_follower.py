@@ -44,11 +44,8 @@ class StreamFollower:
     """Takes the entries of ``stream`` into the live datastore ``live``, on a thread of its
     own from construction until :meth:`stop`."""
 
-    def __init__(
-        self, live: LiveDatastore, stream: RedisStream, name: str, background_nice: int = 0
-    ) -> None:
+    def __init__(self, live: LiveDatastore, stream: RedisStream, name: str) -> None:
         self._live = live
-        self._nice = background_nice
         self._stream = stream
         self._stop = threading.Event()
         self._checked_loss = False
@@ -70,7 +67,7 @@ class StreamFollower:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        lower_thread_priority(self._nice)
+        lower_thread_priority(self._live.background_nice)
         backoff = 0.1
         after = self._live.consumed_offset
         while not self._stop.is_set():
