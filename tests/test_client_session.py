@@ -217,6 +217,13 @@ def test_finish_of_an_unsure_request_aborts_and_ingests_the_generation() -> None
     abort, ingest = s.finish("a", [4], store=True)
     assert isinstance(abort, FinishWork) and abort.aborted
     assert ingest == IngestWork("code", [[1, 2, 3, 4]])
+    s.tracker.add("c", [1, 2], "", None)
+    plan = begin(s, {"c": []})
+    s.complete(plan, ok_answer(plan), 0.0)  # synced
+    begin(s, {"c": [3]})  # its answer is still out (an asyncio client's finish may come now)
+    abort, ingest = s.finish("c", [], store=True)
+    assert isinstance(abort, FinishWork) and abort.aborted
+    assert ingest == IngestWork("", [[1, 2, 3]])
     s.tracker.add("b", [7], "", None)  # never sent: nothing to free
     assert s.finish("b", [8], store=True) == [IngestWork("", [[7, 8]])]
     s.tracker.add("e", [1, 2], "", None)  # no output: nothing to store
