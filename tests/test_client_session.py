@@ -90,7 +90,7 @@ def test_failures_mark_for_resend_and_open_the_breaker() -> None:
     for now_s in (0.5, 1.5, 1.6):
         result = s.begin({"a": [5]}, None, now_s)
         assert isinstance(result, StepResult) and result.outcome is Outcome.BREAKER_OPEN
-    assert s.pop_probe_due() and not s.pop_probe_due()
+    assert s.breaker.state is BreakerState.HALF_OPEN  # asked once (the client sends it)
     assert s.stats.tokens_sent == sent_before and s.tracker.get("a").tokens == [1, 2, 3, 4, 5, 5, 5]
     assert s.stats.fallbacks == {Outcome.DEADLINE: 1, Outcome.UNAVAILABLE: 1,
                                  Outcome.BREAKER_OPEN: 3, Outcome.ERROR: 0}  # fmt: skip
@@ -207,6 +207,22 @@ def test_the_clients_take_tail_and_output_only_by_name() -> None:
         with pytest.raises(TypeError):
             client.finish("r", [3])  # type: ignore[misc]
         assert client.finish("r", output=[3])
+
+
+def test_an_open_circuit_has_one_probe_out_at_a_time() -> None:
+    from verifier_client import DrafterClient
+
+    fast = BreakerConfig(failure_threshold=1, cooldown_s=1e-3, max_cooldown_s=1e-3, jitter=0.0)
+    # Nothing listens there: steps fail, and the probe (wait_for_ready) stays out.
+    with DrafterClient("127.0.0.1:1", breaker=fast, probe_timeout_s=60.0) as client:
+        client.add_request("a", [1, 2])
+        for _ in range(100_000):
+            if client.step({"a": []}).outcome is Outcome.BREAKER_OPEN and client.stats.probes:
+                break
+        assert client.breaker_state is BreakerState.HALF_OPEN and client.stats.probes == 1
+        for _ in range(5):
+            assert client.step({"a": []}).outcome is Outcome.BREAKER_OPEN
+        assert client.stats.probes == 1  # the one out is waited for, not sent again
 
 
 def test_finish_of_an_unsure_request_aborts_and_ingests_the_generation() -> None:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class ProbeCall(Protocol):
     """A GetServiceInfo running in the background: a gRPC future or an asyncio task."""
 
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None: ...
+    def done(self) -> bool: ...
     def cancel(self) -> bool: ...
     def cancelled(self) -> bool: ...
     def exception(self) -> BaseException | None: ...
@@ -90,8 +90,7 @@ class ClientCore(ABC, Generic[StreamT]):
         self._stream: StreamT | None = None
         self._started_s = 0.0  # the current step's entry
         self._streams_opened = 0
-        self._probe: ProbeCall | None = None
-        self._probe_result: bool | None = None  # set when a probe ends, applied by step()
+        self._probe: ProbeCall | None = None  # the probe out, or ended but not yet applied
         self._probe_timeout_s = probe_timeout_s
         self._closed = False
         self.target = target
@@ -174,21 +173,23 @@ class ClientCore(ABC, Generic[StreamT]):
             raise RuntimeError(f"step() on a closed {type(self).__name__}")
         self._started_s = now_s = perf_counter()
         session = self._session
-        if self._probe_result is not None:  # the drafter answered it (circuit closed) or not
-            reachable, self._probe_result = self._probe_result, None
-            if reachable:
+        probe = self._probe
+        if probe is not None and probe.done():  # the drafter answered it (circuit closed) or not
+            self._probe = None
+            if not probe.cancelled() and probe.exception() is None:
                 log.info("drafter reachable again: circuit closed")
                 session.breaker.record_success()
-            else:
+            else:  # unreachable or refused
                 session.breaker.record_failure(now_s)
         plan = session.begin(commits, budgets, now_s)
         if isinstance(plan, StepPlan):
             return plan
-        if session.pop_probe_due():  # its result is applied by a later step
+        if session.breaker.state is BreakerState.HALF_OPEN and self._probe is None:
+            # The breaker asked for a probe (admitted one), and none is out yet: its result
+            # is applied by a later step, which moves the breaker on.
             self.stats.probes += 1
             self._drop_stream()
             self._probe = self._launch_probe()
-            self._probe.add_done_callback(self._probe_ended)
         return self._finished(plan)
 
     def _advance(
@@ -231,11 +232,6 @@ class ClientCore(ABC, Generic[StreamT]):
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-
-    def _probe_ended(self, probe: ProbeCall) -> None:
-        # On gRPC's thread (sync) or the event loop; unreachable, refused, or cancelled
-        # by close() all count as a failed probe.
-        self._probe_result = not probe.cancelled() and probe.exception() is None
 
     # --- close
 

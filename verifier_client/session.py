@@ -72,7 +72,6 @@ class DraftSession:
         self.max_per_call = 1024  # requests per Finish / sequences per Ingest call
         self._read_only: frozenset[str] = frozenset()  # datastores that store nothing
         self._sequence = 0  # DraftRequest.step of the last message built
-        self._probe_due = False
 
     def adopt_service_info(self, info: pb.GetServiceInfoResponse) -> None:
         """Checks the tokenizer and takes the drafter's limits and read-only datastores."""
@@ -125,9 +124,7 @@ class DraftSession:
         stats = self.stats
         stats.steps += 1
         request_ids = tuple(commits)
-        admission = self.breaker.admit(now_s)
-        if admission is not Admission.ALLOW:
-            self._probe_due |= admission is Admission.PROBE
+        if self.breaker.admit(now_s) is not Admission.ALLOW:  # on PROBE the client sends one
             stats.fallbacks[Outcome.BREAKER_OPEN] += 1
             return StepResult.without_drafts(stats.steps, Outcome.BREAKER_OPEN, request_ids)
         default_budget = self.budget.draft_budget(len(request_ids))
@@ -180,11 +177,6 @@ class DraftSession:
         self.breaker.record_failure(now_s)
         self.stats.fallbacks[outcome] += 1
         return StepResult.without_drafts(plan.step, outcome, plan.request_ids)
-
-    def pop_probe_due(self) -> bool:
-        """True once after the breaker asked for a probe (the client sends it)."""
-        due, self._probe_due = self._probe_due, False
-        return due
 
     def _build(
         self, send_ids: Iterable[str], budget_of: Mapping[str, int] | None, default_budget: int
