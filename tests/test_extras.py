@@ -22,7 +22,7 @@ PROJECT = PYPROJECT["project"]
 
 # What the extras bring; none of it may be needed by the library.
 NOT_CORE = ("grpc", "google.protobuf", "grpc_health", "grpc_reflection", "fastapi",
-            "starlette", "uvicorn", "pydantic", "pydantic_settings", "prometheus_client",
+            "starlette", "uvicorn", "pydantic", "prometheus_client",
             "redis", "pyarrow", "tokenizers", "jinja2", "tqdm", "torch", "transformers",
             "sklearn", "matplotlib")  # fmt: skip
 
