@@ -19,17 +19,19 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from time import perf_counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
-from verifier_client.acceptance_metrics import WorkerMetrics
 from verifier_client.budget import BudgetRule
 from verifier_client.client import DrafterClient
 from verifier_client.replica_ownership import Route, check_route
 from verifier_client.replica_set import ClientOptions, ReplicaSetClient
 from verifier_client.replica_targets import fixed_targets
 from verifier_client.results import ClientStats, StepResult, Tree
+
+if TYPE_CHECKING:  # prometheus_client only where metrics are served
+    from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = [
     "CONFIG_ENV", "STORE_KEY", "DrafterSettings", "EngineDrafter", "may_store",
@@ -363,6 +365,8 @@ class EngineDrafter:
 def _served_metrics(port: int) -> WorkerMetrics | None:
     """The worker's metrics, served on ``port``; None (logged) when it cannot bind, e.g.
     for a second data-parallel engine on this host: the engine runs on without them."""
+    from verifier_client.acceptance_metrics import WorkerMetrics
+
     metrics = WorkerMetrics()
     try:
         metrics.serve(port)
