@@ -135,6 +135,18 @@ def test_ragged_batches_join_and_leave_between_steps() -> None:
     assert len(set(sizes)) >= 3  # the batch grew and shrank
 
 
+def test_one_token_prompts_join_a_new_and_an_emptied_batch() -> None:
+    model = model64("llama")
+    items = prompts(9, seed=5)  # items[0] and items[8] have one token: nothing to prefill
+    refs = references(model, items, 6)
+    truths = {rid: [*items[int(rid)], *out] for rid, out in refs.items()}
+    worker = DecodeWorker(model, OracleDrafter(truths, seed=1), max_batch=2)
+    for order in ([0, 8], [0, 3, 8], [8]):  # the last two start after the batch emptied
+        for g in worker.run(GenerationRequest(str(i), items[i], 6) for i in order):
+            assert g.output_ids == refs[g.request_id], (order, g.request_id)
+        assert worker.kv.batch_size == 0 and worker.kv.physical_len == 0
+
+
 @pytest.mark.parametrize(
     "bad",
     [

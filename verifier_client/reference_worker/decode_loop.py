@@ -268,12 +268,13 @@ class DecodeWorker:
         contexts = [[int(t) for t in r.prompt_ids] for r in joining]
         lengths = [len(c) - 1 for c in contexts]
         cache = DynamicCache(config=self.model.config)
-        if max(lengths) > 0:
-            ids = torch.zeros((len(joining), max(lengths)), dtype=torch.long)
-            for row, context in enumerate(contexts):
-                ids[row, : lengths[row]] = torch.tensor(context[:-1])
-            self.model.base_model(input_ids=ids.to(self.device), use_cache=True,
-                                  **{self._base_cache_kw: cache})  # fmt: skip
+        # One column at least, so the cache is filled for one-token prompts too (with
+        # padding past their length, like any row's).
+        ids = torch.zeros((len(joining), max(1, *lengths)), dtype=torch.long)
+        for row, context in enumerate(contexts):
+            ids[row, : lengths[row]] = torch.tensor(context[:-1])
+        self.model.base_model(input_ids=ids.to(self.device), use_cache=True,
+                              **{self._base_cache_kw: cache})  # fmt: skip
         self.kv.append_rows(cache, lengths)
         for request, context in zip(joining, contexts, strict=True):
             generator = None

@@ -56,12 +56,12 @@ class BatchKVCache:
 
     def append_rows(self, prefilled: DynamicCache, lengths: Sequence[int]) -> None:
         """Adds one row per joining request: row ``i`` of ``prefilled`` holds
-        ``lengths[i]`` valid columns (its layers are still empty if all lengths are 0)."""
-        rows = (self.batch_size, len(lengths))
+        ``lengths[i]`` valid columns."""
         for layer, new in zip(self._layers, prefilled.layers, strict=True):
-            keys = _stack_rows((layer.keys, new.keys), rows)
-            if keys is not None:
-                _set_layer(layer, keys, _stack_rows((layer.values, new.values), rows))
+            keys, values = new.keys, new.values
+            if layer.keys is not None:  # None before the first prefill
+                keys, values = _stack_rows(layer.keys, keys), _stack_rows(layer.values, values)
+            _set_layer(layer, keys, values)
         self.lens.extend(lengths)
 
     def keep_rows(self, rows: Sequence[int]) -> None:
@@ -118,24 +118,16 @@ def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
     return layers
 
 
-def _set_layer(layer: DynamicLayer, keys: Tensor, values: Tensor | None) -> None:
-    assert values is not None
+def _set_layer(layer: DynamicLayer, keys: Tensor, values: Tensor) -> None:
     if not layer.is_initialized:
         layer.lazy_initialization(keys, values)
     layer.keys, layer.values = keys, values
 
 
-def _stack_rows(parts: tuple[Tensor | None, Tensor | None], rows: tuple[int, int]) -> Tensor | None:
-    """The two row groups (``rows[g]`` rows each; None: no columns yet) concatenated along
-    the batch, zero-padded on the sequence axis (stale columns: masked); None if both are."""
-    like = next((t for t in parts if t is not None), None)
-    if like is None:
-        return None
-    length = max(int(t.shape[-2]) for t in parts if t is not None)
-
-    def padded(tensor: Tensor | None, n: int) -> Tensor:
-        if tensor is None:
-            return like.new_zeros((n, like.shape[1], length, like.shape[3]))
-        return torch.nn.functional.pad(tensor, (0, 0, 0, length - int(tensor.shape[-2])))
-
-    return torch.cat([padded(t, n) for t, n in zip(parts, rows, strict=True) if n], dim=0)
+def _stack_rows(old: Tensor, new: Tensor) -> Tensor:
+    """``old``'s rows then ``new``'s, zero-padded on the sequence axis to the longer (stale
+    columns: masked)."""
+    length = max(int(old.shape[-2]), int(new.shape[-2]))
+    return torch.cat(
+        [torch.nn.functional.pad(t, (0, 0, 0, length - int(t.shape[-2]))) for t in (old, new)]
+    )
