@@ -18,10 +18,12 @@ import pytest
 from service_support import (
     LoopThread,
     config,
+    datastore_held,
     delta,
     draft_held,
     rpc_error,
     serving,
+    wait_until_taken,
 )
 
 from drafter_service import Drafter
@@ -253,6 +255,30 @@ def test_an_overloaded_service_refuses_before_parsing_the_message(
             assert garbage.code() is grpc.StatusCode.INVALID_ARGUMENT, garbage
             assert "not a valid" in str(garbage.details())
         assert gate.refused_unread == 2
+
+
+def test_with_authentication_an_overloaded_service_refuses_a_unary_draft_for_its_load(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    """With bearer tokens on, the load gate's refusal of a unary Draft call still answers
+    RESOURCE_EXHAUSTED to an authenticated caller (and UNAUTHENTICATED to a stranger)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alpha alpha-token-0123456789\n")
+    bearer = (("authorization", "Bearer alpha-token-0123456789"),)
+    settings = config(tmp_path / "data", max_inflight_calls=1, inline_max_work=0,
+                      grpc_tokens_file=tokens)  # fmt: skip
+    with serving(loop_thread, settings) as s:
+        request = pb.DraftRequest(requests=[delta("a", [1, 2, 3])])
+        with datastore_held(s):
+            first = s.stub.Draft.future(request, metadata=bearer, timeout=60)
+            wait_until_taken(s)
+            refused = rpc_error(s.stub.Draft, request, metadata=bearer, timeout=60)
+            assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+            assert "max_inflight_calls (1)" in str(refused.details())
+            stranger = rpc_error(s.stub.Draft, request, timeout=60)
+            assert stranger.code() is grpc.StatusCode.UNAUTHENTICATED, stranger
+        assert first.result(timeout=60).drafts[0].length == 3
+        assert s.server.load_gate.refused_unread == 1
 
 
 def test_calls_past_max_pending_rpcs_are_refused_by_grpc_while_the_loop_is_busy(

@@ -230,7 +230,8 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         raise AssertionError("context.abort returned")
 
     def _gate(self, method: str, handler: Any) -> Any:
-        """The service's methods are unary-unary or, DraftStream, stream-stream."""
+        """The service's methods are unary-unary or, DraftStream, stream-stream; a refusal
+        that reads no message (``wire.LoadGate``'s) is stream-unary."""
         parse = handler.request_deserializer
 
         def deserialize(data: bytes) -> Any:
@@ -239,7 +240,7 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         options = dict(request_deserializer=deserialize,
                        response_serializer=handler.response_serializer)  # fmt: skip
-        if handler.request_streaming:
+        if handler.response_streaming:
 
             async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
                 await self._admit(method, context)
@@ -250,6 +251,8 @@ class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
             await self._admit(method, context)
+            if handler.stream_unary is not None:  # a refusal: it reads nothing
+                return await handler.stream_unary(requests, context)
             request = await anext(aiter(requests), None)  # read once admitted
             if request is None:
                 await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
