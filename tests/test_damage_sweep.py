@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from drafter_service.datastore.sub_indices import SEPARATOR
+from drafter_service.live.index_set import IndexSet
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
-from drafter_service.live.startup import LiveParts, open_live_parts
+from drafter_service.live.pending_buffer import PendingBuffer
+from drafter_service.live.startup import open_live_parts
 from drafter_service.snapshot.array_files import DamagedDataError
 from drafter_service.snapshot.store import TokenizerIdentity
 
@@ -48,10 +50,10 @@ def data_dir(tmp_path: Path) -> Path:
     return data_dir
 
 
-def held(parts: LiveParts) -> Counter[tuple[int, ...]]:
+def held(buffer: PendingBuffer, index_set: IndexSet) -> Counter[tuple[int, ...]]:
     """Every document the opened parts hold: in their sub-indices or waiting in the log."""
     docs: Counter[tuple[int, ...]] = Counter()
-    index = parts.index.state
+    index = index_set.state
     for sub in (*(s for c in index.corpora for s in c.sub_indices), *index.learned):
         doc: list[int] = []
         for token in [*np.asarray(sub.tokens()).tolist(), SEPARATOR]:
@@ -60,7 +62,7 @@ def held(parts: LiveParts) -> Counter[tuple[int, ...]]:
             elif doc:
                 docs[tuple(doc)] += 1
                 doc = []
-    docs.update(tuple(record.tokens.tolist()) for record in parts.buffer.records())
+    docs.update(tuple(record.tokens.tolist()) for record in buffer.records())
     return docs
 
 
@@ -83,7 +85,7 @@ def sweep(
         at = bit // 8
         put_byte(path, at, original[at] ^ (1 << (bit % 8)))
         try:
-            parts = open_live_parts(data_dir, TOKENIZER, None, False)
+            buffer, index = open_live_parts(data_dir, TOKENIZER, None, False)
         except DamagedDataError:
             outcomes["refused as damage"] += 1
             continue
@@ -96,8 +98,8 @@ def sweep(
                 put_byte(path, at, original[at])
             else:  # cut (as a torn tail)
                 path.write_bytes(original)
-        parts.buffer.close_log()
-        missing = everything - held(parts)
+        buffer.close_log()
+        missing = everything - held(buffer, index)
         outcomes["silent loss" if missing else "started, all present"] += 1
     assert path.read_bytes() == original
     return outcomes

@@ -119,8 +119,9 @@ class LiveDatastore:
         self.tokenizer = tokenizer
         on_swap, unfolded = options.get("on_swap"), options.get("unfolded")
         salvage = options.get("salvage", False)
-        parts = open_live_parts(self.directory, tokenizer, on_swap, salvage, unfolded)
-        self._buffer, self._index = parts.buffer, parts.index
+        self._buffer, self._index = open_live_parts(
+            self.directory, tokenizer, on_swap, salvage, unfolded
+        )
         # Each replaced whole, so a read needs no lock.
         self._last_error: str | None = None  # the newest failed rebuild, snapshot, stream read
         self._policy = policy or LivePolicy()

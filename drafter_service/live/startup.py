@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from drafter_service.datastore.sub_indices import Datastore
@@ -35,23 +34,16 @@ from drafter_service.snapshot.store import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class LiveParts:
-    """The parts of an opened live datastore (lock order: the package docstring)."""
-
-    buffer: PendingBuffer
-    index: IndexSet
-
-
 def open_live_parts(
     directory: Path,
     tokenizer: TokenizerIdentity,
     on_swap: Callable[[Datastore], None] | None,
     salvage: bool,
     unfolded: Unfolded | None = None,
-) -> LiveParts:
-    """The live datastore under ``directory``: the newest snapshot, the log after it
-    waiting. ``salvage``: keep what is readable of damaged data instead of refusing."""
+) -> tuple[PendingBuffer, IndexSet]:
+    """The parts of the live datastore under ``directory`` (lock order: the package
+    docstring): the log after the newest snapshot, waiting, and the snapshot's index set.
+    ``salvage``: keep what is readable of damaged data instead of refusing."""
     snapshots = directory / "snapshots"
     snapshots.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(snapshots)
@@ -65,8 +57,7 @@ def open_live_parts(
         ingest_log.close()
         raise
     known = [o for o in (ingest_log.last_origin, state.covered_origin) if o is not None]
-    buffer = PendingBuffer(ingest_log, max(known, default=None))
-    return LiveParts(buffer, IndexSet(state, on_swap, unfolded))
+    return PendingBuffer(ingest_log, max(known, default=None)), IndexSet(state, on_swap, unfolded)
 
 
 def _load_newest_readable(
