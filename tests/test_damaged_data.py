@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from client_servers import VOCAB_SIZE, DrafterProcess, drafter_command
 
+from drafter_service.live.ingest_log import IngestLog, WalCorruptError
 from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
+from drafter_service.replication.peer_bootstrap import offset_on_disk
 from drafter_service.snapshot.array_files import DamagedDataError
 from drafter_service.snapshot.store import TokenizerIdentity, list_snapshots, read_manifest
 from sssd_drafter.v1 import drafter_pb2 as pb
@@ -249,3 +251,24 @@ def test_a_snapshot_file_failing_its_checksum_refuses_and_salvage_serves_the_res
         assert [s.path.name for s in list_snapshots(data_dir / "snapshots")] == ["s1"]
     finally:
         salvaged.stop()
+
+
+def test_the_shared_log_check_before_a_bootstrap_reads_a_damaged_log_as_opening_does(
+    tmp_path: Path,
+) -> None:
+    """With --shared-log and --bootstrap-peers, the replica reads its log for the newest
+    stream entry before opening the datastore: a damaged record refuses there too, and
+    --salvage keeps the readable records there as it will at the open (it used to refuse
+    even with --salvage true, so the salvage asked for never ran)."""
+    wal = tmp_path / "wal"
+    ingest_log = IngestLog(wal)
+    for i in range(1, 6):
+        ingest_log.append(np.arange(i, i + 50, dtype=np.int32), origin=(1000 + i, 0))
+    ingest_log.close()
+    (segment,) = wal.glob("*.log")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x5A  # one flipped byte in the middle of the segment
+    segment.write_bytes(bytes(data))
+    with pytest.raises(WalCorruptError, match="--salvage true"):
+        offset_on_disk(tmp_path)
+    assert offset_on_disk(tmp_path, salvage=True) == (1005, 0)  # the records after it kept

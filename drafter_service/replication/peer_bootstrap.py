@@ -55,28 +55,29 @@ class _Offer:
     created_unix: float
 
 
-def offset_on_disk(directory: Path) -> StreamId | None:
+def offset_on_disk(directory: Path, salvage: bool = False) -> StreamId | None:
     """The newest stream entry ``directory`` holds, in its newest snapshot or its log
-    (read as opening would); None: none."""
+    (read as opening would, with ``salvage`` as the datastore will be); None: none."""
     root = directory / "snapshots"
     newest = list_snapshots(root)[-1:] if root.is_dir() else []
     known = [snapshot_offset(info) for info in newest]
     if (directory / "wal").is_dir():
         covered = newest[0].wal_position if newest else 0
-        ingest_log = IngestLog(directory / "wal", covered_seq=covered)
+        ingest_log = IngestLog(directory / "wal", covered_seq=covered, salvage=salvage)
         known.append(ingest_log.last_origin)
         ingest_log.close()
     return max((offset for offset in known if offset is not None), default=None)
 
 
-def supersede_behind_stream(directory: Path, stream: RedisStream) -> bool:
+def supersede_behind_stream(directory: Path, stream: RedisStream, salvage: bool = False) -> bool:
     """When retention trimmed stream entries after what ``directory`` holds, moves its
     snapshots and log aside into ``directory/superseded`` (kept) so the replica bootstraps
     from a peer instead of serving a hole. Returns whether it did; an unreachable stream
-    changes nothing (the follower reports it)."""
+    changes nothing (the follower reports it). A damaged log is refused as opening it would
+    be, unless ``salvage`` (the datastore's ``--salvage``)."""
     if needs_bootstrap(directory):
         return False
-    held = offset_on_disk(directory)
+    held = offset_on_disk(directory, salvage)
     try:
         lost = stream.lost_after(held)
     except LogError as exc:

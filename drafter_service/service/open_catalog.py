@@ -192,7 +192,7 @@ def open_catalog(config: ServeConfig) -> Catalog:
         if config.bootstrap_peers:  # a peer's newest state first, else the builder's seed
             token = load_token(config.admin_token_file, os.environ)
             if stream is not None:  # away longer than the log's retention: start over
-                supersede_behind_stream(config.data_dir, stream)
+                supersede_behind_stream(config.data_dir, stream, config.salvage)
             bootstrap_from_peers(
                 config.data_dir, DEFAULT_DATASTORE, config.bootstrap_peers, tokenizer, token
             )
