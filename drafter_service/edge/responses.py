@@ -95,21 +95,16 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
                 batch.scores,
             )
     # Python lists and one tolist() per batch: per-row NumPy scalar access costs more.
-    statuses: list[int] = []
     counts: list[int] = []
-    lengths = list(answer.lengths)
     bounds = {name: batch.offsets.tolist() for name, batch in answer.batches.items()}
     pieces: list[list[Any]] = []  # [batch, lo, hi]: runs of nodes to copy, in order
-    for i, place in enumerate(answer.places):
+    for place in answer.places:
         if place is None:
-            statuses.append(_RESYNC)
             counts.append(0)
-            lengths[i] = 0
             continue
         name, row = place
         batch = answer.batches[name]
         lo, hi = bounds[name][row], bounds[name][row + 1]
-        statuses.append(_OK)
         counts.append(hi - lo)
         if hi == lo:
             continue
@@ -118,8 +113,8 @@ def _draft_columns(answer: DraftAnswer) -> _DraftColumns:
         else:
             pieces.append([batch, lo, hi])
     return _DraftColumns(
-        np.array(statuses, dtype=np.uint8),
-        np.array(lengths, dtype=np.uint32),
+        np.array([_RESYNC if p is None else _OK for p in answer.places], dtype=np.uint8),
+        np.array(answer.lengths, dtype=np.uint32),  # 0 with RESYNC
         np.array(counts, dtype=np.uint32),
         _gather([b.tokens[lo:hi] for b, lo, hi in pieces], np.int32),
         _gather([b.parents[lo:hi] for b, lo, hi in pieces], np.int32),

@@ -57,7 +57,7 @@ class Finished:
 class DraftAnswer:
     """The answer to a DraftCall, in its request order: per request, the tokens now held
     and where its tree is (a datastore of ``batches`` and the row in its batch), or None
-    for RESYNC. The batches are the native calls' as they came."""
+    and 0 tokens for RESYNC. The batches are the native calls' as they came."""
 
     lengths: list[int]
     places: list[tuple[str, int] | None]
