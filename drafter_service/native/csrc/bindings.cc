@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -62,45 +63,40 @@ struct PyOwner {
   }
 };
 
-struct PySubIndex {
-  std::shared_ptr<const SubIndex> index;
-};
-
 // One of a sub-index's arrays (SubIndex::tokens or suffix_array) as a read-only view
 // that keeps `self` alive.
 nb::ndarray<nb::numpy, const int32_t, nb::ndim<1>> view(nb::handle self,
                                                        const int32_t* (SubIndex::*array)() const) {
-  const SubIndex& s = *nb::cast<const PySubIndex&>(self).index;
+  const SubIndex& s = nb::cast<const SubIndex&>(self);
   size_t shape[1] = {static_cast<size_t>(s.num_tokens())};
   return {(s.*array)(), 1, shape, self};
 }
 
-struct PyDatastore {
-  PyDatastore(const std::vector<const PySubIndex*>& subs, int64_t base_count) {
-    if (base_count < 0 || base_count > static_cast<int64_t>(subs.size())) {
-      throw std::invalid_argument("base_count must be in [0, " + std::to_string(subs.size()) +
-                                  "], got " + std::to_string(base_count));
-    }
-    auto ds = std::make_shared<Datastore>();
-    ds->base_count = base_count;
-    for (const PySubIndex* s : subs) {
-      if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
-      if (!ds->sub_indices.empty() &&
-          s->index->vocab_size() != ds->sub_indices[0]->vocab_size()) {
-        throw std::invalid_argument("sub-indices disagree on vocab_size: " +
-                                    std::to_string(s->index->vocab_size()) + " vs " +
-                                    std::to_string(ds->sub_indices[0]->vocab_size()));
-      }
-      ds->sub_indices.push_back(s->index);
-    }
-    datastore = std::move(ds);
+// SubIndex and Datastore are bound as themselves (nanobind/stl/shared_ptr.h): one passed
+// to C++ as a shared_ptr keeps its Python object alive, and nanobind's deleter takes the
+// GIL, so its last reference may drop on any thread.
+
+// Datastore(sub_indices, base_count): checked, then constructed in place.
+void init_datastore(Datastore* self, const std::vector<std::shared_ptr<const SubIndex>>& subs,
+                    int64_t base_count) {
+  if (base_count < 0 || base_count > static_cast<int64_t>(subs.size())) {
+    throw std::invalid_argument("base_count must be in [0, " + std::to_string(subs.size()) +
+                                "], got " + std::to_string(base_count));
   }
-  std::shared_ptr<const Datastore> datastore;
-};
+  for (const auto& s : subs) {
+    if (s == nullptr) throw std::invalid_argument("sub_indices must not contain None");
+    if (s->vocab_size() != subs[0]->vocab_size()) {
+      throw std::invalid_argument("sub-indices disagree on vocab_size: " +
+                                  std::to_string(s->vocab_size()) + " vs " +
+                                  std::to_string(subs[0]->vocab_size()));
+    }
+  }
+  new (self) Datastore{subs, static_cast<size_t>(base_count)};
+}
 
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
 std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
-    In<int32_t> context, const PyDatastore* datastore, const DraftConfig& config, int32_t budget,
+    In<int32_t> context, const Datastore* datastore, const DraftConfig& config, int32_t budget,
     bool use_input, int32_t vocab_size) {
   validate(config);
   check_budgets(&budget, 1, config);
@@ -115,8 +111,7 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     }
     DraftScratch scratch;
     Draft out;
-    draft_one(trie.get(), ctx, n, datastore ? datastore->datastore.get() : nullptr, config,
-              budget, scratch, out);
+    draft_one(trie.get(), ctx, n, datastore, config, budget, scratch, out);
     return out;
   });
   return {to_numpy(std::move(draft.tokens)), to_numpy(std::move(draft.parents)),
@@ -148,12 +143,11 @@ batch_call(
 }
 
 // retrieve_datastore: the datastore's candidate tree for one context.
-std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const PyDatastore& ds,
+std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const Datastore& datastore,
                                                                   In<int32_t> context,
                                                                   const DraftConfig& config,
                                                                   int32_t max_len) {
   validate(config);
-  const Datastore& datastore = *ds.datastore;
   RetrievalScratch scratch;
   CandidateTree tree;
   retrieve_sub_indices(datastore, 0, datastore.sub_indices.size(), context.data(),
@@ -218,25 +212,24 @@ void bind_config(nb::module_& m) {
 // SubIndex: built from tokens, extended, or wrapping a snapshot's arrays; its arrays as
 // read-only views, and prefix search.
 void bind_sub_index(nb::module_& m) {
-  nb::class_<PySubIndex>(m, "SubIndex")
+  nb::class_<SubIndex>(m, "SubIndex")
       .def_static(
           "build",
           [](In<int32_t> tokens, int32_t vocab_size) {
             std::vector<int32_t> copy(tokens.data(), tokens.data() + tokens.shape(0));
-            return PySubIndex{SubIndex::build(std::move(copy), vocab_size)};
+            return SubIndex::build(std::move(copy), vocab_size);
           },
           "tokens"_a, "vocab_size"_a, without_gil)  // drafting threads keep running
       .def_static(
           "build_extended",
-          [](const PySubIndex& base, In<int32_t> tokens) {
+          [](const SubIndex& base, In<int32_t> tokens) {
             // base's text + separator + tokens, copied and built without the GIL.
-            const SubIndex& old = *base.index;
             std::vector<int32_t> text;
-            text.reserve(old.num_tokens() + 1 + tokens.shape(0));
-            text.insert(text.end(), old.tokens(), old.tokens() + old.num_tokens());
-            if (old.num_tokens() > 0 && tokens.shape(0) > 0) text.push_back(kSeparator);
+            text.reserve(base.num_tokens() + 1 + tokens.shape(0));
+            text.insert(text.end(), base.tokens(), base.tokens() + base.num_tokens());
+            if (base.num_tokens() > 0 && tokens.shape(0) > 0) text.push_back(kSeparator);
             text.insert(text.end(), tokens.data(), tokens.data() + tokens.shape(0));
-            return PySubIndex{SubIndex::build(std::move(text), old.vocab_size())};
+            return SubIndex::build(std::move(text), base.vocab_size());
           },
           "base"_a, "tokens"_a, without_gil)
       .def_static(
@@ -250,22 +243,21 @@ void bind_sub_index(nb::module_& m) {
             auto owner = std::make_shared<PyOwner>();
             owner->obj = std::move(keep);
             return released([&] {
-              return PySubIndex{SubIndex::wrap(tokens.data(), suffix_array.data(), tokens.shape(0),
-                                               vocab_size, std::move(owner))};
+              return SubIndex::wrap(tokens.data(), suffix_array.data(), tokens.shape(0),
+                                    vocab_size, std::move(owner));
             });
           },
           "tokens"_a, "suffix_array"_a, "vocab_size"_a, "keep_alive"_a)
-      .def_prop_ro("num_tokens", [](const PySubIndex& s) { return s.index->num_tokens(); })
-      .def_prop_ro("vocab_size", [](const PySubIndex& s) { return s.index->vocab_size(); })
-      .def_prop_ro("resident_bytes", [](const PySubIndex& s) { return s.index->resident_bytes(); })
+      .def_prop_ro("num_tokens", &SubIndex::num_tokens)
+      .def_prop_ro("vocab_size", &SubIndex::vocab_size)
+      .def_prop_ro("resident_bytes", &SubIndex::resident_bytes)
       .def("tokens", [](nb::handle self) { return view(self, &SubIndex::tokens); })
       .def("suffix_array", [](nb::handle self) { return view(self, &SubIndex::suffix_array); })
       .def(
           "find_range",
-          [](const PySubIndex& s, In<int32_t> prefix) {
+          [](const SubIndex& s, In<int32_t> prefix) {
             if (prefix.shape(0) > (1u << 20)) throw std::invalid_argument("prefix too long");
-            const SaRange r =
-                s.index->find_range(prefix.data(), static_cast<int32_t>(prefix.shape(0)));
+            const SaRange r = s.find_range(prefix.data(), static_cast<int32_t>(prefix.shape(0)));
             return std::make_tuple(r.begin, r.end);
           },
           "prefix"_a);
@@ -273,12 +265,10 @@ void bind_sub_index(nb::module_& m) {
 
 // Datastore: a set of sub-indices (the first base_count of them the base).
 void bind_datastore(nb::module_& m) {
-  nb::class_<PyDatastore>(m, "Datastore")
-      .def(nb::init<const std::vector<const PySubIndex*>&, int64_t>(), "sub_indices"_a,
-           "base_count"_a = 0)
-      .def_prop_ro("num_tokens", [](const PyDatastore& d) { return d.datastore->num_tokens(); })
-      .def_prop_ro("resident_bytes",
-                   [](const PyDatastore& d) { return d.datastore->resident_bytes(); });
+  nb::class_<Datastore>(m, "Datastore")
+      .def("__init__", &init_datastore, "sub_indices"_a, "base_count"_a = 0)
+      .def_prop_ro("num_tokens", &Datastore::num_tokens)
+      .def_prop_ro("resident_bytes", &Datastore::resident_bytes);
 }
 
 // Drafter: request states, batched drafting and explain.
@@ -288,9 +278,7 @@ void bind_drafter(nb::module_& m) {
            "num_threads"_a)
       .def_prop_ro("num_threads", &Drafter::num_threads)
       .def_prop_ro("num_requests", &Drafter::num_requests)
-      .def("set_datastore",
-           [](Drafter& d, const PyDatastore& ds) { d.set_datastore(ds.datastore); },
-           "datastore"_a)
+      .def("set_datastore", &Drafter::set_datastore, "datastore"_a)
       .def(
           "start",
           [](Drafter& d, int64_t handle, In<int32_t> tokens, bool shared, int32_t group) {
