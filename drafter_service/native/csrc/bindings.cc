@@ -49,19 +49,16 @@ Out<T> to_numpy(std::vector<T>&& v) {
   return Out<T>(heap->data(), 1, shape, owner);
 }
 
-// Keeps Python objects (arrays backing a wrapped sub-index) alive from C++;
-// the last reference may drop on any thread, so it takes the GIL to release.
-struct PyOwner {
-  nb::object obj;
-  ~PyOwner() {
-    if (Py_IsInitialized()) {
-      nb::gil_scoped_acquire gil;
-      obj.reset();
-    } else {
-      obj.release();
-    }
-  }
-};
+// Keeps a Python object (the arrays backing a wrapped sub-index) alive from C++; the
+// last reference may drop on any thread, so it takes the GIL to release it (and leaves
+// it once the interpreter is gone).
+std::shared_ptr<const void> keep_alive(nb::object obj) {
+  return std::shared_ptr<const void>(obj.release().ptr(), [](PyObject* o) {
+    if (!Py_IsInitialized()) return;
+    nb::gil_scoped_acquire gil;
+    Py_DECREF(o);
+  });
+}
 
 // One of a sub-index's arrays (SubIndex::tokens or suffix_array) as a read-only view
 // that keeps `self` alive.
@@ -240,8 +237,7 @@ void bind_sub_index(nb::module_& m) {
                   "tokens has " + std::to_string(tokens.shape(0)) +
                   " entries but suffix_array has " + std::to_string(suffix_array.shape(0)));
             }
-            auto owner = std::make_shared<PyOwner>();
-            owner->obj = std::move(keep);
+            std::shared_ptr<const void> owner = keep_alive(std::move(keep));
             return released([&] {
               return SubIndex::wrap(tokens.data(), suffix_array.data(), tokens.shape(0),
                                     vocab_size, std::move(owner));
