@@ -38,6 +38,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from verifier_client import BudgetRule, DrafterClient, Tree
 from verifier_client.engines import DrafterSettings, EngineDrafter
 from verifier_client.engines import sglang as plugin
+from verifier_client.engines.batch import CONFIG_ENV, tokenizer_fingerprint
 from verifier_client.engines.sglang_corpus import DraftCorpus, _context, corpus_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,14 +115,27 @@ def ngram_corpus() -> NgramCorpus:
 
 
 @pytest.fixture(scope="module")
-def drafter_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``drafter serve`` on loopback (from the main virtualenv)."""
+def drafter_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model directory whose tokenizer.json the drafter serves (only its bytes count)."""
+    model_dir = tmp_path_factory.mktemp("model")
+    (model_dir / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def drafter_address(
+    tmp_path_factory: pytest.TempPathFactory, drafter_tokenizer: Path
+) -> Iterator[str]:
+    """A real ``drafter serve`` on loopback (from the main virtualenv), serving
+    ``drafter_tokenizer``'s tokenizer.json with 1000 token ids."""
     if not DRAFTER.exists():
         raise RuntimeError(f"{DRAFTER} not found: run `make setup` (or set SSSD_DRAFTER_BIN)")
     data_dir = tmp_path_factory.mktemp("drafter-data")
+    tokenizer = drafter_tokenizer / "tokenizer.json"
     proc = subprocess.Popen(
         [str(DRAFTER), "serve", "--port", "0", "--data-dir", str(data_dir), "--vocab-size",
-         "1000", "--admin-port", "-1", "--metrics-port", "-1", "--log-level", "WARNING"],
+         "1000", "--tokenizer", str(tokenizer), "--admin-port", "-1", "--metrics-port", "-1",
+         "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -379,6 +393,33 @@ def test_a_real_drafter_step_by_step(drafter_address: str, ngram_corpus: NgramCo
         assert drafter.stats.background_sent == 1 and drafter.errors == 0
     finally:
         corpus.close()
+
+
+def test_a_drafter_serving_another_tokenizer_stops_the_launch(
+    drafter_address: str, drafter_tokenizer: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The first rank's corpus checks the drafter's tokenizer against the one under the
+    worker's resolved --tokenizer-path, as vLLM's proposer does: another tokenizer.json
+    stops the launch; the same one, or none to compare (a hub name), drafts."""
+    settings = {"address": drafter_address, "deadline_ms": 2000, "connect_timeout_s": 10}
+    monkeypatch.setenv(CONFIG_ENV, json.dumps(settings))
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0, "a": 1}}}')
+    theirs = tokenizer_fingerprint(drafter_tokenizer)
+    with pytest.raises(ValueError, match=f"tokenizer mismatch: client .*, drafter {theirs}"):
+        plugin._corpus(D, 0, str(other))
+    for path in (str(drafter_tokenizer), "org/hub-model", None):
+        corpus = plugin._corpus(D, 0, path)
+        try:
+            reqs = [FakeReq("a", [1, 2, 3])]
+            corpus.bind(reqs)
+            corpus.batch_get(*tails(reqs))
+            assert corpus.drafter is not None and corpus.drafter.stats.drafted_steps == 1
+        finally:
+            corpus.close()
+    assert plugin._corpus(D, 1, str(other)).drafter is None  # other ranks never call it
 
 
 # --- request lifecycle

@@ -9,7 +9,8 @@ runs :func:`register` in every SGLang process) and a drafter running::
         --speculative-algorithm SSSD --speculative-num-draft-tokens 12
 
 SGLang has no server argument a plug-in may claim, hence ``$SSSD_DRAFTER_CONFIG``; bad
-settings stop the launch by name. ``"custom_params": {"sssd_store": false}`` opts a
+settings stop the launch by name, and so does a drafter serving another tokenizer than
+the model's (``--tokenizer-path``). ``"custom_params": {"sssd_store": false}`` opts a
 request out of storage. SSSD is a ``CustomSpecAlgo`` answering ``is_ngram()``, so SGLang
 takes its NGRAM path everywhere (verify input, overlap relay, CUDA graphs, KV sizing),
 with ``NGRAMWorker``'s corpus replaced by :class:`DraftCorpus`. The verify width is fixed
@@ -31,7 +32,12 @@ import numpy as np
 import numpy.typing as npt
 
 from verifier_client.budget import BudgetRule
-from verifier_client.engines.batch import STORE_KEY, DrafterSettings, EngineDrafter
+from verifier_client.engines.batch import (
+    STORE_KEY,
+    DrafterSettings,
+    EngineDrafter,
+    tokenizer_fingerprint,
+)
 from verifier_client.engines.sglang_corpus import CorpusLayout, DraftCorpus
 
 CorpusArray = npt.NDArray[np.int64]
@@ -157,13 +163,17 @@ def worker_class(server_args: Any = None) -> type:
 @functools.cache
 def _worker_class() -> type:
     base: Any = importlib.import_module("sglang.srt.speculative.ngram_worker").NGRAMWorker
-    get_parallel = importlib.import_module("sglang.srt.runtime_context").get_parallel
+    context = importlib.import_module("sglang.srt.runtime_context")
 
     class SssdWorker(base):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._tp_group = get_parallel().tp_group
-            self.ngram_corpus = _corpus(self.draft_token_num, self._tp_group.rank_in_group)
+            self._tp_group = context.get_parallel().tp_group
+            # The resolved --tokenizer-path (the model's when not given), read as SGLang's
+            # own TpModelWorker reads it: self.server_args holds the raw flag, None if unset.
+            tokenizer = context.get_serving().tokenizer_path
+            rank = self._tp_group.rank_in_group
+            self.ngram_corpus = _corpus(self.draft_token_num, rank, tokenizer)
 
         def _prepare_draft_tokens(self, batch: Any) -> Any:
             self.ngram_corpus.bind(batch.reqs)
@@ -191,14 +201,18 @@ def broadcast_layout(group: Any, tokens: CorpusArray, mask: CorpusArray) -> Corp
     return both[: tokens.size], both[tokens.size :]
 
 
-def _corpus(num_draft_tokens: int, tp_rank: int) -> DraftCorpus:
-    """The corpus of one scheduler; only the first TP rank holds a drafter client."""
+def _corpus(num_draft_tokens: int, tp_rank: int, tokenizer_path: str | None) -> DraftCorpus:
+    """The corpus of one scheduler; only the first TP rank holds a drafter client, which
+    refuses a drafter serving another tokenizer than ``tokenizer_path``'s tokenizer.json
+    (ValueError: the launch stops; not checked for a hub name, as with vLLM)."""
     if tp_rank != 0:
         return DraftCorpus(None, num_draft_tokens)
     settings = DrafterSettings.resolve(None, where=_WHERE)
     # The verify width holds D - 1 draft nodes: never ask the drafter for more.
     budget = capped_budget(settings.budget_rule(), num_draft_tokens - 1)
-    drafter = EngineDrafter(settings, budget=budget)  # serves the metrics, if asked to
+    fingerprint = tokenizer_fingerprint(tokenizer_path)
+    # The drafter serves the metrics, if asked to.
+    drafter = EngineDrafter(settings, tokenizer_fingerprint=fingerprint, budget=budget)
     atexit.register(drafter.close, 2.0)  # send the last finishes
     return DraftCorpus(drafter, num_draft_tokens)
 
