@@ -86,3 +86,36 @@ def test_the_asyncio_client_names_the_cause_too() -> None:
 )
 def test_causes_from_grpc_details(details: str, cause: str) -> None:
     assert cause in unreachable_cause(details)
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+def test_close_after_a_failed_background_call_does_not_say_work_was_left(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stored generation whose call failed (nothing listens; the request was never sent,
+    so it goes as an Ingest) was sent and lost, not left unsent, and close says so in both
+    clients (the asyncio one logged "background work unsent")."""
+    target = "127.0.0.1:1"
+
+    def work(client: DrafterClient | AioDrafterClient) -> None:
+        client.add_request("r", [1, 2, 3])
+        assert client.finish("r", output=[4, 5])  # queued, to be stored
+
+    client: DrafterClient | AioDrafterClient
+    with caplog.at_level("WARNING", logger="verifier_client"):
+        if kind == "sync":
+            client = DrafterClient(target, background_timeout_s=0.05)
+            work(client)
+            client.close(60.0)  # a bound on failure only: the call fails within 0.05 s
+        else:
+
+            async def run() -> AioDrafterClient:
+                aio = AioDrafterClient(target, background_timeout_s=0.05)
+                work(aio)
+                await aio.close(60.0)
+                return aio
+
+            client = asyncio.run(run())
+    assert client.stats.background_failures == 1
+    assert "drafter IngestRequest failed" in caplog.text
+    assert "background work unsent" not in caplog.text

@@ -207,18 +207,22 @@ class AioBackgroundSender(WorkSenderCore):
 
     async def flush(self, timeout_s: float) -> bool:
         """See BackgroundSender.flush."""
+        return await self._drained(timeout_s) and self._flushed()
+
+    async def close(self, timeout_s: float) -> bool:
+        """See BackgroundSender.close."""
+        drained = await self._drained(timeout_s)  # a call that failed was sent, not left
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return drained
+
+    async def _drained(self, timeout_s: float) -> bool:
+        """Waits until everything queued so far is sent; False on timeout."""
         try:
             await asyncio.wait_for(self._queue.join(), timeout_s)
         except TimeoutError:
             return False
-        return self._flushed()
-
-    async def close(self, timeout_s: float) -> bool:
-        """See BackgroundSender.close."""
-        flushed = await self.flush(timeout_s)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        return flushed
+        return True
 
     async def _run(self) -> None:
         while True:  # until close() cancels it
