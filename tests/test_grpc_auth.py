@@ -16,7 +16,7 @@ import grpc
 import pytest
 from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from service_support import FakeClock, LoopThread, config, serving
+from service_support import FakeClock, LoopThread, config, delta, serving
 
 from drafter_service.edge.grpc_auth import TokenFile
 from sssd_drafter.v1 import drafter_pb2 as pb
@@ -286,6 +286,39 @@ def test_an_unauthenticated_call_is_refused_before_its_message_is_read(tmp_path:
             bearer = (("authorization", f"Bearer {ALPHA}"),)
             assert ingest(_ingest_bytes(3), metadata=bearer, timeout=10).accepted == 1
             assert gate.messages_read == 1  # an admitted call's message is
+    finally:
+        loop.close()
+
+
+def test_the_gate_hands_the_callers_namespace_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's check names the client for the method it admits: the tokens are looked
+    at once per admitted call (not again by the servicer), a unary call's and a stream's."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alpha {ALPHA}\n")
+    loop = LoopThread()
+    try:
+        with serving(loop, config(tmp_path / "data", grpc_tokens_file=tokens)) as running:
+            token_file = running.server.auth.tokens
+            assert token_file is not None
+            looks = 0
+            current = token_file.current
+
+            def counted() -> dict[str, str]:
+                nonlocal looks
+                looks += 1
+                return current()
+
+            monkeypatch.setattr(token_file, "current", counted)
+            bearer = (("authorization", f"Bearer {ALPHA}"),)
+            info = running.stub.GetServiceInfo(pb.GetServiceInfoRequest(), metadata=bearer,
+                                               timeout=10)  # fmt: skip
+            assert info.version and looks == 1
+            requests = [pb.DraftRequest(requests=[delta("r1", [1, 2, 3])]),
+                        pb.DraftRequest(requests=[delta("r1", [4], known_length=3)])]  # fmt: skip
+            steps = list(running.stub.DraftStream(iter(requests), metadata=bearer, timeout=10))
+            assert len(steps) == 2 and looks == 2
     finally:
         loop.close()
 

@@ -242,7 +242,7 @@ def test_an_overloaded_service_refuses_before_parsing_the_message(
         def stream_error(message: bytes) -> grpc.RpcError:
             return rpc_error(lambda: list(raw_stream(iter([message]), timeout=60)))
 
-        gate = s.server.load_gate
+        gate = s.server.gate
         with draft_held(s, delta("a", [1, 2, 3])) as first:
             unary = (rpc_error(s.draft, bad), rpc_error(raw, b"\xff" * 6))
             assert gate.refused_unread == 2  # neither message was read
@@ -278,7 +278,7 @@ def test_with_authentication_an_overloaded_service_refuses_a_unary_draft_for_its
             stranger = rpc_error(s.stub.Draft, request, timeout=60)
             assert stranger.code() is grpc.StatusCode.UNAUTHENTICATED, stranger
         assert first.result(timeout=60).drafts[0].length == 3
-        assert s.server.load_gate.refused_unread == 1
+        assert s.server.gate.refused_unread == 1
 
 
 def test_calls_past_max_pending_rpcs_are_refused_by_grpc_while_the_loop_is_busy(

@@ -9,7 +9,7 @@ A client name matches ``[A-Za-z0-9._-]{1,64}``, never a "/", so ``NAME/ID`` (the
 servicer keeps a client's under) names one client and one id: no client can name
 another's. With neither, every caller is trusted and ids are global. Health checking
 and reflection stay open.
-:class:`AuthGate` checks credentials before the request message is read, so a refused
+``wire.CallGate`` checks credentials before the request message is read, so a refused
 caller costs about a refused TLS handshake. Changed files are read again without a
 restart (tokens at most once a second, certificates on each new connection); a file
 that becomes unreadable keeps the last good contents and logs an error.
@@ -22,7 +22,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,73 +190,3 @@ def certificate_name(auth_context: dict[str, list[bytes]]) -> str:
         raise Unauthenticated(f"the client certificate's common name {name[:80]!r} is not a "
                               f"client name: it must match {_NAME.pattern}")  # fmt: skip
     return name
-
-
-class AuthGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Checks the credentials of each call of ``service`` before its request is read.
-
-    gRPC parses a unary request before the method runs, so the gate serves each method
-    with a request-streaming handler that checks the caller first and refuses with
-    UNAUTHENTICATED (reported to ``refused(method, code)``) without reading; an admitted
-    call reads its message and runs the method. ``messages_read`` counts parsed messages."""
-
-    def __init__(self, auth: ClientAuth, service: str, refused: Callable[[str, str], None]) -> None:
-        self._auth = auth
-        self._prefix = f"/{service}/"
-        self._refused = refused
-        self._gated: dict[str, tuple[Any, Any]] = {}  # full method: (its handler, gated one)
-        self.messages_read = 0
-
-    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = await continuation(details)
-        full: str = details.method
-        if handler is None or not full.startswith(self._prefix):
-            return handler  # health checking and reflection stay open
-        known = self._gated.get(full)
-        if known is None or known[0] is not handler:
-            known = (handler, self._gate(full.removeprefix(self._prefix), handler))
-            self._gated[full] = known
-        return known[1]
-
-    async def _admit(self, method: str, context: Any) -> None:
-        try:
-            self._auth.namespace(context)
-        except Unauthenticated as exc:
-            await self._refuse(method, context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
-
-    async def _refuse(self, method: str, context: Any, code: Any, why: str) -> None:
-        self._refused(method, code.name)
-        await context.abort(code, why)
-        raise AssertionError("context.abort returned")
-
-    def _gate(self, method: str, handler: Any) -> Any:
-        """The service's methods are unary-unary or, DraftStream, stream-stream; a refusal
-        that reads no message (``wire.LoadGate``'s) is stream-unary."""
-        parse = handler.request_deserializer
-
-        def deserialize(data: bytes) -> Any:
-            self.messages_read += 1
-            return parse(data)
-
-        options = dict(request_deserializer=deserialize,
-                       response_serializer=handler.response_serializer)  # fmt: skip
-        if handler.response_streaming:
-
-            async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                await self._admit(method, context)
-                async for response in handler.stream_stream(requests, context):
-                    yield response
-
-            return grpc.stream_stream_rpc_method_handler(stream, **options)
-
-        async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
-            await self._admit(method, context)
-            if handler.stream_unary is not None:  # a refusal: it reads nothing
-                return await handler.stream_unary(requests, context)
-            request = await anext(aiter(requests), None)  # read once admitted
-            if request is None:
-                await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
-                                   "the call carried no request message")  # fmt: skip
-            return await handler.unary_unary(request, context)
-
-        return grpc.stream_unary_rpc_method_handler(unary, **options)

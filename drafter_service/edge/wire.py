@@ -8,19 +8,21 @@ in one rate-limited line. Under a flood, receiving and parsing decide how much o
 core is left for the calls it can answer (a heavy Draft call, 368 KB: ~1 ms to receive,
 1.6 ms to parse), so while the service would refuse any call for its load, a DraftStream
 step is not parsed but becomes an :class:`Unparsed` refused for it, and a unary Draft
-call is refused by :class:`LoadGate` when gRPC looks up its handler (flow control leaves
-the message with the caller).
+call is refused by :class:`CallGate` before its message is received (flow control leaves
+the message with the caller), once the gate has checked the caller's credentials.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from drafter_service.edge.grpc_auth import ClientAuth, Unauthenticated
 from drafter_service.engine.call_errors import InvalidArgument, ServiceError
 from sssd_drafter.v1 import drafter_pb2 as pb
 
@@ -73,7 +75,7 @@ def add_drafter_service(servicer: object, server: grpc.aio.Server, overloaded: O
             if streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        # A unary Draft call's load is asked before it is read (LoadGate) and again, with
+        # A unary Draft call's load is asked before it is read (CallGate) and again, with
         # its deadline, by the servicer: only a stream's steps are asked here.
         parse = _tolerant(getattr(pb, method.input_type.name), overloaded if streaming else None)
         handlers[method.name] = make(
@@ -85,31 +87,92 @@ def add_drafter_service(servicer: object, server: grpc.aio.Server, overloaded: O
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
-class LoadGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses a unary Draft call with what ``overloaded()`` names before reading it;
-    ``code_of`` maps the refusal to its status, ``refused(method, code)`` counts it, and
-    ``refused_unread`` counts those calls."""
+caller_namespace: ContextVar[str] = ContextVar("caller_namespace")
+"""The request-id prefix of the caller :class:`CallGate` admitted (``ClientAuth.namespace``),
+set for the method it runs; unset in a call it did not gate."""
+
+
+class CallGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Decides on each call of the service before its request message is read: first the
+    caller's credentials (UNAUTHENTICATED), then, for a unary Draft call, the load (what
+    ``overloaded()`` names; ``code_of`` maps it to its status), so a stranger never learns
+    about the load and a refusal costs neither receiving nor parsing the message.
+
+    gRPC parses a unary request before the method runs, so the gate serves a method with a
+    request-streaming handler that decides first and reads the message once admitted.
+    Without authentication only a unary Draft call met while the service is overloaded is
+    gated. A refusal is reported to ``refused(method, code)``; ``refused_unread`` counts the
+    calls refused for their load, ``messages_read`` the messages gated calls parsed."""
 
     def __init__(
         self,
+        auth: ClientAuth,
         overloaded: Overloaded,
         code_of: Callable[[ServiceError], grpc.StatusCode],
         refused: Callable[[str, str], None],
     ) -> None:
+        self._auth = auth
         self._overloaded = overloaded
         self._code_of = code_of
         self._refused = refused
-        self._draft = f"/{SERVICE_NAME}/Draft"
+        self._prefix = f"/{SERVICE_NAME}/"
+        self._gated: dict[str, tuple[Any, Any]] = {}  # full method: (its handler, gated one)
+        self.messages_read = 0
         self.refused_unread = 0
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        if details.method != self._draft or (refusal := self._overloaded()) is None:
-            return await continuation(details)
-        code = self._code_of(refusal)
+        handler = await continuation(details)
+        full: str = details.method
+        if handler is None or not full.startswith(self._prefix):
+            return handler  # health checking and reflection stay open
+        method = full.removeprefix(self._prefix)
+        if not self._auth.enabled and (method != "Draft" or self._overloaded() is None):
+            return handler  # nothing to decide before the message is read
+        known = self._gated.get(full)
+        if known is None or known[0] is not handler:
+            known = (handler, self._gate(method, handler))
+            self._gated[full] = known
+        return known[1]
 
-        async def refuse(_: AsyncIterator[Any], context: Any) -> Any:
-            self.refused_unread += 1
-            self._refused("Draft", code.name)
-            await context.abort(code, str(refusal))
+    async def _admit(self, method: str, context: Any) -> None:
+        try:
+            caller_namespace.set(self._auth.namespace(context))
+        except Unauthenticated as exc:
+            await self._refuse(method, context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
-        return grpc.stream_unary_rpc_method_handler(refuse)
+    async def _refuse(self, method: str, context: Any, code: Any, why: str) -> NoReturn:
+        self._refused(method, code.name)
+        await context.abort(code, why)
+        raise AssertionError("context.abort returned")
+
+    def _gate(self, method: str, handler: Any) -> Any:
+        """The service's methods are unary-unary or, DraftStream, stream-stream."""
+        parse = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            self.messages_read += 1
+            return parse(data)
+
+        options = dict(request_deserializer=deserialize,
+                       response_serializer=handler.response_serializer)  # fmt: skip
+        if handler.response_streaming:
+
+            async def stream(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                await self._admit(method, context)
+                async for response in handler.stream_stream(requests, context):
+                    yield response
+
+            return grpc.stream_stream_rpc_method_handler(stream, **options)
+
+        async def unary(requests: AsyncIterator[Any], context: Any) -> Any:
+            await self._admit(method, context)
+            if method == "Draft" and (refusal := self._overloaded()) is not None:
+                self.refused_unread += 1
+                await self._refuse(method, context, self._code_of(refusal), str(refusal))
+            request = await anext(aiter(requests), None)  # read once admitted
+            if request is None:
+                await self._refuse(method, context, grpc.StatusCode.INVALID_ARGUMENT,
+                                   "the call carried no request message")  # fmt: skip
+            return await handler.unary_unary(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(unary, **options)

@@ -20,9 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
-from drafter_service.edge.grpc_auth import AuthGate, ClientAuth, TokenFile, reloading_tls
+from drafter_service.edge.grpc_auth import ClientAuth, TokenFile, reloading_tls
 from drafter_service.edge.servicer import ANSWERED_CODES, DrafterServicer, status_code
-from drafter_service.edge.wire import SERVICE_NAME, LoadGate, add_drafter_service
+from drafter_service.edge.wire import SERVICE_NAME, CallGate, add_drafter_service
 from drafter_service.engine.calls import CallLimits
 from drafter_service.engine.catalog import Catalog
 from drafter_service.engine.draft_engine import DraftEngine
@@ -130,14 +130,11 @@ class DrafterServer:
         self.registry.register(self.metrics)
         self.auth = client_auth(config)
         self._servicer = DrafterServicer(version, config.max_message_bytes, self.metrics, self.auth)
-        # Credentials are checked before a request is read (None: every caller is trusted),
-        # then the load: a unary Draft call the service would refuse is not read either.
-        self.gate = (
-            AuthGate(self.auth, SERVICE_NAME, self.metrics.count_error)
-            if self.auth.enabled
-            else None
+        # Credentials are checked before a request is read, then the load: a unary Draft
+        # call the service would refuse is not read either.
+        self.gate = CallGate(
+            self.auth, self._servicer.overloaded, status_code, self.metrics.count_error
         )
-        self.load_gate = LoadGate(self._servicer.overloaded, status_code, self.metrics.count_error)
         self._metrics_endpoint: MetricsEndpoint | None = None
         self._server: grpc.aio.Server | None = None
         self._catalog: Catalog | None = None
@@ -153,7 +150,7 @@ class DrafterServer:
         """Binds the port and starts serving health (NOT_SERVING) and reflection."""
         server = grpc.aio.server(
             options=grpc_options(self.config),
-            interceptors=[self.gate, self.load_gate] if self.gate else [self.load_gate],
+            interceptors=[self.gate],
             maximum_concurrent_rpcs=self.config.max_concurrent_rpcs or None,
         )
         add_drafter_service(self._servicer, server, self._servicer.overloaded)
