@@ -4,7 +4,8 @@ Starts `drafter serve` with a tokens file, times an authenticated client's Draft
 alone, then again while ``--flooders`` callers without a token each send
 ``--message-mb`` MB Ingest requests in a loop (each on its own connection), sampling the
 server's resident memory. The server refuses those calls before reading their messages
-(``AuthGate``), so its memory and the Draft latency should barely move. One JSON line:
+(``CallGate`` in drafter_service/edge/wire.py), so its memory and the Draft latency
+should barely move. One JSON line:
 
     python drafter_bench/unauth_flood.py --flooders 8 --message-mb 48 --seconds 10
 """
