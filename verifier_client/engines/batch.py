@@ -309,9 +309,9 @@ class EngineDrafter:
             round_trip_s = perf_counter() - start
             self.round_trips_ms.append(round_trip_s * 1e3)
             self.last_result = result
-            if self.metrics is not None:
-                budget_now = self._budget.draft_budget(len(request_ids))
-                self.metrics.record_drafter_call(result, round_trip_s, budget_now)
+            if self.metrics is not None:  # the budget asked of the drafter, as the client chose it
+                asked = budget if budget is not None else self._budget.draft_budget(len(commits))
+                self.metrics.record_drafter_call(result, round_trip_s, asked)
             return [result.drafts.get(self.namespace + r) for r in request_ids]
         except Exception:  # never into the decode loop: this step has no drafts
             self._failed("drafting")
