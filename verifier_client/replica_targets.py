@@ -5,6 +5,7 @@ rendezvous (highest-random-weight) hashing over replica addresses, the same in e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -54,6 +55,7 @@ def resolve_target(host: str, port: int) -> tuple[str, ...]:
     return tuple(sorted({f"[{i[4][0]}]:{port}" for i in infos if i[0] == socket.AF_INET6}))
 
 
+@functools.lru_cache(maxsize=4096)  # a few addresses, weighed against every request
 def replica_key(address: str) -> bytes:
     """A replica's blake2b key (an address may be longer than the 64 bytes a key holds)."""
     return hashlib.blake2b(address.encode(), digest_size=32).digest()
