@@ -29,7 +29,6 @@ class Fusion {
  public:
   Fusion(const FusionInputs& in, FusionScratch& scratch)
       : in_(in),
-        view_{in.trie, in.datastore_tree, in.live_tree, in.recent_tree},
         featured_(!in.config.node_score.empty() || in.explain),
         s_(scratch) {
     s_.members.clear();
@@ -51,10 +50,11 @@ class Fusion {
   void push_root();
   void grow();
   void offer_children(const Member& m, int32_t cap);
+  template <typename Tree>  // InputTrie or CandidateTree: the member's source's
+  void offer_children(const Tree& tree, const Member& m, int32_t cap);
   void push_offers(int32_t draft_parent);
 
   const FusionInputs& in_;
-  const fusion::SourceView view_;
   const bool featured_;  // features are computed only where something reads them
   FusionScratch& s_;
   uint64_t seq_ = 0;
@@ -65,30 +65,38 @@ class Fusion {
 // chosen after `cap` better ones, so the tree is the same; with a learned score the
 // candidates are defined this way (docs/algorithm.md).
 void Fusion::offer_children(const Member& m, int32_t cap) {
+  if (m.source == Source::kInput) return offer_children(*in_.trie, m, cap);
+  const CandidateTree* tree = m.source == Source::kLive     ? in_.live_tree
+                              : m.source == Source::kRecent ? in_.recent_tree
+                                                            : in_.datastore_tree;
+  offer_children(*tree, m, cap);
+}
+
+template <typename Tree>
+void Fusion::offer_children(const Tree& tree, const Member& m, int32_t cap) {
   const double smoothing =
       m.source == Source::kInput ? in_.config.input_smoothing : in_.config.datastore_smoothing;
   const double denominator = m.denominator + smoothing;
   if (m.denominator <= 0.0 || cap <= 0) return;
   std::vector<int32_t>& kids = s_.children;
   kids.clear();
-  for (int32_t c = view_.first_child(m.source, m.node); c != -1;
-       c = view_.next_sibling(m.source, c)) {
+  for (int32_t c = tree.first_child(m.node); c != -1; c = tree.next_sibling(c)) {
     kids.push_back(c);
   }
-  auto score_of = [&](int32_t c) { return view_.count(m.source, c) / denominator * m.multiplier; };
+  auto score_of = [&](int32_t c) { return tree.count(c) / denominator * m.multiplier; };
   if (kids.size() > static_cast<size_t>(cap)) {
     std::nth_element(kids.begin(), kids.begin() + cap, kids.end(), [&](int32_t a, int32_t b) {
       const double sa = score_of(a), sb = score_of(b);
-      return sa > sb || (sa == sb && view_.token(m.source, a) < view_.token(m.source, b));
+      return sa > sb || (sa == sb && tree.token(a) < tree.token(b));
     });
     kids.resize(cap);
   }
   std::vector<Offer>& offers = s_.offers;
   for (int32_t c : kids) {
     const double score = score_of(c);
-    offers.push_back({view_.token(m.source, c), static_cast<int32_t>(offers.size()),
-                      {c, m.source, score, view_.count(m.source, c), score * m.discount,
-                       m.discount, m.denominator, m.match}});
+    offers.push_back({tree.token(c), static_cast<int32_t>(offers.size()),
+                      {c, m.source, score, static_cast<double>(tree.count(c)),
+                       score * m.discount, m.discount, m.denominator, m.match}});
   }
 }
 
@@ -194,7 +202,7 @@ void Fusion::push_offers(int32_t draft_parent) {
   offers.clear();
   const DraftNode parent = s_.nodes[draft_parent];
   if (featured_) {
-    group_features(view_, pool.data(), parent, group.data(), group.size(), s_.group_features);
+    group_features(in_, pool.data(), parent, group.data(), group.size(), s_.group_features);
   }
   score_group(in_.config.node_score, parent, group.data(), group.size(),
               featured_ ? s_.group_features.data() : nullptr);

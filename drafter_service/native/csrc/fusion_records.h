@@ -5,9 +5,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "candidate_tree.h"
-#include "input_trie.h"
-
 namespace drafter {
 
 // What fusion knows about a candidate when it offers it: the evidence of every source
@@ -111,29 +108,6 @@ struct Offer {
   int32_t token;
   int32_t order;  // position among the offers of one expansion (ties by token keep it)
   Member member;
-};
-
-// Uniform read access to the kinds of source tree.
-struct SourceView {
-  const InputTrie* trie;
-  const CandidateTree* tree;
-  const CandidateTree* live;
-  const CandidateTree* recent;
-  const CandidateTree& of(Source s) const {
-    return s == Source::kLive ? *live : s == Source::kRecent ? *recent : *tree;
-  }
-  int32_t first_child(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->first_child(n) : of(s).first_child(n);
-  }
-  int32_t next_sibling(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->next_sibling(n) : of(s).next_sibling(n);
-  }
-  int32_t token(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->token(n) : of(s).token(n);
-  }
-  double count(Source s, int32_t n) const {
-    return s == Source::kInput ? trie->count(n) : of(s).count(n);
-  }
 };
 
 }  // namespace fusion

@@ -11,7 +11,6 @@ using fusion::Candidate;
 using fusion::DraftNode;
 using fusion::Member;
 using fusion::Source;
-using fusion::SourceView;
 
 // log(n) of the integer counts the features are made of: a table of std::log's own
 // values below kLogTable, std::log above (and for anything not a whole number).
@@ -57,12 +56,12 @@ void source_features(const LogTable& logs, double count, double parent, double* 
 // everything but the sibling, hand-score and n-gram columns, which need the whole
 // expansion and the trie. A candidate's member holds its node's count as `denominator`.
 void member_features(const LogTable& logs, const Member* begin, const Member* end,
-                     int32_t depth, const SourceView& view, double* f) {
+                     int32_t depth, const FusionInputs& in, double* f) {
   std::fill(f, f + kScoreFeatures, 0.0);
   f[kFeatDepth] = depth;
-  f[kFeatBasePrefix] = view.tree != nullptr ? view.tree->matched_prefix() : 0;
-  f[kFeatLivePrefix] = view.live != nullptr ? view.live->matched_prefix() : 0;
-  f[kFeatRecentPrefix] = view.recent != nullptr ? view.recent->matched_prefix() : 0;
+  f[kFeatBasePrefix] = in.datastore_tree != nullptr ? in.datastore_tree->matched_prefix() : 0;
+  f[kFeatLivePrefix] = in.live_tree != nullptr ? in.live_tree->matched_prefix() : 0;
+  f[kFeatRecentPrefix] = in.recent_tree != nullptr ? in.recent_tree->matched_prefix() : 0;
   // Each source's four columns, from its present column on, in Source order; the input's
   // are its longest-match member's, written after the loop.
   constexpr int32_t kFirstColumn[] = {kFeatBasePresent, kFeatInputPresent, kFeatLivePresent,
@@ -144,18 +143,18 @@ void score_group(const std::vector<double>& weights, const DraftNode& parent, Ca
   }
 }
 
-void group_features(const SourceView& view, const Member* pool, const DraftNode& parent,
+void group_features(const FusionInputs& in, const Member* pool, const DraftNode& parent,
                     Candidate* group, size_t n, std::vector<double>& features) {
-  if (view.trie != nullptr) {
+  if (in.trie != nullptr) {
     // The n-gram lookups below are likely cache misses (a request's trie is cold when
     // its draft starts): issue them for the whole group first, so they overlap. (Not a
     // function of their own: one that only prefetches has no effect the compiler must
     // keep, and GCC drops its call.)
     for (size_t i = 0; i < n; ++i) {
-      view.trie->prefetch_holds(group[i].token);
-      view.trie->prefetch_child(InputTrie::kRoot, group[i].token);
-      if (parent.unigram >= 0) view.trie->prefetch_child(parent.unigram, group[i].token);
-      if (parent.bigram >= 0) view.trie->prefetch_child(parent.bigram, group[i].token);
+      in.trie->prefetch_holds(group[i].token);
+      in.trie->prefetch_child(InputTrie::kRoot, group[i].token);
+      if (parent.unigram >= 0) in.trie->prefetch_child(parent.unigram, group[i].token);
+      if (parent.bigram >= 0) in.trie->prefetch_child(parent.bigram, group[i].token);
     }
   }
   features.resize(n * kScoreFeatures);
@@ -172,11 +171,11 @@ void group_features(const SourceView& view, const Member* pool, const DraftNode&
   for (size_t i = 0; i < n; ++i) {
     Candidate& c = group[i];
     double* f = features.data() + i * kScoreFeatures;
-    member_features(logs, pool + c.begin, pool + c.end, parent.depth + 1, view, f);
+    member_features(logs, pool + c.begin, pool + c.end, parent.depth + 1, in, f);
     f[kFeatLogSiblings] = log_siblings;
     f[kFeatLogOverBest] = c.log_hand - log_best;
     f[kFeatLogHandCond] = c.log_hand - parent.log_hand;
-    if (view.trie != nullptr) ngram_features(*view.trie, c, parent, f);
+    if (in.trie != nullptr) ngram_features(*in.trie, c, parent, f);
   }
 }
 

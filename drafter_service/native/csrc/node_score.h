@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fusion.h"
 #include "fusion_records.h"
 #include "input_trie.h"
 
@@ -28,7 +29,7 @@ void score_group(const std::vector<double>& weights, const fusion::DraftNode& pa
 // input trie) the n-gram columns, whose trie lookups are prefetched for the whole
 // group first. Sets each candidate's log_hand, and its bigram where the n-gram columns
 // looked it up.
-void group_features(const fusion::SourceView& view, const fusion::Member* pool,
+void group_features(const FusionInputs& in, const fusion::Member* pool,
                     const fusion::DraftNode& parent, fusion::Candidate* group, size_t n,
                     std::vector<double>& features);
 
