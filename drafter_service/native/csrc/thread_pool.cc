@@ -84,11 +84,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t h = 0; h < helpers; ++h) tasks_.emplace_back([state] { state->run(); });
   }
-  if (helpers == 1) {
-    cv_.notify_one();
-  } else {
-    cv_.notify_all();
-  }
+  for (int64_t h = 0; h < helpers; ++h) cv_.notify_one();  // a worker per task
   state->run();
   std::unique_lock<std::mutex> lock(state->mu);
   state->cv.wait(lock, [&] { return state->done.load() == n; });
