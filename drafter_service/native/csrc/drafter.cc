@@ -208,13 +208,12 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
   fuse(in, scratch.fusion, out);
 }
 
-Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
-                                      const int32_t* tokens, int64_t num_tokens,
-                                      const int64_t* offsets, const int32_t* budgets) const {
+std::vector<std::shared_ptr<RequestState>> Drafter::prepare(
+    const int64_t* handles, int64_t batch, const int32_t* tokens, int64_t num_tokens,
+    const int64_t* offsets, const int32_t* budgets) const {
   check_batch(batch, num_tokens, offsets, budgets, config_);
   check_tokens(tokens, num_tokens, vocab_size_);
-  BatchInputs in;
-  in.states.resize(batch);
+  std::vector<std::shared_ptr<RequestState>> states(batch);
   std::lock_guard<std::mutex> lock(mu_);
   std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < batch; ++i) {
@@ -226,10 +225,9 @@ Drafter::BatchInputs Drafter::prepare(const int64_t* handles, int64_t batch,
     if (it == requests_.end()) {
       throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
     }
-    in.states[i] = it->second;
+    states[i] = it->second;
   }
-  in.datastore = datastore_;
-  return in;
+  return states;
 }
 
 void Drafter::draft_state(int64_t handle, RequestState& state, const Datastore* datastore,
@@ -251,13 +249,14 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
   // With the tier, the appends change what other requests' drafts read: exclusively.
   std::unique_lock<std::shared_mutex> appending(tier_mu_, std::defer_lock);
   if (tier_) appending.lock();
-  const BatchInputs in = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+  const auto states = prepare(handles, batch, new_tokens, num_new_tokens, offsets, budgets);
+  const std::shared_ptr<const Datastore> datastore = this->datastore();
   std::vector<Draft> drafts(batch);
   std::vector<int64_t> bytes(batch), headroom(batch);
   // Appends row i's tokens to its request (caller holds its mu) and reports what it holds;
   // with the tier no headroom, since its tokens grow the shared tier.
   auto append_row = [&](int64_t i) {
-    RequestState& state = *in.states[i];
+    RequestState& state = *states[i];
     for (int64_t k = offsets[i]; k < offsets[i + 1]; ++k) {
       state.tokens.push_back(new_tokens[k]);
       state.trie.append(new_tokens[k]);
@@ -267,7 +266,7 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
   };
   if (tier_) {  // every request's appends, then their indexing, before any draft
     pool_.parallel_for(batch, [&](int64_t i) {
-      std::lock_guard<std::mutex> lock(in.states[i]->mu);
+      std::lock_guard<std::mutex> lock(states[i]->mu);
       append_row(i);
     });
     for (int64_t i = 0; i < batch; ++i) {
@@ -279,10 +278,10 @@ BatchDrafts Drafter::draft_batch(const int64_t* handles, int64_t batch, const in
   if (tier_) drafting.lock();
   pool_.parallel_for(batch, [&](int64_t i) {
     thread_local DraftScratch scratch;
-    RequestState& state = *in.states[i];
+    RequestState& state = *states[i];
     std::lock_guard<std::mutex> lock(state.mu);
     if (!tier_) append_row(i);  // without the tier a request's appends and draft are one step
-    draft_state(handles[i], state, in.datastore.get(), budgets[i], scratch, drafts[i], false);
+    draft_state(handles[i], state, datastore.get(), budgets[i], scratch, drafts[i], false);
   });
 
   BatchDrafts out = gather(drafts);

@@ -125,16 +125,12 @@ class Drafter {
 
  private:
   std::shared_ptr<RequestState> find(int64_t handle) const;
-  // What a batch call works on: the states of handles[0, batch) and the datastore in
-  // use, taken under one lock after the batch's offsets, budgets and tokens are checked.
-  struct BatchInputs {
-    std::vector<std::shared_ptr<RequestState>> states;
-    std::shared_ptr<const Datastore> datastore;
-  };
-  // A handle appearing twice is std::invalid_argument. Throws std::out_of_range for an
-  // unknown handle. Changes nothing.
-  BatchInputs prepare(const int64_t* handles, int64_t batch, const int32_t* tokens,
-                      int64_t num_tokens, const int64_t* offsets, const int32_t* budgets) const;
+  // What a batch call works on: the states of handles[0, batch), taken after the batch's
+  // offsets, budgets and tokens are checked. A handle appearing twice is
+  // std::invalid_argument. Throws std::out_of_range for an unknown handle. Changes nothing.
+  std::vector<std::shared_ptr<RequestState>> prepare(
+      const int64_t* handles, int64_t batch, const int32_t* tokens, int64_t num_tokens,
+      const int64_t* offsets, const int32_t* budgets) const;
   // What the service counts for a request: its state's bytes and, with the recent tier,
   // the tier's bound for its tokens (RecentTier::kBytesPerToken). Caller holds state.mu.
   int64_t held_bytes(const RequestState& state) const;
