@@ -761,8 +761,6 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     Draft datastore_only;
     drafter::FusionInputs from_datastore{config, budget};
     from_datastore.datastore_tree = tree_ptr;
-    from_datastore.context = ctx.data();
-    from_datastore.context_len = n;
     drafter::fuse(from_datastore, scratch.fusion, datastore_only);
     ASSERT_EQ(draft_problem(datastore_only, budget, vocab, monotone), "") << "datastore only";
     nonempty_datastore += !datastore_only.tokens.empty();
@@ -770,8 +768,6 @@ TEST(Draft, RandomInputsKeepTheInvariants) {
     Draft input_only;
     drafter::FusionInputs from_input{config, budget};
     from_input.trie = &trie;
-    from_input.context = ctx.data();
-    from_input.context_len = n;
     from_input.explain = coin(rng, 0.5);
     drafter::fuse(from_input, scratch.fusion, input_only);
     ASSERT_EQ(draft_problem(input_only, budget, vocab, monotone), "") << "input only";

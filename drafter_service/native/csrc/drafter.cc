@@ -202,8 +202,6 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
     }
   }
   in.recent_tree = recent;
-  in.context = context;
-  in.context_len = context_len;
   in.explain = explain;
   fuse(in, scratch.fusion, out);
 }

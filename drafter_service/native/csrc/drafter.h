@@ -37,9 +37,9 @@ struct DraftScratch {
 };
 
 // Drafts for one request (without a Drafter: tests and tools; a Drafter drafts its
-// requests with it): the input trie's suffix nodes (trie may be null), the datastore's
-// trees (may be null), `recent` (the recent tier's, may be null), fused. `explain`:
-// with out.features.
+// requests with it): the input trie's suffix nodes (trie, over the context, may be
+// null), the datastore's trees (may be null), `recent` (the recent tier's, may be null),
+// fused. `explain`: with out.features.
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
                DraftScratch& scratch, Draft& out, bool explain = false,

@@ -132,14 +132,12 @@ void Fusion::offer_roots() {
   }
 }
 
-// The root: the context's last token (and the two last) start the n-grams.
+// The root: the context's last token (and the two last) start the n-grams, the trie's
+// suffix nodes of length 1 and 2 (the trie is over the context).
 void Fusion::push_root() {
-  int32_t unigram = -1, bigram = -1;
-  if (featured_ && in_.trie != nullptr && in_.context != nullptr && in_.context_len >= 1) {
-    const int32_t* end = in_.context + in_.context_len;
-    unigram = in_.trie->find(end - 1, 1);
-    if (in_.context_len >= 2) bigram = in_.trie->find(end - 2, 2);
-  }
+  const bool ngrams = featured_ && in_.trie != nullptr;
+  const int32_t unigram = ngrams ? in_.trie->suffix_node(1) : -1;
+  const int32_t bigram = ngrams ? in_.trie->suffix_node(2) : -1;
   s_.nodes.push_back({-1, -1, 0, 1.0, 0.0, unigram, bigram, -1});  // log(hand 1) = 0
   push_offers(0);
 }

@@ -23,10 +23,6 @@ struct FusionInputs {
   const CandidateTree* datastore_tree = nullptr;  // the datastore, or a split one's base
   const CandidateTree* live_tree = nullptr;       // a split datastore's live sub-indices
   const CandidateTree* recent_tree = nullptr;     // the recent tier's continuations
-  // context[0, context_len) ends the context (its last two tokens are read, for the
-  // n-gram features).
-  const int32_t* context = nullptr;
-  int64_t context_len = 0;
   // out.features: every node's ScoreFeature values (the same tree).
   bool explain = false;
 };

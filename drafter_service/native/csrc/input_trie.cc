@@ -42,13 +42,6 @@ int32_t InputTrie::suffix_node(int32_t len) const {
   return active_[len - 1];
 }
 
-int32_t InputTrie::find(const int32_t* tokens, int32_t len) const {
-  if (len < 1 || len > max_depth_) return -1;
-  int32_t node = kRoot;
-  for (int32_t i = 0; i < len && node >= 0; ++i) node = child(node, tokens[i]);
-  return node;
-}
-
 size_t InputTrie::find_slot(uint64_t key) const {
   const size_t mask = keys_.size() - 1;
   size_t s = slot_of(key);

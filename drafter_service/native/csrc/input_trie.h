@@ -24,10 +24,6 @@ class InputTrie {
   // input is shorter than `len` or `len` exceeds max_depth. O(1).
   int32_t suffix_node(int32_t len) const;
 
-  // Node of the path tokens[0, len) from the root, or -1 when the input holds no such
-  // substring (or len is outside [1, max_depth]). O(len).
-  int32_t find(const int32_t* tokens, int32_t len) const;
-
   // Child of `parent` along `token`, or -1. O(1) expected.
   int32_t child(int32_t parent, int32_t token) const;
   // Starts loading what child(parent, token) reads first (its hash slot), so that several
