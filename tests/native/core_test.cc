@@ -520,7 +520,6 @@ TEST(InputTrie, GrowsToHoldEverySubstringWithItsCount) {
         input.push_back(v);
       }
       SCOPED_TRACE("depth " + std::to_string(depth) + " input " + ::testing::PrintToString(input));
-      ASSERT_EQ(trie.num_tokens(), static_cast<int64_t>(input.size()));
       const auto n = static_cast<int64_t>(input.size());
 
       std::map<Tokens, int64_t> expected;  // every substring of length <= depth
@@ -622,7 +621,6 @@ TEST(InputTrie, LargeInput) {
   std::printf("InputTrie(depth %d) over %d tokens: %" PRId64 " nodes, %.1f MiB resident, %.2f s\n",
               kDepth, kLargeLen, trie.num_nodes(),
               static_cast<double>(trie.resident_bytes()) / (1 << 20), took.count());
-  EXPECT_EQ(trie.num_tokens(), int64_t{kLargeLen});
   EXPECT_LE(trie.num_nodes(), int64_t{kLargeLen} * kDepth + 1);
   EXPECT_GE(trie.resident_bytes(), trie.num_nodes() * 16);
   int64_t root_total = 0;

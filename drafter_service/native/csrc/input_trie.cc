@@ -104,7 +104,6 @@ void InputTrie::append(int32_t token) {
   extend(kRoot);
   for (size_t k = 0; k < keep; ++k) extend(active_[k]);
   active_.swap(scratch_);
-  ++num_tokens_;
 }
 
 }  // namespace drafter

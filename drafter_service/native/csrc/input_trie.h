@@ -18,7 +18,6 @@ class InputTrie {
   explicit InputTrie(int32_t max_depth);
 
   void append(int32_t token);
-  int64_t num_tokens() const { return num_tokens_; }
 
   // Node of the suffix of the input of length `len` (1 <= len), or -1 when the
   // input is shorter than `len` or `len` exceeds max_depth. O(1).
@@ -88,7 +87,6 @@ class InputTrie {
   void grow_table();
 
   int32_t max_depth_;   // longest path stored, >= 1
-  int64_t num_tokens_ = 0;
   std::vector<Node> nodes_;  // nodes_[0] is the root
   // Open-addressing hash table (linear probing) from (parent, token) to child.
   // Keys are parent << 32 | token; an empty slot holds kEmptyKey. Capacity is a
@@ -97,7 +95,7 @@ class InputTrie {
   std::vector<int32_t> values_;
   int64_t used_ = 0;
   // active_[k] is the node of the input suffix of length k + 1, for
-  // k < min(num_tokens_, max_depth_).
+  // k < min(input length, max_depth_).
   std::vector<int32_t> active_;
   std::vector<uint64_t> seen_;  // bit t: token t < kBitmapTokens was appended
   std::vector<int32_t> scratch_;
