@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "fusion_records.h"
+#include "fusion.h"
 
 namespace drafter {
 

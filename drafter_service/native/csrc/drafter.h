@@ -17,7 +17,6 @@
 #include "candidate_tree.h"
 #include "draft_config.h"
 #include "fusion.h"
-#include "fusion_records.h"
 #include "input_trie.h"
 #include "recent_tier.h"
 #include "retrieval.h"

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "fusion.h"
-#include "fusion_records.h"
 #include "input_trie.h"
 
 namespace drafter {
