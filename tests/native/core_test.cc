@@ -496,8 +496,6 @@ TEST(SubIndex, WrapValidatesItsArrays) {
 // ---------------------------------------------------------------------------
 // Input trie.
 
-TEST(InputTrie, RejectsDepthZero) { EXPECT_THROW(InputTrie(0), std::invalid_argument); }
-
 // Appended chunk by chunk, the trie holds exactly the input's substrings up to its depth
 // with their counts; suffix_node and holds agree with them.
 TEST(InputTrie, GrowsToHoldEverySubstringWithItsCount) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <string>
 
 namespace drafter {
 namespace {
@@ -12,10 +11,6 @@ constexpr uint64_t kEmptyKey = ~uint64_t{0};
 }  // namespace
 
 InputTrie::InputTrie(int32_t max_depth) : max_depth_(max_depth) {
-  if (max_depth < 1) {
-    throw std::invalid_argument("input trie: max_depth " + std::to_string(max_depth) +
-                                " must be >= 1");
-  }
   nodes_.push_back({-1, 0, -1, -1});
   keys_.assign(64, kEmptyKey);
   values_.assign(64, -1);

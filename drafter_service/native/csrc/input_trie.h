@@ -15,6 +15,7 @@ class InputTrie {
  public:
   static constexpr int32_t kRoot = 0;
 
+  // max_depth >= 1: a validated config's input_max_depth (its callers validate it).
   explicit InputTrie(int32_t max_depth);
 
   void append(int32_t token);
