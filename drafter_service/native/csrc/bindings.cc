@@ -92,9 +92,8 @@ void init_datastore(Datastore* self, const std::vector<std::shared_ptr<const Sub
 }
 
 // Builds a fresh input trie over `context` (when use_input) and drafts once.
-std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
-    In<int32_t> context, const Datastore* datastore, const DraftConfig& config, int32_t budget,
-    bool use_input, int32_t vocab_size) {
+auto draft_context(In<int32_t> context, const Datastore* datastore, const DraftConfig& config,
+                   int32_t budget, bool use_input, int32_t vocab_size) {
   validate(config);
   check_budgets(&budget, 1, config);
   Draft draft = released([&] {
@@ -111,17 +110,14 @@ std::tuple<Out<int32_t>, Out<int32_t>, Out<float>> draft_context(
     draft_one(trie.get(), ctx, n, datastore, config, budget, scratch, out);
     return out;
   });
-  return {to_numpy(std::move(draft.tokens)), to_numpy(std::move(draft.parents)),
-          to_numpy(std::move(draft.scores))};
+  return std::make_tuple(to_numpy(std::move(draft.tokens)), to_numpy(std::move(draft.parents)),
+                         to_numpy(std::move(draft.scores)));
 }
-
 
 // Drafter::draft_batch: shapes checked, the GIL released while it runs, the drafts as
 // (tokens, parents, scores, offsets) arrays and each request's state after the call.
-std::tuple<Out<int32_t>, Out<int32_t>, Out<float>, Out<int64_t>, Out<int64_t>, Out<int64_t>>
-batch_call(
-    Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
-    In<int32_t> budgets) {
+auto batch_call(Drafter& d, In<int64_t> handles, In<int32_t> tokens, In<int64_t> offsets,
+                In<int32_t> budgets) {
   const int64_t batch = handles.shape(0);
   if (offsets.shape(0) != handles.shape(0) + 1 || budgets.shape(0) != handles.shape(0)) {
     throw std::invalid_argument("for a batch of " + std::to_string(batch) +
@@ -134,16 +130,15 @@ batch_call(
     return d.draft_batch(handles.data(), batch, tokens.data(), tokens.shape(0), offsets.data(),
                          budgets.data());
   });
-  return {to_numpy(std::move(out.tokens)),      to_numpy(std::move(out.parents)),
-          to_numpy(std::move(out.scores)),      to_numpy(std::move(out.offsets)),
-          to_numpy(std::move(out.state_bytes)), to_numpy(std::move(out.state_headroom))};
+  return std::make_tuple(to_numpy(std::move(out.tokens)), to_numpy(std::move(out.parents)),
+                         to_numpy(std::move(out.scores)), to_numpy(std::move(out.offsets)),
+                         to_numpy(std::move(out.state_bytes)),
+                         to_numpy(std::move(out.state_headroom)));
 }
 
 // retrieve_datastore: the datastore's candidate tree for one context.
-std::tuple<Out<int32_t>, Out<int32_t>, Out<int64_t>> retrieve_tree(const Datastore& datastore,
-                                                                  In<int32_t> context,
-                                                                  const DraftConfig& config,
-                                                                  int32_t max_len) {
+auto retrieve_tree(const Datastore& datastore, In<int32_t> context, const DraftConfig& config,
+                   int32_t max_len) {
   validate(config);
   RetrievalScratch scratch;
   CandidateTree tree;
