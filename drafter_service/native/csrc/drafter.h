@@ -63,15 +63,13 @@ struct RequestState {
   }
 };
 
-// Output of one batch call: drafts for request i are rows offsets[i]..offsets[i+1].
-struct BatchDrafts {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> parents;
-  std::vector<float> scores;
+// Output of one batch call: every request's draft as the rows of one Draft (without
+// features), request i's rows offsets[i]..offsets[i+1].
+struct BatchDrafts : Draft {
   std::vector<int64_t> offsets;
-  // draft_batch only: each request's state after its appends, for the service's memory
-  // accounting: the bytes it holds (RequestState::bytes) and how many more tokens it
-  // can take without allocating (RequestState::headroom).
+  // Each request's state after its appends, for the service's memory accounting: the
+  // bytes it holds (RequestState::bytes) and how many more tokens it can take without
+  // allocating (RequestState::headroom).
   std::vector<int64_t> state_bytes;
   std::vector<int64_t> state_headroom;
 };
