@@ -13,20 +13,17 @@ using Index = int32_t;
 
 // Type of each position: S-type (true) if its suffix is smaller than the next
 // one, L-type (false) otherwise. The last symbol (the unique sentinel) is S.
-class SuffixTypes {
- public:
-  SuffixTypes(const Index* s, Index n) : bits_(n) {
-    bits_[n - 1] = 1;
+struct SuffixTypes {
+  SuffixTypes(const Index* s, Index n) : bits(n) {
+    bits[n - 1] = 1;
     for (Index i = n - 2; i >= 0; --i) {
-      bits_[i] = s[i] < s[i + 1] || (s[i] == s[i + 1] && bits_[i + 1]);
+      bits[i] = s[i] < s[i + 1] || (s[i] == s[i + 1] && bits[i + 1]);
     }
   }
-  bool is_s(Index i) const { return bits_[i] != 0; }
+  bool is_s(Index i) const { return bits[i] != 0; }
   // Leftmost S: an S position whose left neighbour is L.
-  bool is_lms(Index i) const { return i > 0 && bits_[i] && !bits_[i - 1]; }
-
- private:
-  std::vector<uint8_t> bits_;
+  bool is_lms(Index i) const { return i > 0 && bits[i] && !bits[i - 1]; }
+  std::vector<uint8_t> bits;
 };
 
 void bucket_bounds(const Index* s, Index n, Index k, std::vector<Index>& bkt, bool ends) {
