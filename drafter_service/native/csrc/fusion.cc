@@ -20,10 +20,10 @@ using fusion::kNotLookedUp;
 
 // log(n) of the integer counts the features are made of: a table of std::log's own
 // values below kLogTable, std::log above (and for anything not a whole number).
-// The table is built on first use (a function-local static: nothing runs at module
-// load; std::log is not constexpr, and a table of literals would not be std::log's
-// own values on every libm). group_features looks it up once per expansion, so the
-// lookups inline without a guard check.
+// The table is built on first use (a function-local static of group_features: nothing
+// runs at module load; std::log is not constexpr, and a table of literals would not be
+// std::log's own values on every libm). group_features reaches it once per expansion,
+// so the lookups inline without a guard check.
 constexpr int32_t kLogTable = 4096;
 struct LogTable {
   double of[kLogTable];
@@ -39,10 +39,6 @@ struct LogTable {
     return std::log(n);
   }
 };
-const LogTable& log_table() {
-  static const LogTable table;
-  return table;
-}
 
 // log of a hand-set score; a zero score (a source weighted 0) gets a finite floor.
 constexpr double kLogFloor = -100.0;
@@ -182,7 +178,7 @@ void group_features(const FusionInputs& in, const Member* pool, const DraftNode&
     }
   }
   features.resize(n * kScoreFeatures);
-  const LogTable& logs = log_table();
+  static const LogTable logs;
   // The best sibling's log is the largest of the siblings' logs, and the parent's was
   // computed when it was a candidate: one log per candidate, none per expansion.
   double log_best = -HUGE_VAL;
