@@ -201,10 +201,8 @@ void group_features(const FusionInputs& in, const Member* pool, const DraftNode&
 
 // Fusion itself: best-first over the candidates so scored.
 
-struct WorseFirst {
-  bool operator()(const Candidate& a, const Candidate& b) const {
-    return a.score < b.score || (a.score == b.score && a.seq > b.seq);
-  }
+constexpr auto worse_first = [](const Candidate& a, const Candidate& b) {
+  return a.score < b.score || (a.score == b.score && a.seq > b.seq);
 };
 
 // One fuse() call: its inputs and the buffers its steps share. Best-first
@@ -332,9 +330,9 @@ void Fusion::push_root() {
 // `budget` nodes of highest score that form a tree.
 void Fusion::grow() {
   std::vector<DraftNode>& nodes = s_.nodes;
-  std::vector<Candidate>& heap = s_.heap;  // max-heap under WorseFirst
+  std::vector<Candidate>& heap = s_.heap;  // max-heap under worse_first
   while (!heap.empty() && static_cast<int32_t>(nodes.size()) - 1 < in_.budget) {
-    std::pop_heap(heap.begin(), heap.end(), WorseFirst{});
+    std::pop_heap(heap.begin(), heap.end(), worse_first);
     const Candidate cand = heap.back();
     heap.pop_back();
     const auto slot = static_cast<int32_t>(nodes.size());
@@ -398,7 +396,7 @@ void Fusion::push_offers(int32_t draft_parent) {
     }
     c.seq = seq_++;
     s_.heap.push_back(c);
-    std::push_heap(s_.heap.begin(), s_.heap.end(), WorseFirst{});
+    std::push_heap(s_.heap.begin(), s_.heap.end(), worse_first);
   }
 }
 
