@@ -202,8 +202,9 @@ void bind_config(nb::module_& m) {
 }
 
 // SubIndex: built from tokens, extended, or wrapping a snapshot's arrays; its arrays as
-// read-only views, and prefix search.
-void bind_sub_index(nb::module_& m) {
+// read-only views, and prefix search. Datastore: a set of sub-indices (the first
+// base_count of them the base).
+void bind_datastore(nb::module_& m) {
   nb::class_<SubIndex>(m, "SubIndex")
       .def_static(
           "build",
@@ -252,10 +253,6 @@ void bind_sub_index(nb::module_& m) {
             return std::make_tuple(r.begin, r.end);
           },
           "prefix"_a);
-}
-
-// Datastore: a set of sub-indices (the first base_count of them the base).
-void bind_datastore(nb::module_& m) {
   nb::class_<Datastore>(m, "Datastore")
       .def("__init__", &init_datastore, "sub_indices"_a, "base_count"_a = 0)
       .def_prop_ro("num_tokens", &Datastore::num_tokens)
@@ -318,7 +315,6 @@ NB_MODULE(_core, m) {
   m.doc() = "Native SSSD drafting core: suffix-array sub-indices, input tries, tree fusion.";
   bind_functions(m);
   bind_config(m);
-  bind_sub_index(m);
   bind_datastore(m);
   bind_drafter(m);
   const int32_t feature_count = kScoreFeatures;  // an int, not the (unbound) enum
