@@ -212,18 +212,13 @@ std::vector<std::shared_ptr<RequestState>> Drafter::prepare(
   check_batch(batch, num_tokens, offsets, budgets, config_);
   check_tokens(tokens, num_tokens, vocab_size_);
   std::vector<std::shared_ptr<RequestState>> states(batch);
-  std::lock_guard<std::mutex> lock(mu_);
   std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < batch; ++i) {
     if (!seen.insert(handles[i]).second) {
       throw std::invalid_argument("request handle " + std::to_string(handles[i]) +
                                   " appears twice in one batch");
     }
-    auto it = requests_.find(handles[i]);
-    if (it == requests_.end()) {
-      throw std::out_of_range("unknown request handle " + std::to_string(handles[i]));
-    }
-    states[i] = it->second;
+    states[i] = find(handles[i]);
   }
   return states;
 }
