@@ -8,14 +8,7 @@ namespace drafter {
 
 namespace {
 
-constexpr size_t kMinBuckets = 1024;
 constexpr int64_t kMaxPosition = std::numeric_limits<uint32_t>::max() - 1;
-
-size_t buckets_for(size_t entries) {
-  size_t n = kMinBuckets;
-  while (n < 2 * entries) n *= 2;
-  return n;
-}
 
 uint64_t mix(uint64_t h, int32_t token) {
   h = (h ^ static_cast<uint32_t>(token)) * 0xFF51AFD7ED558CCDULL;
@@ -25,12 +18,6 @@ uint64_t mix(uint64_t h, int32_t token) {
 constexpr uint64_t kSeed = 0x9E3779B97F4A7C15ULL;
 
 }  // namespace
-
-RecentTier::RecentTier(const DraftConfig& config)
-    : config_(config), k_(config.recent_min_match) {
-  main_.heads.assign(kMinBuckets, 0);
-  siblings_.heads.assign(kMinBuckets, 0);
-}
 
 uint32_t RecentTier::key_of(const int32_t* last) const {
   uint64_t h = kSeed;
@@ -67,7 +54,9 @@ void RecentTier::Chain::compact(const std::vector<Stream>& streams,
   }
   entries.resize(out);
   entries.shrink_to_fit();
-  rechain(buckets_for(entries.size()));
+  size_t buckets = kMinBuckets;
+  while (buckets < 2 * entries.size()) buckets *= 2;
+  rechain(buckets);
 }
 
 void RecentTier::compact() {

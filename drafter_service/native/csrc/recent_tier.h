@@ -47,7 +47,8 @@ class RecentTier {
   static constexpr int64_t kBytesPerToken = 2 * (16 * 2 * 2 + 4 * 4 * 2);
 
   // `config` is validated, with recent_samples > 0 (the Drafter makes a tier only then).
-  explicit RecentTier(const DraftConfig& config);
+  explicit RecentTier(const DraftConfig& config)
+      : config_(config), k_(config.recent_min_match) {}
 
   // Starts indexing the stream of request `handle`, not indexed yet (the Drafter starts a
   // handle once), of group `group` (see the file comment); the tokens it holds now are its
@@ -99,10 +100,12 @@ class RecentTier {
     uint32_t key;     // hash of tokens[pos - K, pos) (a sibling entry: of prompt, tokens[pos - 1])
     uint32_t next;    // the next older entry of the same bucket, + 1 (0: none)
   };
+  static constexpr int64_t kMinBuckets = 1024;  // of a chain (a power of 2)
   // Entries, oldest first, chained per bucket of their key.
   struct Chain {
     std::vector<Entry> entries;
-    std::vector<uint32_t> heads;  // per bucket: its newest entry + 1 (0: none)
+    // Per bucket: its newest entry + 1 (0: none); kMinBuckets buckets at first.
+    std::vector<uint32_t> heads = std::vector<uint32_t>(kMinBuckets, 0);
     void insert(uint32_t stream, uint32_t pos, uint32_t key);
     void rechain(size_t buckets);  // over that many buckets (a power of 2)
     // Drops the entries of removed streams, renumbers the others' streams, rechains.
