@@ -102,18 +102,15 @@ void RecentTier::index_stream(uint32_t s) {
   Stream& stream = streams_[s];
   const std::vector<int32_t>& tokens = *stream.tokens;
   const int64_t last = std::min<int64_t>(static_cast<int64_t>(tokens.size()), kMaxPosition);
-  for (int64_t p = stream.indexed; p <= last; ++p) {
+  // Each chain gets the positions from its counter through `last`, the counter past them.
+  for (int64_t& p = stream.indexed; p <= last; ++p, ++stream.entries) {
     main_.insert(s, static_cast<uint32_t>(p), key_of(tokens.data() + p));
-    ++stream.entries;
   }
-  stream.indexed = std::max(stream.indexed, last + 1);
   if (stream.prompt == 0 || k_ == 1) return;  // K = 1: the main chain holds every match
-  for (int64_t p = stream.sibling_indexed; p <= last; ++p) {
+  for (int64_t& p = stream.sibling_indexed; p <= last; ++p, ++stream.entries) {
     siblings_.insert(s, static_cast<uint32_t>(p),
                      static_cast<uint32_t>(mix(stream.prompt, tokens[p - 1]) >> 32));
-    ++stream.entries;
   }
-  stream.sibling_indexed = std::max(stream.sibling_indexed, last + 1);
 }
 
 void RecentTier::remove(int64_t handle) {
