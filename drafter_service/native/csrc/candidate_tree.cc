@@ -8,7 +8,7 @@ namespace drafter {
 void CandidateTree::clear() {
   samples_.clear();
   nodes_.clear();
-  nodes_.push_back({-1, 0, kUnexpanded, -1, 0, 0, 0});
+  nodes_.push_back({-1, kUnexpanded, -1, 0, 0, 0});
   num_nodes_ = 1;
   matched_prefix_ = 0;
 }
@@ -65,8 +65,7 @@ void CandidateTree::add(const Sample* samples, size_t n) {
   }
   num_nodes_ = static_cast<int32_t>(nodes);
   nodes_.resize(1);
-  nodes_[kRoot] = {-1, static_cast<uint32_t>(samples_.size()), kUnexpanded, -1, 0,
-                   static_cast<int32_t>(samples_.size()), 0};
+  nodes_[kRoot] = {-1, kUnexpanded, -1, 0, static_cast<int32_t>(samples_.size()), 0};
 }
 
 void CandidateTree::expand(int32_t node) const {
@@ -81,7 +80,7 @@ void CandidateTree::expand(int32_t node) const {
     int32_t j = i + 1;
     while (j < parent.hi && samples_[j].tokens[d] == t) ++j;
     const auto id = static_cast<int32_t>(nodes_.size());
-    nodes_.push_back({t, static_cast<uint32_t>(j - i), kUnexpanded, -1, i, j, d + 1});
+    nodes_.push_back({t, kUnexpanded, -1, i, j, d + 1});
     if (prev == -1) {
       first = id;
     } else {

@@ -40,7 +40,7 @@ class CandidateTree {
   int32_t matched_prefix() const { return matched_prefix_; }
   void set_matched_prefix(int32_t m) { matched_prefix_ = m; }
   int32_t token(int32_t node) const { return nodes_[node].token; }
-  uint32_t count(int32_t node) const { return nodes_[node].count; }
+  uint32_t count(int32_t node) const { return nodes_[node].hi - nodes_[node].lo; }
   // Materializes the node's children on first use (logically const). Inline: fusion
   // asks for every member's children, and the check is all a materialized node costs.
   int32_t first_child(int32_t node) const {
@@ -53,10 +53,9 @@ class CandidateTree {
  private:
   struct Node {
     int32_t token;         // edge token from the parent; -1 for the root
-    uint32_t count;        // samples through this node = hi - lo
     int32_t first_child;   // -1: none; kUnexpanded: not materialized yet
     int32_t next_sibling;  // next child of the same parent (greater token) or -1
-    int32_t lo, hi;        // the node's samples: samples_[lo, hi)
+    int32_t lo, hi;        // the node's samples: samples_[lo, hi), its count hi - lo
     int32_t depth;         // tokens on the path from the root
   };
   static constexpr int32_t kUnexpanded = -2;
