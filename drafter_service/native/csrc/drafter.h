@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "candidate_tree.h"
 #include "draft_config.h"
 #include "fusion.h"
 #include "input_trie.h"

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "candidate_tree.h"
 #include "draft_config.h"
 #include "input_trie.h"
+#include "retrieval.h"
 
 namespace drafter {
 

@@ -21,8 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "candidate_tree.h"
 #include "draft_config.h"
+#include "retrieval.h"
 
 namespace drafter {
 
