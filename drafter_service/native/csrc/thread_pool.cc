@@ -71,8 +71,7 @@ struct LoopState {
 }  // namespace
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
-  if (n <= 0) return;
-  if (workers_.empty() || n == 1) {
+  if (workers_.empty() || n <= 1) {  // nothing to share (n <= 0: nothing to run)
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
