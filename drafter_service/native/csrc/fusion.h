@@ -1,6 +1,6 @@
 // Fusion of every source's candidates into one draft tree (SSSD Algorithm 3): the records
-// it builds a draft from (the ScoreFeature columns of its candidates, the draft it
-// produces and its working records), its inputs and fuse().
+// it builds a draft from, shared with node scoring (the ScoreFeature columns of its
+// candidates, the draft it produces and its working records), its inputs and fuse().
 #pragma once
 
 #include <cstdint>
@@ -152,7 +152,7 @@ struct FusionScratch {
 // Merges the input-trie matches and the datastore trees into at most `in.budget`
 // draft nodes with a priority queue (SSSD Algorithm 3). Deterministic. A candidate's
 // score is its path's hand-set SSSD score, or with config.node_score the product of
-// the learned probabilities along its path (score_group, fusion.cc).
+// the learned probabilities along its path (node_score.h).
 void fuse(const FusionInputs& in, FusionScratch& scratch, Draft& out);
 
 }  // namespace drafter
