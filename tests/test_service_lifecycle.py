@@ -65,6 +65,37 @@ def test_health_goes_not_serving_serving_not_serving(
         loop_thread.run(server.stop(0))
 
 
+class _FailedSidecar:
+    """An admin API whose server failed while serving: its stop raises."""
+
+    def __init__(self, *views: object) -> None:
+        pass
+
+    async def start(self) -> int:
+        return 0
+
+    async def stop(self) -> None:
+        raise RuntimeError("the admin server failed")
+
+
+def test_a_failed_sidecar_is_raised_once_the_service_has_stopped(
+    loop_thread: LoopThread, tmp_path: Path
+) -> None:
+    server = DrafterServer(config(tmp_path), admin=_FailedSidecar)
+    loop_thread.run(server.listen())
+    loop_thread.run(server.load())
+    assert server.engine is not None
+    live = server.engine.catalog.slots["default"].live
+    assert live is not None
+    with pytest.raises(RuntimeError, match="the admin server failed"):
+        loop_thread.run(server.stop(0))
+    with pytest.raises(RuntimeError):  # the datastores closed all the same
+        live.ingest([1, 2, 3])
+    with pytest.raises(OSError):  # and the gRPC port
+        socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+    loop_thread.run(server.stop(0))  # stopped: a second stop returns at once
+
+
 def test_an_ipv6_host_listens_and_serves(
     loop_thread: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

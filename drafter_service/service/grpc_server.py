@@ -232,6 +232,7 @@ class DrafterServer:
         if self._stopping is not None:
             return await asyncio.shield(self._stopping)
         self._stopping = asyncio.get_running_loop().create_future()
+        admin_failure: Exception | None = None
         try:
             await self.health.enter_graceful_shutdown()
             if self._sweeper is not None:
@@ -239,7 +240,10 @@ class DrafterServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._sweeper
             if self._admin is not None:  # before the datastores close: waits for its job
-                await self._admin.stop()
+                try:
+                    await self._admin.stop()
+                except Exception as exc:  # its server failed: raised once the rest stopped
+                    admin_failure = exc
             if self._server is not None:
                 await self._server.stop(self.config.grace_period_s if grace is None else grace)
             if self._metrics_endpoint is not None:
@@ -251,6 +255,8 @@ class DrafterServer:
         finally:
             self._stopping.set_result(None)
         log.info("stopped")
+        if admin_failure is not None:
+            raise admin_failure
 
     def _phase(self) -> Phase:
         if self._stopping is not None:
