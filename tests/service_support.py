@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from drafter_service.drafter_cli import build_parser
 from drafter_service.service import DrafterServer, ServeConfig
 from drafter_service.serving import start_server
 from sssd_drafter.v1 import drafter_pb2 as pb
@@ -75,6 +76,12 @@ def config(data_dir: Path, **overrides: Any) -> ServeConfig:
     )
     settings.update(overrides)
     return ServeConfig(**settings)
+
+
+def parsed_config(args: Sequence[str], environ: Mapping[str, str]) -> ServeConfig:
+    """The settings of ``drafter serve ARGS`` with ``environ`` as its variables, read as
+    the command reads them."""
+    return ServeConfig.from_namespace(build_parser().parse_args(["serve", *args]), environ)
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ from service_support import (
     datastore_held,
     delta,
     draft_held,
+    parsed_config,
     rpc_error,
     serving,
     wait_until_taken,
@@ -446,12 +447,12 @@ def test_metrics_port_minus_one_disables_the_endpoint(
 
 
 def test_metrics_settings_come_from_flags_and_environment() -> None:
-    config = ServeConfig.from_env_and_args(["--metrics-port", "-1"], {"DRAFTER_HOST": "::1"})
+    config = parsed_config(["--metrics-port", "-1"], {"DRAFTER_HOST": "::1"})
     assert config.metrics_port == -1 and config.metrics_host is None  # follows --host
-    config = ServeConfig.from_env_and_args([], {"DRAFTER_METRICS_HOST": "0.0.0.0"})
+    config = parsed_config([], {"DRAFTER_METRICS_HOST": "0.0.0.0"})
     assert config.metrics_port == 9400 and config.metrics_host == "0.0.0.0"
     with pytest.raises(ValueError, match=r"ServeConfig\.metrics_port = -2"):
-        ServeConfig.from_env_and_args(["--metrics-port", "-2"], {})
+        parsed_config(["--metrics-port", "-2"], {})
 
 
 def test_a_metrics_port_in_use_fails_the_start(loop_thread: LoopThread, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from client_servers import DrafterProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from observability import ALERTS, ALERTS_TEST, DASHBOARDS
 from operator_schemas import OPERATOR_SCHEMAS
+from service_support import parsed_config
 
 from drafter_service.admin.bearer_auth import PUBLIC_PATHS
 from drafter_service.admin.routes import probes
@@ -273,7 +274,7 @@ def test_configmap_is_a_valid_drafter_configuration(name: str) -> None:
     serve_fields = set(ServeConfig.model_fields)
     for key in data:
         assert key.startswith("DRAFTER_") and key[8:].lower() in serve_fields, key
-    config = ServeConfig.from_env_and_args([], environ=data)
+    config = parsed_config([], data)
     assert config.host == "0.0.0.0" and config.admin_host == "0.0.0.0"
     assert config.data_dir == Path("/data/live")
 
@@ -287,10 +288,10 @@ def test_the_chart_runs_background_threads_behind_drafting() -> None:
     """The pod is a cgroup of its own: the chart sets --background-nice 19 (drafter serve's
     own default, for machines it shares, is 0); a value can turn it off."""
     data = settings_map(render({}))["data"]
-    assert ServeConfig.from_env_and_args([], environ=data).background_nice == 19
+    assert parsed_config([], data).background_nice == 19
     off = settings_map(render({"settings": {"background_nice": 0}}))["data"]
-    assert ServeConfig.from_env_and_args([], environ=off).background_nice == 0
-    assert ServeConfig.from_env_and_args([], environ={}).background_nice == 0
+    assert parsed_config([], off).background_nice == 0
+    assert parsed_config([], {}).background_nice == 0
 
 
 def test_the_node_score_choice_reaches_the_drafter() -> None:
@@ -299,7 +300,7 @@ def test_the_node_score_choice_reaches_the_drafter() -> None:
     assert "DRAFTER_NODE_SCORE" not in settings_map(render({}))["data"]
     data = settings_map(render({"settings": {"node_score": "hand"}}))["data"]
     assert data["DRAFTER_NODE_SCORE"] == "hand"
-    assert ServeConfig.from_env_and_args([], environ=data).node_score == "hand"
+    assert parsed_config([], data).node_score == "hand"
 
 
 def test_ports_and_probes() -> None:
@@ -438,7 +439,7 @@ def test_credentials_are_mounted_and_named_exactly_when_enabled(
     assert set(CREDENTIAL_FIELDS) <= set(ServeConfig.model_fields)
     assert credential_files(objects) == expected
     data = settings_map(objects)["data"]
-    config = ServeConfig.from_env_and_args([], environ=data)
+    config = parsed_config([], data)
     for field_name in CREDENTIAL_FIELDS:
         path = data.get(ENV_PREFIX + field_name.upper())
         assert getattr(config, field_name) == (Path(path) if path else None), field_name
@@ -670,7 +671,7 @@ def test_the_default_pod_memory_covers_base_and_request_states() -> None:
     assert memory_mib(objects) == 1536
     data = settings_map(objects)["data"]
     assert data["DRAFTER_MAX_REQUEST_STATE_BYTES"] == str(REQUEST_STATE_BYTES)
-    config = ServeConfig.from_env_and_args([], environ=data)
+    config = parsed_config([], data)
     assert config.max_request_state_bytes == REQUEST_STATE_BYTES
 
 
@@ -1016,7 +1017,7 @@ def test_shared_log_variables_are_drafter_settings() -> None:
     """`drafter serve` reads the chart's shared-log variables as the values set."""
     assert set(SHARED_LOG_FIELDS) <= set(ServeConfig.model_fields)
     objects = rendered(SHARED_LOG_EXAMPLE)
-    config = ServeConfig.from_env_and_args([], environ=settings_map(objects)["data"])
+    config = parsed_config([], settings_map(objects)["data"])
     headless = one(objects, "Service", "-headless")["metadata"]["name"]
     assert config.shared_log == f"redis://{REDIS}/0"
     assert config.shared_log_prefix == f"{RELEASE}-sssd-drafter"

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from service_support import parsed_config
 
 from drafter_service.engine.request_table import (
     NODE_BYTES_MAX,
@@ -24,7 +25,7 @@ from drafter_service.service.settings import ServeConfig
 def test_defaults_need_no_configuration(tmp_path: Path) -> None:
     """Nothing set: every value has a default, the vocabulary the embedded Llama-3 one
     (tests/test_service_default.py runs bare `drafter serve` for real)."""
-    config = ServeConfig.from_env_and_args([], environ={})
+    config = parsed_config([], {})
     assert config.host == "127.0.0.1" and config.port == 50051
     assert config.vocab_size is None and config.tokenizer is None  # resolved at open:
     resolved = resolve_tokenizer(config.model_copy(update={"data_dir": tmp_path / "drafter-data"}))
@@ -46,19 +47,19 @@ def test_flag_wins_over_environment_over_default() -> None:
         "DRAFTER_MAX_RESIDENT_BYTES": "",
         "DRAFTER_REQUEST_TTL_S": "2.5",
     }
-    config = ServeConfig.from_env_and_args(["--port", "0", "--datastore", "x=/x"], environ)
+    config = parsed_config(["--port", "0", "--datastore", "x=/x"], environ)
     assert config.port == 0 and config.max_budget == 64 and config.store == "prompt+output"
     assert config.datastores == (("x", Path("/x")),)
     assert config.keepalive_permit_without_calls is False and config.request_ttl_s == 2.5
     assert config.max_resident_bytes is None
-    config = ServeConfig.from_env_and_args([], environ)
+    config = parsed_config([], environ)
     assert config.port == 7000
     assert config.datastores == (("code", Path("/srv/code")), ("chat", Path("/srv/chat")))
 
 
 def test_a_variable_is_matched_in_any_case_and_unset_when_empty() -> None:
     environ = {"drafter_port": "7002", "DRAFTER_MAX_BUDGET": "", "DRAFTER_NOT_A_SETTING": "1"}
-    config = ServeConfig.from_env_and_args([], environ)
+    config = parsed_config([], environ)
     assert config.port == 7002 and config.max_budget == 256
 
 
@@ -96,7 +97,7 @@ def test_bad_settings_name_the_flag_or_variable(
     args: list[str], environ: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ValueError) as info:
-        ServeConfig.from_env_and_args(args, environ)
+        parsed_config(args, environ)
     assert message in str(info.value)
 
 
@@ -107,13 +108,13 @@ def test_a_settings_file_is_below_variables_and_flags(tmp_path: Path) -> None:
         'datastores = {code = "/srv/code"}\ndraft_config = ["input_weight=0.5"]\n'
         "keepalive_permit_without_calls = false\n"
     )
-    config = ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+    config = parsed_config(["--config-file", str(settings)], {})
     assert config.port == 7001 and config.max_budget == 32 and config.log_level == "debug"
     assert config.datastores == (("code", Path("/srv/code")),)
     assert config.draft_settings().input_weight == 0.5
     assert config.keepalive_permit_without_calls is False
     environ = {"DRAFTER_CONFIG_FILE": str(settings), "DRAFTER_MAX_BUDGET": "16"}
-    config = ServeConfig.from_env_and_args(["--port", "0"], environ)
+    config = parsed_config(["--port", "0"], environ)
     assert config.port == 0 and config.max_budget == 16 and config.log_level == "debug"
 
 
@@ -121,15 +122,15 @@ def test_a_bad_settings_file_names_the_file_and_the_key(tmp_path: Path) -> None:
     settings = tmp_path / "drafter.toml"
     settings.write_text("port = 70000\nmax_budgte = 8\n")
     with pytest.raises(ValueError) as info:
-        ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+        parsed_config(["--config-file", str(settings)], {})
     assert f"{settings}: port: bad value 70000: ServeConfig.port = 70000" in str(info.value)
     assert f"{settings}: max_budgte: not a setting of drafter serve" in str(info.value)
     settings.write_text("port = \n")
     with pytest.raises(ValueError, match="--config-file: cannot read"):
-        ServeConfig.from_env_and_args(["--config-file", str(settings)], {})
+        parsed_config(["--config-file", str(settings)], {})
     missing = {"DRAFTER_CONFIG_FILE": str(tmp_path / "none.toml")}
     with pytest.raises(ValueError, match=r"DRAFTER_CONFIG_FILE: .*none\.toml' is not a file"):
-        ServeConfig.from_env_and_args([], missing)
+        parsed_config([], missing)
 
 
 def test_table_expires_idle_states_in_use_order() -> None:
@@ -179,7 +180,7 @@ def test_table_counts_the_bound_until_measured_then_what_was_measured() -> None:
 
 
 def test_draft_config_reaches_the_drafting_parameters() -> None:
-    config = ServeConfig.from_env_and_args(
+    config = parsed_config(
         ["--draft-config", "datastore_smoothing=0", "--draft-config", "input_max_prefix=6",
          "--max-budget", "64"],
         {"DRAFTER_DRAFT_CONFIG": "input_weight=0.5"},
@@ -187,5 +188,5 @@ def test_draft_config_reaches_the_drafting_parameters() -> None:
     settings = config.draft_settings()
     assert settings.datastore_smoothing == 0.0 and settings.input_max_prefix == 6
     assert settings.max_budget == 64 and settings.input_weight == 0.6  # the flag wins
-    from_env = ServeConfig.from_env_and_args([], {"DRAFTER_DRAFT_CONFIG": "input_weight=0.5"})
+    from_env = parsed_config([], {"DRAFTER_DRAFT_CONFIG": "input_weight=0.5"})
     assert from_env.draft_settings().input_weight == 0.5

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -334,12 +334,3 @@ class ServeConfig(BaseModel):
         over defaults; ValueError names the flag, variable or file entry and its value."""
         environ = os.environ if environ is None else environ
         return read_settings(cls.model_validate, cls.model_fields, namespace, environ)
-
-    @classmethod
-    def from_env_and_args(
-        cls, args: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
-    ) -> ServeConfig:
-        """``from_namespace`` over parsed ``drafter serve`` flags (default ``sys.argv[1:]``)."""
-        parser = argparse.ArgumentParser(prog="drafter serve")
-        cls.add_arguments(parser)
-        return cls.from_namespace(parser.parse_args(args), environ)
