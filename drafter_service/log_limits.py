@@ -36,12 +36,6 @@ class RateLimitedLog:
         self._suppressed = 0
         self._traced: set[type[BaseException]] = set()
 
-    @property
-    def suppressed(self) -> int:
-        """Lines left out since the last one logged."""
-        with self._lock:
-            return self._suppressed
-
     def log(
         self,
         msg: str,
