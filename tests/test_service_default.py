@@ -113,6 +113,13 @@ def test_a_data_directory_keeps_its_vocabulary(tmp_path: Path) -> None:
         resolve_tokenizer(ServeConfig(data_dir=data, vocab_size=2000))
 
 
+@pytest.mark.parametrize("record", [b"\xff\xfe", b"{", b'{"name": "t"}'])
+def test_a_damaged_tokenizer_record_is_named(tmp_path: Path, record: bytes) -> None:
+    (tmp_path / TOKENIZER_RECORD).write_bytes(record)  # not UTF-8, not JSON, a field missing
+    with pytest.raises(ValueError, match=f"{TOKENIZER_RECORD} is not a tokenizer record"):
+        resolve_tokenizer(ServeConfig(data_dir=tmp_path))
+
+
 def test_a_recorded_directory_refuses_another_vocabulary_with_status_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

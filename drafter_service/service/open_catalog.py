@@ -41,14 +41,12 @@ TOKENIZER_RECORD = "tokenizer-identity.json"
 def read_tokenizer_record(data_dir: Path) -> TokenizerIdentity | None:
     path = data_dir / TOKENIZER_RECORD
     try:
-        text = path.read_text(encoding="utf-8")
+        return TokenizerIdentity.from_json(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc}") from exc
-    try:
-        return TokenizerIdentity.from_json(json.loads(text))
-    except ValueError as exc:  # bad JSON, SnapshotError
+    except ValueError as exc:  # not UTF-8, bad JSON, SnapshotError
         raise ValueError(f"{path} is not a tokenizer record: {exc}") from None
 
 
