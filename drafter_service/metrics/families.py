@@ -5,8 +5,9 @@ collector's lock."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prometheus_client.core import (
@@ -45,8 +46,95 @@ class Recorded:
     rebuilds: dict[str, Buckets]
 
 
+def family(
+    kind: type[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily],
+    name: str,
+    documentation: str,
+    label: str,
+    series: Mapping[str, Any],
+) -> Metric:
+    """A family with one series per ``label`` value: a number, or a histogram's buckets."""
+    family = kind(PREFIX + name, documentation, labels=[label])
+    for value, number in series.items():
+        if isinstance(family, HistogramMetricFamily):
+            family.add_metric([value], *number.sample())
+        else:
+            family.add_metric([value], number)
+    return family
+
+
+counter = partial(family, CounterMetricFamily)
+gauge = partial(family, GaugeMetricFamily)
+histogram = partial(family, HistogramMetricFamily)
+_Family = Callable[[str, str, str, Mapping[str, Any]], Metric]  # counter, gauge, histogram
+
+
+def by_datastore(
+    make: _Family, name: str, documentation: str, stats: Mapping[str, Any], attribute: str
+) -> Metric:
+    """A family with one series per datastore: ``attribute`` of that datastore's ``stats``."""
+    series = {datastore: getattr(s, attribute) for datastore, s in stats.items()}
+    return make(name, documentation, "datastore", series)
+
+
+# Per-datastore families, (counter, gauge or histogram; name; help; attribute): recorded
+# while serving (of ``DatastoreCounts``), then read at a scrape from every datastore's
+# stats, the live ones' and those with a shared log.
+_RECORDED: tuple[tuple[_Family, str, str, str], ...] = (
+    (
+        histogram,
+        "request_duration_seconds",
+        "Drafting time per request (the native batch job's time divided by its requests).",
+        "request_seconds",
+    ),
+    (counter, "requests", "Requests drafted (one per request per step).", "requests"),
+    (counter, "trees", "Non-empty trees served.", "trees"),
+    (histogram, "tree_nodes", "Draft nodes per tree served (empty trees included).", "tree_nodes"),
+)
+_DATASTORE_STATE: tuple[tuple[_Family, str, str, str], ...] = (
+    (gauge, "datastore_tokens", "Tokens indexed.", "num_tokens"),
+    (
+        gauge,
+        "datastore_resident_bytes",
+        "Bytes of the datastore's arrays (accounted).",
+        "resident_bytes",
+    ),
+    (gauge, "datastore_sub_indices", "Sub-indices.", "sub_indices"),
+)
+_LIVE_STATE: tuple[tuple[_Family, str, str, str], ...] = (
+    (counter, "ingested_tokens", "Tokens ingested (durable).", "ingested_tokens"),
+    (counter, "ingested_sequences", "Sequences ingested.", "ingested_sequences"),
+    (gauge, "wal_bytes", "Ingest-log bytes not yet covered by a snapshot.", "wal_bytes"),
+)
+_SHARED_LOG_STATE: tuple[tuple[_Family, str, str, str], ...] = (
+    (
+        counter,
+        "shared_log_skipped_entries",
+        "Shared-log entries no replica can store (another format, bad checksum or ids).",
+        "stream_skipped",
+    ),
+    (
+        counter,
+        "shared_log_errors",
+        "Failed reads of the shared log server or writes of taken entries (retried).",
+        "stream_errors",
+    ),
+    (
+        counter,
+        "shared_log_lost",
+        "Times shared-log entries were found trimmed by retention before they were taken.",
+        "stream_lost",
+    ),
+    (
+        gauge,
+        "shared_log_delay_seconds",
+        "Seconds from the newest taken entry's append (log server clock) to its being taken.",
+        "stream_delay_s",
+    ),
+)
+
+
 def recorded_families(r: Recorded) -> Iterator[Metric]:
-    stores = r.datastores
     yield histogram(
         "batch_duration_seconds",
         "One decode step's batch in the server: request received to response ready.",
@@ -54,90 +142,17 @@ def recorded_families(r: Recorded) -> Iterator[Metric]:
         r.batch_seconds,
     )
     yield histogram("batch_requests", "Requests per batch.", "method", r.batch_requests)
-    yield histogram(
-        "request_duration_seconds",
-        "Drafting time per request (the native batch job's time divided by its requests).",
-        "datastore",
-        {name: c.request_seconds for name, c in stores.items()},
-    )
-    yield by_datastore(
-        CounterMetricFamily,
-        "requests",
-        "Requests drafted (one per request per step).",
-        stores,
-        "requests",
-    )
-    yield by_datastore(CounterMetricFamily, "trees", "Non-empty trees served.", stores, "trees")
-    yield histogram(
-        "tree_nodes",
-        "Draft nodes per tree served (empty trees included).",
-        "datastore",
-        {name: c.tree_nodes for name, c in stores.items()},
-    )
-    yield family(CounterMetricFamily, "resyncs", "RESYNC answers.", "reason", r.resyncs)
+    for make, name, documentation, attribute in _RECORDED:
+        yield by_datastore(make, name, documentation, r.datastores, attribute)
+    yield counter("resyncs", "RESYNC answers.", "reason", r.resyncs)
     errors = CounterMetricFamily(
         PREFIX + "rpc_errors", "Calls that failed.", labels=["method", "code"]
     )
     for (method, code), value in r.errors.items():
         errors.add_metric([method, code], value)
     yield errors
-    yield by_datastore(
-        CounterMetricFamily, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count"
-    )
+    yield by_datastore(counter, "rebuilds", "Background rebuilds finished.", r.rebuilds, "count")
     yield histogram("rebuild_duration_seconds", "Background rebuild time.", "datastore", r.rebuilds)
-
-
-_FamilyKind = type[CounterMetricFamily] | type[GaugeMetricFamily]
-
-# Per-datastore state read at a scrape: (kind, name, help, attribute of the stats).
-_DATASTORE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (GaugeMetricFamily, "datastore_tokens", "Tokens indexed.", "num_tokens"),
-    (
-        GaugeMetricFamily,
-        "datastore_resident_bytes",
-        "Bytes of the datastore's arrays (accounted).",
-        "resident_bytes",
-    ),
-    (GaugeMetricFamily, "datastore_sub_indices", "Sub-indices.", "sub_indices"),
-)
-_LIVE_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (CounterMetricFamily, "ingested_tokens", "Tokens ingested (durable).", "ingested_tokens"),
-    (CounterMetricFamily, "ingested_sequences", "Sequences ingested.", "ingested_sequences"),
-    (
-        GaugeMetricFamily,
-        "wal_bytes",
-        "Ingest-log bytes not yet covered by a snapshot.",
-        "wal_bytes",
-    ),
-)
-
-
-_SHARED_LOG_STATE: tuple[tuple[_FamilyKind, str, str, str], ...] = (
-    (
-        CounterMetricFamily,
-        "shared_log_skipped_entries",
-        "Shared-log entries no replica can store (another format, bad checksum or ids).",
-        "stream_skipped",
-    ),
-    (
-        CounterMetricFamily,
-        "shared_log_errors",
-        "Failed reads of the shared log server or writes of taken entries (retried).",
-        "stream_errors",
-    ),
-    (
-        CounterMetricFamily,
-        "shared_log_lost",
-        "Times shared-log entries were found trimmed by retention before they were taken.",
-        "stream_lost",
-    ),
-    (
-        GaugeMetricFamily,
-        "shared_log_delay_seconds",
-        "Seconds from the newest taken entry's append (log server clock) to its being taken.",
-        "stream_delay_s",
-    ),
-)
 
 
 def state_families(
@@ -165,10 +180,9 @@ def state_families(
         ("request_state_budget_bytes", "Bound on request_state_bytes.", table.max_bytes),
         ("ingest_queue_depth", "Finished generations waiting for ingestion.", ingester.depth),
     )
-    for gauge, documentation, value in gauges:
-        yield GaugeMetricFamily(PREFIX + gauge, documentation, value=value)
-    yield family(
-        CounterMetricFamily,
+    for name, documentation, value in gauges:
+        yield GaugeMetricFamily(PREFIX + name, documentation, value=value)
+    yield counter(
         "request_states_evicted",
         "Request states dropped before their request finished, by the bound that "
         "dropped them (their client resends the context: RESYNC).",
@@ -180,13 +194,7 @@ def state_families(
         "datastore_full": ingester.refused_full,
         "error": ingester.failed,
     }
-    yield family(
-        CounterMetricFamily,
-        "ingest_dropped",
-        "Finished generations not ingested.",
-        "reason",
-        dropped,
-    )
+    yield counter("ingest_dropped", "Finished generations not ingested.", "reason", dropped)
     info = GaugeMetricFamily(
         PREFIX + "info",
         "Build and tokenizer identity (=1).",
@@ -195,16 +203,14 @@ def state_families(
     info.add_metric([version, catalog.tokenizer.fingerprint], 1)
     yield info
     live = {name: s for name, s in stores.items() if isinstance(s, LiveStats)}
-    for kind, family_name, documentation, attribute in _DATASTORE_STATE:
-        yield by_datastore(kind, family_name, documentation, stores, attribute)
-    for kind, family_name, documentation, attribute in _LIVE_STATE:
-        yield by_datastore(kind, family_name, documentation, live, attribute)
     shared = {name: s for name, s in live.items() if s.shared_log}
-    for kind, family_name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
-        yield by_datastore(kind, family_name, documentation, shared, attribute)
+    for states, stats in ((_DATASTORE_STATE, stores), (_LIVE_STATE, live)):
+        for make, name, documentation, attribute in states:
+            yield by_datastore(make, name, documentation, stats, attribute)
+    for make, name, documentation, attribute in _SHARED_LOG_STATE if shared else ():
+        yield by_datastore(make, name, documentation, shared, attribute)
     now = time.time()
-    yield family(
-        GaugeMetricFamily,
+    yield gauge(
         "snapshot_age_seconds",
         "Seconds since the newest snapshot was written (since start when none).",
         "datastore",
@@ -213,39 +219,10 @@ def state_families(
             for n, s in live.items()
         },
     )
-    yield family(
-        GaugeMetricFamily,
+    yield gauge(
         "recent_held_tokens",
         "Tokens of stored generations the recent tier drafts from until a rebuild folds "
         "them in (at most the recent_held_tokens setting).",
         "datastore",
         held,
     )
-
-
-def histogram(
-    name: str, documentation: str, label: str, series: Mapping[str, Buckets | SizeCounts]
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(PREFIX + name, documentation, labels=[label])
-    for value, buckets in series.items():
-        cumulative, total = buckets.sample()
-        family.add_metric([value], cumulative, total)
-    return family
-
-
-def family(
-    kind: _FamilyKind, name: str, documentation: str, label: str, series: Mapping[str, float]
-) -> Metric:
-    """A counter or gauge family with one series per ``label`` value."""
-    family = kind(PREFIX + name, documentation, labels=[label])
-    for value, number in series.items():
-        family.add_metric([value], number)
-    return family
-
-
-def by_datastore(
-    kind: _FamilyKind, name: str, documentation: str, stats: Mapping[str, Any], attribute: str
-) -> Metric:
-    """A family with one series per datastore: ``attribute`` of that datastore's ``stats``."""
-    series = {datastore: getattr(s, attribute) for datastore, s in stats.items()}
-    return family(kind, name, documentation, "datastore", series)
