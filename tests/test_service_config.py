@@ -125,6 +125,9 @@ def test_a_bad_settings_file_names_the_file_and_the_key(tmp_path: Path) -> None:
         parsed_config(["--config-file", str(settings)], {})
     assert f"{settings}: port: bad value 70000: ServeConfig.port = 70000" in str(info.value)
     assert f"{settings}: max_budgte: not a setting of drafter serve" in str(info.value)
+    settings.write_text("bootstrap_peers = [1, 2]\n")  # not strings: named all the same
+    with pytest.raises(ValueError, match=r"bootstrap_peers: bad value '1,2': '1' is not an"):
+        parsed_config(["--config-file", str(settings)], {})
     settings.write_text("port = \n")
     with pytest.raises(ValueError, match="--config-file: cannot read"):
         parsed_config(["--config-file", str(settings)], {})

@@ -177,35 +177,26 @@ def read_settings(
     over the settings file (``--config-file``, else ``DRAFTER_CONFIG_FILE``); ValueError for
     a file that is missing or not TOML, and for each bad setting with where its value came
     from: ``--port: bad value 'http': ...``."""
-    flags = {name: value for name in fields
-             if (value := getattr(namespace, name, None)) is not None}  # fmt: skip
-    variables = {key.upper(): value for key, value in environ.items() if value != ""}
-    env = {name: variables[env_name(name)] for name in fields if env_name(name) in variables}
-    layers: list[tuple[Callable[[str], str], dict[str, Any]]] = [
-        (flag_name, flags),
-        (env_name, env),
-    ]
     file_flag = getattr(namespace, "config_file", None)
     config_file = file_flag or environ.get(CONFIG_FILE_ENV, "")
+    given: dict[str, tuple[str, Any]] = {}  # each value and where it came from; later wins
     if config_file:
         origin = "--config-file" if file_flag else CONFIG_FILE_ENV
-        settings = _settings_file(Path(config_file), origin)
-        layers.append((lambda name: f"{config_file}: {name}", settings))
-    values: dict[str, Any] = {}
-    origins: dict[str, tuple[str, Any]] = {}  # where each value came from, as what text
-    for describe, layer in layers:  # the first layer that sets a field wins
-        for name, value in layer.items():
-            if name not in values:
-                values[name] = value
-                shown = ",".join(value) if isinstance(value, list) else value  # repeated flag
-                origins[name] = (describe(name), shown)
+        for name, value in _settings_file(Path(config_file), origin).items():
+            given[name] = (f"{config_file}: {name}", value)
+    variables = {key.upper(): value for key, value in environ.items() if value != ""}
+    for name in fields:
+        if env_name(name) in variables:
+            given[name] = (env_name(name), variables[env_name(name)])
+        if (value := getattr(namespace, name, None)) is not None:
+            given[name] = (flag_name(name), value)
     try:
-        return validate(values)
+        return validate({name: value for name, (_, value) in given.items()})
     except ValidationError as error:
-        raise ValueError(_explain(error, origins)) from None
+        raise ValueError(_explain(error, given)) from None
 
 
-def _explain(error: ValidationError, origins: Mapping[str, tuple[str, Any]]) -> str:
+def _explain(error: ValidationError, given: Mapping[str, tuple[str, Any]]) -> str:
     lines = []
     for item in error.errors():
         context = item.get("ctx", {})
@@ -214,7 +205,9 @@ def _explain(error: ValidationError, origins: Mapping[str, tuple[str, Any]]) -> 
             lines.append(reason)
             continue
         name = str(item["loc"][0])
-        where, value = origins.get(name, (name, item["input"]))
+        where, value = given.get(name, (name, item["input"]))
+        if isinstance(value, list):  # a repeated flag's, or a list in the file
+            value = ",".join(map(str, value))
         if item["type"] == "extra_forbidden":
             lines.append(f"{where}: not a setting of drafter serve")
         else:
