@@ -96,6 +96,15 @@ def test_a_failed_sidecar_is_raised_once_the_service_has_stopped(
     loop_thread.run(server.stop(0))  # stopped: a second stop returns at once
 
 
+def test_a_port_in_use_is_an_os_error_naming_it(loop_thread: LoopThread, tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        server = DrafterServer(config(tmp_path, port=port))
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: "):
+            loop_thread.run(server.listen())
+        loop_thread.run(server.stop(0))
+
+
 def test_an_ipv6_host_listens_and_serves(
     loop_thread: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -168,10 +168,8 @@ class DrafterServer:
                 self.port = server.add_insecure_port(target)
             else:
                 self.port = server.add_secure_port(target, credentials)
-        except RuntimeError as exc:
+        except RuntimeError as exc:  # what grpc raises for a port it could not bind
             raise OSError(f"cannot listen on {target}: {exc}") from None
-        if self.port == 0:
-            raise OSError(f"cannot listen on {target}")
         await server.start()
         if self.config.metrics_port >= 0:
             host = self.config.metrics_host or self.config.host
