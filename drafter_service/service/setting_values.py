@@ -71,14 +71,12 @@ def pairs(form: str) -> BeforeValidator:
         pairs = []
         for item in items:
             if not isinstance(item, str):
-                pairs.append(item)
-                continue
-            if not item.strip():
-                continue
-            key, sep, text = item.partition("=")
-            if not sep or not key.strip() or not text.strip():
-                raise ValueError(f"{item.strip()!r} is not {form}")
-            pairs.append((key.strip(), text.strip()))
+                pairs.append(item)  # Python's pair, or not a pair: the type check says so
+            elif item.strip():  # a blank item is none
+                key, sep, text = (part.strip() for part in item.partition("="))
+                if not sep or not key or not text:
+                    raise ValueError(f"{item.strip()!r} is not {form}")
+                pairs.append((key, text))
         return tuple(pairs)
 
     return BeforeValidator(parse)
