@@ -60,10 +60,6 @@ def write_snapshot(
     parent fsynced. A crash leaves no ``directory`` or a complete one (and a temporary
     for ``remove_stale_temporaries``). ``clock`` gives ``created_unix``."""
     directory = Path(directory)
-    if not isinstance(datastore, Datastore):
-        raise TypeError(f"datastore must be a Datastore, got {type(datastore).__name__}")
-    if not isinstance(tokenizer, TokenizerIdentity):
-        raise TypeError(f"tokenizer must be a TokenizerIdentity, got {type(tokenizer).__name__}")
     if datastore.vocab_size != tokenizer.vocab_size:
         raise SnapshotError(
             f"cannot write {directory}: datastore vocab_size {datastore.vocab_size} differs from "
