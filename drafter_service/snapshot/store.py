@@ -77,14 +77,10 @@ def write_snapshot(
         raise SnapshotError(f"cannot write {directory}: the name must not be empty or hidden")
     if os.path.lexists(directory):
         raise SnapshotError(f"cannot write {directory}: it already exists")
-    parent = directory.parent
+    temp = temporary_sibling(directory)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        temp = temporary_sibling(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
         temp.mkdir()
-    except OSError as exc:
-        raise SnapshotError(f"cannot write {directory}: {exc}") from exc
-    try:
         entries = tuple(
             _write_sub_index(temp, f"sub-{i:03d}", sub)
             for i, sub in enumerate(datastore.sub_indices)
@@ -95,7 +91,7 @@ def write_snapshot(
         if os.path.lexists(directory):
             raise SnapshotError(f"cannot write {directory}: it was created meanwhile")
         os.rename(temp, directory)  # refuses a non-empty target
-        fsync_dir(parent)
+        fsync_dir(directory.parent)
         for sub, entry in zip(datastore.sub_indices, entries, strict=True):
             sub.origin = (directory, entry)
     except BaseException as exc:
