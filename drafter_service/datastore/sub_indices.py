@@ -137,8 +137,6 @@ class Datastore(_NativeHolder):
         self, sub_indices: Sequence[SubIndex], vocab_size: int, base_count: int = 0
     ) -> None:
         check_vocab_size(vocab_size)
-        if not 0 <= base_count <= len(sub_indices):
-            raise ValueError(f"base_count must be in [0, {len(sub_indices)}], got {base_count}")
         for i, s in enumerate(sub_indices):
             if s.vocab_size != vocab_size:
                 raise ValueError(
@@ -147,6 +145,7 @@ class Datastore(_NativeHolder):
         self.sub_indices = tuple(sub_indices)
         self.vocab_size = vocab_size
         self.base_count = base_count
+        # The native constructor refuses a base_count outside [0, len(sub_indices)].
         super().__init__(_core.Datastore([s.native for s in self.sub_indices], base_count))
 
     @classmethod
