@@ -17,8 +17,9 @@ import os
 import shutil
 import socket
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -51,6 +52,7 @@ class BootstrapError(RuntimeError):
 class _Offer:
     base: str  # the peer's admin API URL
     name: str
+    url: str  # the snapshot's, on that API
     log_offset: StreamId | None
     created_unix: float
 
@@ -116,10 +118,11 @@ def bootstrap_from_peers(
     empty). Raises BootstrapError when every offered download failed."""
     if not needs_bootstrap(directory):
         return None
+    get = partial(_get, token=token, timeout_s=timeout_s)
     offers = []
     for base in expand_peers(peers):
         try:
-            offer = _newest_offer(base, datastore, token, timeout_s)
+            offer = _newest_offer(get, base, datastore)
         except (OSError, ValueError, KeyError, TypeError) as exc:  # HTTPError is an OSError
             log.warning("bootstrap: peer %s gave no snapshot listing: %s", base, exc)
             continue
@@ -132,7 +135,7 @@ def bootstrap_from_peers(
     failures = []
     for offer in offers:
         try:
-            info = _download(offer, directory / "snapshots", datastore, tokenizer, token, timeout_s)
+            info = _download(get, offer, directory / "snapshots", tokenizer)
         except (OSError, ValueError, SnapshotError) as exc:
             failures.append(f"{offer.base} {offer.name}: {exc}")
             log.warning("bootstrap: download of %s from %s failed: %s", offer.name, offer.base, exc)
@@ -166,36 +169,31 @@ def expand_peers(peers: Sequence[str]) -> list[str]:
 
 
 def _get(url: str, token: str | None, timeout_s: float) -> Any:
-    request = urllib.request.Request(url)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    return urllib.request.urlopen(request, timeout=timeout_s)
+    """A GET of a peer's admin API (bound to its token and timeout: a :data:`_Get`)."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
 
 
-def _json(url: str, token: str | None, timeout_s: float) -> Any:
-    with _get(url, token, timeout_s) as response:
+_Get = Callable[[str], Any]
+
+
+def _json(get: _Get, url: str) -> Any:
+    with get(url) as response:
         return json.load(response)
 
 
-def _newest_offer(base: str, datastore: str, token: str | None, timeout_s: float) -> _Offer | None:
+def _newest_offer(get: _Get, base: str, datastore: str) -> _Offer | None:
     url = f"{base}/v1/datastores/{quote(datastore)}/snapshots"
-    listing = _json(url, token, timeout_s)["snapshots"]
-    newest = [s for s in listing if s.get("newest")]
+    newest = [s for s in _json(get, url)["snapshots"] if s.get("newest")]
     if not newest:
         return None
     s = newest[-1]
-    return _Offer(base, str(s["name"]), StreamId.parse_optional(s.get("log_offset")),
+    name = str(s["name"])
+    return _Offer(base, name, f"{url}/{quote(name)}", StreamId.parse_optional(s.get("log_offset")),
                   float(s["created_unix"]))  # fmt: skip
 
 
-def _download(
-    offer: _Offer,
-    root: Path,
-    datastore: str,
-    tokenizer: TokenizerIdentity,
-    token: str | None,
-    timeout_s: float,
-) -> SnapshotInfo:
+def _download(get: _Get, offer: _Offer, root: Path, tokenizer: TokenizerIdentity) -> SnapshotInfo:
     """Downloads, verifies and renames into place; the temporary is removed on failure."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / offer.name
@@ -204,13 +202,12 @@ def _download(
     temp = temporary_sibling(final)
     temp.mkdir()
     try:
-        snapshot = f"{offer.base}/v1/datastores/{quote(datastore)}/snapshots/{quote(offer.name)}"
-        files_url = f"{snapshot}/files"
-        for entry in _json(files_url, token, timeout_s)["files"]:
+        files_url = f"{offer.url}/files"
+        for entry in _json(get, files_url)["files"]:
             name, size = str(entry["name"]), int(entry["bytes"])
             if "/" in name or name.startswith("."):
                 raise ValueError(f"peer listed an unsafe file name {name!r}")
-            _fetch(f"{files_url}/{quote(name)}", temp / name, size, token, timeout_s)
+            _fetch(get, f"{files_url}/{quote(name)}", temp / name, size)
         fsync_dir(temp)
         load_snapshot(temp, expect_tokenizer=tokenizer)  # every checksum, before it counts
         os.rename(temp, final)
@@ -221,9 +218,9 @@ def _download(
     return read_manifest(final)
 
 
-def _fetch(url: str, path: Path, size: int, token: str | None, timeout_s: float) -> None:
+def _fetch(get: _Get, url: str, path: Path, size: int) -> None:
     written = 0
-    with _get(url, token, timeout_s) as response, open(path, "wb") as out:
+    with get(url) as response, open(path, "wb") as out:
         while chunk := response.read(_CHUNK):
             written += len(chunk)
             if written > size:
