@@ -17,6 +17,7 @@ from drafter_service.live.live_datastore import LiveDatastore, LivePolicy
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.replication.shared_log import LogError, SharedLogConfig
+from drafter_service.service.settings import ServeConfig
 from drafter_service.snapshot.store import TokenizerIdentity
 
 VOCAB = 1000
@@ -210,8 +211,8 @@ def test_log_server_down_then_back(tmp_path: Path, server: RedisServer) -> None:
 def test_config_errors_name_the_value() -> None:
     with pytest.raises(ValueError, match="'http://x'"):
         SharedLogConfig("http://x")
-    with pytest.raises(ValueError, match="retention"):
-        SharedLogConfig("redis://x:6379", retention=-1)
+    with pytest.raises(ValueError, match="retention"):  # refused at the settings
+        ServeConfig(shared_log="redis://x:6379", shared_log_retention=-1)
     with pytest.raises(ValueError, match="prefix"):
         SharedLogConfig("redis://x:6379", prefix="a b")
 

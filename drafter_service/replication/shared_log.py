@@ -52,7 +52,7 @@ class BadEntry(ValueError):
 @dataclass(frozen=True, slots=True)
 class SharedLogConfig:
     """The shared stream's server (``redis://`` or ``rediss://``), key prefix (stream
-    ``<prefix>:<NAME>``), entries kept per stream (0: all) and password file."""
+    ``<prefix>:<NAME>``), entries kept per stream (0: all; >= 0 by ServeConfig), password file."""
 
     url: str
     prefix: str = "sssd-drafter"
@@ -73,8 +73,6 @@ class SharedLogConfig:
             raise ValueError(f"shared log: {self.url!r}: {exc}") from None
         if not self.prefix or any(c.isspace() for c in self.prefix):
             raise ValueError(f"shared log prefix must be non-empty without spaces: {self.prefix!r}")
-        if self.retention < 0:
-            raise ValueError(f"shared log retention must be >= 0, got {self.retention}")
 
     def stream(self, datastore: str) -> RedisStream:
         """A connection to the stream of ``datastore``."""
