@@ -238,11 +238,7 @@ def parse_manifest(data: bytes, path: Path) -> SnapshotInfo:
     if len(set(names)) != len(names):
         raise SnapshotError(f"sub-index names repeat: {names}")
     created = _field(obj, "created_unix", "manifest")
-    if (
-        isinstance(created, bool)
-        or not isinstance(created, int | float)
-        or not math.isfinite(created)
-    ):
+    if type(created) not in (int, float) or not math.isfinite(created):  # a bool is not
         raise SnapshotError(f"created_unix must be a finite number, got {created!r}")
     return SnapshotInfo(
         path=path,
