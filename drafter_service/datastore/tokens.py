@@ -37,18 +37,15 @@ def as_token_array(
             raise ValueError(f"{what} must contain only ints, got {arr.dtype} values")
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
-    if check_range or arr.dtype != np.int32:
-        _check_range(arr, vocab_size if check_range else 2**31, what)
+    bound = vocab_size if check_range else 2**31
+    if (check_range or arr.dtype != np.int32) and arr.size:
+        if int(arr.min()) < 0 or int(arr.max()) >= bound:
+            bad_index = int(np.argmax((arr < 0) | (arr >= bound)))
+            raise ValueError(
+                f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
+                f"[0, {bound})"
+            )
     return np.ascontiguousarray(arr, dtype=np.int32)
-
-
-def _check_range(arr: npt.NDArray[np.integer], vocab_size: int, what: str) -> None:
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab_size):
-        bad_index = int(np.argmax((arr < 0) | (arr >= vocab_size)))
-        raise ValueError(
-            f"{what}: token id {int(arr[bad_index])} at index {bad_index} is outside "
-            f"[0, {vocab_size})"
-        )
 
 
 def check_vocab_size(vocab_size: object) -> None:
