@@ -87,7 +87,7 @@ class LiveStats:
     shared_log: bool  # a shared ingest stream feeds this datastore
     consumed_offset: StreamId | None  # newest shared-stream entry in the log
     covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
-    # The stream follower's counters (``StreamFollower``); 0 without a shared stream.
+    # The stream follower's counters (``ReplicatedDatastore``); 0 without a shared stream.
     stream_skipped: int = 0
     stream_errors: int = 0
     stream_lost: int = 0
