@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +119,7 @@ class TokenizerIdentity:
         """Parses ``to_json`` output (checked by ``__post_init__``): SnapshotError naming
         the bad field."""
         obj = _check_dict(d, "tokenizer")
-        keys = ("name", "vocab_size", "fingerprint")
-        return cls(**{key: _field(obj, key, "tokenizer") for key in keys})
+        return cls(**{f.name: _field(obj, f.name, "tokenizer") for f in fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)
