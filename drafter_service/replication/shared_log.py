@@ -89,7 +89,7 @@ class RedisStream:
             )
         password = config.password_file.read_text().strip() if config.password_file else None
         self.key = key
-        self.config = config
+        self._maxlen = config.retention or None  # trimmed to about this on every append
         timeout = config.timeout_s
         connect = partial(
             redis.Redis.from_url, config.url, password=password, socket_connect_timeout=timeout
@@ -102,8 +102,7 @@ class RedisStream:
         """Appends one document; returns its entry id once the server has it."""
         payload = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
         fields: dict[Any, Any] = {b"v": FORMAT, b"tokens": payload, b"crc": zlib.crc32(payload)}
-        retention = self.config.retention
-        entry_id = self._redis.xadd(self.key, fields, maxlen=retention or None, approximate=True)
+        entry_id = self._redis.xadd(self.key, fields, maxlen=self._maxlen, approximate=True)
         return StreamId.parse(cast("bytes", entry_id))
 
     def read_after(
