@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -28,15 +27,15 @@ from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.startup import snapshot_offset
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.replication.shared_log import LogError, RedisStream
-from drafter_service.snapshot.array_files import fsync_dir, move_aside
+from drafter_service.snapshot.array_files import move_aside
 from drafter_service.snapshot.store import (
     SnapshotError,
     SnapshotInfo,
     TokenizerIdentity,
+    atomic_directory,
     list_snapshots,
     load_snapshot,
     read_manifest,
-    temporary_sibling,
 )
 
 log = logging.getLogger(__name__)
@@ -194,27 +193,18 @@ def _newest_offer(get: _Get, base: str, datastore: str) -> _Offer | None:
 
 
 def _download(get: _Get, offer: _Offer, root: Path, tokenizer: TokenizerIdentity) -> SnapshotInfo:
-    """Downloads, verifies and renames into place; the temporary is removed on failure."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Downloads and verifies into a temporary renamed into place (removed on failure)."""
     final = root / offer.name
     if final.exists():
         raise ValueError(f"{final} already exists")
-    temp = temporary_sibling(final)
-    temp.mkdir()
-    try:
+    with atomic_directory(final) as temp:
         files_url = f"{offer.url}/files"
         for entry in _json(get, files_url)["files"]:
             name, size = str(entry["name"]), int(entry["bytes"])
             if "/" in name or name.startswith("."):
                 raise ValueError(f"peer listed an unsafe file name {name!r}")
             _fetch(get, f"{files_url}/{quote(name)}", temp / name, size)
-        fsync_dir(temp)
         load_snapshot(temp, expect_tokenizer=tokenizer)  # every checksum, before it counts
-        os.rename(temp, final)
-        fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
     return read_manifest(final)
 
 

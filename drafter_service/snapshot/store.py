@@ -12,7 +12,8 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,29 +76,39 @@ def write_snapshot(
         raise SnapshotError(f"cannot write {directory}: the name must not be empty or hidden")
     if os.path.lexists(directory):
         raise SnapshotError(f"cannot write {directory}: it already exists")
+    try:
+        with atomic_directory(directory) as temp:
+            entries = tuple(
+                _write_sub_index(temp, f"sub-{i:03d}", sub)
+                for i, sub in enumerate(datastore.sub_indices)
+            )
+            info = replace(info, sub_indices=entries)
+            write_file(temp / MANIFEST_NAME, [manifest_bytes(info)])
+    except OSError as exc:
+        raise SnapshotError(f"cannot write {directory}: {exc}") from exc
+    for sub, entry in zip(datastore.sub_indices, entries, strict=True):
+        sub.origin = (directory, entry)
+    return info
+
+
+@contextmanager
+def atomic_directory(directory: Path) -> Iterator[Path]:
+    """A new :func:`temporary_sibling` of ``directory`` (its parent made if missing) for
+    the block to fill: once the block completes, fsynced and renamed into place, the
+    parent fsynced; removed if the block or any of this raises."""
     temp = temporary_sibling(directory)
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         temp.mkdir()
-        entries = tuple(
-            _write_sub_index(temp, f"sub-{i:03d}", sub)
-            for i, sub in enumerate(datastore.sub_indices)
-        )
-        info = replace(info, sub_indices=entries)
-        write_file(temp / MANIFEST_NAME, [manifest_bytes(info)])
+        yield temp
         fsync_dir(temp)
         if os.path.lexists(directory):
             raise SnapshotError(f"cannot write {directory}: it was created meanwhile")
         os.rename(temp, directory)  # refuses a non-empty target
         fsync_dir(directory.parent)
-        for sub, entry in zip(datastore.sub_indices, entries, strict=True):
-            sub.origin = (directory, entry)
-    except BaseException as exc:
+    except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise SnapshotError(f"cannot write {directory}: {exc}") from exc
         raise
-    return info
 
 
 def read_manifest(directory: str | Path) -> SnapshotInfo:
