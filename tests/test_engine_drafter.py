@@ -167,6 +167,28 @@ def test_metrics_record_each_drafter_call_and_a_taken_port_only_warns(
         unserved.close()
 
 
+def test_a_refused_drafter_leaves_no_client_or_metrics_port_behind(
+    drafter: DrafterProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal at startup (a tokenizer mismatch) raises, having closed the client it made
+    and freed the metrics port it bound."""
+    closed: list[float] = []
+
+    def refuse(self: DrafterClient, timeout_s: float = 10.0) -> None:
+        raise ValueError("tokenizer mismatch: client abc, drafter def")
+
+    monkeypatch.setattr(DrafterClient, "wait_ready", refuse)
+    monkeypatch.setattr(DrafterClient, "close", lambda self, timeout_s: closed.append(timeout_s))
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ValueError, match="tokenizer mismatch"):
+        EngineDrafter(settings_for(drafter.target, metrics_port=port))
+    assert closed == [0]
+    with socket.socket() as again:
+        again.bind(("0.0.0.0", port))  # free again
+
+
 def _stored_tokens(client: DrafterClient) -> int:
     info = client.wait_ready()
     return sum(d.num_tokens for d in info.datastores)

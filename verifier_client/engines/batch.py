@@ -31,6 +31,8 @@ from verifier_client.replica_targets import fixed_targets
 from verifier_client.results import ClientStats, StepResult, Tree
 
 if TYPE_CHECKING:  # prometheus_client only where metrics are served
+    from wsgiref.simple_server import WSGIServer
+
     from verifier_client.acceptance_metrics import WorkerMetrics
 
 __all__ = [
@@ -220,6 +222,7 @@ class EngineDrafter:
     ) -> None:
         self.settings = settings
         self._budget = budget or settings.budget_rule()
+        made = client is None
         if client is None:
             tls, token = settings.credentials()
             options = ClientOptions(
@@ -239,10 +242,19 @@ class EngineDrafter:
         self.last_result: StepResult | None = None  # the last draft()'s, None if it failed
         self._error_logged = False
         self.metrics: WorkerMetrics | None = None
+        server = None
         if settings.metrics_port is not None:
-            self.metrics = _served_metrics(settings.metrics_port)
+            self.metrics, server = _served_metrics(settings.metrics_port)
         if settings.connect_timeout_s > 0:
-            self._connect(settings.connect_timeout_s)
+            try:
+                self._connect(settings.connect_timeout_s)
+            except ValueError:  # refused: give back the client made here and the port
+                if made:
+                    self.client.close(0)
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
+                raise
 
     @property
     def stats(self) -> ClientStats:
@@ -362,18 +374,17 @@ class EngineDrafter:
             log.exception("sssd drafter: %s failed; continuing without drafts", what)
 
 
-def _served_metrics(port: int) -> WorkerMetrics | None:
-    """The worker's metrics, served on ``port``; None (logged) when it cannot bind, e.g.
-    for a second data-parallel engine on this host: the engine runs on without them."""
+def _served_metrics(port: int) -> tuple[WorkerMetrics | None, WSGIServer | None]:
+    """The worker's metrics and their server on ``port``; None (logged) when it cannot bind,
+    e.g. for a second data-parallel engine on this host: the engine runs on without them."""
     from verifier_client.acceptance_metrics import WorkerMetrics
 
     metrics = WorkerMetrics()
     try:
-        metrics.serve(port)
+        return metrics, metrics.serve(port)
     except OSError as err:
         log.warning("sssd metrics not served on port %d: %s", port, err)
-        return None
-    return metrics
+        return None, None
 
 
 def tokenizer_fingerprint(model_dir: str | os.PathLike[str] | None) -> str:
