@@ -22,7 +22,6 @@ from verifier_client.verification.tree_verification import (
     VerifyResult,
     accept,
     sample_targets,
-    verify_greedy,
 )
 
 ALPHA = 0.001
@@ -77,14 +76,14 @@ def test_equal_siblings_enter_the_first_only() -> None:
 
 
 @given(batches(vocab=3), st.integers(0, 2**32 - 1))
-def test_verify_greedy_is_accept_of_the_argmax(
+def test_greedy_targets_are_the_argmax(
     batch: tuple[list[Tree | None], list[int], list[int]], seed: int
 ) -> None:
     trees, roots, lens = batch
     packed = pack_trees(trees, roots, lens)
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn((*packed.tokens.shape, 3), generator=gen)
-    result = verify_greedy(packed, logits)
+    result = accept(packed, sample_targets(logits))
     assert_result(result, packed, logits.argmax(2), trees, roots, lens)
 
 
@@ -118,7 +117,7 @@ def test_greedy_speculation_equals_plain_greedy_decoding(device: str) -> None:
             roots = [o[-1] for o in out]
             packed = pack_trees(trees, roots, lens, device=device)
             logits = table.to(device)[packed.tokens]  # next-token logits of every node
-            result = verify_greedy(packed, logits)
+            result = accept(packed, sample_targets(logits))
             for b, o in enumerate(out):
                 o.extend(result.tokens(b))
             accepted += int(result.accept_lengths.sum())
@@ -398,8 +397,6 @@ def test_bad_verification_input_is_named() -> None:
         accept(packed, torch.zeros((1, 3)))
     with pytest.raises(TypeError, match="packed must be PackedTrees, got dict"):
         accept({}, torch.zeros((1, 3), dtype=torch.int64))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"with \[B, T\] = \(1, 3\), got \(1, 4, 5\)"):
-        verify_greedy(packed, torch.zeros((1, 4, 5)))
     logits = torch.zeros((1, 3, 5))
     with pytest.raises(ValueError, match=r"temperature must be finite and >= 0, got -0\.5"):
         sample_targets(logits, temperature=-0.5)
@@ -434,8 +431,8 @@ def test_cuda_gives_the_cpu_answers() -> None:
     assert torch.equal(got.accepted_tokens.cpu(), want.accepted_tokens)
     assert torch.equal(got.accepted_nodes.cpu(), want.accepted_nodes)
     logits = torch.randn((20, cpu.width, 7), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(verify_greedy(gpu, logits.cuda()).accepted_tokens.cpu(),
-                       verify_greedy(cpu, logits).accepted_tokens)  # fmt: skip
+    assert torch.equal(accept(gpu, sample_targets(logits.cuda())).accepted_tokens.cpu(),
+                       accept(cpu, sample_targets(logits)).accepted_tokens)  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(3)
     sampled = sample_targets(logits.cuda(), temperature=0.9, top_k=3, top_p=0.9, generator=gen)
     assert bool((sampled.cpu()[..., None] == logits.topk(3, dim=2).indices).any(2).all())

@@ -19,7 +19,7 @@ from verifier_client.acceptance_metrics import WorkerMetrics
 from verifier_client.reference_worker.decode_loop import DecodeWorker, GenerationRequest
 from verifier_client.results import Outcome, StepResult
 from verifier_client.verification.tree_packing import pack_trees
-from verifier_client.verification.tree_verification import verify_greedy
+from verifier_client.verification.tree_verification import accept
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -94,11 +94,11 @@ def test_record_step_counts_fallbacks_resyncs_and_positions() -> None:
     logits = torch.zeros(3, packed.tokens.shape[1], 16)
     logits[0, 0, 7] = logits[0, 1, 8] = logits[0, 2, 1] = 1.0  # row 0 accepts 7, 8
     logits[2, 0, 5] = 1.0  # row 2 accepts 5 (its second root child)
-    result = verify_greedy(packed, logits)
+    result = accept(packed, logits.argmax(2))
     answered = StepResult(3, Outcome.OK, ("a", "b", "c"), {}, {"b": Outcome.RESYNC})
     metrics.record_step(result, packed.num_nodes - 1, answered, 0.002, 5)
     metrics.record_step(
-        verify_greedy(pack_trees([None], [1], [0]), torch.zeros(1, 1, 16)),
+        accept(pack_trees([None], [1], [0]), torch.zeros((1, 1), dtype=torch.int64)),
         [0],
         StepResult.without_drafts(4, Outcome.DEADLINE, ("a",)),
         0.003,

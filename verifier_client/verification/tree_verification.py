@@ -17,12 +17,7 @@ import torch
 
 from verifier_client.verification.tree_packing import PackedTrees
 
-__all__ = [
-    "VerifyResult",
-    "accept",
-    "sample_targets",
-    "verify_greedy",
-]
+__all__ = ["VerifyResult", "accept", "sample_targets"]
 
 _MAX_BLOCK = 1024  # the sampler's cumulative sums run over blocks of at most this many tokens
 
@@ -225,16 +220,3 @@ def _sample_filtered(
     choice = _sample_rows_(values, generator)
     return ids.gather(2, choice[:, :, None]).squeeze(2)
 
-
-def verify_greedy(packed: PackedTrees, logits: torch.Tensor) -> VerifyResult:
-    """Greedy verification: the target's argmax at every node decides."""
-    if not isinstance(packed, PackedTrees):
-        raise TypeError(f"packed must be PackedTrees, got {type(packed).__name__}")
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a tensor, got {type(logits).__name__}")
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(packed.tokens.shape):
-        raise ValueError(
-            f"logits must be [B, T, V] with [B, T] = {tuple(packed.tokens.shape)}, "
-            f"got {tuple(logits.shape)}"
-        )
-    return accept(packed, sample_targets(logits))
