@@ -43,8 +43,6 @@ def assert_result(result: VerifyResult, packed: PackedTrees, targets: torch.Tens
         assert result.accepted_tokens[b].tolist() == tokens + [-1] * (width - n)
         assert result.accepted_nodes[b].tolist() == nodes + [-1] * (width - n)
         assert int(result.accept_lengths[b]) == n - 1
-        assert int(result.last_nodes[b]) == nodes[-1]
-        assert int(result.bonus_tokens[b]) == tokens[-1]
         for d in range(n - 1):
             per_position[d] += 1
     assert result.accepted_per_position.tolist() == per_position

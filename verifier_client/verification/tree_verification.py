@@ -30,8 +30,6 @@ class VerifyResult:
     accept_lengths: torch.Tensor  # [B] int64: draft tokens accepted (bonus excluded)
     accepted_nodes: torch.Tensor  # [B, T] int64: packed columns of the path, root first; -1
     accepted_per_position: torch.Tensor  # [T - 1] int64: accepted at depth 1, 2, ... (batch sum)
-    last_nodes: torch.Tensor  # [B] int64: column of the deepest accepted node (its output = bonus)
-    bonus_tokens: torch.Tensor  # [B] int64: the target's token after the accepted drafts
 
     def tokens(self, b: int) -> list[int]:
         """Request b's committed tokens: accepted drafts then the bonus token."""
@@ -76,15 +74,12 @@ def accept(packed: PackedTrees, target_tokens: torch.Tensor) -> VerifyResult:
     accepted_tokens = torch.where(
         accepted_nodes >= 0, target.gather(1, accepted_nodes.clamp(min=0)), -1
     )
-    last_nodes = accepted_nodes.gather(1, accept_lengths[:, None]).squeeze(1)
     depths = torch.arange(1, width, device=target.device)
     return VerifyResult(
         accepted_tokens=accepted_tokens,
         accept_lengths=accept_lengths,
         accepted_nodes=accepted_nodes,
         accepted_per_position=(accept_lengths[:, None] >= depths).sum(0),
-        last_nodes=last_nodes,
-        bonus_tokens=target.gather(1, last_nodes[:, None]).squeeze(1),
     )
 
 
