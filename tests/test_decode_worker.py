@@ -67,7 +67,7 @@ def test_greedy_equals_plain_decoding_with_hits_and_misses(model: Any) -> None:
     stats = worker.stats
     assert stats.accepted_tokens > 0 and stats.output_tokens == sum(limits)
     assert stats.steps < sum(limits)  # speculation saved steps
-    assert worker.idle and worker.kv.batch_size == 0
+    assert worker.idle and len(worker.kv.lens) == 0
 
 
 def test_forward_passes_use_the_installed_transformers_cache_keyword(model: Any) -> None:
@@ -124,7 +124,7 @@ def test_ragged_batches_join_and_leave_between_steps() -> None:
         for i in arrivals.get(step, []):
             worker.submit(GenerationRequest(str(i), items[i], limits[i]))
         done.update((g.request_id, g.output_ids) for g in worker.step())
-        sizes.append(worker.kv.batch_size)
+        sizes.append(len(worker.kv.lens))
         # only the accepted paths' KV is kept: no row longer than the longest context
         assert worker.kv.physical_len == max(worker.kv.lens, default=0)
         if step > max(arrivals) and worker.idle:
@@ -144,7 +144,7 @@ def test_one_token_prompts_join_a_new_and_an_emptied_batch() -> None:
     for order in ([0, 8], [0, 3, 8], [8]):  # the last two start after the batch emptied
         for g in worker.run(GenerationRequest(str(i), items[i], 6) for i in order):
             assert g.output_ids == refs[g.request_id], (order, g.request_id)
-        assert worker.kv.batch_size == 0 and worker.kv.physical_len == 0
+        assert len(worker.kv.lens) == 0 and worker.kv.physical_len == 0
 
 
 @pytest.mark.parametrize(

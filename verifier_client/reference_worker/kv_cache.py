@@ -30,10 +30,6 @@ class BatchKVCache:
         self._layers = _dynamic_layers(self.cache)
 
     @property
-    def batch_size(self) -> int:
-        return len(self.lens)
-
-    @property
     def physical_len(self) -> int:
         """Columns each row holds (valid or stale)."""
         keys = self._layers[0].keys
@@ -106,16 +102,13 @@ class BatchKVCache:
 
 def _dynamic_layers(cache: DynamicCache) -> list[DynamicLayer]:
     """The cache's layers; ValueError unless each is a plain (full-attention) DynamicLayer."""
-    layers = []
     for i, layer in enumerate(cache.layers):
         if type(layer) is not DynamicLayer:
             raise ValueError(
                 f"cache layer {i} is a {type(layer).__name__}: tree verification supports "
                 "models whose every layer has full attention with a DynamicLayer cache"
             )
-        assert isinstance(layer, DynamicLayer)
-        layers.append(layer)
-    return layers
+    return list(cache.layers)
 
 
 def _set_layer(layer: DynamicLayer, keys: Tensor, values: Tensor) -> None:
