@@ -34,7 +34,6 @@ def tiny_model(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
-    max_positions: int = 8192,
 ) -> PreTrainedModel:
     """A small causal LM of ``architecture`` with random weights from ``seed`` (the global
     RNG left as it was): Llama with grouped-query attention, Qwen2 with q/k/v biases,
@@ -46,7 +45,7 @@ def tiny_model(
     common: dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, intermediate_size=2 * hidden_size,
-        max_position_embeddings=max_positions, initializer_range=init_std,
+        max_position_embeddings=8192, initializer_range=init_std,
         tie_word_embeddings=False, attn_implementation=attn_implementation,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
@@ -66,15 +65,13 @@ def tiny_model(
     return on_device(model, dtype=dtype)
 
 
-def load_model(
-    path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str = "sdpa"
-) -> PreTrainedModel:
+def load_model(path: str | Path, *, dtype: torch.dtype | None = None) -> PreTrainedModel:
     """A causal LM from a local Hugging Face directory (never downloads)."""
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise ValueError(f"model directory {str(path)!r} has no config.json")
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-        directory, dtype=dtype, local_files_only=True, attn_implementation=attn_implementation
+        directory, dtype=dtype, local_files_only=True, attn_implementation="sdpa"
     )
     return on_device(model)
 
@@ -85,7 +82,6 @@ def on_device(
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
     """``model`` moved (in place) to ``device`` / ``dtype`` and in inference mode (no dropout)."""
-    module: torch.nn.Module = model  # transformers' own annotations of to()/eval() are partial
-    module.to(device=device, dtype=dtype)
-    module.train(False)
+    model.to(device=device, dtype=dtype)
+    model.train(False)
     return model
