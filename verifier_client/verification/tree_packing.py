@@ -147,9 +147,6 @@ def _concatenate(trees: Sequence[Tree | None]) -> tuple[_I64, _I64, _I64]:
             tokens.append(tok)
             parents.append(par)
     count_array = np.array(counts, dtype=np.int64)
-    if not tokens:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, count_array
     total = int(count_array.sum())
     return (
         _flat_ints(tokens, total, "tokens", trees),
@@ -164,8 +161,8 @@ def _flat_ints(
     """One field of every tree end to end as int64; the error names the first bad tree."""
     try:
         flat = np.concatenate(parts)
-    except ValueError:  # a part of another rank
-        flat = np.zeros(0)
+    except ValueError:  # no parts (no nodes at all), or a part of another rank
+        flat = np.zeros(0, np.int64)
     if flat.shape == (total,) and flat.dtype.kind in "iu":
         return flat.astype(np.int64, copy=False)
     for b, tree in enumerate(trees):  # the error path only: find the culprit
