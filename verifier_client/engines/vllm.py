@@ -122,8 +122,7 @@ class SssdProposer:
 
     def begin_step(self, runner: Any, scheduler_output: Any) -> None:
         """Called by the runner wrapper before :meth:`propose` (see the module docstring)."""
-        if _HOOKED not in type(runner).__dict__:  # a platform runner overriding the hooks
-            install_hooks(type(runner))
+        install_hooks(type(runner))  # a platform runner overriding the hooks (idempotent)
         self._runner = runner
         self._verified = scheduler_output.scheduled_spec_decode_tokens
 
