@@ -54,10 +54,6 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
@@ -278,7 +274,7 @@ class DecodeWorker:
         self.kv.append_rows(cache, lengths)
         for request, context in zip(joining, contexts, strict=True):
             generator = None
-            if not request.sampling.greedy:
+            if request.sampling.temperature > 0:
                 generator = torch.Generator(device=self.device).manual_seed(request.sampling.seed)
             teacher = None
             if request.teacher_ids is not None:
