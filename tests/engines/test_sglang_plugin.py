@@ -35,7 +35,7 @@ from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from verifier_client import BudgetRule, DrafterClient, Tree
+from verifier_client import BudgetRule, Tree
 from verifier_client.engines import DrafterSettings, EngineDrafter
 from verifier_client.engines import sglang as plugin
 from verifier_client.engines.batch import CONFIG_ENV, tokenizer_fingerprint
@@ -151,9 +151,7 @@ def drafter_address(
 def engine_drafter(address: str) -> EngineDrafter:
     # A generous deadline: the drafter shares this machine's two cores with the test.
     settings = DrafterSettings(address=address, deadline_ms=2000, budget="16")
-    budget = plugin.capped_budget(settings.budget_rule(), D - 1)
-    client = DrafterClient(address, deadline_ms=settings.deadline_ms, budget=budget)
-    return EngineDrafter(settings, client=client)
+    return EngineDrafter(settings, budget=plugin.capped_budget(settings.budget_rule(), D - 1))
 
 
 def server_args(*flags: str) -> Any:

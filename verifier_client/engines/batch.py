@@ -216,25 +216,22 @@ class EngineDrafter:
         self,
         settings: DrafterSettings,
         *,
-        client: DrafterClient | ReplicaSetClient | None = None,
         tokenizer_fingerprint: str = "",
         budget: BudgetRule | None = None,
     ) -> None:
         self.settings = settings
         self._budget = budget or settings.budget_rule()
-        made = client is None
-        if client is None:
-            tls, token = settings.credentials()
-            options = ClientOptions(
-                deadline_ms=settings.deadline_ms, mode=settings.mode, budget=self._budget,
-                tokenizer_fingerprint=tokenizer_fingerprint, credentials=tls, token=token,
-            )  # fmt: skip
-            targets = settings.targets()
-            if targets is None:
-                client = DrafterClient(settings.address, **options)
-            else:
-                client = ReplicaSetClient(targets, route=settings.route, **options)
-        self.client: DrafterClient | ReplicaSetClient = client
+        tls, token = settings.credentials()
+        options = ClientOptions(
+            deadline_ms=settings.deadline_ms, mode=settings.mode, budget=self._budget,
+            tokenizer_fingerprint=tokenizer_fingerprint, credentials=tls, token=token,
+        )  # fmt: skip
+        targets = settings.targets()
+        self.client: DrafterClient | ReplicaSetClient = (
+            DrafterClient(settings.address, **options)
+            if targets is None
+            else ReplicaSetClient(targets, route=settings.route, **options)
+        )
         self.namespace = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}/"
         self._lengths: dict[str, int] = {}  # live request (namespaced) -> tokens the client holds
         self.errors = 0  # steps whose drafting raised (no drafts; logged once)
@@ -248,9 +245,8 @@ class EngineDrafter:
         if settings.connect_timeout_s > 0:
             try:
                 self._connect(settings.connect_timeout_s)
-            except ValueError:  # refused: give back the client made here and the port
-                if made:
-                    self.client.close(0)
+            except ValueError:  # refused: give back the client and the port
+                self.client.close(0)
                 if server is not None:
                     server.shutdown()
                     server.server_close()
