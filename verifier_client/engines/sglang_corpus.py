@@ -44,10 +44,9 @@ def corpus_layout(
     # SGLang's corpus; the root's own entry is never read.
     parents = np.zeros((batch, d), np.int64)
     for row, tree in enumerate(trees):
-        n = 0 if tree is None else min(len(tree), d - 1)
-        if n == 0:
+        if tree is None or len(tree) == 0:
             continue
-        assert tree is not None  # n > 0
+        n = min(len(tree), d - 1)
         tok = np.asarray(tree.tokens[:n], np.int64)
         par = np.asarray(tree.parents[:n], np.int64)
         bad = np.flatnonzero((par < -1) | (par >= np.arange(n)) | (tok < 0))
