@@ -87,17 +87,16 @@ def pack_trees(
     flags[0] = np.arange(width) < (counts + 1)[:, None]
     flags[1, rows, cols] = _duplicates(rows * width + parents + 1, tokens)
 
-    dev = torch.device(device)
-    ints = torch.from_numpy(planes).to(dev)
-    bools = torch.from_numpy(flags).to(dev)
+    ints = torch.from_numpy(planes).to(device)
+    bools = torch.from_numpy(flags).to(device)
     return PackedTrees(
         tokens=ints[0],
         parents=ints[1],
         depth=ints[2],
         positions=ints[3],
-        attention_mask=torch.from_numpy(mask).to(dev),
+        attention_mask=torch.from_numpy(mask).to(device),
         valid=bools[0],
-        num_nodes=torch.from_numpy(counts + 1).to(dev),
+        num_nodes=torch.from_numpy(counts + 1).to(device),
         duplicate=bools[1],
     )
 
