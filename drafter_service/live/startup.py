@@ -2,9 +2,8 @@
 
 :func:`open_live_parts` clears interrupted snapshot writes, loads the newest intact
 snapshot and opens the ingest log after it (its later records wait for a rebuild). It
-refuses to start when a damaged newer snapshot may hold ingests neither has
-(:func:`check_damaged_snapshots`) or the log does not continue where the snapshot ends
-(:func:`check_log_continues`).
+refuses to start when a damaged newer snapshot may hold ingests neither has or the log
+does not continue where the snapshot ends (:func:`check_log_coverage`).
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def open_live_parts(
     info, state = _load_newest_readable(complete, tokenizer, damaged)
     ingest_log = IngestLog(directory / "wal", covered_seq=state.covered, salvage=salvage)
     try:
-        check_damaged_snapshots(damaged, info, ingest_log, directory, salvage)
-        check_log_continues(info, ingest_log, salvage)
+        check_log_coverage(damaged, info, ingest_log, directory, salvage)
     except BaseException:
         ingest_log.close()
         raise
@@ -91,17 +89,18 @@ def snapshot_offset(info: SnapshotInfo) -> StreamId | None:
         raise DamagedDataError(f"snapshot {info.path}: metadata {LOG_OFFSET_KEY}: {exc}") from None
 
 
-def check_damaged_snapshots(
+def check_log_coverage(
     damaged: list[tuple[Path, str]],
     newest: SnapshotInfo | None,
     ingest_log: IngestLog,
     directory: Path,
     salvage: bool,
 ) -> None:
-    """Refuses to start from an older snapshot when a damaged newer one (``damaged``:
-    paths and why) may hold ingests the log no longer has; ``salvage`` moves them aside."""
-    if not damaged:
-        return
+    """Refuses to start from ``newest`` (None: no snapshot) when ingests acknowledged after
+    it may be lost: a damaged newer snapshot (``damaged``: paths and why) may hold some the
+    log no longer has, or the log begins past the record after the snapshot's coverage
+    (the records between are a gap). ``salvage`` moves the damaged ones aside and serves
+    what remains."""
     covered = newest.wal_position if newest is not None else 0
     first = ingest_log.first_seq
     # Nothing is lost when the log still holds every record after what we load.
@@ -129,14 +128,7 @@ def check_damaged_snapshots(
         else:
             log.warning("unreadable snapshot %s (%s): the ingest log covers everything "
                         "after the snapshot loaded, so nothing is lost", path, why)  # fmt: skip
-
-
-def check_log_continues(newest: SnapshotInfo | None, ingest_log: IngestLog, salvage: bool) -> None:
-    """Refuses to start when the log begins past the record after the snapshot's
-    coverage: the records between are a gap. ``salvage`` serves what remains."""
-    covered = newest.wal_position if newest is not None else 0
-    first = ingest_log.first_seq
-    if first is None or first <= covered + 1:
+    if first is None or not lost:  # the log continues where the snapshot ends
         return
     loaded = (
         f"the snapshot loaded, {newest.path}, covers the ingest log through record {covered}"
