@@ -5,7 +5,10 @@ rebuilds fold the queue into the sub-indices, each swapping in a new immutable
 :class:`Datastore` (``on_swap``, e.g. ``Drafter.set_datastore``), so drafting never waits
 for a rebuild. ``unfolded`` (the drafter's recent tier) drafts from each stored document
 until a swap folds it in. On open the newest snapshot is restored and the log after it
-replayed. Operators may add *corpora*, static sub-indices kept before the learned ones.
+replayed. A snapshot holds the sub-indices as of a log position (``wal_position``); once
+it is written and read back, the log it covers is deleted, so the newest complete
+snapshot plus the log after it is the whole datastore. Operators may add *corpora*,
+static sub-indices kept before the learned ones.
 
 The parts, each owning its state (lock order: the package docstring): ``PendingBuffer``
 (the log, the documents waiting for a rebuild, the ingest counters, the shared stream's
@@ -22,7 +25,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -38,19 +41,33 @@ from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LiveP
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
+    corpora_listing,
+    split_corpora,
     with_corpus,
     without_corpus,
 )
 from drafter_service.live.rebuild import fold_pending, maintenance_due
-from drafter_service.live.snapshotting import LOG_OFFSET_KEY, PINNED_KEY, LiveSnapshots
-from drafter_service.live.startup import open_live_parts
+from drafter_service.live.startup import LOG_OFFSET_KEY, open_live_parts
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import check_nice, lower_thread_priority
 from drafter_service.log_limits import RateLimitedLog
-from drafter_service.snapshot.store import SnapshotInfo, TokenizerIdentity, list_snapshots
+from drafter_service.snapshot.store import (
+    SnapshotError,
+    SnapshotInfo,
+    TokenizerIdentity,
+    list_snapshots,
+    load_snapshot,
+    read_manifest,
+    write_snapshot,
+)
+from drafter_service.snapshot.store import delete_snapshot as delete_snapshot_files
 
+log = logging.getLogger(__name__)
 # A maintenance failure repeats at every wake-up until it is fixed: logged rate-limited.
-_maintenance_log = RateLimitedLog(logging.getLogger(__name__))
+_maintenance_log = RateLimitedLog(log)
+
+PINNED_KEY = "pinned"
+"""Snapshot metadata flag: never deleted by the ``keep_snapshots`` rotation."""
 
 __all__ = [
     "CORPORA_KEY",
@@ -126,9 +143,7 @@ class LiveDatastore:
         self._last_error: str | None = None  # the newest failed rebuild, snapshot, stream read
         self._policy = policy or LivePolicy()
         self._policy_lock = threading.Lock()  # serialises update_policy (a leaf lock)
-        self._snapshots = LiveSnapshots(
-            self._index, self._buffer, tokenizer, lambda: self._policy, self.directory / "snapshots"
-        )
+        self._snapshot_root = self.directory / "snapshots"
         self._index.publish(self._index.state.datastore)
         if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
@@ -264,15 +279,65 @@ class LiveDatastore:
         """Writes the sub-indices as a snapshot and discards the log they cover; waiting
         documents stay in the log. ``pinned``: never rotated out by ``keep_snapshots``."""
         with self._index.changing:
-            return self._snapshots.write(name, {PINNED_KEY: True} if pinned else {})
+            return self._write_snapshot(name, {PINNED_KEY: True} if pinned else {})
+
+    def _write_snapshot(self, name: str | None, extra: Mapping[str, object]) -> SnapshotInfo:
+        """Writes the sub-indices (default name ``snapshot-<position>-<ms>``), deletes the
+        log they cover, rotates unpinned snapshots past ``keep_snapshots``. The caller
+        holds the structural-change lock."""
+        index = self._index
+        state = index.state  # one state: the manifest describes exactly this content
+        covered = state.covered
+        if state.covered_origin is not None:
+            extra = {**extra, LOG_OFFSET_KEY: str(state.covered_origin)}
+        name = name or _stamped("snapshot", covered)
+        info = self._write_covering(name, state.datastore, state.corpora, covered, extra)
+        self._buffer.discard_through(
+            covered, alongside=lambda: index.note_snapshot(covered, info.created_unix)
+        )
+        rotating = [s for s in self.snapshots() if not s.metadata.get(PINNED_KEY)]
+        for old in rotating[: -self._policy.keep_snapshots]:
+            delete_snapshot_files(old.path)
+        return info
+
+    def _write_covering(
+        self,
+        name: str,
+        datastore: Datastore,
+        corpora: tuple[Corpus, ...],
+        position: int,
+        extra: Mapping[str, object],
+    ) -> SnapshotInfo:
+        """Writes snapshot ``name`` of ``datastore`` (``corpora`` first) covering
+        ``position``, its metadata ``extra`` then the corpus listing (never replaced), and
+        reads its manifest back: only then may the log it covers be deleted."""
+        metadata = {**extra, CORPORA_KEY: corpora_listing(corpora)}
+        info = write_snapshot(
+            self._snapshot_root / name,
+            datastore,
+            self.tokenizer,
+            wal_position=position,
+            metadata=metadata,
+        )
+        read_manifest(info.path)
+        return info
 
     def snapshots(self) -> list[SnapshotInfo]:
         """The complete snapshots, oldest first (a restart begins from the last)."""
-        return list_snapshots(self._snapshots.root)
+        return list_snapshots(self._snapshot_root)
 
     def delete_snapshot(self, name: str) -> None:
         """Deletes snapshot ``name``; refuses the newest (its log is gone: data loss)."""
-        self._snapshots.delete(name)
+        with self._index.changing:
+            names = [s.path.name for s in self.snapshots()]
+            if name not in names:
+                raise KeyError(f"no snapshot {name!r}")
+            if name == names[-1]:
+                raise SnapshotError(
+                    f"snapshot {name!r} is the newest: a restart begins from it, so it cannot "
+                    "be deleted (write a newer snapshot first)"
+                )
+            delete_snapshot_files(self._snapshot_root / name)
 
     def restore(self, name: str) -> SnapshotInfo:
         """Rolls the datastore (corpora included) back to snapshot ``name``: ingests
@@ -280,7 +345,28 @@ class LiveDatastore:
         first written (hardlinked) as a new snapshot covering the newest acknowledged
         position ``P``, then swapped in, then the log through ``P`` deleted; later ingests
         are kept. Returns the new snapshot."""
-        return self._snapshots.restore(name)
+        index = self._index
+        with index.changing:
+            if name not in {s.path.name for s in self.snapshots()}:
+                raise KeyError(f"no snapshot {name!r}")
+            root = self._snapshot_root
+            loaded, source = load_snapshot(root / name, expect_tokenizer=self.tokenizer)
+            corpora, learned = split_corpora(loaded, source)
+            position = self._buffer.restore_point()
+            extra = {"restored_from": name, "discarded_through": position}
+            info = self._write_covering(
+                _stamped("restored", position), loaded, corpora, position, extra
+            )
+            # The swap, the waiting documents it discards and the log through them: at once.
+            self._buffer.discard_through(
+                position,
+                alongside=lambda: index.install_restored(
+                    corpora, learned, position, info.created_unix
+                ),
+            )
+            index.publish(index.state.datastore)
+            log.info("restored snapshot %s (log through %d discarded)", name, position)
+            return info
 
     # -- corpora ---------------------------------------------------------------------------
 
@@ -304,7 +390,7 @@ class LiveDatastore:
         """Swaps in ``corpora``, then snapshots. The caller holds the structural-change lock
         from reading the corpora it changed, so swaps reach ``on_swap`` in order."""
         self._index.publish(self._index.install_corpora(corpora))
-        return self._snapshots.write(None, {})
+        return self._write_snapshot(None, {})
 
     # -- live settings ---------------------------------------------------------------------
 
@@ -356,3 +442,8 @@ class LiveDatastore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stamped(prefix: str, position: int) -> str:
+    """A snapshot name that sorts by log position, then by time."""
+    return f"{prefix}-{position:012d}-{time.time_ns() // 1_000_000}"

@@ -17,7 +17,6 @@ from drafter_service.live.index_set import IndexSet, IndexState, Unfolded
 from drafter_service.live.ingest_log import IngestLog
 from drafter_service.live.pending_buffer import PendingBuffer
 from drafter_service.live.pinned_corpora import split_corpora
-from drafter_service.live.snapshotting import LOG_OFFSET_KEY
 from drafter_service.live.stream_ids import StreamId
 from drafter_service.snapshot.array_files import DamagedDataError, move_aside
 from drafter_service.snapshot.store import (
@@ -31,6 +30,10 @@ from drafter_service.snapshot.store import (
 )
 
 log = logging.getLogger(__name__)
+
+LOG_OFFSET_KEY = "log_offset"
+"""Snapshot metadata: the stream entry id of the newest document it holds (absent: none);
+a replica started from it consumes the stream after that."""
 
 
 def open_live_parts(
