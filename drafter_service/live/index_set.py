@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -99,22 +99,6 @@ class IndexSet:
         self._listeners: tuple[Callable[[float], None], ...] = ()
 
     # -- reads -----------------------------------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """Its ``LiveStats`` fields, of one state."""
-        state = self.state
-        datastore = state.datastore
-        return {
-            "num_tokens": datastore.num_tokens,
-            "sub_indices": len(datastore.sub_indices),
-            "resident_bytes": datastore.resident_bytes,
-            "rebuilds": state.rebuilds,
-            "rebuild_seconds_total": state.rebuild_seconds_total,
-            "last_rebuild_seconds": state.last_rebuild_seconds,
-            "covered_position": state.covered,
-            "covered_offset": state.covered_origin,
-            "last_snapshot_unix": state.last_snapshot_unix,
-        }
 
     def check_room(self, waiting_tokens: int, n_tokens: int, policy: LivePolicy) -> None:
         """Raises DatastoreFull when ``n_tokens`` more (``waiting_tokens`` waiting

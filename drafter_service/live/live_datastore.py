@@ -417,8 +417,22 @@ class LiveDatastore:
         ``covered_position`` never passes ``wal_position`` (nor ``covered_offset``
         ``consumed_offset``) and no document counts in both ``num_tokens`` and
         ``pending_tokens``; one a rebuild is folding is in neither."""
-        index, buffer, error = self._index.stats(), self._buffer.stats(), self._last_error
-        return LiveStats(**index, **buffer, last_error=error, shared_log=False)
+        state = self._index.state
+        datastore = state.datastore
+        return LiveStats(
+            num_tokens=datastore.num_tokens,
+            sub_indices=len(datastore.sub_indices),
+            resident_bytes=datastore.resident_bytes,
+            rebuilds=state.rebuilds,
+            rebuild_seconds_total=state.rebuild_seconds_total,
+            last_rebuild_seconds=state.last_rebuild_seconds,
+            covered_position=state.covered,
+            covered_offset=state.covered_origin,
+            last_snapshot_unix=state.last_snapshot_unix,
+            **self._buffer.stats(),
+            last_error=self._last_error,
+            shared_log=False,
+        )
 
     def content_digest(self) -> str:
         """SHA-256 over each learned sub-index's tokens: equal on replicas that folded the
