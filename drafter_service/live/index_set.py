@@ -130,9 +130,9 @@ class IndexSet:
         origin: StreamId | None,
         elapsed_s: float,
         work_tokens: int,
-    ) -> tuple[Datastore, tuple[Callable[[float], None], ...]]:
+    ) -> None:
         """Makes a rebuild's ``learned`` (the log through ``through``, newest stream entry
-        ``origin``) current; returns the datastore to :meth:`publish` and the listeners."""
+        ``origin``) current, publishes it, then calls the listeners."""
         state = self.state
         self.state = replace(
             state.with_indices(state.corpora, learned),
@@ -146,12 +146,14 @@ class IndexSet:
                 work_tokens / elapsed_s if elapsed_s > 0 else state.rebuild_tokens_per_s
             ),
         )
-        return self.state.datastore, self._listeners
+        self.publish()
+        for listener in self._listeners:
+            listener(elapsed_s)
 
-    def install_corpora(self, corpora: tuple[Corpus, ...]) -> Datastore:
-        """Makes ``corpora`` current; returns the datastore to :meth:`publish`."""
+    def install_corpora(self, corpora: tuple[Corpus, ...]) -> None:
+        """Makes ``corpora`` current and publishes it."""
         self.state = self.state.with_indices(corpora, self.state.learned)
-        return self.state.datastore
+        self.publish()
 
     def install_restored(
         self,
@@ -172,10 +174,10 @@ class IndexSet:
         """Records that a snapshot now holds the log through ``covered``."""
         self.state = replace(self.state, snapshot_covered=covered, last_snapshot_unix=snapshot_unix)
 
-    def publish(self, datastore: Datastore) -> None:
-        """Hands ``datastore`` to ``on_swap``, then tells ``unfolded`` what it covers."""
+    def publish(self) -> None:
+        """Hands the current datastore to ``on_swap``, then tells ``unfolded`` what it covers."""
         if self._on_swap is not None:
-            self._on_swap(datastore)
+            self._on_swap(self.state.datastore)
         if self.unfolded is not None:
             self.unfolded.release_through(self.state.covered)
 

@@ -144,7 +144,7 @@ class LiveDatastore:
         self._policy = policy or LivePolicy()
         self._policy_lock = threading.Lock()  # serialises update_policy (a leaf lock)
         self._snapshot_root = self.directory / "snapshots"
-        self._index.publish(self._index.state.datastore)
+        self._index.publish()
         if self._buffer.pending()[0]:
             self.rebuild()  # replayed log: serve it from the start
         self._thread: threading.Thread | None = None
@@ -364,7 +364,7 @@ class LiveDatastore:
                     corpora, learned, position, info.created_unix
                 ),
             )
-            index.publish(index.state.datastore)
+            index.publish()
             log.info("restored snapshot %s (log through %d discarded)", name, position)
             return info
 
@@ -389,7 +389,7 @@ class LiveDatastore:
     def _swap_corpora(self, corpora: tuple[Corpus, ...]) -> SnapshotInfo:
         """Swaps in ``corpora``, then snapshots. The caller holds the structural-change lock
         from reading the corpora it changed, so swaps reach ``on_swap`` in order."""
-        self._index.publish(self._index.install_corpora(corpora))
+        self._index.install_corpora(corpora)
         return self._write_snapshot(None, {})
 
     # -- live settings ---------------------------------------------------------------------

@@ -40,12 +40,9 @@ def fold_pending(index: IndexSet, buffer: PendingBuffer, policy: LivePolicy) -> 
             buffer.put_back(batch)  # keep the documents for the next attempt
             raise
         elapsed = time.perf_counter() - start
-        datastore, listeners = index.install_rebuild(
+        index.install_rebuild(
             learned, batch[-1].seq, origins[-1] if origins else None, elapsed, work
         )
-        index.publish(datastore)
-        for listener in listeners:
-            listener(elapsed)
         return True
 
 
