@@ -294,20 +294,15 @@ class IngestLog:
             os.close(self._file)
             self._file = None
 
-    def discard_through(self, seq: int) -> int:
-        """Deletes the segments a snapshot covers (all records <= ``seq``); returns how many."""
+    def discard_through(self, seq: int) -> None:
+        """Deletes the segments a snapshot covers (all records <= ``seq``)."""
         segments = self._segments()
-        deleted = 0
         for path, nxt in itertools.pairwise(segments):
             if _first_seq(nxt) - 1 <= seq:
                 path.unlink()
-                deleted += 1
         if segments and self._file is None and self._last_seq <= seq:
             segments[-1].unlink()  # closed newest segment, fully covered
-            deleted += 1
-        if deleted:
-            fsync_dir(self.directory)
-        return deleted
+        fsync_dir(self.directory)
 
     @property
     def size_bytes(self) -> int:
