@@ -311,14 +311,9 @@ class LiveDatastore:
         """Writes snapshot ``name`` of ``datastore`` (``corpora`` first) covering
         ``position``, its metadata ``extra`` then the corpus listing (never replaced), and
         reads its manifest back: only then may the log it covers be deleted."""
-        metadata = {**extra, CORPORA_KEY: corpora_listing(corpora)}
-        info = write_snapshot(
-            self._snapshot_root / name,
-            datastore,
-            self.tokenizer,
-            wal_position=position,
-            metadata=metadata,
-        )
+        meta = {**extra, CORPORA_KEY: corpora_listing(corpora)}
+        path = self._snapshot_root / name
+        info = write_snapshot(path, datastore, self.tokenizer, wal_position=position, metadata=meta)
         read_manifest(info.path)
         return info
 
