@@ -203,8 +203,9 @@ class LiveDatastore:
         return self._buffer.wait_consumed(entry, timeout_s)
 
     def check_room(self, n_tokens: int) -> None:
-        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
-        self._buffer.check_room(n_tokens, self._policy, self._index)
+        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now (a hint:
+        only storing a document holds the buffer's lock while it checks)."""
+        self._index.check_room(self._buffer.pending()[1], n_tokens, self._policy)
 
     def make_room(self) -> None:
         """Wakes the background thread: a rebuild drops the oldest sub-indices."""

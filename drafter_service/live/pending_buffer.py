@@ -76,11 +76,6 @@ class PendingBuffer:
                 self._work.notify()
         return seq, due
 
-    def check_room(self, n_tokens: int, policy: LivePolicy, index: IndexSet) -> None:
-        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now."""
-        with self._lock:
-            index.check_room(self._tokens, n_tokens, policy)
-
     # -- rebuilds (the caller holds the structural-change lock) ----------------------------
 
     def take(self) -> list[LogRecord]:
