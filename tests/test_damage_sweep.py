@@ -62,7 +62,7 @@ def held(buffer: PendingBuffer, index_set: IndexSet) -> Counter[tuple[int, ...]]
             elif doc:
                 docs[tuple(doc)] += 1
                 doc = []
-    docs.update(tuple(record.tokens.tolist()) for record in buffer.records())
+    docs.update(tuple(record.tokens.tolist()) for record in buffer.take())
     return docs
 
 

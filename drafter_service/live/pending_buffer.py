@@ -173,11 +173,6 @@ class PendingBuffer:
         with self._lock:
             return len(self._records), self._tokens
 
-    def records(self) -> list[LogRecord]:
-        """The documents waiting for a rebuild, in log order (a copy)."""
-        with self._lock:
-            return list(self._records)
-
     def stats(self) -> dict[str, Any]:
         """Its ``LiveStats`` fields, read together."""
         with self._lock:
