@@ -105,7 +105,8 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
     ("budget huge", lambda d: d.speculate(["a"], [[1]], 2**40), ValueError, str(2**40)),
     ("budget array huge", lambda d: d.speculate(["a"], [[1]], np.array([2**40])), ValueError,
      str(2**40)),
-    ("budgets length", lambda d: d.speculate(["a"], [[1]], [1, 2]), ValueError, "2 entries"),
+    ("budgets length", lambda d: d.speculate(["a"], [[1]], [1, 2]), ValueError,
+     "budgets 1 (got 2)"),
     # request ids
     ("unknown request", lambda d: d.speculate(["zz"], [[1]], 4), KeyError, "'zz'"),
     ("unknown in batch", lambda d: d.speculate(["a", "zz"], [[1], [2]], [4, 4]), KeyError,
@@ -121,9 +122,9 @@ BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
      "2 token lists for 1"),
     # offsets
     ("offsets too short", lambda d: d.draft_batch(["a"], i32(1), i64(0), 4), ValueError,
-     "offsets has 1 entries"),
+     "offsets needs 2 entries (got 1)"),
     ("offsets too long", lambda d: d.draft_batch(["a"], i32(1), i64(0, 1, 1), 4), ValueError,
-     "offsets has 3 entries"),
+     "offsets needs 2 entries (got 3)"),
     ("offsets end short", lambda d: d.draft_batch(["a"], i32(1, 2), i64(0, 1), 4), ValueError,
      "got 0 and 1"),
     ("offsets end long", lambda d: d.draft_batch(["a"], i32(1), i64(0, 3), 4), ValueError,

@@ -239,24 +239,15 @@ class Drafter:
     ) -> DraftBatch:
         """Flat form of :meth:`speculate`: request ``i`` commits
         ``tokens[offsets[i]:offsets[i+1]]``. One native call for the batch."""
-        # Token ids, offsets and budgets are range-checked by the native call,
-        # before any state changes, with the bad value and its index named (for the
-        # budget, its one check: check_budgets in native/csrc/draft_config.cc). Here they
-        # are only converted to the native dtypes.
+        # Token ids, offsets and budgets are checked by the native call (their counts,
+        # ranges and order), before any state changes, with the bad value and its index
+        # named (for the budget, its one check: check_budgets in
+        # native/csrc/draft_config.cc). Here they are only converted to the native dtypes.
         flat = as_token_array(tokens, self.vocab_size, what="tokens", check_range=False)
         offs = _int_array(offsets, np.int64, "offsets")
-        if len(offs) != len(request_ids) + 1:
-            raise ValueError(
-                f"offsets has {len(offs)} entries, expected {len(request_ids) + 1} "
-                f"for {len(request_ids)} requests"
-            )
         if isinstance(budgets, (int, np.integer)) and not isinstance(budgets, bool):
             budgets = np.full(len(request_ids), budgets)  # one budget for every request
         budget_arr = _int_array(budgets, np.int32, "budgets")
-        if len(budget_arr) != len(request_ids):
-            raise ValueError(
-                f"budgets has {len(budget_arr)} entries for {len(request_ids)} requests"
-            )
         with self._lock:
             try:
                 handles = np.array([self._handles[r] for r in request_ids], dtype=np.int64)
