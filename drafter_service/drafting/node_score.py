@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from drafter_service.drafting.drafter import SCORE_FEATURES
 
@@ -92,8 +92,9 @@ class NodeScore:
         trained_on = obj.get("trained_on", "")
         if not isinstance(trained_on, str):
             raise NodeScoreError(f"{where}: 'trained_on' must be a string")
+        bias = cast(float, obj.get("bias"))  # any value: __post_init__ names a bad one
         try:
-            return cls(obj.get("bias"), tuple(weights[f] for f in SCORE_FEATURES), trained_on)  # type: ignore[arg-type]
+            return cls(bias, tuple(weights[f] for f in SCORE_FEATURES), trained_on)
         except NodeScoreError as exc:
             raise NodeScoreError(f"{where}: {exc}") from None
 
