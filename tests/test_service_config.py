@@ -151,7 +151,7 @@ def test_table_trims_the_least_recent_but_never_the_current_call() -> None:
     for rid in "abcd":
         table.start(rid, "default", 1, 1, 0.0)
     assert [rid for rid, _ in table.trim(keep=["a"])] == ["b", "c"]
-    assert [rid for rid, _ in table.items()] == ["a", "d"]
+    assert [rid for rid in "abcd" if table.get(rid)] == ["a", "d"]
     table.start("e", "default", 1, 1, 0.0)
     assert [rid for rid, _ in table.trim(keep=["a", "d", "e"])] == []  # the call may overflow
     assert len(table) == 3

@@ -91,9 +91,6 @@ class RequestTable:
     def __len__(self) -> int:
         return len(self._states)
 
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._states
-
     def get(self, request_id: str) -> HeldRequest | None:
         return self._states.get(request_id)
 
@@ -182,9 +179,6 @@ class RequestTable:
             doomed.append(request_id)
             count, held = count - 1, held - state.bytes
         return [(request_id, self._remove(request_id)) for request_id in doomed]
-
-    def items(self) -> list[tuple[str, HeldRequest]]:
-        return list(self._states.items())
 
     def _remove(self, request_id: str) -> HeldRequest:
         state = self._states.pop(request_id)
