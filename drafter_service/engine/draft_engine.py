@@ -88,16 +88,11 @@ class DraftEngine:
         self.max_queue_s = max_queue_s  # drafting work queued ahead of a call, at most
         self.clock = clock  # what call deadlines are read against (monotonic seconds)
         self.metrics = metrics
-        self._inflight = 0
+        self.inflight_calls = 0  # calls admitted whose work has not finished (queued or running)
         # With clients_apart: a recent-tier group per client name (1, 2, ...); else all 0.
         self._groups: dict[str, int] | None = {} if clients_apart else None
         self._runner = JobRunner(catalog, inline_max_work)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-rpc")
-
-    @property
-    def inflight_calls(self) -> int:
-        """Calls admitted whose work has not finished (queued or running)."""
-        return self._inflight
 
     async def draft(self, call: DraftCall, deadline_s: float | None = None) -> DraftAnswer:
         """Applies each request's delta and drafts; RESYNC where the state is not the
@@ -249,7 +244,7 @@ class DraftEngine:
         jobs: Jobs = defaultdict(DrafterJob)
         self._stop_all(self.table.expire(self.table.clock()), jobs)
         if jobs:
-            self._inflight += 1  # released when settled, like a call's
+            self.inflight_calls += 1  # released when settled, like a call's
             settled = self._runner.run(jobs, functools.partial(self._settled, jobs))
             settled.add_done_callback(_retrieve)
 
@@ -288,16 +283,16 @@ class DraftEngine:
         """Raises what :meth:`draft` would refuse a call with for the load alone: the gRPC
         edge asks before it parses a message, so a refusal under overload costs no parsing."""
         self._admit_work(deadline_s)
-        if self._inflight >= self.max_inflight_calls:
+        if self.inflight_calls >= self.max_inflight_calls:
             self._admit()  # raises
 
     def _admit(self) -> None:
-        if self._inflight >= self.max_inflight_calls:
+        if self.inflight_calls >= self.max_inflight_calls:
             raise ResourceExhausted(
-                f"{self._inflight} calls in flight: at max_inflight_calls "
+                f"{self.inflight_calls} calls in flight: at max_inflight_calls "
                 f"({self.max_inflight_calls}); retry later"
             )
-        self._inflight += 1
+        self.inflight_calls += 1
 
     def _check_state_bytes(self, call: DraftCall) -> None:
         """Refuses a call whose own requests may hold more than the whole byte budget once
@@ -325,7 +320,7 @@ class DraftEngine:
             )
 
     def _release(self, _: object = None) -> None:
-        self._inflight -= 1
+        self.inflight_calls -= 1
 
     def _settled(self, jobs: dict[str, DrafterJob], results: dict[str, JobOutcome]) -> None:
         """A call's jobs have all run: end its admission, count what each request's state
