@@ -26,6 +26,7 @@ def draft_response(
     add = response.drafts.add
     # One tolist() per column, then list slices, and one add() with every field: the
     # cheapest way through the protobuf API (per-row numpy calls and extend() cost more).
+    # A RESYNC's length is 0 and its tree empty: proto3 leaves both off the wire.
     tokens = columns.tokens.tolist()
     parents = columns.parents.tolist()
     scores = columns.scores.tolist()
@@ -37,9 +38,6 @@ def draft_response(
         np.cumsum(columns.node_counts, dtype=np.int64).tolist(),
         strict=True,
     ):
-        if status == _RESYNC:  # no length, no tree
-            add(request_id=request_id, status=status)
-            continue
         add(
             request_id=request_id,
             status=status,
