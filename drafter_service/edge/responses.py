@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -127,19 +127,15 @@ def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArr
 def service_info_response(
     version: str, limits: CallLimits, max_message_bytes: int, catalog: Catalog
 ) -> pb.GetServiceInfoResponse:
-    datastores = []
-    for name, slot in catalog.slots.items():
-        s = slot.stats()
-        datastores.append(
-            pb.DatastoreInfo(
-                name=name,
-                is_default=name == limits.default_datastore,
-                num_tokens=s.num_tokens,
-                sub_indices=s.sub_indices,
-                resident_bytes=s.resident_bytes,
-                live=slot.live is not None,
-            )
+    datastores = [
+        pb.DatastoreInfo(
+            name=name,
+            is_default=name == limits.default_datastore,
+            live=slot.live is not None,
+            **asdict(slot.stats()),  # num_tokens, sub_indices, resident_bytes
         )
+        for name, slot in catalog.slots.items()
+    ]
     return pb.GetServiceInfoResponse(
         version=version,
         tokenizer=pb.TokenizerInfo(
