@@ -267,23 +267,21 @@ class Drafter:
         """The tree ``request_id`` would be drafted now at ``budget``, with what fusion
         knew of each node (:data:`SCORE_FEATURES`): for offline training and tools.
         Changes no state; the tree is the one :meth:`draft_batch` would return."""
-        tokens, parents, scores, flat = self._native.explain(self._handle(request_id), budget)
+        tokens, parents, scores, flat = self._per_request(self._native.explain, request_id, budget)
         features = flat.reshape(len(tokens), len(SCORE_FEATURES))
         return ExplainedTree(DraftTree(tokens, parents, scores), features)
 
     def _per_request(self, method: Callable[..., T], request_id: str, *args: Any) -> T:
-        """``method(handle, *args)``; a request stopped meanwhile is a KeyError too."""
-        try:
-            return method(self._handle(request_id), *args)
-        except IndexError:
-            raise KeyError(f"unknown request {request_id!r}") from None
-
-    def _handle(self, request_id: str) -> int:
+        """``method(handle, *args)``; a KeyError if ``request_id`` is not started or was
+        stopped meanwhile (the native IndexError)."""
         with self._lock:
             handle = self._handles.get(request_id)
-        if handle is None:
-            raise KeyError(f"unknown request {request_id!r}")
-        return handle
+        try:
+            if handle is not None:
+                return method(handle, *args)
+        except IndexError:
+            pass
+        raise KeyError(f"unknown request {request_id!r}")
 
 
 def _position(position: object) -> int:
