@@ -176,8 +176,7 @@ class Drafter:
     def held(self) -> tuple[int, int]:
         """Stored generations the recent tier holds until they are folded, and their
         tokens."""
-        generations, tokens = self._native.held
-        return int(generations), int(tokens)
+        return self._native.held
 
     def add(self, request_id: str, token_ids: TokenIds) -> None:
         """Appends committed tokens without drafting."""
@@ -258,8 +257,7 @@ class Drafter:
         except IndexError as exc:
             raise KeyError(f"a request in the batch was stopped concurrently: {exc}") from None
         except ValueError:  # the native check (a handle twice) says it by handle
-            twice = [r for r, n in Counter(request_ids).items() if n > 1]
-            if twice:
+            if twice := [r for r, n in Counter(request_ids).items() if n > 1]:
                 raise ValueError(f"request {twice[0]!r} appears twice in one batch") from None
             raise
 
