@@ -140,7 +140,7 @@ def test_table_expires_idle_states_in_use_order() -> None:
     table = RequestTable(ttl_s=10, max_states=100)
     for i, rid in enumerate("abc"):
         table.start(rid, "default", 1, 1, float(i))
-    table.touch("a", 5.0)  # a is now the most recent
+    table.append("a", 0, 5.0)  # a is now the most recent
     assert [rid for rid, _ in table.expire(11.5)] == ["b"]  # idle 10.5 s > 10
     assert [rid for rid, _ in table.expire(100.0)] == ["c", "a"]
     assert len(table) == 0 and table.bytes == 0
@@ -165,9 +165,9 @@ def test_table_counts_the_bound_until_measured_then_what_was_measured() -> None:
     assert table.bytes == a.bytes == reserved
     table.measured("a", a, reserved, held=5_000, headroom=20)  # what the drafter reported
     assert a.bytes == table.bytes == 5_000 + PYTHON_STATE_BYTES and a.reserved == 0
-    assert table.append("a", 20) == 0  # fits its headroom: nothing can be allocated
+    assert table.append("a", 20, 0.0) == 0  # fits its headroom: nothing can be allocated
     measured = a.bytes
-    assert table.append("a", 1) == cost.worst(121) - measured > 0  # may reallocate: the bound
+    assert table.append("a", 1, 0.0) == cost.worst(121) - measured > 0  # may reallocate: the bound
     assert table.bytes == cost.worst(121) and a.length == 121
     table.measured("a", a, 0, held=5_000, headroom=0)  # the first call ran; one is pending
     assert a.bytes == 5_000 + PYTHON_STATE_BYTES + a.reserved and a.headroom == 0

@@ -167,9 +167,8 @@ class DraftEngine:
                 jobs[state.datastore].stops.append(request_id)
             return None, 0
         else:
-            reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i])
+            reserved = self.table.append(request_id, call.offsets[i + 1] - call.offsets[i], now)
             row = i
-            self.table.touch(request_id, now)
         job = jobs[state.datastore]
         job.states.append((state, reserved))
         return (state.datastore, job.add(request_id, row, call.budgets[i])), state.length

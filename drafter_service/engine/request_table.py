@@ -114,9 +114,11 @@ class RequestTable:
             return 0
         return max(0, self.cost.worst(state.length + tokens) - state.bytes)
 
-    def append(self, request_id: str, tokens: int) -> int:
-        """Counts ``tokens`` more for a held state; returns the bytes reserved for them."""
+    def append(self, request_id: str, tokens: int, now_s: float) -> int:
+        """Counts ``tokens`` more for a state used at ``now_s``; returns the bytes reserved."""
         state = self._states[request_id]
+        state.last_used_s = now_s
+        self._states.move_to_end(request_id)
         reserved = self.growth(state, tokens)
         state.headroom = state.headroom - tokens if not reserved else 0
         state.length += tokens
@@ -140,10 +142,6 @@ class RequestTable:
         self.bytes += now - state.bytes
         state.bytes = now
         state.headroom = headroom if not state.pending else 0  # work planned since used some
-
-    def touch(self, request_id: str, now_s: float) -> None:
-        self._states[request_id].last_used_s = now_s
-        self._states.move_to_end(request_id)
 
     def pop(self, request_id: str) -> HeldRequest | None:
         return self._remove(request_id) if request_id in self._states else None
