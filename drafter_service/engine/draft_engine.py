@@ -313,7 +313,7 @@ class DraftEngine:
         if need > table.max_bytes:
             raise ResourceExhausted(
                 f"this call's {n} requests may hold {need} bytes of request state (at most "
-                f"{cost.max_depth * 80 + 8} bytes a context token before it is measured), "
+                f"{cost.worst(1) - cost.fixed} bytes a context token before it is measured), "
                 f"over the budget of {table.max_bytes} bytes (--max-request-state-bytes); "
                 "send fewer or shorter requests per call"
             )
