@@ -29,7 +29,12 @@ def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCa
     if packed and len(request.requests):
         raise InvalidArgument(f"set either requests ({len(request.requests)}) or packed, not both")
     n = len(request.packed.request_ids) if packed else len(request.requests)
-    _check_fingerprint(request.tokenizer_fingerprint, limits)
+    fingerprint = request.tokenizer_fingerprint
+    if fingerprint and limits.fingerprint and fingerprint != limits.fingerprint:
+        raise FailedPrecondition(
+            f"tokenizer_fingerprint {fingerprint!r} does not match the service's tokenizer "
+            f"{limits.fingerprint!r}"
+        )
     _check_count(n, "requests", limits)  # before any per-request work
     columns = _packed_columns(request.packed, n) if packed else _message_columns(request.requests)
     return _validated_call(columns, limits)
@@ -200,14 +205,6 @@ def _resolve_datastores(names: list[str], n: int, limits: CallLimits, ids: list[
         if name not in resolved:
             resolved[name] = _resolve_datastore(name, limits, f"request {ids[i]!r}: ")
     return [resolved[name] for name in names]
-
-
-def _check_fingerprint(fingerprint: str, limits: CallLimits) -> None:
-    if fingerprint and limits.fingerprint and fingerprint != limits.fingerprint:
-        raise FailedPrecondition(
-            f"tokenizer_fingerprint {fingerprint!r} does not match the service's tokenizer "
-            f"{limits.fingerprint!r}"
-        )
 
 
 def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[Finished]:
