@@ -152,7 +152,7 @@ def _record_spec(args: argparse.Namespace) -> RecordSpec:
             kind = "prompt-output"
         else:
             kind = "text"
-    spec = RecordSpec.of(
+    spec = RecordSpec(
         kind,
         cast(Store, args.store),
         text_field=args.text_field,

@@ -59,7 +59,7 @@ def build_corpus(body: CorpusAdd, path: Path, live: LiveDatastore, config: Serve
     source = {"path": str(path), "kind": kind, "bytes": path.stat().st_size}
     if kind == "npy":
         return Corpus(name, (_npy_sub_index(path, tokenizer.vocab_size),), source)
-    spec = RecordSpec.of(
+    spec = RecordSpec(
         kind,
         body.store,
         text_field=body.text_field,

@@ -35,48 +35,30 @@ class RecordSpec:
     * ``chat``: the list of ``{role, content}`` objects in ``messages_field``, rendered
       with the tokenizer's chat template;
     * ``token-ids``: like ``prompt-output`` but the fields hold lists of token ids.
+
+    A field not given (None or empty) is at its default: ``text``, ``prompt``, ``output``
+    and ``messages``; token-id records default to ``prompt_ids`` and ``output_ids``.
     """
 
     kind: RecordKind = "text"
-    text_field: str = "text"
-    prompt_field: str = "prompt"
-    output_field: str = "output"
-    messages_field: str = "messages"
     store: Store = "output"
-
-    @classmethod
-    def of(
-        cls,
-        kind: RecordKind,
-        store: Store,
-        *,
-        text_field: str | None = None,
-        prompt_field: str | None = None,
-        output_field: str | None = None,
-        messages_field: str | None = None,
-    ) -> RecordSpec:
-        """The spec with each field not given (None or empty) at its default; token-id
-        records default to ``prompt_ids`` and ``output_ids``."""
-        ids = kind == "token-ids"
-        return cls(
-            kind=kind,
-            text_field=text_field or "text",
-            prompt_field=prompt_field or ("prompt_ids" if ids else "prompt"),
-            output_field=output_field or ("output_ids" if ids else "output"),
-            messages_field=messages_field or "messages",
-            store=store,
-        )
+    text_field: str | None = None
+    prompt_field: str | None = None
+    output_field: str | None = None
+    messages_field: str | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
         """The fields read from each record, in the order of the document's parts."""
         if self.kind == "text":
-            return (self.text_field,)
+            return (self.text_field or "text",)
         if self.kind == "chat":
-            return (self.messages_field,)
+            return (self.messages_field or "messages",)
+        ids = self.kind == "token-ids"
+        output = self.output_field or ("output_ids" if ids else "output")
         if self.store == "output":
-            return (self.output_field,)
-        return (self.prompt_field, self.output_field)
+            return (output,)
+        return (self.prompt_field or ("prompt_ids" if ids else "prompt"), output)
 
 
 def _field(record: Mapping[str, Any], name: str, where: str) -> Any:
@@ -95,8 +77,9 @@ def text_parts(
 ) -> list[str]:
     """The texts to tokenize for one record (``text``, ``prompt-output``, ``chat``)."""
     if spec.kind == "chat":
-        messages = _field(record, spec.messages_field, where)
-        _check_messages(messages, spec.messages_field, where)
+        (name,) = spec.fields
+        messages = _field(record, name, where)
+        _check_messages(messages, name, where)
         assert render is not None  # build loads the chat template for chat records
         return [render(messages, where)]
     parts = []
