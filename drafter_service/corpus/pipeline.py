@@ -111,17 +111,15 @@ def build(config: BuildConfig) -> BuildReport:
                 f"tokens (fields {', '.join(map(repr, config.spec.fields))})"
             )
         progress.stage("suffix arrays")
-        sub_indices = packer.finish()
-    except BaseException:
-        packer.abort()
-        progress.close()
-        raise
-    progress.stage("writing")
-    meta = _metadata(config, inputs, template, packer.documents, documents, empty, progress.tokens)
-    try:
-        info = write_snapshot(
-            config.output, Datastore(sub_indices, vocab_size), identity, metadata=meta
+        datastore = Datastore(packer.finish(), vocab_size)
+        progress.stage("writing")
+        meta = _metadata(
+            config, inputs, template, packer.documents, documents, empty, progress.tokens
         )
+        info = write_snapshot(config.output, datastore, identity, metadata=meta)
+    except BaseException:
+        packer.abort()  # after finish: nothing left to drop
+        raise
     finally:
         progress.close()
     seconds = time.perf_counter() - start
