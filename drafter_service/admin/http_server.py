@@ -45,16 +45,11 @@ class AdminServer:
         self._context = AdminContext(config, catalog, phase, self.jobs)
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
 
     async def start(self) -> int:
         """Binds and serves; ValueError for a bad token, OSError for an address in use."""
         token = load_token(self.config.admin_token_file, os.environ)
         app = create_app(self._context, token)
-        host, port = self.config.admin_host, self.config.admin_port
-        sock = _bind(host, port)
-        self._socket = sock
-        bound: int = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             app,
             lifespan="off",
@@ -64,6 +59,9 @@ class AdminServer:
             server_header=False,
         )
         self._server = _EmbeddedServer(uv_config)
+        host, port = self.config.admin_host, self.config.admin_port
+        sock = _bind(host, port)  # from here on the server owns it (and closes it)
+        bound: int = sock.getsockname()[1]
         self._task = asyncio.create_task(self._server.serve([sock]), name="drafter-admin")
         while not self._server.started:  # startup takes one loop turn or two
             if self._task.done():
@@ -85,8 +83,6 @@ class AdminServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        elif self._socket is not None:
-            self._socket.close()
         await self.jobs.close()
 
 
