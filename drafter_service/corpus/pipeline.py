@@ -8,6 +8,7 @@ the main thread packs their ids and a worker builds suffix arrays as sub-indices
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -17,9 +18,10 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tqdm import tqdm
+
 from drafter_service.corpus.batching import Batch, InputFile, iter_batches, prefetch
 from drafter_service.corpus.build_errors import BuildError
-from drafter_service.corpus.build_progress import Progress
 from drafter_service.corpus.chunks import Chunk, TextTokenizer, make_chunk
 from drafter_service.corpus.packer import SubIndexPacker
 from drafter_service.corpus.readers import Format, TextSplit, detect_format, input_size
@@ -91,8 +93,21 @@ def build(config: BuildConfig) -> BuildReport:
     packer = SubIndexPacker(config.max_sub_index_tokens, vocab_size)
     # Token-id records are read, not tokenized: the bar says which work it measures.
     first_stage = "reading token ids" if config.spec.kind == "token-ids" else "tokenizing"
-    progress = Progress(sum(i.bytes for i in inputs), config.quiet, first_stage)
-    documents = empty = 0
+    # On stderr: input bytes against the total (so tqdm gives an ETA), tokens and tokens/s;
+    # silent when quiet (a disabled bar ignores updates).
+    bar = tqdm(
+        total=sum(i.bytes for i in inputs) or None,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=first_stage,
+        file=sys.stderr,
+        disable=config.quiet,
+        mininterval=0.5,
+        dynamic_ncols=True,
+    )
+    started = time.perf_counter()
+    documents = empty = tokens = 0
     try:
         render = template.render if template is not None else None
         batches = iter_batches(
@@ -103,27 +118,29 @@ def build(config: BuildConfig) -> BuildReport:
             packer.add(chunk)
             documents += chunk.num_documents
             empty += chunk.empty
-            progress.update(chunk.consumed, chunk.num_tokens)
+            tokens += chunk.num_tokens
+            rate = tokens / max(time.perf_counter() - started, 1e-9)
+            postfix = f"{tqdm.format_sizeof(tokens)} tok, {tqdm.format_sizeof(rate)} tok/s"
+            bar.set_postfix_str(postfix, refresh=False)
+            bar.update(chunk.consumed)
         records = sum(i.records for i in inputs)
-        if progress.tokens == 0:
+        if tokens == 0:
             raise BuildError(
                 f"empty corpus: {records} records in {len(inputs)} input file(s) gave no "
                 f"tokens (fields {', '.join(map(repr, config.spec.fields))})"
             )
-        progress.stage("suffix arrays")
+        bar.set_description_str("suffix arrays")
         datastore = Datastore(packer.finish(), vocab_size)
-        progress.stage("writing")
-        meta = _metadata(
-            config, inputs, template, packer.documents, documents, empty, progress.tokens
-        )
+        bar.set_description_str("writing")
+        meta = _metadata(config, inputs, template, packer.documents, documents, empty, tokens)
         info = write_snapshot(config.output, datastore, identity, metadata=meta)
     except BaseException:
         packer.abort()  # after finish: nothing left to drop
         raise
     finally:
-        progress.close()
+        bar.close()
     seconds = time.perf_counter() - start
-    return BuildReport(info, records, documents, empty, progress.tokens, seconds)
+    return BuildReport(info, records, documents, empty, tokens, seconds)
 
 
 def _check_output(path: Path) -> None:
