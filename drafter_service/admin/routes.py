@@ -26,7 +26,7 @@ from drafter_service.admin.schemas import (
     SharedLogDetail,
 )
 from drafter_service.engine.catalog import Catalog, DatastoreSlot
-from drafter_service.live.live_datastore import LIVE_SETTINGS, LiveDatastore, LiveStats
+from drafter_service.live.live_datastore import LiveDatastore, LiveStats
 from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.service.grpc_server import Phase
 from drafter_service.service.setting_values import DATASTORE_NAME
@@ -149,9 +149,8 @@ async def show_datastore(request: Request, name: DatastoreName) -> DatastoreDeta
 def _shared_log(live: LiveDatastore, s: LiveStats) -> SharedLogDetail | None:
     if not isinstance(live, ReplicatedDatastore):
         return None
-    stream = live.shared_log
     return SharedLogDetail(
-        stream=stream.key,
+        stream=live.shared_log.key,
         consumed_offset=_text(s.consumed_offset),
         covered_offset=_text(s.covered_offset),
         skipped_entries=s.stream_skipped,
@@ -200,7 +199,7 @@ async def rebuild(request: Request, response: Response, name: DatastoreName) -> 
 
 @v1.get("/datastores/{name}/settings", tags=["settings"])
 async def get_settings(request: Request, name: DatastoreName) -> Settings:
-    return _settings(context(request).live(name))
+    return Settings.model_validate(context(request).live(name).policy, from_attributes=True)
 
 
 @v1.patch(
@@ -219,7 +218,7 @@ async def patch_settings(request: Request, name: DatastoreName, body: SettingsPa
         await asyncio.to_thread(live.update_policy, **changes)
     except ValueError as exc:
         raise AdminError(422, "invalid_setting", str(exc)) from None
-    return _settings(live)
+    return Settings.model_validate(live.policy, from_attributes=True)
 
 
 @v1.get("/jobs", tags=["jobs"])
@@ -240,8 +239,3 @@ async def show_job(
 def _summary(slot: DatastoreSlot) -> DatastoreSummary:
     stats = dataclasses.asdict(slot.stats())
     return DatastoreSummary(name=slot.name, live=slot.live is not None, **stats)
-
-
-def _settings(live: LiveDatastore) -> Settings:
-    policy = live.policy
-    return Settings(**{k: getattr(policy, k) for k in LIVE_SETTINGS})
