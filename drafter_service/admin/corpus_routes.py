@@ -9,7 +9,7 @@ from fastapi import Path, Request, Response
 
 from drafter_service.admin import routes
 from drafter_service.admin.corpus_files import build_corpus, resolve_corpus_path
-from drafter_service.admin.http_errors import AdminError, conflict
+from drafter_service.admin.http_errors import AdminError, conflict, not_found
 from drafter_service.admin.schemas import NAME_PATTERN, CorpusAdd, CorpusInfo, CorpusList, JobInfo
 from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
@@ -67,9 +67,10 @@ async def add_corpus(
 @router.delete("/datastores/{name}/corpora/{corpus}", status_code=204)
 async def remove_corpus(request: Request, name: routes.DatastoreName, corpus: CorpusName) -> None:
     live = routes.context(request).live(name)
-    await routes.remove_or_404(
-        live.remove_corpus, corpus, f"datastore {name!r} has no corpus {corpus!r}"
-    )
+    try:
+        await asyncio.to_thread(live.remove_corpus, corpus)
+    except KeyError:
+        raise not_found(f"datastore {name!r} has no corpus {corpus!r}") from None
 
 
 def _info(corpus: Corpus) -> CorpusInfo:

@@ -89,14 +89,6 @@ def context(request: Request) -> AdminContext:
     return ctx
 
 
-async def remove_or_404(remove: Callable[[str], object], item: str, missing: str) -> None:
-    """Runs ``remove(item)`` off the event loop; its ``KeyError`` answers 404 ``missing``."""
-    try:
-        await asyncio.to_thread(remove, item)
-    except KeyError:
-        raise not_found(missing) from None
-
-
 def start_job(
     request: Request,
     response: Response,

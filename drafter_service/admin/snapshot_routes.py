@@ -171,7 +171,9 @@ async def delete_snapshot(
 ) -> None:
     live = routes.context(request).live(name)
     try:
-        await routes.remove_or_404(live.delete_snapshot, snapshot, _missing(name, snapshot))
+        await asyncio.to_thread(live.delete_snapshot, snapshot)
+    except KeyError:
+        raise not_found(_missing(name, snapshot)) from None
     except SnapshotError as exc:  # the newest snapshot: a restart needs it
         raise conflict(str(exc)) from None
 
