@@ -63,7 +63,7 @@ class AdminJobs:
         except asyncio.CancelledError:
             job.state, job.error = "failed", "cancelled at shutdown"
         except AdminError as exc:
-            job.state, job.error = "failed", exc.message
+            job.state, job.error = "failed", exc.detail
         except Exception as exc:  # reported in the job's status, never raised
             log.warning("admin job %s (%s) failed: %s", job.id, job.kind, exc)
             job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -56,17 +56,11 @@ def create_app(context: AdminContext, token: str | None) -> ASGIApp:
     app.include_router(routes.v1)
     app.include_router(snapshot_routes.router)
     app.include_router(corpus_routes.router)
-    app.add_exception_handler(AdminError, _admin_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     # Outermost first: authenticate before reading any body, then bound the body.
     return BearerAuth(BodyLimit(app, MAX_BODY_BYTES), token)
-
-
-async def _admin_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, AdminError)
-    return error_response(exc.status, exc.code, exc.message)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
@@ -83,7 +77,8 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    default = _HTTP_CODES.get(exc.status_code, "http_error")
+    code = exc.code if isinstance(exc, AdminError) else default
     response = error_response(exc.status_code, code, str(exc.detail))
     response.headers.update(exc.headers or {})
     return response

@@ -3,17 +3,17 @@ exception that routes raise to produce it."""
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
 
-class AdminError(Exception):
-    """An error answered as ``status`` with a machine-readable ``code``."""
+class AdminError(HTTPException):
+    """An error answered as ``status`` with a machine-readable ``code`` (and ``message``
+    as its ``detail``): the app's one HTTPException handler answers it."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(status, message)
         self.code = code
-        self.message = message
 
 
 def error_response(status: int, code: str, message: str) -> JSONResponse:
