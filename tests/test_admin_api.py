@@ -701,6 +701,10 @@ def test_error_statuses_and_shape(admin: Admin) -> None:
 
     r = http.post(corpora, headers={**AUTH, "Content-Type": "application/json"}, content=chunks())
     assert r.status_code == 413
+    # An invalid Content-Length never reaches the app: uvicorn's HTTP parser answers 400.
+    with socket.create_connection(("127.0.0.1", admin.server.admin_port or 0)) as raw:
+        raw.sendall(f"POST {corpora} HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".encode())
+        assert raw.recv(100).startswith(b"HTTP/1.1 400 ")
     r = http.get("/v1/nothing-here", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = http.put("/v1/datastores/default/settings", headers=AUTH, json={})
