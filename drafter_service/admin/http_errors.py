@@ -30,7 +30,3 @@ def conflict(message: str) -> AdminError:
 
 def bad_request(message: str) -> AdminError:
     return AdminError(400, "bad_request", message)
-
-
-def unavailable(message: str) -> AdminError:
-    return AdminError(503, "unavailable", message)

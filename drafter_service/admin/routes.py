@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path, Request, Response, Security
 from fastapi.security import HTTPBearer
 
 from drafter_service.admin.admin_jobs import AdminJobs
-from drafter_service.admin.http_errors import AdminError, conflict, not_found, unavailable
+from drafter_service.admin.http_errors import AdminError, conflict, not_found
 from drafter_service.admin.schemas import (
     ContentDigest,
     DatastoreDetail,
@@ -54,7 +54,7 @@ class AdminContext:
         catalog = self.catalog()
         phase = self.phase()
         if catalog is None or phase != "ok":
-            raise unavailable(f"the datastores are not available ({phase})")
+            raise AdminError(503, "unavailable", f"the datastores are not available ({phase})")
         return catalog
 
     def slot(self, name: str) -> DatastoreSlot:
