@@ -152,22 +152,15 @@ def _record_spec(args: argparse.Namespace) -> RecordSpec:
             kind = "prompt-output"
         else:
             kind = "text"
-    spec = RecordSpec(
-        kind,
-        cast(Store, args.store),
-        text_field=args.text_field,
-        prompt_field=args.prompt_field,
-        output_field=args.output_field,
-        messages_field=args.messages_field,
-    )
     # --prompt-field with --store output is accepted (and unused): the same command line
     # then works for both --store values.
     pairs = ("prompt-output", "token-ids")
     kinds = {"text": ("text",), "messages": ("chat",), "prompt": pairs, "output": pairs}
+    fields = {f"{name}_field": getattr(args, f"{name}_field") for name in kinds}
     for name, applies in kinds.items():
-        if getattr(args, f"{name}_field") is not None and kind not in applies:
+        if fields[f"{name}_field"] is not None and kind not in applies:
             raise BuildError(f"--{name}-field does not apply to {kind} records")
-    return spec
+    return RecordSpec(kind, cast(Store, args.store), **fields)
 
 
 def _config(args: argparse.Namespace) -> BuildConfig:
