@@ -9,7 +9,7 @@ from fastapi import Path, Request, Response
 
 from drafter_service.admin import routes
 from drafter_service.admin.corpus_files import build_corpus, resolve_corpus_path
-from drafter_service.admin.http_errors import AdminError, conflict, not_found
+from drafter_service.admin.http_errors import conflict, not_found
 from drafter_service.admin.schemas import NAME_PATTERN, CorpusAdd, CorpusInfo, CorpusList, JobInfo
 from drafter_service.live.live_datastore import Corpus, DatastoreFull
 
@@ -50,9 +50,7 @@ async def add_corpus(
         corpus = build_corpus(body, path, live, config)
         try:
             info = live.add_corpus(corpus)
-        except DatastoreFull as exc:
-            raise AdminError(409, "datastore_full", str(exc)) from None
-        except ValueError as exc:
+        except (DatastoreFull, ValueError) as exc:  # a job reports only the message
             raise conflict(str(exc)) from None
         return {
             "corpus": corpus.name,
