@@ -139,7 +139,7 @@ def test_a_failed_resend_keeps_the_steps_drafts() -> None:
     assert retry is not None
     after = s.fail(retry, Outcome.DEADLINE, 0.003)
     assert after is result and after["a"] is not None
-    assert s.breaker.consecutive_failures == 0 and s.stats.fallback_steps == 0
+    assert s.breaker.failures == 0 and s.stats.fallback_steps == 0
 
 
 def test_tokenizer_mismatch_is_refused() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
 __all__ = ["Admission", "BreakerConfig", "BreakerState", "CircuitBreaker"]
@@ -60,65 +60,49 @@ class BreakerConfig:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
 
 
+@dataclass(slots=True)
 class CircuitBreaker:
-    """Counts consecutive failures and decides whether a call may go out."""
+    """Counts consecutive failures and decides whether a call may go out; read ``state``
+    (and, while OPEN, ``open_until_s``), change it only through the methods."""
 
-    __slots__ = ("_failures", "_open_until_s", "_opens", "_rng", "_state", "config")
-
-    def __init__(
-        self, config: BreakerConfig | None = None, *, rng: Callable[[], float] = random.random
-    ) -> None:
-        self.config = config or BreakerConfig()
-        self._rng = rng
-        self._state = BreakerState.CLOSED
-        self._failures = 0  # consecutive failed calls while CLOSED
-        self._opens = 0  # consecutive openings without a success: the backoff exponent
-        self._open_until_s = 0.0  # end of the current OPEN period (clock of the caller)
-
-    @property
-    def state(self) -> BreakerState:
-        """The current state."""
-        return self._state
-
-    @property
-    def consecutive_failures(self) -> int:
-        """Failed calls in a row since the last success (while closed)."""
-        return self._failures
-
-    @property
-    def open_until_s(self) -> float:
-        """When the current OPEN period ends (meaningful while OPEN)."""
-        return self._open_until_s
+    config: BreakerConfig = field(default_factory=BreakerConfig)
+    rng: Callable[[], float] = field(default=random.random, kw_only=True)  # the jitter's
+    state: BreakerState = field(default=BreakerState.CLOSED, init=False)
+    failures: int = field(default=0, init=False)  # consecutive failed calls while CLOSED
+    # consecutive openings without a success: the backoff exponent
+    opens: int = field(default=0, init=False)
+    # end of the current OPEN period (clock of the caller)
+    open_until_s: float = field(default=0.0, init=False)
 
     def admit(self, now_s: float) -> Admission:
         """Whether a call may go out now; PROBE moves the breaker to HALF_OPEN."""
-        state = self._state
+        state = self.state
         if state is BreakerState.CLOSED:
             return Admission.ALLOW
-        if state is BreakerState.OPEN and now_s >= self._open_until_s:
-            self._state = BreakerState.HALF_OPEN
+        if state is BreakerState.OPEN and now_s >= self.open_until_s:
+            self.state = BreakerState.HALF_OPEN
             return Admission.PROBE
         return Admission.REJECT
 
     def record_success(self) -> None:
         """A call (or the probe) succeeded: close and forget the backoff."""
-        self._state = BreakerState.CLOSED
-        self._failures = 0
-        self._opens = 0
+        self.state = BreakerState.CLOSED
+        self.failures = 0
+        self.opens = 0
 
     def record_failure(self, now_s: float) -> None:
         """A call failed (timeout, unavailable, error), or the probe did."""
-        if self._state is BreakerState.OPEN:
+        if self.state is BreakerState.OPEN:
             return  # a late report from before the circuit opened: already counted
-        if self._state is BreakerState.CLOSED:
-            self._failures += 1
-            if self._failures < self.config.failure_threshold:
+        if self.state is BreakerState.CLOSED:
+            self.failures += 1
+            if self.failures < self.config.failure_threshold:
                 return
         cfg = self.config
         # Exponential backoff: cooldown * 2^(openings in a row), capped, then jittered down.
-        period_s = min(cfg.max_cooldown_s, cfg.cooldown_s * 2.0 ** min(self._opens, 62))
-        period_s *= 1.0 - cfg.jitter * self._rng()
-        self._state = BreakerState.OPEN
-        self._open_until_s = now_s + period_s
-        self._opens += 1
-        self._failures = 0
+        period_s = min(cfg.max_cooldown_s, cfg.cooldown_s * 2.0 ** min(self.opens, 62))
+        period_s *= 1.0 - cfg.jitter * self.rng()
+        self.state = BreakerState.OPEN
+        self.open_until_s = now_s + period_s
+        self.opens += 1
+        self.failures = 0

@@ -81,7 +81,7 @@ class ClientCore(ABC, Generic[StreamT]):
         self._session = DraftSession(
             deadline_s=deadline_ms / 1e3,
             budget=budget or BudgetRule.for_gpu("h100-sxm"),
-            breaker=CircuitBreaker(breaker),
+            breaker=CircuitBreaker(breaker or BreakerConfig()),
             tokenizer_fingerprint=tokenizer_fingerprint,
             resync_retry=resync_retry,
         )
