@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import numpy as np
 import pytest
 from packed import pack_drafts, unpack_deltas
 
 from sssd_drafter.v1 import drafter_pb2 as pb
-from verifier_client.deltas import DeltaTracker, ProtocolError, RequestState, as_token_list
+from verifier_client.deltas import (
+    DeltaTracker,
+    ProtocolError,
+    RequestState,
+    as_token_list,
+    checked_commits,
+)
+
+
+def commit(tracker: DeltaTracker, commits: Mapping[str, Iterable[int]]) -> None:
+    """Records ``commits`` as a step does: checked first (nothing is recorded on an error)."""
+    tracker.commit_many(checked_commits(tracker.states, commits, None))
 
 
 def answer(step: int, *drafts: tuple[str, int, int]) -> pb.DraftResponse:
@@ -157,9 +170,9 @@ def test_empty_contexts_are_not_sent() -> None:
 def test_numpy_and_any_int_sequence() -> None:
     tracker = DeltaTracker()
     tracker.add("a", np.arange(4, dtype=np.int32))
-    tracker.commit_many({"a": np.array([9], dtype=np.int64)})
-    tracker.commit_many({"a": range(10, 12)})
-    tracker.commit_many({"a": (12,)})
+    commit(tracker, {"a": np.array([9], dtype=np.int64)})
+    commit(tracker, {"a": range(10, 12)})
+    commit(tracker, {"a": (12,)})
     assert tracker.get("a").tokens == [0, 1, 2, 3, 9, 10, 11, 12]
     assert all(type(t) is int for t in tracker.get("a").tokens)
 
@@ -174,13 +187,13 @@ def test_validation_names_the_bad_value() -> None:
     with pytest.raises(ValueError, match="prompt_length 3 of 'b'"):
         tracker.add("b", [1, 2], prompt_length=3)
     with pytest.raises(ValueError, match=r"commit of 'a': token id -1"):
-        tracker.commit_many({"a": [4, -1]})
+        commit(tracker, {"a": [4, -1]})
     with pytest.raises(ValueError, match="token id 2147483648"):
         as_token_list([2**31])
     with pytest.raises(KeyError, match=r"unknown request_id\(s\) \['zz'\]"):
-        tracker.commit_many({"zz": [1]})
+        commit(tracker, {"zz": [1]})
     with pytest.raises(KeyError, match="zz"):
-        tracker.commit_many({"a": [2], "zz": [1]})
+        commit(tracker, {"a": [2], "zz": [1]})
     assert tracker.get("a").tokens == [1]  # a refused batch commits nothing
 
 
@@ -204,5 +217,5 @@ def test_a_refused_commit_batch_changes_nothing() -> None:
     tracker.add("a", [1])
     tracker.add("b", [1])
     with pytest.raises(ValueError, match="commit of 'b': token id -5"):
-        tracker.commit_many({"a": [500], "b": [-5]})
+        commit(tracker, {"a": [500], "b": [-5]})
     assert tracker.get("a").tokens == [1] and not tracker.get("a").refused

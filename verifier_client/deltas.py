@@ -33,7 +33,7 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import ClientStats, Tree
 
 __all__ = ["DeltaTracker", "ProtocolError", "RequestState", "as_commit", "as_token_list",
-           "check_budgets", "check_live", "read_column"]  # fmt: skip
+           "checked_commits", "read_column"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +82,21 @@ def as_commit(tokens: Iterable[int], request_id: str) -> list[int]:
     return as_token_list(tokens, f"commit of {request_id!r}")
 
 
-def check_live(live: Mapping[str, object], request_ids: Mapping[str, object]) -> None:
-    """KeyError naming (some of) the ``request_ids`` that ``live`` lacks."""
-    if not live.keys() >= request_ids.keys():
-        missing = [rid for rid in request_ids if rid not in live]
-        raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
-
-
-def check_budgets(budgets: Mapping[str, int]) -> None:
-    """ValueError naming the first budget that is not an int >= 0 (a bool is not one)."""
-    for rid, budget in budgets.items():
+def checked_commits(
+    live: Mapping[str, object],
+    commits: Mapping[str, Iterable[int]],
+    budgets: Mapping[str, int] | None,
+) -> dict[str, list[int]]:
+    """A step's commits as lists, checked with its budgets before anything is recorded:
+    ValueError naming the first budget that is not an int >= 0 (a bool is not one),
+    KeyError naming (some of) the requests ``live`` lacks, ValueError naming a bad token."""
+    for rid, budget in (budgets or {}).items():
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
             raise ValueError(f"budget of {rid!r} must be an int >= 0, got {budget!r}")
+    if not live.keys() >= commits.keys():
+        missing = [rid for rid in commits if rid not in live]
+        raise KeyError(f"unknown request_id(s) {missing[:5]!r}: add them first")
+    return {rid: as_commit(tokens, rid) for rid, tokens in commits.items()}
 
 
 def finish_tail(
@@ -141,11 +144,11 @@ class RequestState:
 class DeltaTracker:
     """Live requests by id: builds each step's deltas and applies the answers."""
 
-    __slots__ = ("_states", "datastores", "max_context_tokens", "max_request_id_chars",
-                 "max_token_id", "stats")  # fmt: skip
+    __slots__ = ("datastores", "max_context_tokens", "max_request_id_chars", "max_token_id",
+                 "states", "stats")  # fmt: skip
 
     def __init__(self, stats: ClientStats | None = None) -> None:
-        self._states: dict[str, RequestState] = {}
+        self.states: dict[str, RequestState] = {}  # live requests (changed by the methods)
         self.max_token_id = _INT32_MAX  # the drafter's vocab_size - 1, once known
         self.max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
         self.max_request_id_chars: int | None = None  # the drafter's limit, once known
@@ -156,7 +159,7 @@ class DeltaTracker:
     def get(self, request_id: str) -> RequestState:
         """The state of a live request; KeyError names unknown ids."""
         try:
-            return self._states[request_id]
+            return self.states[request_id]
         except KeyError:
             raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
 
@@ -173,7 +176,7 @@ class DeltaTracker:
         of storage (sent with every whole context: the drafter shares none of it)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self._states:
+        if request_id in self.states:
             raise ValueError(f"request_id {request_id!r} is already live")
         tokens = as_token_list(prompt_ids, f"prompt of {request_id!r}")
         length = len(tokens) if prompt_length is None else prompt_length
@@ -183,7 +186,7 @@ class DeltaTracker:
             )
         state = RequestState(request_id, datastore, length, tokens, store=store)
         self._check_limits(state)
-        self._states[request_id] = state
+        self.states[request_id] = state
 
     def adopt_limits(self, info: pb.GetServiceInfoResponse) -> None:
         """Takes the limits of the drafter's service info (0 or none = not reported:
@@ -194,7 +197,7 @@ class DeltaTracker:
         self.max_context_tokens = limits.max_tokens_per_request or None
         self.max_request_id_chars = limits.max_request_id_chars or None
         self.datastores = frozenset({"", *(d.name for d in datastores)}) if datastores else None
-        for state in self._states.values():
+        for state in self.states.values():
             if not state.refused:
                 self._check_limits(state)
 
@@ -213,13 +216,11 @@ class DeltaTracker:
             self._refuse(state, f"the drafter has no datastore {state.datastore!r} "
                                 f"(it has {known})")  # fmt: skip
 
-    def commit_many(self, commits: Mapping[str, Iterable[int]]) -> None:
+    def commit_many(self, commits: Mapping[str, list[int]]) -> None:
         """Appends the tokens the verifier accepted (the bonus token included) to each
-        request; a ValueError or KeyError changes nothing."""
-        states = self._states
-        check_live(states, commits)
-        checked = [(states[rid], as_commit(tokens, rid)) for rid, tokens in commits.items()]
-        for state, tokens in checked:
+        request; ``commits`` as checked_commits returns them."""
+        for rid, tokens in commits.items():
+            state = self.states[rid]
             state.tokens.extend(tokens)
             if tokens and max(tokens) > self.max_token_id:
                 self._refuse(state, "a committed token id is past the drafter's vocabulary")
@@ -233,7 +234,7 @@ class DeltaTracker:
     def finish(self, request_id: str) -> RequestState:
         """Stops tracking a request and returns its last state."""
         self.get(request_id)
-        return self._states.pop(request_id)
+        return self.states.pop(request_id)
 
     def build(
         self,
@@ -249,7 +250,7 @@ class DeltaTracker:
         refused: list[str] = []
         max_context = self.max_context_tokens or _INT32_MAX
         for rid in request_ids:
-            state = self._states[rid]
+            state = self.states[rid]
             tokens = state.tokens
             if state.refused or len(tokens) > max_context:
                 self._refuse(state, f"its context of {len(tokens)} tokens is over the "

@@ -81,8 +81,9 @@ class ReplicaClient(DrafterClient):
     def step_by(
         self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
     ) -> StepResult:
-        """``step``, with every wait ending by ``deadline_s`` (perf_counter) at the latest."""
-        io = self._begin_step(commits, budgets)
+        """``step`` of commits and budgets the replica set checked, with every wait ending
+        by ``deadline_s`` (perf_counter) at the latest."""
+        io = self._begin_step(commits, budgets, checked=True)
         while not isinstance(io, StepResult):
             io.deadline_s = min(io.deadline_s, deadline_s)
             io = self._advance(io, self._io(io))

@@ -26,7 +26,7 @@ from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import Unavailable
-from verifier_client.deltas import as_commit, as_token_list, check_budgets, check_live
+from verifier_client.deltas import as_token_list, checked_commits
 from verifier_client.replica_ownership import ClientOptions, ReplicaClient, ReplicaOwnership, Route
 from verifier_client.replica_targets import parse_target, rendezvous_owner
 from verifier_client.results import ClientStats, Outcome, StepResult, Tree
@@ -129,7 +129,7 @@ class ReplicaSetClient(ReplicaOwnership):
             raise RuntimeError("step() on a closed ReplicaSetClient")
         started_s = perf_counter()
         deadline_s = started_s + self._deadline_s
-        checked = self._checked(commits)
+        checked = checked_commits(self._owner, commits, budgets)  # before any replica records
         budget_of = self._budgets(checked, budgets)
         self._sync()
         self._own.steps += 1
@@ -173,12 +173,6 @@ class ReplicaSetClient(ReplicaOwnership):
 
     # --- a step's parts
 
-    def _checked(self, commits: Mapping[str, Iterable[int]]) -> dict[str, list[int]]:
-        """The commits as lists; KeyError or ValueError (naming the request) before any
-        replica records anything."""
-        check_live(self._owner, commits)
-        return {rid: as_commit(tokens, rid) for rid, tokens in commits.items()}
-
     def _budgets(
         self, checked: Mapping[str, list[int]], budgets: Mapping[str, int] | None
     ) -> dict[str, int]:
@@ -187,7 +181,6 @@ class ReplicaSetClient(ReplicaOwnership):
         default = self._budget.draft_budget(len(checked))
         if budgets is None:
             return dict.fromkeys(checked, default)
-        check_budgets(budgets)
         return {rid: budgets.get(rid, default) for rid in checked}
 
     def _let_breakers_probe(self, work: Mapping[ReplicaClient, object]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import cast
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import Admission, CircuitBreaker
@@ -21,7 +22,7 @@ from verifier_client.deltas import (
     ProtocolError,
     RequestState,
     as_token_list,
-    check_budgets,
+    checked_commits,
     finish_tail,
 )
 from verifier_client.pending_work import IngestWork, Work, plan_abort, plan_finish
@@ -115,12 +116,19 @@ class DraftSession:
     # --- one step
 
     def begin(
-        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None, now_s: float
+        self,
+        commits: Mapping[str, Iterable[int]],
+        budgets: Mapping[str, int] | None,
+        now_s: float,
+        checked: bool = False,
     ) -> StepPlan | StepResult:
-        """Records the commits; returns the plan to send, or the result if there is none
-        (circuit open, or nothing to draft)."""
-        budget_of = self._check_budgets(budgets) if budgets is not None else None
-        self.tracker.commit_many(commits)
+        """Records the commits (``checked``: as checked_commits returned them, else checked
+        here); returns the plan to send, or the result if there is none (circuit open, or
+        nothing to draft)."""
+        if not checked:
+            commits = checked_commits(self.tracker.states, commits, budgets)
+        budget_of = self._capped(budgets) if budgets is not None else None
+        self.tracker.commit_many(cast("Mapping[str, list[int]]", commits))  # lists once checked
         stats = self.stats
         stats.steps += 1
         request_ids = tuple(commits)
@@ -188,8 +196,7 @@ class DraftSession:
                                   tokenizer_fingerprint=self.tokenizer_fingerprint)  # fmt: skip
         return message, sent, refused
 
-    def _check_budgets(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
-        check_budgets(budgets)
+    def _capped(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
         cap = self.max_budget
         if cap is not None and any(b > cap for b in budgets.values()):
             return {rid: min(b, cap) for rid, b in budgets.items()}
