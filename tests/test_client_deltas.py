@@ -56,7 +56,7 @@ OK, RESYNC = pb.DRAFT_STATUS_OK, pb.DRAFT_STATUS_RESYNC
 
 def test_whole_context_first_then_only_new_tokens() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [1, 2, 3, 4], datastore="code", prompt_length=3)
+    tracker.add(RequestState.new("a", [1, 2, 3, 4], datastore="code", prompt_length=3))
     tracker.commit_many({"a": [5]})
     message, sent = build(tracker, "a")
     (delta,) = message.requests
@@ -80,10 +80,10 @@ def test_whole_context_first_then_only_new_tokens() -> None:
 
 def test_requests_join_and_leave_at_different_steps() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [1, 2])
+    tracker.add(RequestState.new("a", [1, 2]))
     message, sent = build(tracker, "a")
     tracker.apply(answer(1, ("a", OK, 2)), sent)
-    tracker.add("b", [9, 9, 9])
+    tracker.add(RequestState.new("b", [9, 9, 9]))
     tracker.commit_many({"a": [3], "b": []})
     message, sent = build(tracker, "b", "a")  # any order; "a" is a delta, "b" whole
     assert [(d.request_id, d.known_length, list(d.new_tokens)) for d in message.requests] == [
@@ -106,7 +106,7 @@ def synced_then_sent() -> tuple[DeltaTracker, list[RequestState]]:
     """Request "a": [1, 2, 3] held by the drafter (answered OK), then [4] committed and
     sent; returns the tracker and the states of that last send, whose answer is due."""
     tracker = DeltaTracker()
-    tracker.add("a", [1, 2, 3])
+    tracker.add(RequestState.new("a", [1, 2, 3]))
     _, sent = build(tracker, "a")
     tracker.apply(answer(1, ("a", OK, 3)), sent)
     tracker.commit_many({"a": [4]})
@@ -137,7 +137,7 @@ def test_a_lost_answer_means_a_whole_resend() -> None:
 @pytest.mark.parametrize("length", [0, 4])  # nothing held, or more than was ever sent
 def test_an_impossible_ok_length_is_a_resync(length: int) -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [1, 2, 3])
+    tracker.add(RequestState.new("a", [1, 2, 3]))
     _, sent = build(tracker, "a")
     trees, resynced = tracker.apply(answer(1, ("a", OK, length)), sent)
     assert trees == {} and resynced == ["a"] and tracker.get("a").known_length == 0
@@ -145,8 +145,8 @@ def test_an_impossible_ok_length_is_a_resync(length: int) -> None:
 
 def test_an_answer_of_another_shape_is_a_protocol_error() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [1])
-    tracker.add("b", [2])
+    tracker.add(RequestState.new("a", [1]))
+    tracker.add(RequestState.new("b", [2]))
     _, sent = build(tracker, "a", "b")
     with pytest.raises(ProtocolError, match="does not match the 2 requests sent: 1 statuses"):
         tracker.apply(answer(1, ("b", OK, 1)), sent)
@@ -161,15 +161,15 @@ def test_an_answer_of_another_shape_is_a_protocol_error() -> None:
 
 def test_empty_contexts_are_not_sent() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [])
-    tracker.add("b", [5])
+    tracker.add(RequestState.new("a", []))
+    tracker.add(RequestState.new("b", [5]))
     message, sent = build(tracker, "a", "b")
     assert [d.request_id for d in message.requests] == ["b"] and len(sent) == 1
 
 
 def test_numpy_and_any_int_sequence() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", np.arange(4, dtype=np.int32))
+    tracker.add(RequestState.new("a", np.arange(4, dtype=np.int32)))
     commit(tracker, {"a": np.array([9], dtype=np.int64)})
     commit(tracker, {"a": range(10, 12)})
     commit(tracker, {"a": (12,)})
@@ -179,13 +179,13 @@ def test_numpy_and_any_int_sequence() -> None:
 
 def test_validation_names_the_bad_value() -> None:
     tracker = DeltaTracker()
-    tracker.add("a", [1])
+    tracker.add(RequestState.new("a", [1]))
     with pytest.raises(ValueError, match="'a' is already live"):
-        tracker.add("a", [1])
+        tracker.add(RequestState.new("a", [1]))
     with pytest.raises(ValueError, match="non-empty str"):
-        tracker.add("", [1])
+        tracker.add(RequestState.new("", [1]))
     with pytest.raises(ValueError, match="prompt_length 3 of 'b'"):
-        tracker.add("b", [1, 2], prompt_length=3)
+        tracker.add(RequestState.new("b", [1, 2], prompt_length=3))
     with pytest.raises(ValueError, match=r"commit of 'a': token id -1"):
         commit(tracker, {"a": [4, -1]})
     with pytest.raises(ValueError, match="token id 2147483648"):
@@ -200,10 +200,10 @@ def test_validation_names_the_bad_value() -> None:
 def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
     tracker = DeltaTracker()
     tracker.max_token_id, tracker.max_context_tokens = 99, 5  # vocab_size 100
-    tracker.add("ok", [1, 2])
-    tracker.add("vocab", [1, 100])  # past the vocabulary from the start
-    tracker.add("long", [1, 2, 3])
-    tracker.add("later", [1])
+    tracker.add(RequestState.new("ok", [1, 2]))
+    tracker.add(RequestState.new("vocab", [1, 100]))  # past the vocabulary from the start
+    tracker.add(RequestState.new("long", [1, 2, 3]))
+    tracker.add(RequestState.new("later", [1]))
     tracker.commit_many({"long": [4, 5, 6], "later": [150], "ok": [3]})
     packed, sent, refused = tracker.build(["ok", "vocab", "long", "later"], None, 4)
     assert list(packed.request_ids) == ["ok"] and len(sent) == 1
@@ -214,8 +214,8 @@ def test_requests_the_drafter_would_refuse_are_never_sent() -> None:
 def test_a_refused_commit_batch_changes_nothing() -> None:
     tracker = DeltaTracker()
     tracker.max_token_id = 99
-    tracker.add("a", [1])
-    tracker.add("b", [1])
+    tracker.add(RequestState.new("a", [1]))
+    tracker.add(RequestState.new("b", [1]))
     with pytest.raises(ValueError, match="commit of 'b': token id -5"):
         commit(tracker, {"a": [500], "b": [-5]})
     assert tracker.get("a").tokens == [1] and not tracker.get("a").refused

@@ -8,6 +8,7 @@ from packed import pack_drafts, unpack_deltas
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
+from verifier_client.deltas import RequestState
 from verifier_client.pending_work import (
     MAX_INGEST_TOKENS_PER_CALL,
     FinishWork,
@@ -48,8 +49,8 @@ def begin(s: DraftSession, commits: dict[str, list[int]], now_s: float = 0.0,
 
 def test_a_step_builds_drafts_and_results() -> None:
     s = session()
-    s.tracker.add("a", [1, 2, 3], "", None)
-    s.tracker.add("b", [4, 5], "", None)
+    s.tracker.add(RequestState.new("a", [1, 2, 3]))
+    s.tracker.add(RequestState.new("b", [4, 5]))
     plan = begin(s, {"a": [9], "b": []})
     assert plan.deadline_s == DEADLINE_S and plan.message.step == 1
     assert [d.budget for d in unpack_deltas(plan.message)] == [32, 32]  # batch 2: capped
@@ -63,7 +64,7 @@ def test_budget_overrides_and_the_drafters_limit() -> None:
     s = session()
     s.adopt_service_info(pb.GetServiceInfoResponse(limits=pb.Limits(max_budget=8)))
     for rid in "abc":
-        s.tracker.add(rid, [1], "", None)
+        s.tracker.add(RequestState.new(rid, [1]))
     plan = begin(s, {"a": [], "b": [], "c": []}, budgets={"a": 0, "b": 100})
     assert [d.budget for d in unpack_deltas(plan.message)] == [0, 8, 8]
     with pytest.raises(ValueError, match="budget of 'a' must be an int >= 0"):
@@ -74,7 +75,7 @@ def test_budget_overrides_and_the_drafters_limit() -> None:
 
 def test_failures_mark_for_resend_and_open_the_breaker() -> None:
     s = session()
-    s.tracker.add("a", [1, 2], "", None)
+    s.tracker.add(RequestState.new("a", [1, 2]))
     plan = begin(s, {"a": []})
     s.complete(plan, ok_answer(plan), 0.0)
     plan = begin(s, {"a": [3]})
@@ -103,7 +104,7 @@ def test_failures_mark_for_resend_and_open_the_breaker() -> None:
 def test_resynced_requests_are_resent_within_the_step() -> None:
     s = session()
     for rid in "ab":
-        s.tracker.add(rid, [1, 2], "", None)
+        s.tracker.add(RequestState.new(rid, [1, 2]))
     plan = begin(s, {"a": [], "b": []})
     s.complete(plan, ok_answer(plan), 0.0)
     plan = begin(s, {"a": [3], "b": [3]})
@@ -120,12 +121,12 @@ def test_resynced_requests_are_resent_within_the_step() -> None:
 
 def test_no_resend_within_the_step_when_the_deadline_is_near() -> None:
     s = session()
-    s.tracker.add("a", [1], "", None)
+    s.tracker.add(RequestState.new("a", [1]))
     plan = begin(s, {"a": []})
     result, retry = s.complete(plan, ok_answer(plan, resync=("a",)), 0.0035)
     assert retry is None and result.why("a") is Outcome.RESYNC
     s2 = session(resync_retry=False)
-    s2.tracker.add("a", [1], "", None)
+    s2.tracker.add(RequestState.new("a", [1]))
     plan = begin(s2, {"a": []})
     assert s2.complete(plan, ok_answer(plan, resync=("a",)), 0.0)[1] is None
 
@@ -133,7 +134,7 @@ def test_no_resend_within_the_step_when_the_deadline_is_near() -> None:
 def test_a_failed_resend_keeps_the_steps_drafts() -> None:
     s = session()
     for rid in "ab":
-        s.tracker.add(rid, [1], "", None)
+        s.tracker.add(RequestState.new(rid, [1]))
     plan = begin(s, {"a": [], "b": []})
     result, retry = s.complete(plan, ok_answer(plan, resync=("b",)), 0.0)
     assert retry is not None
@@ -150,7 +151,7 @@ def test_tokenizer_mismatch_is_refused() -> None:
 
 
 def synced(s: DraftSession, rid: str, tokens: list[int]) -> None:
-    s.tracker.add(rid, tokens, "", None)
+    s.tracker.add(RequestState.new(rid, tokens))
     plan = begin(s, {rid: []})
     s.complete(plan, ok_answer(plan), 0.0)
 
@@ -227,24 +228,24 @@ def test_an_open_circuit_has_one_probe_out_at_a_time() -> None:
 
 def test_finish_of_an_unsure_request_aborts_and_ingests_the_generation() -> None:
     s = session()
-    s.tracker.add("a", [1, 2], "code", None)
+    s.tracker.add(RequestState.new("a", [1, 2], "code"))
     plan = begin(s, {"a": [3]})
     s.fail(plan, Outcome.DEADLINE, 0.0)  # the drafter may hold a partial context
     abort, ingest = s.finish("a", [4], store=True)
     assert isinstance(abort, FinishWork) and abort.aborted
     assert ingest == IngestWork("code", [[1, 2, 3, 4]])
-    s.tracker.add("c", [1, 2], "", None)
+    s.tracker.add(RequestState.new("c", [1, 2]))
     plan = begin(s, {"c": []})
     s.complete(plan, ok_answer(plan), 0.0)  # synced
     begin(s, {"c": [3]})  # its answer is still out (an asyncio client's finish may come now)
     abort, ingest = s.finish("c", [], store=True)
     assert isinstance(abort, FinishWork) and abort.aborted
     assert ingest == IngestWork("", [[1, 2, 3]])
-    s.tracker.add("b", [7], "", None)  # never sent: nothing to free
+    s.tracker.add(RequestState.new("b", [7]))  # never sent: nothing to free
     assert s.finish("b", [8], store=True) == [IngestWork("", [[7, 8]])]
-    s.tracker.add("e", [1, 2], "", None)  # no output: nothing to store
+    s.tracker.add(RequestState.new("e", [1, 2]))  # no output: nothing to store
     assert s.finish("e", [], store=True) == []
-    s.tracker.add("d", [1], "", None)
+    s.tracker.add(RequestState.new("d", [1]))
     assert s.abort("d") == []
 
 
@@ -252,7 +253,7 @@ def test_nothing_is_ingested_into_a_read_only_datastore() -> None:
     s = session()
     info = pb.GetServiceInfoResponse(datastores=[pb.DatastoreInfo(name="wiki", live=False)])
     s.adopt_service_info(info)
-    s.tracker.add("a", [1, 2], "wiki", None)
+    s.tracker.add(RequestState.new("a", [1, 2], "wiki"))
     assert s.finish("a", [], store=True) == []
 
 
@@ -280,8 +281,8 @@ def test_refused_requests_get_no_draft_and_are_never_stored(
     info = pb.GetServiceInfoResponse(tokenizer=pb.TokenizerInfo(vocab_size=100),
                                      limits=pb.Limits(max_tokens_per_request=1000))  # fmt: skip
     s.adopt_service_info(info)
-    s.tracker.add("good", [1, 2], "", None)
-    s.tracker.add("bad", [1, 2], "", None)
+    s.tracker.add(RequestState.new("good", [1, 2]))
+    s.tracker.add(RequestState.new("bad", [1, 2]))
     plan = begin(s, {"good": [3], "bad": [3]})
     s.complete(plan, ok_answer(plan), 0.0)
     plan = begin(s, {"good": [4], "bad": [120]})  # 120 is past the drafter's vocabulary
@@ -292,7 +293,7 @@ def test_refused_requests_get_no_draft_and_are_never_stored(
     assert "'bad' gets no drafts: a committed token id is past" in caplog.text
     (work,) = s.finish("bad", [], store=True)  # frees what the drafter holds, stores nothing
     assert isinstance(work, FinishWork) and work.aborted
-    s.tracker.add("lonely", [500], "", None)  # refused from the start; alone in its step
+    s.tracker.add(RequestState.new("lonely", [500]))  # refused from the start; alone in its step
     result = s.begin({"lonely": []}, None, 0.0)
     assert isinstance(result, StepResult) and result.why("lonely") is Outcome.ERROR
 
@@ -301,17 +302,18 @@ def test_ids_and_datastores_the_drafter_would_refuse_cost_only_their_own_drafts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     s = session()
-    s.tracker.add("e-typo", [1, 2], "typo", None)  # added before the drafter's limits are known
+    # added before the drafter's limits are known
+    s.tracker.add(RequestState.new("e-typo", [1, 2], "typo"))
     info = pb.GetServiceInfoResponse(
         datastores=[pb.DatastoreInfo(name="default", is_default=True, live=True),
                     pb.DatastoreInfo(name="code")],
         limits=pb.Limits(max_request_id_chars=8),
     )  # fmt: skip
     s.adopt_service_info(info)  # rechecks the requests already added
-    s.tracker.add("good", [1, 2], "", None)
-    s.tracker.add("coder", [1, 2], "code", None)
-    s.tracker.add("x" * 9, [1, 2], "", None)  # longer than the drafter accepts
-    s.tracker.add("typo", [1, 2], "nope", None)  # a datastore the drafter does not have
+    s.tracker.add(RequestState.new("good", [1, 2]))
+    s.tracker.add(RequestState.new("coder", [1, 2], "code"))
+    s.tracker.add(RequestState.new("x" * 9, [1, 2]))  # longer than the drafter accepts
+    s.tracker.add(RequestState.new("typo", [1, 2], "nope"))  # a datastore the drafter does not have
     step = ["e-typo", "good", "coder", "x" * 9, "typo"]
     plan = begin(s, {rid: [3] for rid in step})
     assert [d.request_id for d in unpack_deltas(plan.message)] == ["good", "coder"]

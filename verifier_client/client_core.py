@@ -28,6 +28,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import CallFailed, ChannelOptions
 from verifier_client.channel import channel_options as merged_channel_options
+from verifier_client.deltas import RequestState
 from verifier_client.results import ClientStats, StepResult
 from verifier_client.session import DraftSession, StepPlan
 from verifier_client.streams import StreamAnswers
@@ -126,7 +127,8 @@ class ClientCore(ABC, Generic[StreamT]):
         ``store=False``: it opted out of storage from the start, so the drafter never
         shares its tokens with other requests while it runs either (its ``finish`` stores
         nothing whatever it says)."""
-        self._session.tracker.add(request_id, prompt_ids, datastore, prompt_length, store)
+        state = RequestState.new(request_id, prompt_ids, datastore, prompt_length, store)
+        self._session.tracker.add(state)
 
     def finish(
         self,

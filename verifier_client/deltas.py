@@ -140,6 +140,28 @@ class RequestState:
     refused: bool = False  # holds what the drafter would refuse: never sent again
     store: bool = True  # False: opted out of storage, so its tokens are never shared either
 
+    @classmethod
+    def new(
+        cls,
+        request_id: str,
+        prompt_ids: Iterable[int],
+        datastore: str = "",
+        prompt_length: int | None = None,
+        store: bool = True,
+    ) -> RequestState:
+        """A request whose context so far is ``prompt_ids``, of which the first
+        ``prompt_length`` (default: all) are the prompt; ``store=False``: it opted out of
+        storage (sent with every whole context: the drafter shares none of it)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        tokens = as_token_list(prompt_ids, f"prompt of {request_id!r}")
+        length = len(tokens) if prompt_length is None else prompt_length
+        if not 0 <= length <= len(tokens):
+            raise ValueError(
+                f"prompt_length {prompt_length} of {request_id!r} is outside [0, {len(tokens)}]"
+            )
+        return cls(request_id, datastore, length, tokens, store=store)
+
 
 class DeltaTracker:
     """Live requests by id: builds each step's deltas and applies the answers."""
@@ -163,30 +185,12 @@ class DeltaTracker:
         except KeyError:
             raise KeyError(f"unknown request_id {request_id!r}: add it first") from None
 
-    def add(
-        self,
-        request_id: str,
-        prompt_ids: Iterable[int],
-        datastore: str = "",
-        prompt_length: int | None = None,
-        store: bool = True,
-    ) -> None:
-        """Starts tracking a request whose context so far is ``prompt_ids``, of which the
-        first ``prompt_length`` (default: all) are the prompt; ``store=False``: it opted out
-        of storage (sent with every whole context: the drafter shares none of it)."""
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self.states:
-            raise ValueError(f"request_id {request_id!r} is already live")
-        tokens = as_token_list(prompt_ids, f"prompt of {request_id!r}")
-        length = len(tokens) if prompt_length is None else prompt_length
-        if not 0 <= length <= len(tokens):
-            raise ValueError(
-                f"prompt_length {prompt_length} of {request_id!r} is outside [0, {len(tokens)}]"
-            )
-        state = RequestState(request_id, datastore, length, tokens, store=store)
+    def add(self, state: RequestState) -> None:
+        """Starts tracking a request (see RequestState.new); ValueError if its id is live."""
+        if state.request_id in self.states:
+            raise ValueError(f"request_id {state.request_id!r} is already live")
         self._check_limits(state)
-        self.states[request_id] = state
+        self.states[state.request_id] = state
 
     def adopt_limits(self, info: pb.GetServiceInfoResponse) -> None:
         """Takes the limits of the drafter's service info (0 or none = not reported:

@@ -26,7 +26,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
-from verifier_client.deltas import DeltaTracker, RequestState, as_token_list, finish_tail
+from verifier_client.deltas import DeltaTracker, RequestState, finish_tail
 from verifier_client.replica_targets import ReplicaResolver, rendezvous_owner
 from verifier_client.results import ClientStats, StepResult
 
@@ -77,6 +77,7 @@ class ReplicaClient(DrafterClient):
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{target}")
         self.busy: Future[Any] | None = None  # its last work on the worker, until seen done
         self.held: dict[str, list[int]] = {}  # commits of a step it missed
+        self.tracker = self._session.tracker
 
     def step_by(
         self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
@@ -91,7 +92,7 @@ class ReplicaClient(DrafterClient):
 
     def hand_over(self, request_id: str) -> RequestState:
         """Stops tracking ``request_id`` (aborted on this replica); its last state."""
-        state = self._session.tracker.get(request_id)
+        state = self.tracker.get(request_id)
         self.abort(request_id)
         return state
 
@@ -109,7 +110,7 @@ class ReplicaClient(DrafterClient):
                 log.error("drafter replica %s: a late step failed: %r", self.target, error)
         if self.held:  # recorded without drafting
             held, self.held = self.held, {}
-            self._session.tracker.commit_many(held)
+            self.tracker.commit_many(held)
         return True
 
 
@@ -158,28 +159,13 @@ class ReplicaOwnership:
         store: bool = True,
     ) -> None:
         """Starts tracking a request on its owner (see DrafterClient.add_request)."""
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        state = RequestState.new(request_id, prompt_ids, datastore, prompt_length, store)
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already live")
         self._sync()
-        if self._route == "request":
-            self._keys[request_id] = request_id.encode()
-        else:  # read twice: for the key and by the owner, checked first (the key packs them)
-            prompt_ids = as_token_list(prompt_ids, f"prompt of {request_id!r}")
-            self._keys[request_id] = prompt_key(prompt_ids)
-        owner = self._rendezvous(request_id, self._usable or tuple(self._replicas))
-        try:
-            if owner is None:
-                self._orphans.add(request_id, prompt_ids, datastore, prompt_length, store)
-            else:
-                owner.idle()
-                owner.add_request(request_id, prompt_ids, datastore=datastore,
-                                  prompt_length=prompt_length, store=store)  # fmt: skip
-        except BaseException:
-            del self._keys[request_id]  # refused: nothing of it is kept
-            raise
-        self._owner[request_id] = owner
+        by_id = self._route == "request"
+        self._keys[request_id] = request_id.encode() if by_id else prompt_key(state.tokens)
+        self._place(state, self._rendezvous(request_id, self._usable or tuple(self._replicas)))
 
     def finish(
         self,
@@ -305,16 +291,20 @@ class ReplicaOwnership:
         else:
             source.idle()
             state = source.hand_over(request_id)
-        if target is None:
-            self._orphans.add(request_id, state.tokens, state.datastore, state.prompt_length,
-                              state.store)  # fmt: skip
-        else:
-            target.idle()
-            target.add_request(request_id, state.tokens, datastore=state.datastore,
-                               prompt_length=state.prompt_length,
-                               store=state.store)  # fmt: skip
-        self._owner[request_id] = target
+        # New to the target: its whole context goes with its next step.
+        fresh = RequestState(request_id, state.datastore, state.prompt_length, state.tokens,
+                             store=state.store)  # fmt: skip
+        self._place(fresh, target)
         self.moves += 1
+
+    def _place(self, state: RequestState, owner: ReplicaClient | None) -> None:
+        """Tracks a request on ``owner`` (here while it has none)."""
+        if owner is None:
+            self._orphans.add(state)
+        else:
+            owner.idle()
+            owner.tracker.add(state)
+        self._owner[state.request_id] = owner
 
     def _remove_replica(self, replica: ReplicaClient) -> None:
         """Drops a replica whose requests have moved; it closes on its own worker."""
