@@ -130,7 +130,10 @@ class ReplicaSetClient(ReplicaOwnership):
         started_s = perf_counter()
         deadline_s = started_s + self._deadline_s
         checked = checked_commits(self._owner, commits, budgets)  # before any replica records
-        budget_of = self._budgets(checked, budgets)
+        # Every request's budget: the rule's for the whole batch (each replica sees only its
+        # share), unless ``budgets`` names one.
+        default, given = self._budget.draft_budget(len(checked)), budgets or {}
+        budget_of = {rid: given.get(rid, default) for rid in checked}
         self._sync()
         self._own.steps += 1
         work, orphaned = self._by_owner(checked)
@@ -172,16 +175,6 @@ class ReplicaSetClient(ReplicaOwnership):
         self.close()
 
     # --- a step's parts
-
-    def _budgets(
-        self, checked: Mapping[str, list[int]], budgets: Mapping[str, int] | None
-    ) -> dict[str, int]:
-        """Every request's budget: the rule's for the whole batch (each replica sees only
-        its share), unless ``budgets`` names one."""
-        default = self._budget.draft_budget(len(checked))
-        if budgets is None:
-            return dict.fromkeys(checked, default)
-        return {rid: budgets.get(rid, default) for rid in checked}
 
     def _let_breakers_probe(self, work: Mapping[ReplicaClient, object]) -> None:
         """An open breaker probes only from a step: a replica left without requests gets
