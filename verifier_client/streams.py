@@ -44,10 +44,6 @@ class StreamAnswers(ABC):
     def close(self) -> None:
         """Ends the call (the server drops whatever it still had queued)."""
 
-    def _refuse_if_broken(self) -> CallFailed | None:
-        """Why nothing can be sent, if the stream is already broken."""
-        return CallFailed(Outcome.UNAVAILABLE, "stream ended") if self.broken else None
-
     def _take(self, answer: Answer, step: int) -> Answer | None:
         """``answer`` if it ends the wait of message ``step`` (its answer, or the call's
         failure); None for the late answer of an earlier message, which is counted."""
@@ -81,9 +77,9 @@ class SyncStream(StreamAnswers):
         self._reader.start()
 
     def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
-        """Sends ``message``; its answer, or why there is none by ``deadline_s`` (perf_counter)."""
-        if (failure := self._refuse_if_broken()) is not None:
-            return failure
+        """Sends ``message``; its answer, or why there is none by ``deadline_s`` (perf_counter).
+        Never called once ``broken`` (the client opens a new stream instead): a call that
+        ended meanwhile is answered by the failure its reader queued."""
         self._requests.put(message)
         while (left_s := deadline_s - perf_counter()) > 0:
             try:
@@ -128,8 +124,6 @@ class AioStream(StreamAnswers):
 
     async def exchange(self, message: pb.DraftRequest, deadline_s: float) -> Answer:
         """SyncStream.exchange, awaited."""
-        if (failure := self._refuse_if_broken()) is not None:
-            return failure
         self._requests.put_nowait(message)
         try:
             async with asyncio.timeout(deadline_s - perf_counter()):
