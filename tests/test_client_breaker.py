@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verifier_client.breaker import Admission, BreakerConfig, BreakerState, CircuitBreaker
+from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 
 CONFIG = BreakerConfig(failure_threshold=3, cooldown_s=1.0, max_cooldown_s=4.0, jitter=0.5)
 
@@ -24,22 +24,22 @@ def test_closed_until_n_consecutive_failures() -> None:
     breaker.record_failure(0.0)
     breaker.record_failure(0.0)
     assert breaker.state is BreakerState.CLOSED
-    assert breaker.admit(0.0) is Admission.ALLOW
+    assert breaker.admit(0.0) is True
     breaker.record_failure(0.0)
     assert breaker.state is BreakerState.OPEN
-    assert breaker.admit(0.5) is Admission.REJECT
+    assert breaker.admit(0.5) is False and breaker.state is BreakerState.OPEN
 
 
 def test_one_probe_after_the_cooldown_then_close_on_success() -> None:
     breaker = opened()
-    assert breaker.admit(0.999) is Admission.REJECT
-    assert breaker.admit(1.0) is Admission.PROBE
+    assert breaker.admit(0.999) is False and breaker.state is BreakerState.OPEN
+    assert breaker.admit(1.0) is False  # the caller probes instead
     assert breaker.state is BreakerState.HALF_OPEN
-    assert breaker.admit(1.0) is Admission.REJECT  # one probe at a time
-    assert breaker.admit(100.0) is Admission.REJECT
+    assert breaker.admit(1.0) is False  # one probe at a time
+    assert breaker.admit(100.0) is False and breaker.state is BreakerState.HALF_OPEN
     breaker.record_success()
     assert breaker.state is BreakerState.CLOSED
-    assert breaker.admit(100.0) is Admission.ALLOW
+    assert breaker.admit(100.0) is True
 
 
 def test_failed_probes_double_the_cooldown_up_to_the_cap() -> None:
@@ -49,7 +49,7 @@ def test_failed_probes_double_the_cooldown_up_to_the_cap() -> None:
         until = breaker.open_until_s
         periods.append(until - now)
         now = until
-        assert breaker.admit(now) is Admission.PROBE
+        assert breaker.admit(now) is False and breaker.state is BreakerState.HALF_OPEN
         breaker.record_failure(now)  # the probe failed
     assert periods == pytest.approx([1.0, 2.0, 4.0, 4.0, 4.0])
 

@@ -6,8 +6,9 @@ States::
        ▲                                 ▲                            │
        └────────── probe succeeds ───────┼────── probe fails ─────────┘
 
-While OPEN, ``admit`` answers REJECT after one comparison (no message, no socket). After
-the cooldown it answers PROBE once and waits, HALF_OPEN, for that probe's result. Each
+While OPEN, ``admit`` answers False after one comparison (no message, no socket). After
+the cooldown it moves to HALF_OPEN (still False: the caller sends one probe off the hot
+path) and waits for that probe's result. Each
 reopening in a row doubles the cooldown up to a cap; jitter spreads many workers' probes
 so a restarted drafter is not hit by all at once. Pure: time is an argument (any monotonic
 clock, seconds) and the jitter's random source is injectable, so tests need no sleeps.
@@ -18,9 +19,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 
-__all__ = ["Admission", "BreakerConfig", "BreakerState", "CircuitBreaker"]
+__all__ = ["BreakerConfig", "BreakerState", "CircuitBreaker"]
 
 
 class BreakerState(StrEnum):
@@ -29,14 +30,6 @@ class BreakerState(StrEnum):
     CLOSED = "closed"  # calls go through
     OPEN = "open"  # calls are refused until the cooldown ends
     HALF_OPEN = "half_open"  # one probe is out; everything else is refused
-
-
-class Admission(Enum):
-    """What the caller may do now."""
-
-    ALLOW = "allow"  # make the call
-    REJECT = "reject"  # do not call: fall back
-    PROBE = "probe"  # do not call on the hot path; send one probe and report its result
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +67,12 @@ class CircuitBreaker:
     # end of the current OPEN period (clock of the caller)
     open_until_s: float = field(default=0.0, init=False)
 
-    def admit(self, now_s: float) -> Admission:
-        """Whether a call may go out now; PROBE moves the breaker to HALF_OPEN."""
-        state = self.state
-        if state is BreakerState.CLOSED:
-            return Admission.ALLOW
-        if state is BreakerState.OPEN and now_s >= self.open_until_s:
+    def admit(self, now_s: float) -> bool:
+        """Whether a call may go out now (only while CLOSED); an OPEN breaker whose cooldown
+        has elapsed moves to HALF_OPEN: the caller sends one probe and reports its result."""
+        if self.state is BreakerState.OPEN and now_s >= self.open_until_s:
             self.state = BreakerState.HALF_OPEN
-            return Admission.PROBE
-        return Admission.REJECT
+        return self.state is BreakerState.CLOSED
 
     def record_success(self) -> None:
         """A call (or the probe) succeeded: close and forget the backoff."""

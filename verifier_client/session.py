@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from sssd_drafter.v1 import drafter_pb2 as pb
-from verifier_client.breaker import Admission, CircuitBreaker
+from verifier_client.breaker import CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.deltas import (
     DeltaTracker,
@@ -132,7 +132,7 @@ class DraftSession:
         stats = self.stats
         stats.steps += 1
         request_ids = tuple(commits)
-        if self.breaker.admit(now_s) is not Admission.ALLOW:  # on PROBE the client sends one
+        if not self.breaker.admit(now_s):  # when it turned HALF_OPEN the client sends a probe
             stats.fallbacks[Outcome.BREAKER_OPEN] += 1
             return StepResult.without_drafts(stats.steps, Outcome.BREAKER_OPEN, request_ids)
         default_budget = self.budget.draft_budget(len(request_ids))
