@@ -167,14 +167,10 @@ class ClientCore(ABC, Generic[StreamT]):
             self._open_stream()
 
     def _begin_step(
-        self,
-        commits: Mapping[str, Iterable[int]],
-        budgets: Mapping[str, int] | None,
-        checked: bool = False,
+        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None
     ) -> StepPlan | StepResult:
-        """Records the commits (``checked``: see DraftSession.begin); the plan to send, or
-        the step's result when nothing goes out (circuit open, nothing to draft), after
-        starting a probe if one is due."""
+        """Records the commits; the plan to send, or the step's result when nothing goes
+        out (circuit open, nothing to draft), after starting a probe if one is due."""
         if self._closed:
             raise RuntimeError(f"step() on a closed {type(self).__name__}")
         self._started_s = now_s = perf_counter()
@@ -187,7 +183,7 @@ class ClientCore(ABC, Generic[StreamT]):
                 session.breaker.record_success()
             else:  # unreachable or refused
                 session.breaker.record_failure(now_s)
-        plan = session.begin(commits, budgets, now_s, checked)
+        plan = session.begin(commits, budgets, now_s)
         if isinstance(plan, StepPlan):
             return plan
         if session.breaker.state is BreakerState.HALF_OPEN and self._probe is None:

@@ -78,13 +78,14 @@ class ReplicaClient(DrafterClient):
         self.busy: Future[Any] | None = None  # its last work on the worker, until seen done
         self.held: dict[str, list[int]] = {}  # commits of a step it missed
         self.tracker = self._session.tracker
+        self._session.checked_by_caller = True  # the replica set checks every step's input
 
     def step_by(
         self, commits: Mapping[str, list[int]], budgets: Mapping[str, int], deadline_s: float
     ) -> StepResult:
         """``step`` of commits and budgets the replica set checked, with every wait ending
         by ``deadline_s`` (perf_counter) at the latest."""
-        io = self._begin_step(commits, budgets, checked=True)
+        io = self._begin_step(commits, budgets)
         while not isinstance(io, StepResult):
             io.deadline_s = min(io.deadline_s, deadline_s)
             io = self._advance(io, self._io(io))

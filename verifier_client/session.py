@@ -67,6 +67,7 @@ class DraftSession:
         self.breaker = breaker
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.resync_retry = resync_retry
+        self.checked_by_caller = False  # True: begin() gets checked_commits' lists
         self.stats = ClientStats()
         self.tracker = DeltaTracker(self.stats)
         self.max_budget: int | None = None  # the drafter's limit, once known
@@ -116,16 +117,11 @@ class DraftSession:
     # --- one step
 
     def begin(
-        self,
-        commits: Mapping[str, Iterable[int]],
-        budgets: Mapping[str, int] | None,
-        now_s: float,
-        checked: bool = False,
+        self, commits: Mapping[str, Iterable[int]], budgets: Mapping[str, int] | None, now_s: float
     ) -> StepPlan | StepResult:
-        """Records the commits (``checked``: as checked_commits returned them, else checked
-        here); returns the plan to send, or the result if there is none (circuit open, or
-        nothing to draft)."""
-        if not checked:
+        """Records the commits (checked first unless ``checked_by_caller``); returns the plan
+        to send, or the result if there is none (circuit open, or nothing to draft)."""
+        if not self.checked_by_caller:
             commits = checked_commits(self.tracker.states, commits, budgets)
         budget_of = self._capped(budgets) if budgets is not None else None
         self.tracker.commit_many(cast("Mapping[str, list[int]]", commits))  # lists once checked
