@@ -25,7 +25,7 @@ import logging
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal, NoReturn
 
@@ -163,20 +163,17 @@ class RequestState:
         return cls(request_id, datastore, length, tokens, store=store)
 
 
+@dataclass(slots=True, eq=False)
 class DeltaTracker:
     """Live requests by id: builds each step's deltas and applies the answers."""
 
-    __slots__ = ("datastores", "max_context_tokens", "max_request_id_chars", "max_token_id",
-                 "states", "stats")  # fmt: skip
-
-    def __init__(self, stats: ClientStats | None = None) -> None:
-        self.states: dict[str, RequestState] = {}  # live requests (changed by the methods)
-        self.max_token_id = _INT32_MAX  # the drafter's vocab_size - 1, once known
-        self.max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
-        self.max_request_id_chars: int | None = None  # the drafter's limit, once known
-        self.datastores: frozenset[str] | None = None  # names it accepts ("" too), once known
-        # Counts full_resends, tokens_sent and refused (requests never sent again) here.
-        self.stats = ClientStats() if stats is None else stats
+    # Counts full_resends, tokens_sent and refused (requests never sent again) here.
+    stats: ClientStats = field(default_factory=ClientStats)
+    states: dict[str, RequestState] = field(default_factory=dict)  # live (changed by the methods)
+    max_token_id: int = _INT32_MAX  # the drafter's vocab_size - 1, once known
+    max_context_tokens: int | None = None  # the drafter's max_tokens_per_request
+    max_request_id_chars: int | None = None  # the drafter's limit, once known
+    datastores: frozenset[str] | None = None  # names it accepts ("" too), once known
 
     def get(self, request_id: str) -> RequestState:
         """The state of a live request; KeyError names unknown ids."""
