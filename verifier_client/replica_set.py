@@ -196,18 +196,14 @@ class ReplicaSetClient(ReplicaOwnership):
         if not calls:
             return []
         *others, (largest, its_commits) = sorted(calls, key=lambda call: len(call[1]))
-        futures = []
-        for replica, sub in others:
-            replica.busy = replica.worker.submit(replica.step_by, sub, budget_of, deadline_s)
-            futures.append(replica.busy)
+        futures = [r.worker.submit(r.step_by, sub, budget_of, deadline_s) for r, sub in others]
         results = [largest.step_by(its_commits, budget_of, deadline_s)]
         wait(futures, timeout=max(0.0, deadline_s + _MARGIN_S - perf_counter()))
-        for replica, sub in others:
-            future = replica.busy
-            if future is not None and future.done():
-                replica.busy = None
+        for (replica, sub), future in zip(others, futures, strict=True):
+            if future.done():
                 results.append(future.result())  # a bug's exception is raised here
             else:  # still out: its client is not touched until it is back (idle)
+                replica.busy = future
                 outcomes.update(dict.fromkeys(sub, Outcome.DEADLINE))
         return results
 
