@@ -75,7 +75,7 @@ class ReplicaClient(DrafterClient):
         super().__init__(target, **options)
         # One thread: this replica's steps, in order.
         self.worker = ThreadPoolExecutor(1, thread_name_prefix=f"drafter-replica-{target}")
-        self.busy: Future[Any] | None = None  # its last work on the worker, until seen done
+        self.busy: Future[Any] | None = None  # its step still out past a deadline, until seen done
         self.held: dict[str, list[int]] = {}  # commits of a step it missed
         self.tracker = self._session.tracker
         self._session.checked_by_caller = True  # the replica set checks every step's input
@@ -183,13 +183,11 @@ class ReplicaOwnership:
         if owner is None:
             finish_tail(self._orphans.get(request_id), tail, output)
             self._orphans.finish(request_id)
-            self._forget(request_id)
             self._own.ingest_drops += store
-            return not store
-        owner.idle()
-        sent = owner.finish(
-            request_id, tail=tail, output=output, store=store, durable=durable
-        )
+            sent = not store
+        else:
+            owner.idle()
+            sent = owner.finish(request_id, tail=tail, output=output, store=store, durable=durable)
         self._forget(request_id)
         return sent
 
