@@ -48,25 +48,19 @@ class StepPlan:
     base: StepResult | None = None  # set on a resync resend: the step's result so far
 
 
+@dataclass(kw_only=True, eq=False)
 class DraftSession:
     """Delta tracking, budgets, breaker and counters of one client."""
 
-    def __init__(
-        self,
-        *,
-        deadline_s: float,
-        budget: BudgetRule,
-        breaker: CircuitBreaker,
-        tokenizer_fingerprint: str = "",
-        resync_retry: bool = True,
-    ) -> None:
-        if not deadline_s > 0:
-            raise ValueError(f"deadline must be > 0, got {deadline_s * 1e3} ms")
-        self.deadline_s = deadline_s
-        self.budget = budget
-        self.breaker = breaker
-        self.tokenizer_fingerprint = tokenizer_fingerprint
-        self.resync_retry = resync_retry
+    deadline_s: float
+    budget: BudgetRule
+    breaker: CircuitBreaker
+    tokenizer_fingerprint: str = ""
+    resync_retry: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s > 0:
+            raise ValueError(f"deadline must be > 0, got {self.deadline_s * 1e3} ms")
         self.checked_by_caller = False  # True: begin() gets checked_commits' lists
         self.stats = ClientStats()
         self.tracker = DeltaTracker(self.stats)
