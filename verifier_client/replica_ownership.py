@@ -68,8 +68,8 @@ def prompt_key(prompt: Sequence[int]) -> bytes:
 
 class ReplicaClient(DrafterClient):
     """A replica's DrafterClient, with the one worker thread its calls run on during a step;
-    its steps also end by a deadline shared with the other replicas', and it hands a
-    request's context over when it moves."""
+    its steps also end by a deadline shared with the other replicas', and a request moving
+    is read from (and added to) its ``tracker``."""
 
     def __init__(self, target: str, **options: Unpack[ClientOptions]) -> None:
         super().__init__(target, **options)
@@ -90,12 +90,6 @@ class ReplicaClient(DrafterClient):
             io.deadline_s = min(io.deadline_s, deadline_s)
             io = self._advance(io, self._io(io))
         return io
-
-    def hand_over(self, request_id: str) -> RequestState:
-        """Stops tracking ``request_id`` (aborted on this replica); its last state."""
-        state = self.tracker.get(request_id)
-        self.abort(request_id)
-        return state
 
     def idle(self, until_s: float | None = None) -> bool:
         """Waits (until ``until_s``, perf_counter; None: never past its step's deadline) for
@@ -289,7 +283,8 @@ class ReplicaOwnership:
             state = self._orphans.finish(request_id)
         else:
             source.idle()
-            state = source.hand_over(request_id)
+            state = source.tracker.get(request_id)
+            source.abort(request_id)
         # New to the target: its whole context goes with its next step.
         fresh = RequestState(request_id, state.datastore, state.prompt_length, state.tokens,
                              store=state.store)  # fmt: skip
