@@ -117,7 +117,6 @@ class DraftSession:
         to send, or the result if there is none (circuit open, or nothing to draft)."""
         if not self.checked_by_caller:
             commits = checked_commits(self.tracker.states, commits, budgets)
-        budget_of = self._capped(budgets) if budgets is not None else None
         self.tracker.commit_many(cast("Mapping[str, list[int]]", commits))  # lists once checked
         stats = self.stats
         stats.steps += 1
@@ -125,9 +124,11 @@ class DraftSession:
         if not self.breaker.admit(now_s):  # when it turned HALF_OPEN the client sends a probe
             stats.fallbacks[Outcome.BREAKER_OPEN] += 1
             return StepResult.without_drafts(stats.steps, Outcome.BREAKER_OPEN, request_ids)
-        default_budget = self.budget.draft_budget(len(request_ids))
-        if self.max_budget is not None:
-            default_budget = min(default_budget, self.max_budget)
+        default_budget, budget_of = self.budget.draft_budget(len(request_ids)), budgets
+        if (cap := self.max_budget) is not None:  # the drafter's limit
+            default_budget = min(default_budget, cap)
+            if budgets and any(b > cap for b in budgets.values()):
+                budget_of = {rid: min(b, cap) for rid, b in budgets.items()}
         if not default_budget and not (budget_of and any(budget_of.get(r, 0) for r in request_ids)):
             # No request may draft (a tree would not pay): sending would only add a round
             # trip. The next step that drafts (deltas hold all since the last answer) or the
@@ -185,12 +186,6 @@ class DraftSession:
         message = pb.DraftRequest(step=self._sequence, packed=packed,
                                   tokenizer_fingerprint=self.tokenizer_fingerprint)  # fmt: skip
         return message, sent, refused
-
-    def _capped(self, budgets: Mapping[str, int]) -> Mapping[str, int]:
-        cap = self.max_budget
-        if cap is not None and any(b > cap for b in budgets.values()):
-            return {rid: min(b, cap) for rid, b in budgets.items()}
-        return budgets
 
 
 def _outcomes(resynced: Iterable[str], refused: Iterable[str]) -> dict[str, Outcome]:
