@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 
-from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.pending_work import Work, batch_messages, reingest_unknown
 from verifier_client.results import ClientStats
 
@@ -117,14 +116,15 @@ class WorkSenderCore(ABC):
         for message, sent in finishes:
             call = BackgroundCall(self._stub.Finish, message)
             yield call
-            lost = reingest_unknown(call.answer, sent) if self._count(call) else []
+            stores = any(not w.aborted and not w.do_not_store for w in sent)
+            lost = reingest_unknown(call.answer, sent) if self._count(call, stores) else []
             if lost:
                 self._stats.reingested += len(lost)
                 ingests.extend(batch_messages(lost, max_per_call)[1])
         for ingest in ingests:
             call = BackgroundCall(self._stub.Ingest, ingest)
             yield call
-            self._count(call)
+            self._count(call, True)
 
     def _flushed(self) -> bool:
         """At the end of a flush: True unless a call carrying something to store (so not an
@@ -133,25 +133,17 @@ class WorkSenderCore(ABC):
         self._lost_flushed = self._lost
         return clean
 
-    def _count(self, call: BackgroundCall) -> bool:
-        """Counts a call that was made; True when it succeeded."""
+    def _count(self, call: BackgroundCall, stores: bool) -> bool:
+        """Counts a call that was made (``stores``: it carried something the drafter would
+        store, so not only aborts); True when it succeeded."""
         if isinstance(call.answer, grpc.RpcError):
             self._stats.background_failures += 1
-            self._lost += _stores(call.message)
+            self._lost += stores
             log.warning("drafter %s failed: %s", type(call.message).__name__,
                         call.answer.details())  # fmt: skip
             return False
         self._stats.background_sent += 1
         return True
-
-
-def _stores(message: Any) -> bool:
-    """Whether a Finish or Ingest message carries something the drafter would store."""
-    if isinstance(message, pb.FinishRequest):
-        return any(
-            r.reason == pb.FINISH_REASON_FINISHED and not r.do_not_store for r in message.requests
-        )
-    return isinstance(message, pb.IngestRequest)
 
 
 class BackgroundSender(WorkSenderCore):
