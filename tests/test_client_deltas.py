@@ -16,6 +16,7 @@ from verifier_client.deltas import (
     as_token_list,
     checked_commits,
 )
+from verifier_client.results import Tree
 
 
 def commit(tracker: DeltaTracker, commits: Mapping[str, Iterable[int]]) -> None:
@@ -68,6 +69,8 @@ def test_whole_context_first_then_only_new_tokens() -> None:
     assert (delta.budget, delta.datastore) == (4, "code")
     trees, resynced = tracker.apply(answer(1, ("a", OK, 5)), sent)
     assert list(trees["a"].tokens) == [7] and resynced == []
+    # A tree of the answer's columns compares by value with one built from lists.
+    assert trees["a"] == Tree.of([7], [-1], [0.5]) and trees["a"] != Tree.of([7], [-1], [0.25])
     assert tracker.get("a").known_length == 5
 
     tracker.commit_many({"a": [6, 7]})

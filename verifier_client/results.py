@@ -23,7 +23,8 @@ class Outcome(StrEnum):
     # (a token id past the drafter's vocabulary or a context past its limit; see deltas.py)
 
 
-@dataclass(slots=True, eq=False, repr=False)  # compared and shown by value (below)
+# Compared by value (memoryviews compare their entries; not hashable), shown by value below.
+@dataclass(slots=True, repr=False)
 class Tree:
     """One request's draft: nodes in breadth-first order, ``parents[i] < i`` (-1: a child of
     the root, the last committed token, not counted). ``scores`` estimate acceptance; never
@@ -78,14 +79,6 @@ class Tree:
             chain.append(tokens[best])
             current, start = best, best + 1
         return chain
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Tree):
-            return NotImplemented
-        return (self.tokens.tolist(), self.parents.tolist(), self.scores.tolist()) == (
-            other.tokens.tolist(), other.parents.tolist(), other.scores.tolist())  # fmt: skip
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value: not hashable
 
     def __repr__(self) -> str:
         return f"Tree(tokens={self.tokens.tolist()}, parents={self.parents.tolist()})"
