@@ -21,10 +21,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import uvicorn
 from service_support import VOCAB, LoopThread, Subprocess, config
 
 from drafter_service.admin.admin_jobs import AdminJobs
 from drafter_service.admin.http_errors import AdminError
+from drafter_service.admin.http_server import AdminServer
 from drafter_service.admin.schemas import JobInfo
 from drafter_service.datastore.sub_indices import Datastore
 from drafter_service.service import DrafterServer, ServeConfig
@@ -677,6 +679,29 @@ def test_jobs_run_one_at_a_time_in_order_and_close_drops_the_queued_ones() -> No
     assert [j.state for j in closed] == ["succeeded", "failed", "failed"]
     assert [j.error for j in closed[1:]] == ["cancelled at shutdown"] * 2
     assert all(j.started_unix is None for j in closed[1:])
+
+
+def test_a_failed_admin_server_still_closes_its_jobs_and_raises_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutdown = uvicorn.Server.shutdown
+
+    async def failing_shutdown(self: uvicorn.Server, *args: Any, **kwargs: Any) -> None:
+        await shutdown(self, *args, **kwargs)  # the socket is closed, then the task fails
+        raise RuntimeError("uvicorn failed")
+
+    async def scenario() -> AdminServer:
+        server = AdminServer(config(tmp_path), lambda: None, lambda: "ok")
+        await server.start()
+        monkeypatch.setattr(uvicorn.Server, "shutdown", failing_shutdown)
+        with pytest.raises(RuntimeError, match="uvicorn failed"):
+            await server.stop()
+        await server.stop()  # stopped: the failure is not raised again
+        return server
+
+    server = asyncio.run(scenario())
+    with pytest.raises(AdminError, match="shutting down"):  # the jobs closed all the same
+        server.jobs.submit("rebuild", "default", dict)
 
 
 # -- errors ------------------------------------------------------------------------------

@@ -77,13 +77,16 @@ class AdminServer:
 
     async def stop(self) -> None:
         """Lets requests in flight finish (within the grace period), drops queued jobs and
-        waits for the running one. Idempotent."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self.jobs.close()
+        waits for the running one, also when the server failed (its error is raised, once).
+        Idempotent."""
+        try:
+            if self._server is not None and self._task is not None:
+                self._server.should_exit = True
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            self._task = None  # a failed server is raised once
+            await self.jobs.close()
 
 
 def _bind(host: str, port: int) -> socket.socket:
