@@ -65,7 +65,7 @@ def settle(replicas: list[LiveDatastore], config: SharedLogConfig) -> None:
     """Every replica has taken the whole stream and folded it."""
     last = newest(config)
     for r in replicas:
-        assert r.wait_consumed(last, WAIT_S), r.stats()
+        assert r._buffer.wait_consumed(last, WAIT_S), r.stats()
         r.rebuild()
 
 
@@ -107,12 +107,12 @@ def test_restart_resumes_after_its_log_with_nothing_lost_or_twice(
     try:
         for doc in docs(10, seed=1):
             a.ingest(doc)
-        assert b.wait_consumed(newest(config), WAIT_S)
+        assert b._buffer.wait_consumed(newest(config), WAIT_S)
         b.rebuild()
         b.snapshot()  # the WAL it covers is discarded: the offset lives in the manifest
         for doc in docs(5, seed=2):
             a.ingest(doc)
-        assert b.wait_consumed(newest(config), WAIT_S)
+        assert b._buffer.wait_consumed(newest(config), WAIT_S)
         b.close()  # stopped with 5 records in its log after the snapshot
         for doc in docs(8, seed=3):  # ingested while b is down
             a.ingest(doc)
@@ -133,7 +133,7 @@ def test_fold_result_does_not_depend_on_batching(tmp_path: Path, server: RedisSe
     try:
         for doc in docs(40, seed=4):
             one.ingest(doc)
-            assert each.wait_consumed(newest(config), WAIT_S)
+            assert each._buffer.wait_consumed(newest(config), WAIT_S)
             each.rebuild()
         settle([one, each], config)
         assert one.stats().rebuilds == 1 and each.stats().rebuilds == 40
@@ -154,7 +154,7 @@ def test_trimmed_entries_are_reported_lost(tmp_path: Path, server: RedisServer) 
         stream.close()
         late = replica(tmp_path, "late", config)
         try:
-            assert late.wait_consumed(newest(config), WAIT_S)
+            assert late._buffer.wait_consumed(newest(config), WAIT_S)
             stats = late.stats()
             assert stats.stream_lost == 1
             assert "trimmed by retention" in (stats.last_error or "")

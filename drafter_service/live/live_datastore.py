@@ -14,9 +14,8 @@ The parts, each owning its state (lock order: the package docstring): ``PendingB
 (the log, the documents waiting for a rebuild, the ingest counters, the shared stream's
 position; its lock) and ``IndexSet`` (corpora, sub-indices, the current datastore and what
 it covers, replaced whole as one ``IndexState``; the structural-change lock).
-``drafter_service.replication`` follows a shared stream through the methods under "for a
-shared-stream follower". Layout: ``snapshots/<name>/`` (docs/snapshot-format.md) and
-``wal/``.
+``drafter_service.replication``'s subclass follows a shared stream through these parts.
+Layout: ``snapshots/<name>/`` (docs/snapshot-format.md) and ``wal/``.
 """
 
 from __future__ import annotations
@@ -177,54 +176,10 @@ class LiveDatastore:
         vocab_size = self.tokenizer.vocab_size
         return self.ingest(generation_document(prompt_ids, output_ids, self._policy, vocab_size))
 
-    # -- for a shared-stream follower (drafter_service.replication) ------------------------
-
-    def accept_entry(self, doc: npt.NDArray[np.int32], origin: StreamId) -> int | None:
-        """Stores checked ``doc``, stream entry ``origin``, in one fsynced log record with
-        the id; None for a duplicate (at or before :attr:`consumed_offset`). Raises as
-        :meth:`ingest`, RuntimeError once closed, OSError (``VolumeFull``) from the log."""
-        seq = self._buffer.accept(doc, self._policy, self._index, origin)[0]
-        if seq is not None:
-            self._hold(seq, doc)
-        return seq
-
     def _hold(self, seq: int, doc: npt.NDArray[np.int32]) -> None:
         # Drafted from until a rebuild folds it in (if one already did, the tier ignores it).
         if self._index.unfolded is not None:
             self._index.unfolded.hold(seq, doc)
-
-    @property
-    def consumed_offset(self) -> StreamId | None:
-        """The newest shared-stream entry taken (logged or skipped); None: none."""
-        return self._buffer.consumed
-
-    def wait_consumed(self, entry: StreamId, timeout_s: float) -> bool:
-        """Waits until stream ``entry`` (or later) is logged; False on timeout or close."""
-        return self._buffer.wait_consumed(entry, timeout_s)
-
-    def check_room(self, n_tokens: int) -> None:
-        """Raises DatastoreFull when ``n_tokens`` more could not stay resident now (a hint:
-        only storing a document holds the buffer's lock while it checks)."""
-        self._index.check_room(self._buffer.pending()[1], n_tokens, self._policy)
-
-    def make_room(self) -> None:
-        """Wakes the background thread: a rebuild drops the oldest sub-indices."""
-        self._buffer.wake()
-
-    @property
-    def wal_position(self) -> int:
-        """The newest acknowledged ingest's log sequence number."""
-        return self._buffer.last_seq
-
-    def note_stream_skip(self, entry: StreamId) -> None:
-        """Moves past ``entry``, which can never be stored (unlogged: a restart skips it
-        again)."""
-        self._buffer.skip(entry)
-
-    def note_stream_error(self, message: str) -> None:
-        """Records a failed read of the stream, local write of an entry, or entries found
-        trimmed from the stream before they were taken, as the last error."""
-        self._last_error = message
 
     # -- rebuild ---------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ its follower thread takes them into the log like every other replica's, and the 
 waits briefly for that (read your writes). A restore is refused: the stream would not
 share one replica's rollback (docs/scale-out.md).
 
-The follower reads the stream after the datastore's ``consumed_offset`` and hands each
-document with its entry id to ``accept_entry``, one fsynced log record: after a crash the
+The follower reads the stream after the datastore's ``consumed_offset`` and writes each
+document with its entry id to the datastore's log, one fsynced record: after a crash the
 log says where to resume and earlier entries are skipped, so each is stored once. Replicas
 take the same entries in the same order and ``fold_documents`` does not depend on
 batching, so they hold the same sub-indices.
@@ -92,9 +92,11 @@ class ReplicatedDatastore(LiveDatastore):
         it; returns the log's newest sequence number. Raises as :meth:`LiveDatastore.ingest`,
         or ``LogError`` when the log server does not take it (nothing is stored)."""
         doc = checked_document(tokens, self.policy, self.tokenizer.vocab_size)
-        self.check_room(len(doc))
-        self.wait_consumed(self.shared_log.append(doc), _READ_YOUR_WRITE_S)
-        return self.wal_position
+        # DatastoreFull when it could not stay resident now (a hint: only storing a
+        # document holds the buffer's lock while it checks).
+        self._index.check_room(self._buffer.pending()[1], len(doc), self.policy)
+        self._buffer.wait_consumed(self.shared_log.append(doc), _READ_YOUR_WRITE_S)
+        return self._buffer.last_seq
 
     def restore(self, name: str) -> SnapshotInfo:
         raise SnapshotError(
@@ -122,7 +124,7 @@ class ReplicatedDatastore(LiveDatastore):
     def _follow(self) -> None:
         lower_thread_priority(self.background_nice)
         backoff = 0.1
-        after = self.consumed_offset
+        after = self._buffer.consumed  # the newest entry taken (logged or skipped)
         while not self._stop_following.is_set():
             try:
                 if not self._checked_loss:
@@ -153,7 +155,7 @@ class ReplicatedDatastore(LiveDatastore):
         )
         log.error("%s", message)
         self._lost += 1
-        self.note_stream_error(message)
+        self._last_error = message
 
     def _take(self, entry_id: StreamId, payload: bytes | BadEntry) -> bool:
         """Stores one entry; False once the datastore is closed or the follower stops."""
@@ -164,21 +166,24 @@ class ReplicatedDatastore(LiveDatastore):
             doc = checked_document(decode_tokens(payload), self.policy, self.tokenizer.vocab_size)
         except ValueError as exc:
             self._skipped += 1
-            self.note_stream_skip(entry_id)
+            self._buffer.skip(entry_id)  # unlogged: a restart skips it again
             self._skip_log.error("shared log %s: entry %s skipped on every replica (%d so far): "
                                  "%s", key, entry_id, self._skipped, exc)  # fmt: skip
             return True
         waited = False
         while True:
             try:
-                self.accept_entry(doc, entry_id)
+                # One fsynced log record with the id; None: a duplicate, taken already.
+                seq = self._buffer.accept(doc, self.policy, self._index, entry_id)[0]
+                if seq is not None:
+                    self._hold(seq, doc)
             except VolumeFull as exc:  # the local log's disk: retry, never skip
                 self._count_error(f"shared log {key}: entry {entry_id}: {exc}")
             except DatastoreFull as exc:
                 if not waited:
                     log.warning("shared log %s: entry %s waits for room: %s", key, entry_id, exc)
                     waited = True
-                self.make_room()  # a rebuild drops the oldest sub-indices
+                self._buffer.wake()  # its rebuild drops the oldest sub-indices
             except OSError as exc:  # the local log: retry, never skip
                 self._count_error(f"shared log {key}: entry {entry_id}: {exc!r}")
             except RuntimeError:  # closed
@@ -192,4 +197,4 @@ class ReplicatedDatastore(LiveDatastore):
     def _count_error(self, message: str) -> None:
         self._error_log.warning("%s", message)
         self._errors += 1
-        self.note_stream_error(message)
+        self._last_error = message
