@@ -18,8 +18,11 @@ from typing import Any, TypeVar
 import grpc
 
 from drafter_service.drafter_cli import build_parser
+from drafter_service.drafting.drafter import Drafter
+from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.service import DrafterServer, ServeConfig
 from drafter_service.serving import start_server
+from drafter_service.snapshot.store import TokenizerIdentity
 from sssd_drafter.v1 import drafter_pb2 as pb
 from sssd_drafter.v1 import drafter_pb2_grpc as pb_grpc
 
@@ -76,6 +79,18 @@ def config(data_dir: Path, **overrides: Any) -> ServeConfig:
     )
     settings.update(overrides)
     return ServeConfig(**settings)
+
+
+def read_only_catalog(vocab_size: int, *names: str) -> Catalog:
+    """Empty read-only datastores ``names`` (none of them started), what calls are checked
+    against without a service."""
+    slots = {
+        name: DatastoreSlot(
+            name, Drafter(vocab_size, num_threads=1), None, concurrent.futures.ThreadPoolExecutor(1)
+        )
+        for name in names
+    }
+    return Catalog(TokenizerIdentity("test", vocab_size, ""), slots)
 
 
 def parsed_config(args: Sequence[str], environ: Mapping[str, str]) -> ServeConfig:

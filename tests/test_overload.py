@@ -51,7 +51,7 @@ def engine() -> Iterator[DraftEngine]:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-test")
     catalog = Catalog(TokenizerIdentity("test", VOCAB, ""),
                       {NAME: DatastoreSlot(NAME, drafter, None, executor)})  # fmt: skip
-    limits = CallLimits(VOCAB, "", 1024, 1 << 20, 256, frozenset([NAME]), frozenset(), NAME)
+    limits = CallLimits(catalog, 1024, 1 << 20, 256, NAME)
     ingester = GenerationIngester(16)
     yield DraftEngine(catalog, limits, RequestTable(600, 1000), ingester,
                       max_inflight_calls=64, metrics=DrafterMetrics(), inline_max_work=0,

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from reference import assert_same_draft
-from service_support import LoopThread, Running, serving
+from service_support import LoopThread, Running, read_only_catalog, serving
 from service_support import config as service_config
 from strategies import MAX_BUDGET, Corpus, corpora, draft_configs
 
@@ -377,7 +377,7 @@ def test_a_bad_do_not_store_column_is_refused_by_name(column: bytes, error: str)
     from drafter_service.engine.calls import CallLimits
     from sssd_drafter.v1 import drafter_pb2 as pb
 
-    limits = CallLimits(100, "", 64, 1000, 64, frozenset(["d"]), frozenset(), "d")
+    limits = CallLimits(read_only_catalog(100, "d"), 64, 1000, 64, "d")
     packed = pb.PackedDeltas(
         request_ids=["a", "b", "c", "e"], known_lengths=bytes(16),
         new_token_counts=(1).to_bytes(4, "little") * 4, new_tokens=bytes(16),

@@ -21,6 +21,7 @@ from service_support import (
     config,
     delta,
     draft_held,
+    read_only_catalog,
     rpc_error,
     serving,
 )
@@ -380,10 +381,8 @@ def test_fuzzed_packed_columns_get_answers_or_invalid_argument(
 
 
 LIMITS = CallLimits(
-    vocab_size=VOCAB, fingerprint="", max_requests_per_call=MAX_REQUESTS,
-    max_tokens_per_request=MAX_TOKENS, max_budget=MAX_BUDGET,
-    datastores=frozenset({"default", "named"}), live_datastores=frozenset({"default"}),
-    default_datastore="default",
+    read_only_catalog(VOCAB, "default", "named"), max_requests_per_call=MAX_REQUESTS,
+    max_tokens_per_request=MAX_TOKENS, max_budget=MAX_BUDGET, default_datastore="default",
 )  # fmt: skip
 
 

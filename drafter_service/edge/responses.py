@@ -10,7 +10,6 @@ import numpy.typing as npt
 
 from drafter_service.edge.validation import MAX_REQUEST_ID_CHARS
 from drafter_service.engine.calls import CallLimits, DraftAnswer
-from drafter_service.engine.catalog import Catalog
 from sssd_drafter.v1 import drafter_pb2 as pb
 
 
@@ -125,8 +124,9 @@ def _gather(parts: list[npt.NDArray[Any]], dtype: type[np.generic]) -> npt.NDArr
 
 
 def service_info_response(
-    version: str, limits: CallLimits, max_message_bytes: int, catalog: Catalog
+    version: str, limits: CallLimits, max_message_bytes: int
 ) -> pb.GetServiceInfoResponse:
+    catalog = limits.catalog
     datastores = [
         pb.DatastoreInfo(
             name=name,
@@ -140,8 +140,8 @@ def service_info_response(
         version=version,
         tokenizer=pb.TokenizerInfo(
             name=catalog.tokenizer.name,
-            fingerprint=limits.fingerprint,
-            vocab_size=limits.vocab_size,
+            fingerprint=catalog.tokenizer.fingerprint,
+            vocab_size=catalog.tokenizer.vocab_size,
         ),
         datastores=datastores,
         limits=pb.Limits(

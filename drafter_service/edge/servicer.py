@@ -186,6 +186,4 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def _service_info(
         self, engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
     ) -> pb.GetServiceInfoResponse:
-        return service_info_response(
-            self._version, engine.limits, self._max_message_bytes, engine.catalog
-        )
+        return service_info_response(self._version, engine.limits, self._max_message_bytes)

@@ -30,10 +30,11 @@ def parse_draft_request(request: pb.DraftRequest, limits: CallLimits) -> DraftCa
         raise InvalidArgument(f"set either requests ({len(request.requests)}) or packed, not both")
     n = len(request.packed.request_ids) if packed else len(request.requests)
     fingerprint = request.tokenizer_fingerprint
-    if fingerprint and limits.fingerprint and fingerprint != limits.fingerprint:
+    expected = limits.catalog.tokenizer.fingerprint
+    if fingerprint and expected and fingerprint != expected:
         raise FailedPrecondition(
             f"tokenizer_fingerprint {fingerprint!r} does not match the service's tokenizer "
-            f"{limits.fingerprint!r}"
+            f"{expected!r}"
         )
     _check_count(n, "requests", limits)  # before any per-request work
     columns = _packed_columns(request.packed, n) if packed else _message_columns(request.requests)
@@ -142,7 +143,7 @@ def _validated_call(c: _DeltaColumns, limits: CallLimits) -> DraftCall:
     _check_request_ids(ids)
     _check_budgets(ids, c.budgets, limits)
     _check_lengths(ids, c.known_lengths, counts, prompts, limits)
-    _check_token_range(c.new_tokens, c.offsets, limits.vocab_size, ids)
+    _check_token_range(c.new_tokens, c.offsets, limits.catalog.tokenizer.vocab_size, ids)
     names = _resolve_datastores(c.datastores, len(ids), limits, ids)
     prompt_list: list[int] = np.where(prompts == 0, counts, prompts).tolist()
     return DraftCall(
@@ -225,7 +226,7 @@ def parse_finish_request(request: pb.FinishRequest, limits: CallLimits) -> list[
                 f"({limits.max_tokens_per_request})"
             )
         final_tokens.add(item.final_tokens, n)
-    lists = final_tokens.checked_lists(limits.vocab_size, ids)
+    lists = final_tokens.checked_lists(limits.catalog.tokenizer.vocab_size, ids)
     return [
         Finished(
             request_id=item.request_id,
@@ -241,7 +242,7 @@ def parse_ingest_request(
 ) -> tuple[str, list[npt.NDArray[np.int32]]]:
     """Returns the (live) datastore name and the sequences to store."""
     name = _resolve_datastore(request.datastore, limits, "")
-    if name not in limits.live_datastores:
+    if limits.catalog.slots[name].live is None:
         raise FailedPrecondition(f"datastore {name!r} is read-only: it does not take ingests")
     sequences = request.sequences
     _check_count(len(sequences), "sequences", limits)
@@ -254,7 +255,7 @@ def parse_ingest_request(
                 f"({limits.max_tokens_per_request})]"
             )
         tokens.add(sequence.tokens, n)
-    return name, tokens.checked_lists(limits.vocab_size, None)
+    return name, tokens.checked_lists(limits.catalog.tokenizer.vocab_size, None)
 
 
 def _check_count(n: int, what: str, limits: CallLimits) -> None:
@@ -288,8 +289,8 @@ def _check_request_ids(ids: list[str]) -> None:
 
 def _resolve_datastore(name: str, limits: CallLimits, where: str) -> str:
     resolved = name or limits.default_datastore
-    if resolved not in limits.datastores:
-        raise NotFound(f"{where}unknown datastore {name!r} (have {sorted(limits.datastores)})")
+    if resolved not in limits.catalog.slots:
+        raise NotFound(f"{where}unknown datastore {name!r} (have {sorted(limits.catalog.slots)})")
     return resolved
 
 

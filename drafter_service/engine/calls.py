@@ -9,19 +9,17 @@ import numpy as np
 import numpy.typing as npt
 
 from drafter_service.drafting.drafter import DraftBatch
+from drafter_service.engine.catalog import Catalog
 
 
 @dataclass(frozen=True, slots=True)
 class CallLimits:
-    """What a call is checked against: the service's tokenizer, datastores and limits."""
+    """What a call is checked against: the service's catalog (tokenizer, datastores), limits."""
 
-    vocab_size: int
-    fingerprint: str  # sha256 hex of the service's tokenizer.json; "" = unknown
+    catalog: Catalog
     max_requests_per_call: int
     max_tokens_per_request: int
     max_budget: int
-    datastores: frozenset[str]
-    live_datastores: frozenset[str]
     default_datastore: str
 
 

@@ -188,13 +188,10 @@ class DrafterServer:
         catalog = await asyncio.to_thread(open_catalog, config)
         self._catalog = catalog
         limits = CallLimits(
-            vocab_size=catalog.tokenizer.vocab_size,
-            fingerprint=catalog.tokenizer.fingerprint,
+            catalog,
             max_requests_per_call=config.max_requests_per_call,
             max_tokens_per_request=config.max_tokens_per_request,
             max_budget=config.max_budget,
-            datastores=frozenset(catalog.slots),
-            live_datastores=frozenset(n for n, s in catalog.slots.items() if s.live is not None),
             default_datastore=DEFAULT_DATASTORE,
         )
         configs = [s.drafter.config for s in catalog.slots.values()]
