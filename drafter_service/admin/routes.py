@@ -26,7 +26,8 @@ from drafter_service.admin.schemas import (
     SharedLogDetail,
 )
 from drafter_service.engine.catalog import Catalog, DatastoreSlot
-from drafter_service.live.live_datastore import LiveDatastore, LiveStats
+from drafter_service.live.live_datastore import LiveDatastore
+from drafter_service.live.live_stats import LiveStats
 from drafter_service.replication.replicated_datastore import ReplicatedDatastore
 from drafter_service.service.grpc_server import Phase
 from drafter_service.service.setting_values import DATASTORE_NAME

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TypedDict, Unpack
 
@@ -37,6 +37,7 @@ from drafter_service.datastore.tokens import TokenIds
 from drafter_service.live.index_set import Unfolded
 from drafter_service.live.ingestion import checked_document, generation_document
 from drafter_service.live.live_policy import LIVE_SETTINGS, DatastoreFull, LivePolicy
+from drafter_service.live.live_stats import LiveStats
 from drafter_service.live.pinned_corpora import (
     CORPORA_KEY,
     Corpus,
@@ -47,7 +48,6 @@ from drafter_service.live.pinned_corpora import (
 )
 from drafter_service.live.rebuild import fold_pending, maintenance_due
 from drafter_service.live.startup import LOG_OFFSET_KEY, open_live_parts
-from drafter_service.live.stream_ids import StreamId
 from drafter_service.live.thread_priority import check_nice, lower_thread_priority
 from drafter_service.log_limits import RateLimitedLog
 from drafter_service.snapshot.store import (
@@ -80,34 +80,6 @@ __all__ = [
     "LiveStats",
     "Unfolded",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class LiveStats:
-    """A view of the live datastore for metrics and admin (consistency: ``LiveDatastore.stats``)."""
-
-    num_tokens: int  # text positions in the sub-indices (separators included)
-    pending_tokens: int  # ingested, durable, not yet in a sub-index
-    sub_indices: int
-    resident_bytes: int
-    rebuilds: int
-    rebuild_seconds_total: float
-    last_rebuild_seconds: float
-    wal_position: int  # newest acknowledged ingest
-    covered_position: int  # newest ingest folded into the sub-indices
-    wal_bytes: int
-    last_snapshot_unix: float | None
-    last_error: str | None
-    ingested_sequences: int  # acknowledged since this open (the replayed log excluded)
-    ingested_tokens: int
-    shared_log: bool  # a shared ingest stream feeds this datastore
-    consumed_offset: StreamId | None  # newest shared-stream entry in the log
-    covered_offset: StreamId | None  # newest shared-stream entry in the sub-indices
-    # The stream follower's counters (``ReplicatedDatastore``); 0 without a shared stream.
-    stream_skipped: int = 0
-    stream_errors: int = 0
-    stream_lost: int = 0
-    stream_delay_s: float = 0.0
 
 
 class LiveOptions(TypedDict, total=False):

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from drafter_service.engine.catalog import Catalog, DatastoreStats
 from drafter_service.engine.ingest_queue import GenerationIngester
 from drafter_service.engine.request_table import RequestTable
-from drafter_service.live.live_datastore import LiveStats
+from drafter_service.live.live_stats import LiveStats
 from drafter_service.metrics.histograms import Buckets, SizeCounts
 
 PREFIX = "sssd_drafter_"
