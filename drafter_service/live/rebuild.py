@@ -88,10 +88,9 @@ def fold_documents(
     if extending:
         subs[-1] = subs[-1].extended(join_documents(extending))  # the newest grows
     subs += [SubIndex.from_text(join_documents(group), vocab_size) for group in starting]
-    while len(subs) > policy.max_sub_indices:
-        subs.pop(0)
+    # Oldest first, until both bounds hold (max_sub_indices >= 1: the newest stays).
     bound = policy.max_resident_bytes
-    while (
+    while len(subs) > policy.max_sub_indices or (
         bound is not None
         and len(subs) > 1
         and static_bytes + sum(s.resident_bytes for s in subs) > bound
