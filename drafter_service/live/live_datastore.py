@@ -70,7 +70,6 @@ PINNED_KEY = "pinned"
 
 __all__ = [
     "CORPORA_KEY",
-    "LIVE_SETTINGS",
     "LOG_OFFSET_KEY",
     "PINNED_KEY",
     "Corpus",
@@ -78,7 +77,6 @@ __all__ = [
     "LiveDatastore",
     "LivePolicy",
     "LiveStats",
-    "Unfolded",
 ]
 
 
