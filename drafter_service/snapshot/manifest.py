@@ -146,8 +146,7 @@ class SubIndexEntry:
         obj = _check_dict(d, what)
         name = _check_str(_field(obj, "name", what), f"{what} name", _ENTRY_NAME)
         what = f"{what} ({name})"
-        keys = ("num_tokens", "num_documents", "tokens_sha256", "sa_sha256")
-        values = {key: _field(obj, key, what) for key in keys}
+        values = {f.name: _field(obj, f.name, what) for f in fields(cls) if f.name != "name"}
         n = _check_int(values["num_tokens"], f"{what} num_tokens", 0, MAX_SUB_INDEX_TOKENS)
         docs = _check_int(values["num_documents"], f"{what} num_documents", 0, n + 1)
         if (n == 0) != (docs == 0):
