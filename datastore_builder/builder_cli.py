@@ -126,20 +126,16 @@ def add_build_parser(subparsers: Any) -> None:
         "required for token-ids records without --tokenizer)",
     )
     run = p.add_argument_group("build")
-    run.add_argument(
-        "--max-sub-index-tokens",
-        type=positive,
-        metavar="N",
-        default=DEFAULT_MAX_SUB_INDEX_TOKENS,
-        help="most text positions per sub-index (default %(default)s)",
-    )
-    run.add_argument(
-        "--batch-docs",
-        type=positive,
-        metavar="N",
-        default=DEFAULT_BATCH_DOCS,
-        help="documents per tokenizer batch (default %(default)s)",
-    )
+    for flag, default, what in (
+        (
+            "--max-sub-index-tokens",
+            DEFAULT_MAX_SUB_INDEX_TOKENS,
+            "most text positions per sub-index",
+        ),
+        ("--batch-docs", DEFAULT_BATCH_DOCS, "documents per tokenizer batch"),
+    ):
+        what += " (default %(default)s)"
+        run.add_argument(flag, type=positive, metavar="N", default=default, help=what)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
