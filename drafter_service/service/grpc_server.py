@@ -118,11 +118,10 @@ class DrafterServer:
     ) -> None:
         self.config = config
         self._clock = clock  # request idleness (the TTL), injectable for tests
-        self._admin_factory = admin
         self.port = 0
         self.metrics_port: int | None = None  # bound by listen(); None: disabled
         self.admin_port: int | None = None  # REST admin API, bound by listen(); None: disabled
-        self._admin: Sidecar | None = None
+        self._admin = None if admin is None else admin(lambda: self._catalog, self._phase)
         self.health = health.aio.HealthServicer()
         version = package_version()
         self.metrics = DrafterMetrics(version, ANSWERED_CODES)
@@ -178,8 +177,7 @@ class DrafterServer:
             )
             self.metrics_port = self._metrics_endpoint[0].server_port
             log.info("metrics on http://%s/metrics", host_port(host, self.metrics_port))
-        if self._admin_factory is not None:
-            self._admin = self._admin_factory(lambda: self._catalog, self._phase)
+        if self._admin is not None:
             self.admin_port = await self._admin.start()
 
     async def load(self) -> None:
