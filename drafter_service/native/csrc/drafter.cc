@@ -32,18 +32,12 @@ void check_batch(int64_t batch, int64_t num_tokens, const int64_t* offsets,
 // Concatenates per-request drafts into one batch answer (rows offsets[i]..offsets[i+1]).
 BatchDrafts gather(const std::vector<Draft>& drafts) {
   BatchDrafts out;
-  out.offsets.resize(drafts.size() + 1);  // offsets[0] = 0
-  for (size_t i = 0; i < drafts.size(); ++i) {
-    out.offsets[i + 1] = out.offsets[i] + drafts[i].tokens.size();
-  }
-  const size_t total = out.offsets.back();
-  out.tokens.reserve(total);
-  out.parents.reserve(total);
-  out.scores.reserve(total);
+  out.offsets.push_back(0);
   for (const Draft& d : drafts) {
     out.tokens.insert(out.tokens.end(), d.tokens.begin(), d.tokens.end());
     out.parents.insert(out.parents.end(), d.parents.begin(), d.parents.end());
     out.scores.insert(out.scores.end(), d.scores.begin(), d.scores.end());
+    out.offsets.push_back(out.tokens.size());
   }
   return out;
 }
@@ -187,7 +181,7 @@ int64_t Drafter::num_requests() const {
 void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_len,
                const Datastore* datastore, const DraftConfig& config, int32_t budget,
                DraftScratch& scratch, Draft& out, bool explain, const CandidateTree* recent) {
-  FusionInputs in{config, budget, trie};
+  FusionInputs in{config, budget, trie, nullptr, nullptr, recent, explain};
   if (datastore != nullptr && !datastore->sub_indices.empty()) {
     // A split datastore's base and live parts are two sources, each with its own tree.
     const size_t all = datastore->sub_indices.size();
@@ -201,8 +195,6 @@ void draft_one(const InputTrie* trie, const int32_t* context, int64_t context_le
       in.live_tree = &scratch.live_tree;
     }
   }
-  in.recent_tree = recent;
-  in.explain = explain;
   fuse(in, scratch.fusion, out);
 }
 
