@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <numeric>
 
 namespace drafter {
 
@@ -93,15 +94,13 @@ void CandidateTree::expand(int32_t node) const {
 }
 
 int64_t Datastore::num_tokens() const {
-  int64_t n = 0;
-  for (const auto& s : sub_indices) n += s->num_tokens();
-  return n;
+  return std::accumulate(sub_indices.begin(), sub_indices.end(), int64_t{0},
+                         [](int64_t n, const auto& s) { return n + s->num_tokens(); });
 }
 
 int64_t Datastore::resident_bytes() const {
-  int64_t n = 0;
-  for (const auto& s : sub_indices) n += s->resident_bytes();
-  return n;
+  return std::accumulate(sub_indices.begin(), sub_indices.end(), int64_t{0},
+                         [](int64_t n, const auto& s) { return n + s->resident_bytes(); });
 }
 
 namespace {
