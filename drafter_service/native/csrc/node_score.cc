@@ -107,18 +107,15 @@ void ngram_features(const InputTrie& trie, Candidate& c, const DraftNode& parent
 // the features f = k (mod 4) in feature order, from 0. Four independent sums instead of
 // one chain of kScoreFeatures additions; the reference adds in the same order.
 double learned_probability(const std::vector<double>& weights, const double* x) {
+  static_assert(kScoreFeatures % 4 == 0, "the lanes take the features four at a time");
   const double* w = weights.data() + 1;
   double lane0 = 0.0, lane1 = 0.0, lane2 = 0.0, lane3 = 0.0;  // registers, not an array
-  int32_t f = 0;
-  for (; f + 4 <= kScoreFeatures; f += 4) {
+  for (int32_t f = 0; f < kScoreFeatures; f += 4) {
     lane0 += w[f] * x[f];
     lane1 += w[f + 1] * x[f + 1];
     lane2 += w[f + 2] * x[f + 2];
     lane3 += w[f + 3] * x[f + 3];
   }
-  if (f < kScoreFeatures) lane0 += w[f] * x[f];
-  if (f + 1 < kScoreFeatures) lane1 += w[f + 1] * x[f + 1];
-  if (f + 2 < kScoreFeatures) lane2 += w[f + 2] * x[f + 2];
   const double z = weights[0] + ((lane0 + lane1) + (lane2 + lane3));
   return 1.0 / (1.0 + std::exp(-z));
 }
