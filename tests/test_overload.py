@@ -30,7 +30,7 @@ from drafter_service import Drafter
 from drafter_service.edge.validation import parse_draft_request
 from drafter_service.edge.wire import SERVICE_NAME
 from drafter_service.engine.call_errors import DeadlineExceeded, ResourceExhausted
-from drafter_service.engine.calls import CallLimits
+from drafter_service.engine.calls import CallLimits, DraftCall
 from drafter_service.engine.catalog import Catalog, DatastoreSlot
 from drafter_service.engine.draft_engine import DraftEngine
 from drafter_service.engine.ingest_queue import GenerationIngester
@@ -51,9 +51,8 @@ def engine() -> Iterator[DraftEngine]:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter-test")
     catalog = Catalog(TokenizerIdentity("test", VOCAB, ""),
                       {NAME: DatastoreSlot(NAME, drafter, None, executor)})  # fmt: skip
-    limits = CallLimits(catalog, 1024, 1 << 20, 256, NAME)
     ingester = GenerationIngester(16)
-    yield DraftEngine(catalog, limits, RequestTable(600, 1000), ingester,
+    yield DraftEngine(catalog, RequestTable(600, 1000), ingester,
                       max_inflight_calls=64, metrics=DrafterMetrics(), inline_max_work=0,
                       max_queue_s=1.0,
                       clock=lambda: NOW[0])  # fmt: skip
@@ -61,6 +60,11 @@ def engine() -> Iterator[DraftEngine]:
         gate.set()
     executor.shutdown(wait=True)
     ingester.close()
+
+
+def parsed(engine: DraftEngine, request: pb.DraftRequest) -> DraftCall:
+    """``request`` validated as the gRPC edge does, against the fixture's limits."""
+    return parse_draft_request(request, CallLimits(engine.catalog, 1024, 1 << 20, 256, NAME))
 
 
 def call(request_id: str, tokens: int, budget: int = 16) -> pb.DraftRequest:
@@ -83,7 +87,7 @@ def test_a_call_whose_deadline_passed_in_the_queue_is_skipped(engine: DraftEngin
         gate = hold_drafting_thread(engine)
         deadline = NOW[0] + 0.05
         draft = asyncio.ensure_future(
-            engine.draft(parse_draft_request(call("late", 5_000), engine.limits), deadline)
+            engine.draft(parsed(engine, call("late", 5_000)), deadline)
         )
         await asyncio.sleep(0)  # planned and queued behind the gate
         assert engine.table.get("late") is not None
@@ -95,7 +99,7 @@ def test_a_call_whose_deadline_passed_in_the_queue_is_skipped(engine: DraftEngin
         assert "late" not in engine.catalog.slots[NAME].drafter
         assert engine.table.get("late") is None and engine.table.bytes == 0
         # The next call is served as usual.
-        answer = await engine.draft(parse_draft_request(call("next", 100), engine.limits))
+        answer = await engine.draft(parsed(engine, call("next", 100)))
         assert answer.places[0] is not None
         await engine.close()
 
@@ -106,25 +110,25 @@ def test_a_call_that_cannot_be_answered_in_time_is_refused_at_once(engine: Draft
     async def go() -> None:
         gate = hold_drafting_thread(engine)
         queued = [asyncio.ensure_future(engine.draft(
-            parse_draft_request(call(f"q{i}", 20_000), engine.limits))) for i in range(4)
+            parsed(engine, call(f"q{i}", 20_000)))) for i in range(4)
         ]  # fmt: skip
         await asyncio.sleep(0)
         wait = engine._runner.expected_wait_s()
         assert wait > 0  # 4 x 2,500 units at the measured (seeded) speed
         soon = NOW[0] + wait / 4  # the queue takes 4x the time left: hopeless
         with pytest.raises(DeadlineExceeded, match="queued ahead of this call"):
-            await engine.draft(parse_draft_request(call("hurry", 10), engine.limits), soon)
+            await engine.draft(parsed(engine, call("hurry", 10)), soon)
         assert engine.table.get("hurry") is None  # refused before anything changed
         engine.max_queue_s = wait / 2
         with pytest.raises(ResourceExhausted, match="over max_queue_ms"):
-            await engine.draft(parse_draft_request(call("patient", 10), engine.limits))
+            await engine.draft(parsed(engine, call("patient", 10)))
         assert engine.table.get("patient") is None
         gate.set()
         for answer in await asyncio.gather(*queued):  # no deadline: all answered
             assert answer.places[0] is not None
         # The queue drained: the next call is taken, whatever its deadline.
         assert engine._runner.expected_wait_s() == 0
-        answer = await engine.draft(parse_draft_request(call("after", 10), engine.limits),
+        answer = await engine.draft(parsed(engine, call("after", 10)),
                                     NOW[0] + 5)  # fmt: skip
         assert answer.places[0] is not None
         await engine.close()
@@ -135,7 +139,7 @@ def test_a_call_that_cannot_be_answered_in_time_is_refused_at_once(engine: Draft
 def test_a_call_past_its_deadline_on_arrival_is_not_started(engine: DraftEngine) -> None:
     async def go() -> None:
         with pytest.raises(DeadlineExceeded, match="deadline"):
-            await engine.draft(parse_draft_request(call("gone", 10), engine.limits),
+            await engine.draft(parsed(engine, call("gone", 10)),
                                NOW[0] - 0.001)  # fmt: skip
         assert engine.table.get("gone") is None
         await engine.close()
@@ -161,9 +165,9 @@ def test_an_expired_call_leaves_a_later_restart_of_its_request_alone(
     async def go() -> None:
         gate = hold_drafting_thread(engine)
         first = asyncio.ensure_future(engine.draft(
-            parse_draft_request(call("r", 500), engine.limits), NOW[0] + 0.05))  # fmt: skip
+            parsed(engine, call("r", 500)), NOW[0] + 0.05))  # fmt: skip
         second = asyncio.ensure_future(
-            engine.draft(parse_draft_request(call("r", 500), engine.limits))
+            engine.draft(parsed(engine, call("r", 500)))
         )
         await asyncio.sleep(0)
         NOW[0] += 0.1  # the first call's deadline passes in the queue
@@ -172,7 +176,7 @@ def test_an_expired_call_leaves_a_later_restart_of_its_request_alone(
             await first
         assert (await second).places[0] is not None
         assert engine.table.get("r") is not None and "r" in engine.catalog.slots[NAME].drafter
-        again = await engine.draft(parse_draft_request(call("r", 500), engine.limits))
+        again = await engine.draft(parsed(engine, call("r", 500)))
         assert again.places[0] is not None and again.lengths == [500]
         await engine.close()
 
@@ -187,12 +191,12 @@ def test_an_append_to_a_request_an_expired_call_dropped_answers_resync(
     INTERNAL); the request then restarts as usual."""
 
     async def go() -> None:
-        await engine.draft(parse_draft_request(step("r", 0, [1, 2, 3]), engine.limits))
+        await engine.draft(parsed(engine, step("r", 0, [1, 2, 3])))
         gate = hold_drafting_thread(engine)
         first = asyncio.ensure_future(engine.draft(
-            parse_draft_request(step("r", 3, [4]), engine.limits), NOW[0] + 0.05))  # fmt: skip
+            parsed(engine, step("r", 3, [4])), NOW[0] + 0.05))  # fmt: skip
         second = asyncio.ensure_future(
-            engine.draft(parse_draft_request(step("r", 4, [5]), engine.limits))
+            engine.draft(parsed(engine, step("r", 4, [5])))
         )
         await asyncio.sleep(0)
         NOW[0] += 0.1
@@ -202,8 +206,7 @@ def test_an_append_to_a_request_an_expired_call_dropped_answers_resync(
         answer = await second
         assert answer.places == [None] and answer.lengths == [0]  # RESYNC
         assert engine.table.get("r") is None and "r" not in engine.catalog.slots[NAME].drafter
-        again = await engine.draft(parse_draft_request(step("r", 0, [1, 2, 3, 4, 5]),
-                                                       engine.limits))  # fmt: skip
+        again = await engine.draft(parsed(engine, step("r", 0, [1, 2, 3, 4, 5])))
         assert again.places[0] is not None and again.lengths == [5]
         await engine.close()
 

@@ -29,6 +29,7 @@ from drafter_service.engine.call_errors import (
     ServiceError,
     Unavailable,
 )
+from drafter_service.engine.calls import CallLimits
 from drafter_service.engine.draft_engine import DraftEngine
 from drafter_service.log_limits import RateLimitedLog
 from drafter_service.metrics.drafter_metrics import DrafterMetrics
@@ -71,9 +72,10 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
         self._max_message_bytes = max_message_bytes
         self._metrics = metrics
         self._engine: DraftEngine | None = None
+        self._limits: CallLimits  # set with the engine
 
-    def attach(self, engine: DraftEngine) -> None:
-        self._engine = engine
+    def attach(self, engine: DraftEngine, limits: CallLimits) -> None:
+        self._engine, self._limits = engine, limits
 
     def overloaded(self) -> ServiceError | None:
         """What a Draft call arriving now would be refused for the load alone."""
@@ -158,7 +160,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     ) -> pb.DraftResponse:
         """``deadline_s`` (monotonic): the call's gRPC deadline; a stream's steps have none."""
         engine.check_admission(deadline_s)
-        call = parse_draft_request(request, engine.limits)
+        call = parse_draft_request(request, self._limits)
         ids = call.request_ids
         if namespace:  # the engine sees the client's ids under its own prefix
             call = replace(call, request_ids=[namespace + r for r in ids], client=namespace)
@@ -169,7 +171,7 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def _finish(
         self, engine: DraftEngine, request: pb.FinishRequest, namespace: str
     ) -> pb.FinishResponse:
-        items = parse_finish_request(request, engine.limits)
+        items = parse_finish_request(request, self._limits)
         if namespace:
             items = [replace(i, request_id=namespace + i.request_id) for i in items]
         queued, unknown, durable = await engine.finish(items, request.wait_durable)
@@ -179,11 +181,11 @@ class DrafterServicer(pb_grpc.DrafterServiceServicer):
     async def _ingest(
         self, engine: DraftEngine, request: pb.IngestRequest, _: str
     ) -> pb.IngestResponse:
-        name, sequences = parse_ingest_request(request, engine.limits)
+        name, sequences = parse_ingest_request(request, self._limits)
         accepted, position = await engine.ingest(name, sequences)
         return pb.IngestResponse(accepted=accepted, wal_position=position)
 
     async def _service_info(
         self, engine: DraftEngine, _: pb.GetServiceInfoRequest, __: str
     ) -> pb.GetServiceInfoResponse:
-        return service_info_response(self._version, engine.limits, self._max_message_bytes)
+        return service_info_response(self._version, self._limits, self._max_message_bytes)

@@ -23,7 +23,7 @@ from drafter_service.engine.call_errors import (
     ResourceExhausted,
     Unavailable,
 )
-from drafter_service.engine.calls import CallLimits, DraftAnswer, DraftCall, Finished
+from drafter_service.engine.calls import DraftAnswer, DraftCall, Finished
 from drafter_service.engine.catalog import Catalog
 from drafter_service.engine.draft_jobs import (
     CallExpired,
@@ -68,7 +68,6 @@ class DraftEngine:
     def __init__(
         self,
         catalog: Catalog,
-        limits: CallLimits,
         table: RequestTable,
         ingester: GenerationIngester,
         max_inflight_calls: int,
@@ -81,7 +80,6 @@ class DraftEngine:
     ) -> None:
         self.catalog = catalog
         self.finish_durable = finish_durable  # every Finish waits for durability
-        self.limits = limits
         self.table = table
         self.ingester = ingester
         self.max_inflight_calls = max_inflight_calls

@@ -204,12 +204,12 @@ class DrafterServer:
         )  # fmt: skip
         ingester = GenerationIngester(config.ingest_queue_size, config.background_nice)
         self.engine = DraftEngine(
-            catalog, limits, table, ingester, config.max_inflight_calls, self.metrics,
+            catalog, table, ingester, config.max_inflight_calls, self.metrics,
             inline_max_work=config.inline_max_work, finish_durable=config.finish_durable,
             max_queue_s=config.max_queue_ms / 1e3, clients_apart=config.recent_scope == "client",
         )  # fmt: skip
         self.metrics.attach(catalog, table, ingester)
-        self._servicer.attach(self.engine)
+        self._servicer.attach(self.engine, limits)
         self._sweeper = asyncio.create_task(self._sweep(), name="drafter-ttl-sweep")
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
