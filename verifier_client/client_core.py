@@ -17,7 +17,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, Unpack
 
 import grpc
 
@@ -28,7 +28,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState, CircuitBreaker
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import CallFailed, ChannelOptions
 from verifier_client.channel import channel_options as merged_channel_options
-from verifier_client.deltas import RequestState
+from verifier_client.deltas import RequestOptions, RequestState
 from verifier_client.results import ClientStats, StepResult
 from verifier_client.session import DraftSession, StepPlan
 from verifier_client.streams import StreamAnswers
@@ -115,19 +115,14 @@ class ClientCore(ABC, Generic[StreamT]):
         return self._session.breaker.state
 
     def add_request(
-        self,
-        request_id: str,
-        prompt_ids: Iterable[int],
-        *,
-        datastore: str = "",
-        prompt_length: int | None = None,
-        store: bool = True,
+        self, request_id: str, prompt_ids: Iterable[int], **options: Unpack[RequestOptions]
     ) -> None:
-        """Starts tracking a request; ``prompt_ids`` is its context so far (see deltas.py).
+        """Starts tracking a request; ``prompt_ids`` is its context so far (see deltas.py),
+        ``options`` its ``datastore``, ``prompt_length`` and ``store`` (RequestState.new's).
         ``store=False``: it opted out of storage from the start, so the drafter never
         shares its tokens with other requests while it runs either (its ``finish`` stores
         nothing whatever it says)."""
-        state = RequestState.new(request_id, prompt_ids, datastore, prompt_length, store)
+        state = RequestState.new(request_id, prompt_ids, **options)
         self._session.tracker.add(state)
 
     def finish(

@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypedDict
 
 from sssd_drafter.v1 import drafter_pb2 as pb
 from verifier_client.results import ClientStats, Tree
@@ -123,6 +123,14 @@ def finish_tail(
             "output= takes the whole generated output, tail= only the tokens since the last step"
         )
     return whole[len(held) :]
+
+
+class RequestOptions(TypedDict, total=False):
+    """``add_request``'s keywords: ``RequestState.new``'s, which holds their defaults."""
+
+    datastore: str
+    prompt_length: int | None
+    store: bool
 
 
 @dataclass(slots=True)

@@ -26,7 +26,7 @@ from verifier_client.breaker import BreakerConfig, BreakerState
 from verifier_client.budget import BudgetRule
 from verifier_client.channel import ChannelOptions
 from verifier_client.client import DrafterClient
-from verifier_client.deltas import DeltaTracker, RequestState, finish_tail
+from verifier_client.deltas import DeltaTracker, RequestOptions, RequestState, finish_tail
 from verifier_client.replica_targets import ReplicaResolver, rendezvous_owner
 from verifier_client.results import ClientStats, StepResult
 
@@ -145,16 +145,10 @@ class ReplicaOwnership:
         return None if owner is None else owner.target
 
     def add_request(
-        self,
-        request_id: str,
-        prompt_ids: Iterable[int],
-        *,
-        datastore: str = "",
-        prompt_length: int | None = None,
-        store: bool = True,
+        self, request_id: str, prompt_ids: Iterable[int], **options: Unpack[RequestOptions]
     ) -> None:
         """Starts tracking a request on its owner (see DrafterClient.add_request)."""
-        state = RequestState.new(request_id, prompt_ids, datastore, prompt_length, store)
+        state = RequestState.new(request_id, prompt_ids, **options)
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already live")
         self._sync()
