@@ -24,8 +24,15 @@ class BodyLimit:
         )
         headers = dict(scope["headers"])
         if b"content-length" in headers:
-            # Digits: uvicorn's HTTP parser answers any other Content-Length 400 itself.
-            if int(headers[b"content-length"]) > limit:
+            try:
+                declared = int(headers[b"content-length"])
+            except ValueError:
+                declared = -1
+            if declared < 0:
+                await error_response(400, "bad_request", "invalid Content-Length")(
+                    scope, receive, send
+                )
+            elif declared > limit:
                 await too_large(scope, receive, send)
             else:  # the server never delivers more than the declared length
                 await self.app(scope, receive, send)
