@@ -25,6 +25,7 @@ import uvicorn
 from service_support import VOCAB, LoopThread, Subprocess, config
 
 from drafter_service.admin.admin_jobs import AdminJobs
+from drafter_service.admin.body_limit import BodyLimit
 from drafter_service.admin.http_errors import AdminError
 from drafter_service.admin.http_server import AdminServer
 from drafter_service.admin.schemas import JobInfo
@@ -705,6 +706,28 @@ def test_a_failed_admin_server_still_closes_its_jobs_and_raises_once(
 
 
 # -- errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("declared", [b"abc", b"-5", b"1e3"])
+def test_body_limit_refuses_a_bad_content_length_under_any_server(declared: bytes) -> None:
+    """uvicorn answers these 400 before the app; the app itself (any ASGI server) answers
+    400 too instead of failing, and never calls what it guards."""
+    sent: list[dict[str, Any]] = []
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the guarded app was called")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/x", "headers": [
+        (b"content-length", declared)]}  # fmt: skip
+    asyncio.run(BodyLimit(guarded, 100)(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400
+    assert b"invalid Content-Length" in b"".join(m.get("body", b"") for m in sent[1:])
 
 
 def test_error_statuses_and_shape(admin: Admin) -> None:
