@@ -57,11 +57,12 @@ class DraftSession:
     breaker: CircuitBreaker
     tokenizer_fingerprint: str = ""
     resync_retry: bool = True
+    # True: begin() gets checked_commits' lists (a replica set checks its steps' input).
+    checked_by_caller: bool = False
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:
             raise ValueError(f"deadline must be > 0, got {self.deadline_s * 1e3} ms")
-        self.checked_by_caller = False  # True: begin() gets checked_commits' lists
         self.stats = ClientStats()
         self.tracker = DeltaTracker(self.stats)
         self.max_budget: int | None = None  # the drafter's limit, once known
