@@ -32,6 +32,12 @@ void check_batch(int64_t batch, int64_t num_tokens, const int64_t* offsets,
 // Concatenates per-request drafts into one batch answer (rows offsets[i]..offsets[i+1]).
 BatchDrafts gather(const std::vector<Draft>& drafts) {
   BatchDrafts out;
+  size_t total = 0;  // sized once: this runs at every batch step
+  for (const Draft& d : drafts) total += d.tokens.size();
+  out.tokens.reserve(total);
+  out.parents.reserve(total);
+  out.scores.reserve(total);
+  out.offsets.reserve(drafts.size() + 1);
   out.offsets.push_back(0);
   for (const Draft& d : drafts) {
     out.tokens.insert(out.tokens.end(), d.tokens.begin(), d.tokens.end());
